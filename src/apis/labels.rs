@@ -1,0 +1,249 @@
+//! Well-known label, annotation, taint, finalizer and resource names.
+//!
+//! Every string that Karpenter users, kubectl, dashboards or other controllers may rely on lives
+//! here, once. The values are those of upstream Karpenter v1, so manifests and queries written for
+//! upstream keep working.
+
+/// API group of the core Karpenter kinds (`NodePool`, `NodeClaim`).
+pub const GROUP: &str = "karpenter.sh";
+/// API group of the AWS kinds (`EC2NodeClass`).
+pub const AWS_GROUP: &str = "karpenter.k8s.aws";
+/// The only served version of both groups.
+pub const VERSION: &str = "v1";
+
+// --- Kubernetes well-known labels -----------------------------------------------------------
+
+/// Zone of a node (`topology.kubernetes.io/zone`).
+pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+/// Region of a node (`topology.kubernetes.io/region`).
+pub const LABEL_TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
+/// Instance type of a node (`node.kubernetes.io/instance-type`).
+pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+/// CPU architecture of a node (`kubernetes.io/arch`).
+pub const LABEL_ARCH: &str = "kubernetes.io/arch";
+/// Operating system of a node (`kubernetes.io/os`).
+pub const LABEL_OS: &str = "kubernetes.io/os";
+/// Host name of a node (`kubernetes.io/hostname`).
+pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+/// Windows build of a node (`node.kubernetes.io/windows-build`).
+pub const LABEL_WINDOWS_BUILD: &str = "node.kubernetes.io/windows-build";
+
+// --- karpenter.sh labels ---------------------------------------------------------------------
+
+/// The NodePool a node or NodeClaim belongs to.
+pub const LABEL_NODEPOOL: &str = "karpenter.sh/nodepool";
+/// Capacity type of a node: `spot`, `on-demand` or `reserved`.
+pub const LABEL_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
+/// Set to `true` once the node has registered with the cluster.
+pub const LABEL_REGISTERED: &str = "karpenter.sh/registered";
+/// Set to `true` once the node is initialized (ready, startup taints gone, resources present).
+pub const LABEL_INITIALIZED: &str = "karpenter.sh/initialized";
+
+/// Capacity type value for spot instances.
+pub const CAPACITY_TYPE_SPOT: &str = "spot";
+/// Capacity type value for on-demand instances.
+pub const CAPACITY_TYPE_ON_DEMAND: &str = "on-demand";
+/// Capacity type value for capacity reservations.
+pub const CAPACITY_TYPE_RESERVED: &str = "reserved";
+/// `kubernetes.io/arch` value for x86-64.
+pub const ARCH_AMD64: &str = "amd64";
+/// `kubernetes.io/arch` value for 64-bit ARM.
+pub const ARCH_ARM64: &str = "arm64";
+
+// --- karpenter.sh annotations ----------------------------------------------------------------
+
+/// Set to `true` on a pod or node to block voluntary disruption.
+pub const ANNOTATION_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+/// Hash of the NodePool template a NodeClaim was created from (drift detection).
+pub const ANNOTATION_NODEPOOL_HASH: &str = "karpenter.sh/nodepool-hash";
+/// Version of the NodePool hashing scheme.
+pub const ANNOTATION_NODEPOOL_HASH_VERSION: &str = "karpenter.sh/nodepool-hash-version";
+/// Time by which a terminating NodeClaim's node is forcibly drained.
+pub const ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP: &str = "karpenter.sh/nodeclaim-termination-timestamp";
+/// Set on a NodeClaim whose `minValues` were relaxed under the BestEffort policy.
+pub const ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED: &str = "karpenter.sh/nodeclaim-min-values-relaxed";
+
+// --- taints and finalizers ---------------------------------------------------------------------
+
+/// Taint placed on a node until Karpenter has registered it (effect NoExecute).
+pub const TAINT_UNREGISTERED: &str = "karpenter.sh/unregistered";
+/// Taint placed on a node that is being disrupted (effect NoSchedule).
+pub const TAINT_DISRUPTED: &str = "karpenter.sh/disrupted";
+/// Finalizer on NodeClaims and Nodes that Karpenter terminates.
+pub const FINALIZER_TERMINATION: &str = "karpenter.sh/termination";
+/// Finalizer on EC2NodeClasses, removed once nothing uses the class.
+pub const FINALIZER_EC2NODECLASS_TERMINATION: &str = "karpenter.k8s.aws/termination";
+
+// --- karpenter.k8s.aws labels and annotations -------------------------------------------------
+
+/// The EC2NodeClass a node was launched from.
+pub const LABEL_EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
+/// Zone ID of a node (`topology.k8s.aws/zone-id`).
+pub const LABEL_TOPOLOGY_ZONE_ID: &str = "topology.k8s.aws/zone-id";
+/// Instance hypervisor (`nitro`, `xen`).
+pub const LABEL_INSTANCE_HYPERVISOR: &str = "karpenter.k8s.aws/instance-hypervisor";
+/// Whether the instance type supports encryption in transit.
+pub const LABEL_INSTANCE_ENCRYPTION_IN_TRANSIT_SUPPORTED: &str =
+    "karpenter.k8s.aws/instance-encryption-in-transit-supported";
+/// Instance category (`c`, `m`, `r`, `g`, ...).
+pub const LABEL_INSTANCE_CATEGORY: &str = "karpenter.k8s.aws/instance-category";
+/// Instance family (`m5`, `c7g`, ...).
+pub const LABEL_INSTANCE_FAMILY: &str = "karpenter.k8s.aws/instance-family";
+/// Instance generation (`5`, `7`, ...).
+pub const LABEL_INSTANCE_GENERATION: &str = "karpenter.k8s.aws/instance-generation";
+/// Local NVMe storage in GiB.
+pub const LABEL_INSTANCE_LOCAL_NVME: &str = "karpenter.k8s.aws/instance-local-nvme";
+/// Instance size (`large`, `2xlarge`, ...).
+pub const LABEL_INSTANCE_SIZE: &str = "karpenter.k8s.aws/instance-size";
+/// Number of vCPUs.
+pub const LABEL_INSTANCE_CPU: &str = "karpenter.k8s.aws/instance-cpu";
+/// CPU manufacturer (`intel`, `amd`, `aws`).
+pub const LABEL_INSTANCE_CPU_MANUFACTURER: &str = "karpenter.k8s.aws/instance-cpu-manufacturer";
+/// Sustained CPU clock speed in MHz.
+pub const LABEL_INSTANCE_CPU_SUSTAINED_CLOCK_SPEED_MHZ: &str =
+    "karpenter.k8s.aws/instance-cpu-sustained-clock-speed-mhz";
+/// Memory in MiB.
+pub const LABEL_INSTANCE_MEMORY: &str = "karpenter.k8s.aws/instance-memory";
+/// EBS bandwidth in Mbps.
+pub const LABEL_INSTANCE_EBS_BANDWIDTH: &str = "karpenter.k8s.aws/instance-ebs-bandwidth";
+/// Network bandwidth in Mbps.
+pub const LABEL_INSTANCE_NETWORK_BANDWIDTH: &str = "karpenter.k8s.aws/instance-network-bandwidth";
+/// GPU name (`t4`, `a100`, ...).
+pub const LABEL_INSTANCE_GPU_NAME: &str = "karpenter.k8s.aws/instance-gpu-name";
+/// GPU manufacturer (`nvidia`, `amd`).
+pub const LABEL_INSTANCE_GPU_MANUFACTURER: &str = "karpenter.k8s.aws/instance-gpu-manufacturer";
+/// Number of GPUs.
+pub const LABEL_INSTANCE_GPU_COUNT: &str = "karpenter.k8s.aws/instance-gpu-count";
+/// Memory per GPU in MiB.
+pub const LABEL_INSTANCE_GPU_MEMORY: &str = "karpenter.k8s.aws/instance-gpu-memory";
+/// Accelerator name (`inferentia`, `trainium`, ...).
+pub const LABEL_INSTANCE_ACCELERATOR_NAME: &str = "karpenter.k8s.aws/instance-accelerator-name";
+/// Accelerator manufacturer.
+pub const LABEL_INSTANCE_ACCELERATOR_MANUFACTURER: &str =
+    "karpenter.k8s.aws/instance-accelerator-manufacturer";
+/// Number of accelerators.
+pub const LABEL_INSTANCE_ACCELERATOR_COUNT: &str = "karpenter.k8s.aws/instance-accelerator-count";
+/// Whether the instance type can run flex (burstable CPU capability) workloads.
+pub const LABEL_INSTANCE_CAPABILITY_FLEX: &str = "karpenter.k8s.aws/instance-capability-flex";
+/// Instance tenancy (`default`, `dedicated`).
+pub const LABEL_INSTANCE_TENANCY: &str = "karpenter.k8s.aws/instance-tenancy";
+/// Whether the capacity reservation may be interrupted.
+pub const LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE: &str =
+    "karpenter.k8s.aws/capacity-reservation-interruptible";
+/// Capacity reservation a node was launched into.
+pub const LABEL_CAPACITY_RESERVATION_ID: &str = "karpenter.k8s.aws/capacity-reservation-id";
+/// Type of that capacity reservation (`default`, `capacity-block`).
+pub const LABEL_CAPACITY_RESERVATION_TYPE: &str = "karpenter.k8s.aws/capacity-reservation-type";
+
+/// Hash of the EC2NodeClass a NodeClaim was launched with (drift detection).
+pub const ANNOTATION_EC2NODECLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
+/// Version of the EC2NodeClass hashing scheme.
+pub const ANNOTATION_EC2NODECLASS_HASH_VERSION: &str = "karpenter.k8s.aws/ec2nodeclass-hash-version";
+
+// --- extended resources -------------------------------------------------------------------------
+
+/// NVIDIA GPUs.
+pub const RESOURCE_NVIDIA_GPU: &str = "nvidia.com/gpu";
+/// AMD GPUs.
+pub const RESOURCE_AMD_GPU: &str = "amd.com/gpu";
+/// AWS Neuron devices.
+pub const RESOURCE_AWS_NEURON: &str = "aws.amazon.com/neuron";
+/// AWS Neuron cores.
+pub const RESOURCE_AWS_NEURON_CORE: &str = "aws.amazon.com/neuroncore";
+/// Habana Gaudi accelerators.
+pub const RESOURCE_HABANA_GAUDI: &str = "habana.ai/gaudi";
+/// Elastic Fabric Adapters.
+pub const RESOURCE_EFA: &str = "vpc.amazonaws.com/efa";
+/// Branch network interfaces for security groups for pods.
+pub const RESOURCE_POD_ENI: &str = "vpc.amazonaws.com/pod-eni";
+
+// --- label policy -------------------------------------------------------------------------------
+
+/// Label domains users may not set in NodePool requirements or template labels, except for the
+/// well-known labels.
+pub const RESTRICTED_LABEL_DOMAINS: &[&str] = &["karpenter.sh", "karpenter.k8s.aws"];
+
+/// Labels Karpenter understands natively: they may appear in requirements although their domain
+/// is restricted.
+pub const WELL_KNOWN_LABELS: &[&str] = &[
+    LABEL_NODEPOOL,
+    LABEL_TOPOLOGY_ZONE,
+    LABEL_TOPOLOGY_REGION,
+    LABEL_INSTANCE_TYPE,
+    LABEL_ARCH,
+    LABEL_OS,
+    LABEL_CAPACITY_TYPE,
+    LABEL_WINDOWS_BUILD,
+    LABEL_EC2NODECLASS,
+    LABEL_TOPOLOGY_ZONE_ID,
+    LABEL_INSTANCE_HYPERVISOR,
+    LABEL_INSTANCE_ENCRYPTION_IN_TRANSIT_SUPPORTED,
+    LABEL_INSTANCE_CATEGORY,
+    LABEL_INSTANCE_FAMILY,
+    LABEL_INSTANCE_GENERATION,
+    LABEL_INSTANCE_LOCAL_NVME,
+    LABEL_INSTANCE_SIZE,
+    LABEL_INSTANCE_CPU,
+    LABEL_INSTANCE_CPU_MANUFACTURER,
+    LABEL_INSTANCE_CPU_SUSTAINED_CLOCK_SPEED_MHZ,
+    LABEL_INSTANCE_MEMORY,
+    LABEL_INSTANCE_EBS_BANDWIDTH,
+    LABEL_INSTANCE_NETWORK_BANDWIDTH,
+    LABEL_INSTANCE_GPU_NAME,
+    LABEL_INSTANCE_GPU_MANUFACTURER,
+    LABEL_INSTANCE_GPU_COUNT,
+    LABEL_INSTANCE_GPU_MEMORY,
+    LABEL_INSTANCE_ACCELERATOR_NAME,
+    LABEL_INSTANCE_ACCELERATOR_MANUFACTURER,
+    LABEL_INSTANCE_ACCELERATOR_COUNT,
+    LABEL_INSTANCE_CAPABILITY_FLEX,
+    LABEL_INSTANCE_TENANCY,
+    LABEL_CAPACITY_RESERVATION_ID,
+    LABEL_CAPACITY_RESERVATION_TYPE,
+    LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE,
+];
+
+/// Labels users may never set: the node's host name is the kubelet's.
+pub const RESTRICTED_LABELS: &[&str] = &[LABEL_HOSTNAME];
+
+/// The domain of a label key (the part before `/`), or `""` when it has none.
+pub fn label_domain(key: &str) -> &str {
+    key.split_once('/').map_or("", |(domain, _)| domain)
+}
+
+/// Whether users may put `key` into a NodePool requirement or template label.
+///
+/// Mirrors the CRD validation rules: the host name is restricted, well-known labels are allowed,
+/// and otherwise a key is restricted when its domain is (a sub-domain of) a restricted domain.
+pub fn is_restricted_label(key: &str) -> bool {
+    if RESTRICTED_LABELS.contains(&key) {
+        return true;
+    }
+    if WELL_KNOWN_LABELS.contains(&key) {
+        return false;
+    }
+    let domain = label_domain(key);
+    RESTRICTED_LABEL_DOMAINS.iter().any(|d| domain == *d || domain.ends_with(&format!(".{d}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restricted_label_policy() {
+        assert!(!is_restricted_label(LABEL_INSTANCE_CATEGORY));
+        assert!(!is_restricted_label(LABEL_CAPACITY_TYPE));
+        assert!(!is_restricted_label("team"));
+        assert!(!is_restricted_label("example.com/team"));
+        assert!(!is_restricted_label("node.kubernetes.io/role"));
+        assert!(!is_restricted_label("kubernetes.io/custom"));
+        assert!(is_restricted_label("karpenter.sh/custom"));
+        assert!(is_restricted_label("team.karpenter.sh/custom"));
+        assert!(is_restricted_label("karpenter.k8s.aws/custom"));
+        assert!(is_restricted_label(LABEL_HOSTNAME));
+        assert!(is_restricted_label(LABEL_REGISTERED));
+        assert_eq!(label_domain("a/b"), "a");
+        assert_eq!(label_domain("plain"), "");
+    }
+}

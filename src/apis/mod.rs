@@ -1,0 +1,18 @@
+//! The Karpenter v1 APIs: `NodePool` and `NodeClaim` (karpenter.sh/v1) and `EC2NodeClass`
+//! (karpenter.k8s.aws/v1), with the schema, CEL validation rules and printer columns of upstream's
+//! CRDs, and the well-known names in [`labels`].
+
+pub mod common;
+pub mod crds;
+pub mod ec2nodeclass;
+pub mod labels;
+pub mod nodeclaim;
+pub mod nodepool;
+
+pub use common::{
+    Condition, ConditionStatus, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
+    ResourceList, Taint, TaintEffect,
+};
+pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
+pub use nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
+pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus};

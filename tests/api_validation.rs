@@ -1,0 +1,351 @@
+//! The CRDs, installed into a real kube-apiserver, accept the examples and reject what upstream
+//! Karpenter rejects, with a message naming the field.
+//!
+//! These tests need the local control plane (`make test` starts it and runs them); on their own
+//! they are ignored: `eval "$(make -s cluster-up)" && cargo test -- --ignored`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool, crds};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::OnceCell;
+
+static CRDS_INSTALLED: OnceCell<()> = OnceCell::const_new();
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+async fn client() -> Client {
+    let client = Client::try_default()
+        .await
+        .expect("a kubeconfig for the local control plane (run through `make test`, or eval \"$(make -s cluster-up)\")");
+    CRDS_INSTALLED
+        .get_or_init(|| async {
+            let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+            let params = PatchParams::apply("karpenter-rs-tests").force();
+            for crd in crds::all() {
+                let name = crd.metadata.name.clone().unwrap();
+                api.patch(&name, &params, &Patch::Apply(&crd)).await.expect("apply CRD");
+                let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+                tokio::time::timeout(Duration::from_secs(30), established)
+                    .await
+                    .expect("CRD established within 30 s")
+                    .expect("watch CRD");
+            }
+        })
+        .await;
+    client
+}
+
+fn example<T: DeserializeOwned>(file: &str) -> T {
+    let text = std::fs::read_to_string(repo().join("examples").join(file)).unwrap();
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("examples/{file}: {e}"))
+}
+
+fn dry_run() -> PostParams {
+    PostParams { dry_run: true, field_manager: None }
+}
+
+/// Creates `obj` with a server-side dry run and returns the API server's rejection message.
+async fn rejection<K>(api: &Api<K>, obj: &K) -> String
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&dry_run(), obj).await {
+        Ok(_) => panic!("the API server accepted an invalid object: {obj:?}"),
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "expected 422 Invalid, got {status:?}");
+            status.message
+        }
+        Err(other) => panic!("unexpected error: {other}"),
+    }
+}
+
+fn assert_mentions(message: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(message.contains(needle), "expected {needle:?} in the rejection:\n{message}");
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn every_example_applies_with_kubectl() {
+    client().await;
+    let output = Command::new("kubectl")
+        .args(["apply", "--dry-run=server", "-f"])
+        .arg(repo().join("examples"))
+        .output()
+        .expect("kubectl on PATH");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "kubectl apply failed:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let files = std::fs::read_dir(repo().join("examples")).unwrap().count();
+    assert!(stdout.lines().count() >= files, "one object per example file at least:\n{stdout}");
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn examples_round_trip_through_the_api_server_with_defaults() {
+    let client = client().await;
+    let pools: Api<NodePool> = Api::all(client.clone());
+    let mut pool: NodePool = example("nodepool-t3-medium-spot.yaml");
+    pool.metadata.name = Some("defaults-check".into());
+    let created = pools.create(&dry_run(), &pool).await.unwrap();
+    assert_eq!(created.spec.template.spec.expire_after, "720h");
+    assert_eq!(created.spec.disruption.consolidate_after, "0s");
+    assert_eq!(created.spec.disruption.budgets.len(), 1);
+    assert_eq!(created.spec.disruption.budgets[0].nodes, "10%");
+    assert_eq!(created.spec.limits.unwrap()["cpu"].0, "20");
+
+    let classes: Api<EC2NodeClass> = Api::all(client);
+    let class: EC2NodeClass = example("ec2nodeclass.yaml");
+    let created = classes.create(&dry_run(), &class).await.unwrap();
+    let md = &created.spec.metadata_options;
+    assert_eq!(
+        (
+            md.http_endpoint.as_str(),
+            md.http_protocol_ipv6.as_str(),
+            md.http_put_response_hop_limit,
+            md.http_tokens.as_str()
+        ),
+        ("enabled", "disabled", 1, "required")
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn nodepool_weight_must_be_between_1_and_100() {
+    let api: Api<NodePool> = Api::all(client().await);
+    for weight in [0, 101] {
+        let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+        pool.spec.weight = Some(weight);
+        let message = rejection(&api, &pool).await;
+        assert_mentions(&message, &["spec.weight"]);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn gt_takes_a_single_integer() {
+    let api: Api<NodePool> = Api::all(client().await);
+    for values in [vec!["5", "6"], vec!["five"]] {
+        let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+        let req = pool
+            .spec
+            .template
+            .spec
+            .requirements
+            .iter_mut()
+            .find(|r| r.key == "karpenter.k8s.aws/instance-generation")
+            .unwrap();
+        req.values = values.iter().map(|v| v.to_string()).collect();
+        let message = rejection(&api, &pool).await;
+        assert_mentions(
+            &message,
+            &["spec.template.spec.requirements", "must have a single positive integer value"],
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn min_values_at_most_50() {
+    let api: Api<NodePool> = Api::all(client().await);
+    let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+    pool.spec.template.spec.requirements[3].min_values = Some(51);
+    let message = rejection(&api, &pool).await;
+    assert_mentions(&message, &["minValues", "50"]);
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn budget_nodes_percentage_at_most_100() {
+    let api: Api<NodePool> = Api::all(client().await);
+    let mut pool: NodePool = example("nodepool-spot.yaml");
+    pool.spec.disruption.budgets[0].nodes = "150%".into();
+    let message = rejection(&api, &pool).await;
+    assert_mentions(&message, &["spec.disruption.budgets[0].nodes"]);
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn budget_schedule_needs_a_duration() {
+    let api: Api<NodePool> = Api::all(client().await);
+    let mut pool: NodePool = example("nodepool-spot.yaml");
+    pool.spec.disruption.budgets[1].duration = None;
+    let message = rejection(&api, &pool).await;
+    assert_mentions(&message, &["spec.disruption.budgets", "'schedule' must be set with 'duration'"]);
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn expire_after_takes_hours_not_days() {
+    let api: Api<NodePool> = Api::all(client().await);
+    let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+    pool.spec.template.spec.expire_after = "1d".into();
+    let message = rejection(&api, &pool).await;
+    assert_mentions(&message, &["spec.template.spec.expireAfter"]);
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn requirement_keys_in_restricted_domains_are_rejected() {
+    let api: Api<NodePool> = Api::all(client().await);
+    for (key, message) in [
+        ("karpenter.sh/custom", r#"label domain "karpenter.sh" is restricted"#),
+        ("karpenter.sh/nodepool", r#"label "karpenter.sh/nodepool" is restricted"#),
+        ("kubernetes.io/hostname", r#"label "kubernetes.io/hostname" is restricted"#),
+        ("karpenter.k8s.aws/custom", r#"label domain "karpenter.k8s.aws" is restricted"#),
+    ] {
+        let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+        pool.spec.template.spec.requirements[0].key = key.into();
+        let rejected = rejection(&api, &pool).await;
+        assert_mentions(&rejected, &["spec.template.spec.requirements", message]);
+    }
+    // Well-known labels and the exception domains stay allowed.
+    let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+    pool.metadata.name = Some("allowed-keys".into());
+    for (i, key) in [
+        "node.kubernetes.io/instance-type",
+        "topology.kubernetes.io/zone",
+        "example.com/team",
+        "kubernetes.io/custom",
+    ]
+    .iter()
+    .enumerate()
+    {
+        pool.spec.template.spec.requirements[i].key = key.to_string();
+    }
+    api.create(&dry_run(), &pool).await.expect("well-known and custom keys are allowed");
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn template_labels_in_restricted_domains_are_rejected() {
+    let api: Api<NodePool> = Api::all(client().await);
+    let mut pool: NodePool = example("nodepool-spot.yaml");
+    pool.spec.template.metadata.as_mut().unwrap().labels.insert("karpenter.sh/custom".into(), "x".into());
+    let message = rejection(&api, &pool).await;
+    assert_mentions(
+        &message,
+        &["spec.template.metadata.labels", r#"label domain "karpenter.sh" is restricted"#],
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn ec2nodeclass_needs_exactly_one_of_role_and_instance_profile() {
+    let api: Api<EC2NodeClass> = Api::all(client().await);
+    let mut neither: EC2NodeClass = example("ec2nodeclass.yaml");
+    neither.spec.role = None;
+    let mut both: EC2NodeClass = example("ec2nodeclass.yaml");
+    both.spec.instance_profile = Some("KarpenterNodeInstanceProfile".into());
+    for class in [neither, both] {
+        let message = rejection(&api, &class).await;
+        assert_mentions(&message, &["spec", "must specify exactly one of ['role', 'instanceProfile']"]);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn ami_alias_needs_family_and_version() {
+    let api: Api<EC2NodeClass> = Api::all(client().await);
+    let mut class: EC2NodeClass = example("ec2nodeclass.yaml");
+    class.spec.ami_selector_terms[0].alias = Some("al2023".into());
+    let message = rejection(&api, &class).await;
+    assert_mentions(&message, &["spec.amiSelectorTerms[0].alias", "must match the format 'family@version'"]);
+
+    let mut class: EC2NodeClass = example("ec2nodeclass.yaml");
+    class.spec.ami_selector_terms[0].alias = Some("ubuntu@latest".into());
+    let message = rejection(&api, &class).await;
+    assert_mentions(&message, &["spec.amiSelectorTerms[0].alias", "family is not supported"]);
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn ami_alias_cannot_be_combined_with_an_id_term() {
+    let api: Api<EC2NodeClass> = Api::all(client().await);
+    let mut class: EC2NodeClass = example("ec2nodeclass.yaml");
+    class.spec.ami_selector_terms.push(karpenter::apis::ec2nodeclass::AmiSelectorTerm {
+        id: Some("ami-0123456789abcdef0".into()),
+        ..Default::default()
+    });
+    let message = rejection(&api, &class).await;
+    assert_mentions(
+        &message,
+        &[
+            "spec.amiSelectorTerms",
+            "'alias' is mutually exclusive, cannot be set with a combination of other amiSelectorTerms",
+        ],
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn restricted_tags_are_rejected() {
+    let api: Api<EC2NodeClass> = Api::all(client().await);
+    for key in ["karpenter.sh/nodepool", "eks:eks-cluster-name", "kubernetes.io/cluster/demo"] {
+        let mut class: EC2NodeClass = example("ec2nodeclass.yaml");
+        class.spec.tags.insert(key.into(), "x".into());
+        let message = rejection(&api, &class).await;
+        assert_mentions(&message, &["spec.tags", "tag contains a restricted tag matching"]);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn subnet_selector_terms_cannot_be_empty() {
+    let api: Api<EC2NodeClass> = Api::all(client().await);
+    let mut class: EC2NodeClass = example("ec2nodeclass.yaml");
+    class.spec.subnet_selector_terms.clear();
+    let message = rejection(&api, &class).await;
+    assert_mentions(&message, &["spec.subnetSelectorTerms", "subnetSelectorTerms cannot be empty"]);
+
+    let mut class: EC2NodeClass = example("ec2nodeclass.yaml");
+    class.spec.subnet_selector_terms[0].tags = None;
+    let message = rejection(&api, &class).await;
+    assert_mentions(
+        &message,
+        &["spec.subnetSelectorTerms", "expected at least one, got none, ['tags', 'id']"],
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn nodeclaim_spec_is_immutable() {
+    let api: Api<NodeClaim> = Api::all(client().await);
+    let name = "immutability-check";
+    let claim: NodeClaim = serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m5.large"]}],
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}
+        }
+    }))
+    .unwrap();
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    let created = api.create(&PostParams::default(), &claim).await.expect("create NodeClaim");
+    let mut changed = created.clone();
+    changed.spec.requirements[0].values = vec!["m5.xlarge".into()];
+    let result = api.replace(name, &PostParams::default(), &changed).await;
+    api.delete(name, &DeleteParams::default()).await.expect("clean up");
+    match result {
+        Err(kube::Error::Api(status)) => assert_mentions(&status.message, &["spec", "spec is immutable"]),
+        other => panic!("changing a NodeClaim's spec must be refused, got {other:?}"),
+    }
+}
+
+#[test]
+fn examples_directory_is_where_the_tests_look() {
+    assert!(Path::new(&repo().join("examples/inflate.yaml")).exists());
+}

@@ -1,0 +1,87 @@
+//! The committed CRDs are exactly what the Rust types generate.
+
+use std::path::Path;
+
+use karpenter::apis::crds;
+
+#[test]
+fn committed_crds_match_the_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let rendered = crds::render_all().expect("CRDs render");
+    let mut expected_files: Vec<String> = rendered.iter().map(|c| c.file_name.clone()).collect();
+    for crd in &rendered {
+        let path = dir.join(&crd.file_name);
+        let committed = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{} is missing ({e}); run `make crds`", path.display()));
+        assert!(
+            committed == crd.yaml,
+            "{} differs from the Rust types; run `make crds` and commit the result",
+            path.display()
+        );
+    }
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .expect("crds/ exists")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    present.sort();
+    expected_files.sort();
+    assert_eq!(present, expected_files, "crds/ holds files the types do not generate");
+}
+
+#[test]
+fn crds_have_upstream_names_columns_and_categories() {
+    let all = crds::all();
+    let names: Vec<_> = all.iter().map(|c| c.metadata.name.clone().unwrap_or_default()).collect();
+    assert_eq!(
+        names,
+        ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"]
+    );
+    for crd in &all {
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["karpenter".to_string()][..]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1");
+        assert!(version.served && version.storage);
+        assert!(
+            version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
+            "status subresource"
+        );
+    }
+    let columns = |i: usize, wide: bool| -> Vec<String> {
+        all[i].spec.versions[0]
+            .additional_printer_columns
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| wide || c.priority.unwrap_or(0) == 0)
+            .map(|c| c.name.to_uppercase())
+            .collect()
+    };
+    assert_eq!(columns(0, false), ["NODECLASS", "NODES", "READY", "AGE"]);
+    assert_eq!(columns(0, true), ["NODECLASS", "NODES", "READY", "AGE", "WEIGHT", "CPU", "MEMORY"]);
+    assert_eq!(columns(1, false), ["TYPE", "CAPACITY", "ZONE", "NODE", "READY", "AGE"]);
+    assert_eq!(
+        columns(1, true),
+        [
+            "TYPE",
+            "CAPACITY",
+            "ZONE",
+            "NODE",
+            "READY",
+            "AGE",
+            "IMAGEID",
+            "ID",
+            "NODEPOOL",
+            "NODECLASS",
+            "DRIFTED"
+        ]
+    );
+    assert_eq!(columns(2, false), ["READY", "AGE"]);
+    assert_eq!(columns(2, true), ["READY", "AGE", "ROLE"]);
+    assert_eq!(
+        all[2].spec.names.short_names.as_deref(),
+        Some(&["ec2nc".to_string(), "ec2ncs".to_string()][..])
+    );
+}
