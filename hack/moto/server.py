@@ -1,0 +1,547 @@
+#!/usr/bin/env python3
+"""Local AWS emulator (moto) that looks like an AWS account running EKS + Karpenter.
+
+Start it through hack/moto-up.sh (which builds the venv from
+hack/moto/requirements.txt, runs this file in the background and prints the
+AWS_* exports); hack/moto-down.sh stops it. Running it by hand also works:
+
+    python hack/moto/server.py [--port 14566] [--region us-west-2] [--cluster NAME ...]
+
+What it serves
+--------------
+moto's own WSGI application (every service moto emulates, moto's /moto-api/
+included), on 127.0.0.1:$MOTO_PORT (default 14566), plus two small endpoints of
+its own under /_karpenter-rs/ (no AWS API uses that path: S3 bucket names
+cannot start with "_"):
+
+    GET  /_karpenter-rs/ready   200 + JSON {"service": "karpenter-rs-moto", "pid", "port",
+                                "region", "moto_version", "seeded": [...]} once seeded
+                                ("seeded": every cluster/region seeded since start;
+                                /moto-api/reset does not clear that list)
+    POST /_karpenter-rs/seed    seed more clusters; JSON body
+                                {"clusters": ["name", ...], "region": "us-west-2"}
+                                (or query ?cluster=a&cluster=b&region=...); answers
+                                with what was seeded (ids, ARNs, URLs) as JSON
+
+Account seed (per cluster name and region)
+------------------------------------------
+* EC2: a VPC (10.0.0.0/16), three private subnets in the first three zones of
+  the region (us-west-2a/b/c for us-west-2) and a node security group, all
+  tagged karpenter.sh/discovery=<cluster> plus Name tags;
+* IAM: KarpenterNodeRole-<cluster> (EC2 trust, the usual node managed
+  policies) and <cluster>-eks-cluster-role (EKS trust);
+* EKS: cluster <cluster>, Kubernetes $EKS_CLUSTER_VERSION (default 1.34), in
+  those subnets / that security group (endpoint and CA are moto's fakes);
+* SQS: the interruption queue <cluster>;
+* SSM: the public EKS-optimized AMI parameters (/aws/service/eks/... and
+  /aws/service/bottlerocket/...) for the seeded region.
+
+The AMIs themselves come from hack/moto/amis.json (MOTO_AMIS_PATH, generated
+by hack/moto/eks_images.py, owner 602401143452). moto loads them into every
+region when the region's EC2 backend is created, so they exist in every
+region and survive /moto-api/reset, like real public images.
+
+Everything except the SSM parameters is created through the ordinary AWS APIs
+(boto3 against this very server), so it is what any client could create. moto
+rejects PutParameter under /aws/, so those parameters are written into moto's
+SSM backend directly (an internal API: moto is pinned in requirements.txt).
+
+The seed is idempotent: each resource is looked up (by discovery tag, name,
+...) before it is created, so seeding the same cluster twice changes nothing.
+Several clusters can be seeded (--cluster repeated, CLUSTER_NAMES, or the seed
+endpoint); they get separate VPCs (same CIDR, as separate VPCs may).
+
+Re-seeding design
+-----------------
+The initial seed happens before the port starts answering: the listening
+socket is bound first (so a second instance fails fast), the seed runs through
+a throwaway in-process server on an ephemeral port, and only then does the real
+port start serving. A client that can connect therefore always sees the
+seeded account.
+
+POST /moto-api/reset wipes all state, the seed included (the AMIs come back by
+themselves, see above). To seed again, POST /_karpenter-rs/seed, or simply run
+hack/moto-up.sh again: on a running server it posts the seed for
+$CLUSTER_NAMES / $AWS_REGION, which is a no-op when nothing is missing.
+hack/moto-up.sh --restart gives a fresh server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from urllib.parse import parse_qs
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+
+import eks_images  # noqa: E402
+
+DISCOVERY_TAG = "karpenter.sh/discovery"
+VPC_CIDR = "10.0.0.0/16"
+SUBNET_CIDRS = ["10.0.0.0/19", "10.0.32.0/19", "10.0.64.0/19"]
+SERVICE_CIDR = "172.20.0.0/16"
+DUMMY_KEY = "testing"
+INTERNAL_PREFIX = "/_karpenter-rs/"
+SERVICE_ID = "karpenter-rs-moto"
+
+NODE_POLICIES = [
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEKS_CNI_Policy",
+    "AmazonEC2ContainerRegistryReadOnly",
+    "AmazonSSMManagedInstanceCore",
+]
+CLUSTER_POLICIES = ["AmazonEKSClusterPolicy"]
+
+log = logging.getLogger("krs-moto")
+
+
+def _assume_role_policy(service: str) -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": service},
+                    "Action": "sts:AssumeRole",
+                }
+            ],
+        }
+    )
+
+
+def _tags(cluster: str, name: str, **extra: str) -> list[dict[str, str]]:
+    tags = {DISCOVERY_TAG: cluster, "Name": name, **extra}
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+class Seeder:
+    """Seeds clusters over the AWS APIs of a running moto server."""
+
+    def __init__(self, eks_version: str):
+        self.eks_version = eks_version
+        self.lock = threading.Lock()
+        self.seeded: list[dict[str, str]] = []
+        self._client_cache: dict[tuple[str, str, str], object] = {}
+
+    # -- helpers --------------------------------------------------------
+
+    def _clients(self, endpoint: str, region: str):
+        """client(service) for endpoint/region; clients are cached (creating one is slow)."""
+        import boto3
+        from botocore.config import Config
+
+        session = boto3.session.Session(
+            aws_access_key_id=DUMMY_KEY,
+            aws_secret_access_key=DUMMY_KEY,
+            region_name=region,
+        )
+        cfg = Config(retries={"max_attempts": 1}, connect_timeout=5, read_timeout=60)
+
+        def client(name: str):
+            key = (endpoint, region, name)
+            if key not in self._client_cache:
+                self._client_cache[key] = session.client(
+                    name, endpoint_url=endpoint, config=cfg
+                )
+            return self._client_cache[key]
+
+        return client
+
+    # -- seeding --------------------------------------------------------
+
+    def seed(self, endpoint: str, region: str, clusters: list[str]) -> list[dict]:
+        with self.lock:
+            client = self._clients(endpoint, region)
+            account = client("sts").get_caller_identity()["Account"]
+            n_params = self._seed_ssm(account, region)
+            results = []
+            for cluster in clusters:
+                t0 = time.monotonic()
+                res = self._seed_cluster(client, region, cluster)
+                res["ssm_public_parameters"] = n_params
+                log.info("seed of %s: %s", cluster, json.dumps(res))
+                results.append(res)
+                entry = {"cluster": cluster, "region": region}
+                if entry not in self.seeded:
+                    self.seeded.append(entry)
+                log.info(
+                    "seeded cluster %s in %s (%s, %.2fs)",
+                    cluster, region, account, time.monotonic() - t0,
+                )
+            return results
+
+    def _seed_cluster(self, client, region: str, cluster: str) -> dict:
+        ec2 = client("ec2")
+        iam = client("iam")
+        eks = client("eks")
+        sqs = client("sqs")
+        disc = [{"Name": f"tag:{DISCOVERY_TAG}", "Values": [cluster]}]
+
+        # Zones: the first three availability zones of the region.
+        zones = sorted(
+            z["ZoneName"]
+            for z in ec2.describe_availability_zones(
+                Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}]
+            )["AvailabilityZones"]
+            if z.get("State", "available") == "available"
+        )[:3]
+        if len(zones) < 3:
+            raise RuntimeError(f"region {region} has fewer than 3 zones: {zones}")
+
+        # VPC
+        vpcs = ec2.describe_vpcs(Filters=disc)["Vpcs"]
+        if vpcs:
+            vpc_id = vpcs[0]["VpcId"]
+        else:
+            vpc_id = ec2.create_vpc(
+                CidrBlock=VPC_CIDR,
+                TagSpecifications=[
+                    {"ResourceType": "vpc", "Tags": _tags(cluster, f"{cluster}-vpc")}
+                ],
+            )["Vpc"]["VpcId"]
+            ec2.modify_vpc_attribute(VpcId=vpc_id, EnableDnsSupport={"Value": True})
+            ec2.modify_vpc_attribute(VpcId=vpc_id, EnableDnsHostnames={"Value": True})
+
+        # Subnets, one per zone
+        existing = ec2.describe_subnets(
+            Filters=disc + [{"Name": "vpc-id", "Values": [vpc_id]}]
+        )["Subnets"]
+        by_zone = {s["AvailabilityZone"]: s["SubnetId"] for s in existing}
+        subnet_ids = []
+        for zone, cidr in zip(zones, SUBNET_CIDRS):
+            if zone not in by_zone:
+                by_zone[zone] = ec2.create_subnet(
+                    VpcId=vpc_id,
+                    CidrBlock=cidr,
+                    AvailabilityZone=zone,
+                    TagSpecifications=[
+                        {
+                            "ResourceType": "subnet",
+                            "Tags": _tags(
+                                cluster,
+                                f"{cluster}-private-{zone}",
+                                **{"kubernetes.io/role/internal-elb": "1"},
+                            ),
+                        }
+                    ],
+                )["Subnet"]["SubnetId"]
+            subnet_ids.append(by_zone[zone])
+
+        # Node security group
+        sg_name = f"{cluster}-node"
+        sgs = ec2.describe_security_groups(
+            Filters=disc + [{"Name": "vpc-id", "Values": [vpc_id]}]
+        )["SecurityGroups"]
+        if sgs:
+            sg_id = sgs[0]["GroupId"]
+        else:
+            sg_id = ec2.create_security_group(
+                GroupName=sg_name,
+                Description=f"EKS node security group of cluster {cluster}",
+                VpcId=vpc_id,
+                TagSpecifications=[
+                    {"ResourceType": "security-group", "Tags": _tags(cluster, sg_name)}
+                ],
+            )["GroupId"]
+            ec2.authorize_security_group_ingress(
+                GroupId=sg_id,
+                IpPermissions=[
+                    {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg_id}]}
+                ],
+            )
+
+        # IAM roles
+        node_role = self._ensure_role(
+            iam,
+            f"KarpenterNodeRole-{cluster}",
+            "ec2.amazonaws.com",
+            NODE_POLICIES,
+            f"Karpenter node role of cluster {cluster}",
+        )
+        cluster_role = self._ensure_role(
+            iam,
+            f"{cluster}-eks-cluster-role",
+            "eks.amazonaws.com",
+            CLUSTER_POLICIES,
+            f"EKS cluster role of cluster {cluster}",
+        )
+
+        # EKS cluster
+        try:
+            eks_cluster = eks.describe_cluster(name=cluster)["cluster"]
+        except eks.exceptions.ResourceNotFoundException:
+            eks_cluster = eks.create_cluster(
+                name=cluster,
+                version=self.eks_version,
+                roleArn=cluster_role,
+                resourcesVpcConfig={
+                    "subnetIds": subnet_ids,
+                    "securityGroupIds": [sg_id],
+                    "endpointPublicAccess": True,
+                    "endpointPrivateAccess": True,
+                },
+                kubernetesNetworkConfig={
+                    "serviceIpv4Cidr": SERVICE_CIDR,
+                    "ipFamily": "ipv4",
+                },
+            )["cluster"]
+
+        # Interruption queue (same attributes as Karpenter's getting-started template)
+        queue_url = sqs.create_queue(
+            QueueName=cluster,
+            Attributes={"MessageRetentionPeriod": "300", "SqsManagedSseEnabled": "true"},
+        )["QueueUrl"]
+
+        return {
+            "cluster": cluster,
+            "region": region,
+            "zones": zones,
+            "vpc_id": vpc_id,
+            "subnet_ids": subnet_ids,
+            "security_group_id": sg_id,
+            "node_role_arn": node_role,
+            "cluster_role_arn": cluster_role,
+            "cluster_arn": eks_cluster["arn"],
+            "kubernetes_version": eks_cluster["version"],
+            "queue_url": queue_url,
+        }
+
+    @staticmethod
+    def _ensure_role(iam, name, service, policies, description) -> str:
+        try:
+            return iam.get_role(RoleName=name)["Role"]["Arn"]
+        except iam.exceptions.NoSuchEntityException:
+            pass
+        arn = iam.create_role(
+            RoleName=name,
+            AssumeRolePolicyDocument=_assume_role_policy(service),
+            Description=description,
+        )["Role"]["Arn"]
+        for policy in policies:
+            iam.attach_role_policy(
+                RoleName=name, PolicyArn=f"arn:aws:iam::aws:policy/{policy}"
+            )
+        return arn
+
+    @staticmethod
+    def _seed_ssm(account: str, region: str) -> int:
+        """Write the public /aws/service/... parameters into moto's SSM backend.
+
+        moto's PutParameter refuses names under /aws/, so this goes through the
+        backend: ParameterDict (a dict of name -> list of versions) and
+        Parameter, as in moto 5.2.5 (moto/ssm/models.py).
+        """
+        from moto.core.utils import utcnow
+        from moto.ssm.models import Parameter, ssm_backends
+
+        params = ssm_backends[account][region]._parameters
+        for name, value in eks_images.ssm_parameters().items():
+            versions = params[name]
+            if versions and versions[-1].value == value:
+                continue
+            versions.append(
+                Parameter(
+                    account_id=account,
+                    name=name,
+                    value=value,
+                    parameter_type="String",
+                    description=None,
+                    allowed_pattern=None,
+                    keyid=None,
+                    last_modified_date=utcnow(),
+                    version=(versions[-1].version + 1) if versions else 1,
+                    data_type="text",
+                    tier="Standard",
+                )
+            )
+        return len(eks_images.ssm_parameters())
+
+
+class App:
+    """moto's WSGI app plus the /_karpenter-rs/ endpoints."""
+
+    def __init__(self, moto_app, seeder: Seeder, port: int, region: str):
+        self.moto_app = moto_app
+        self.seeder = seeder
+        self.port = port
+        self.region = region
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith(INTERNAL_PREFIX):
+            return self.moto_app(environ, start_response)
+        try:
+            status, body = self._internal(environ, path[len(INTERNAL_PREFIX):])
+        except Exception as exc:  # report, don't kill the server
+            log.error("%s failed:\n%s", path, traceback.format_exc())
+            status, body = "500 Internal Server Error", {"error": f"{type(exc).__name__}: {exc}"}
+        data = (json.dumps(body, indent=1) + "\n").encode()
+        start_response(
+            status,
+            [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
+        )
+        return [data]
+
+    def _internal(self, environ, name: str):
+        method = environ.get("REQUEST_METHOD", "GET")
+        if name == "ready" and method in ("GET", "HEAD"):
+            import moto
+
+            return "200 OK", {
+                "service": SERVICE_ID,
+                "pid": os.getpid(),
+                "port": self.port,
+                "region": self.region,
+                "moto_version": moto.__version__,
+                "seeded": self.seeder.seeded,
+            }
+        if name == "seed" and method == "POST":
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            body = {}
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            if length:
+                raw = environ["wsgi.input"].read(length)
+                if raw.strip():
+                    body = json.loads(raw)
+            given = body.get("clusters", [])
+            given = [given] if isinstance(given, str) else list(given)
+            clusters = _split_names(given + query.get("cluster", []))
+            region = body.get("region") or (query.get("region") or [self.region])[0]
+            if not clusters:
+                return "400 Bad Request", {"error": "no cluster given"}
+            endpoint = f"http://127.0.0.1:{self.port}"
+            return "200 OK", {"seeded": self.seeder.seed(endpoint, region, clusters)}
+        return "404 Not Found", {"error": f"unknown endpoint {method} {INTERNAL_PREFIX}{name}"}
+
+
+def _split_names(values) -> list[str]:
+    names: list[str] = []
+    for value in values:
+        for name in value.replace(",", " ").split():
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("MOTO_PORT", "14566")))
+    parser.add_argument("--region", default=os.environ.get("AWS_REGION") or "us-west-2")
+    parser.add_argument(
+        "--cluster",
+        action="append",
+        default=[],
+        help="cluster to seed (repeatable; default: $CLUSTER_NAMES or $CLUSTER_NAME or karpenter-demo)",
+    )
+    parser.add_argument("--pid-file", help="written once the port answers, removed at exit")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    clusters = _split_names(args.cluster) or _split_names(
+        [os.environ.get("CLUSTER_NAMES") or os.environ.get("CLUSTER_NAME") or "karpenter-demo"]
+    )
+    eks_version = os.environ.get("EKS_CLUSTER_VERSION") or "1.34"
+
+    if not eks_images.check():
+        log.error("hack/moto/amis.json is stale: run hack/moto/eks_images.py --write")
+        return 1
+
+    # moto reads these when it is imported / when backends are created.
+    os.environ["MOTO_AMIS_PATH"] = str(eks_images.AMIS_PATH)
+    os.environ["MOTO_PORT"] = str(args.port)
+    os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+    # The seeding client talks to this process only: no user AWS config or proxy.
+    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL"):
+        os.environ.pop(var, None)
+    os.environ["AWS_CONFIG_FILE"] = os.devnull
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+
+    import moto
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    seeder = Seeder(eks_version)
+    app = App(DomainDispatcherApplication(create_backend_app), seeder, args.port, args.region)
+
+    # Bind the real port now (fails fast if taken); it serves only after seeding.
+    server = make_server(
+        args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler
+    )
+    # Don't wait for idle keep-alive connections when stopping.
+    server.daemon_threads = True
+    server.block_on_close = False
+    log.info(
+        "moto %s on %s:%d, region %s, seeding %s (EKS %s)",
+        moto.__version__, args.host, args.port, args.region, ", ".join(clusters), eks_version,
+    )
+
+    t0 = time.monotonic()
+    seed_server = make_server(
+        "127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler
+    )
+    seed_server.daemon_threads = True
+    seed_server.block_on_close = False
+    seed_thread = threading.Thread(
+        target=seed_server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    seed_thread.start()
+    try:
+        seeder.seed(f"http://127.0.0.1:{seed_server.server_port}", args.region, clusters)
+    finally:
+        seed_server.shutdown()
+        seed_server.server_close()
+    # Create the seeding clients for the real port now, so that the first
+    # re-seed (hack/moto-up.sh on a running server) is fast.
+    client = seeder._clients(f"http://127.0.0.1:{args.port}", args.region)
+    for service in ("sts", "ec2", "iam", "eks", "sqs"):
+        client(service)
+    log.info("seed done in %.2fs", time.monotonic() - t0)
+
+    def stop(signum, _frame):
+        log.info("signal %d: shutting down", signum)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    pid_file = Path(args.pid_file) if args.pid_file else None
+    if pid_file:
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        pid_file.write_text(f"{os.getpid()}\n")
+    log.info("serving on http://%s:%d", args.host, args.port)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        if pid_file and pid_file.exists() and pid_file.read_text().strip() == str(os.getpid()):
+            pid_file.unlink()
+        log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    rc = main()
+    # Skip the interpreter's slow teardown of moto's many modules and objects.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

@@ -1,0 +1,215 @@
+"""Checks that the local AWS emulator looks like an EKS account with Karpenter.
+
+Runs against a running emulator (hack/moto-up.sh), through boto3 pointed at
+$AWS_ENDPOINT_URL:
+
+    eval "$(hack/moto-up.sh)"
+    "$(hack/moto-up.sh --venv)"/bin/python -m pytest tests/aws_emulator
+
+CLUSTER_NAME (default karpenter-demo) names the seeded cluster to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+import boto3
+import pytest
+from botocore.config import Config
+
+CLUSTER = os.environ.get("CLUSTER_NAME") or "karpenter-demo"
+DISCOVERY_TAG = "karpenter.sh/discovery"
+EKS_OWNER = "602401143452"
+K8S_MINORS = ["1.32", "1.33", "1.34"]
+UP_HINT = 'start it with: eval "$(hack/moto-up.sh)"'
+# The emulator is local: talk to it directly even when a proxy is configured.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture(scope="session")
+def endpoint() -> str:
+    url = os.environ.get("AWS_ENDPOINT_URL")
+    if not url:
+        pytest.fail(
+            f"AWS_ENDPOINT_URL is not set; the AWS emulator is needed ({UP_HINT})",
+            pytrace=False,
+        )
+    error = None
+    try:
+        with _OPENER.open(f"{url}/_karpenter-rs/ready", timeout=5) as resp:
+            info = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        error = exc
+    if error is not None:
+        pytest.fail(
+            f"AWS emulator not answering at AWS_ENDPOINT_URL={url}: {error} ({UP_HINT})",
+            pytrace=False,
+        )
+    if info.get("service") != "karpenter-rs-moto":
+        pytest.fail(
+            f"AWS_ENDPOINT_URL={url} is not the karpenter-rs AWS emulator: {info}",
+            pytrace=False,
+        )
+    return url
+
+
+@pytest.fixture(scope="session")
+def region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-west-2"
+
+
+@pytest.fixture(scope="session")
+def client(endpoint, region):
+    session = boto3.session.Session(
+        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or "testing",
+        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or "testing",
+        region_name=region,
+    )
+    cfg = Config(retries={"max_attempts": 2})
+    return lambda name: session.client(name, endpoint_url=endpoint, config=cfg)
+
+
+def discovery(cluster: str = CLUSTER) -> list[dict]:
+    return [{"Name": f"tag:{DISCOVERY_TAG}", "Values": [cluster]}]
+
+
+def image(client, image_id: str) -> dict:
+    images = client("ec2").describe_images(ImageIds=[image_id])["Images"]
+    assert len(images) == 1, f"DescribeImages({image_id}) returned {images}"
+    return images[0]
+
+
+def test_subnets_by_discovery_tag_span_three_zones(client, region):
+    subnets = client("ec2").describe_subnets(Filters=discovery())["Subnets"]
+    assert len(subnets) == 3, subnets
+    zones = {s["AvailabilityZone"] for s in subnets}
+    assert len(zones) == 3 and all(z.startswith(region) for z in zones), zones
+    if region == "us-west-2":
+        assert zones == {"us-west-2a", "us-west-2b", "us-west-2c"}
+    assert len({s["VpcId"] for s in subnets}) == 1
+    for s in subnets:
+        tags = {t["Key"]: t["Value"] for t in s["Tags"]}
+        assert tags[DISCOVERY_TAG] == CLUSTER
+        assert tags["Name"]
+        assert s["AvailableIpAddressCount"] > 1000
+
+
+def test_security_group_by_discovery_tag(client):
+    ec2 = client("ec2")
+    sgs = ec2.describe_security_groups(Filters=discovery())["SecurityGroups"]
+    assert len(sgs) == 1, sgs
+    vpcs = ec2.describe_vpcs(Filters=discovery())["Vpcs"]
+    assert [v["VpcId"] for v in vpcs] == [sgs[0]["VpcId"]]
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "arm64"])
+@pytest.mark.parametrize("k8s", K8S_MINORS)
+def test_al2023_parameter_points_at_registered_image(client, k8s, arch):
+    name = f"/aws/service/eks/optimized-ami/{k8s}/amazon-linux-2023/{arch}/standard/recommended/image_id"
+    image_id = client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+    img = image(client, image_id)
+    assert img["Architecture"] == arch
+    assert img["OwnerId"] == EKS_OWNER
+    assert img["State"] == "available"
+    assert img["Name"].startswith(f"amazon-eks-node-al2023-{arch}-standard-{k8s}-v")
+    assert img["CreationDate"]
+
+    # The pinned form of the same release resolves to the same image.
+    pinned = name.replace("/recommended/", f"/{img['Name']}/")
+    assert client("ssm").get_parameter(Name=pinned)["Parameter"]["Value"] == image_id
+
+
+@pytest.mark.parametrize(
+    "path,arch",
+    [
+        ("amazon-linux-2023/x86_64/nvidia", "x86_64"),
+        ("amazon-linux-2023/x86_64/neuron", "x86_64"),
+        ("amazon-linux-2023/arm64/nvidia", "arm64"),
+        ("amazon-linux-2", "x86_64"),
+        ("amazon-linux-2-arm64", "arm64"),
+        ("amazon-linux-2-gpu", "x86_64"),
+    ],
+)
+def test_other_eks_optimized_parameters(client, path, arch):
+    name = f"/aws/service/eks/optimized-ami/1.34/{path}/recommended/image_id"
+    img = image(client, client("ssm").get_parameter(Name=name)["Parameter"]["Value"])
+    assert (img["Architecture"], img["OwnerId"]) == (arch, EKS_OWNER)
+
+
+@pytest.mark.parametrize("flavor", ["", "-nvidia"])
+@pytest.mark.parametrize("arch", ["x86_64", "arm64"])
+def test_bottlerocket_parameter_points_at_registered_image(client, arch, flavor):
+    name = f"/aws/service/bottlerocket/aws-k8s-1.34{flavor}/{arch}/latest/image_id"
+    img = image(client, client("ssm").get_parameter(Name=name)["Parameter"]["Value"])
+    assert img["Architecture"] == arch
+    assert img["OwnerId"] == EKS_OWNER
+    assert img["Name"].startswith(f"bottlerocket-aws-k8s-1.34{flavor}-{arch}-v")
+
+
+def test_eks_images_listed_by_owner(client):
+    images = client("ec2").describe_images(Owners=[EKS_OWNER])["Images"]
+    names = {i["Name"] for i in images}
+    assert len(images) >= 3 * 12
+    assert any(n.startswith("amazon-eks-node-al2023-arm64-standard-1.34-") for n in names)
+    assert any(n.startswith("bottlerocket-aws-k8s-1.34-x86_64-") for n in names)
+
+
+def test_eks_cluster(client, region):
+    cluster = client("eks").describe_cluster(name=CLUSTER)["cluster"]
+    assert cluster["name"] == CLUSTER
+    assert cluster["status"] == "ACTIVE"
+    assert cluster["version"] == os.environ.get("EKS_CLUSTER_VERSION", "1.34")
+    assert cluster["endpoint"]
+    assert cluster["certificateAuthority"]["data"]
+    subnets = client("ec2").describe_subnets(Filters=discovery())["Subnets"]
+    assert sorted(cluster["resourcesVpcConfig"]["subnetIds"]) == sorted(s["SubnetId"] for s in subnets)
+
+
+def test_interruption_queue(client):
+    url = client("sqs").get_queue_url(QueueName=CLUSTER)["QueueUrl"]
+    assert url.rstrip("/").endswith(f"/{CLUSTER}")
+
+
+def test_node_role(client):
+    role = client("iam").get_role(RoleName=f"KarpenterNodeRole-{CLUSTER}")["Role"]
+    assert "ec2.amazonaws.com" in json.dumps(role["AssumeRolePolicyDocument"])
+    attached = client("iam").list_attached_role_policies(RoleName=role["RoleName"])
+    names = {p["PolicyName"] for p in attached["AttachedPolicies"]}
+    assert "AmazonEKSWorkerNodePolicy" in names
+
+
+def test_instance_types(client):
+    ec2 = client("ec2")
+    pages = ec2.get_paginator("describe_instance_types").paginate()
+    types = {t["InstanceType"]: t for page in pages for t in page["InstanceTypes"]}
+    assert len(types) > 300
+    assert "x86_64" in types["m5.large"]["ProcessorInfo"]["SupportedArchitectures"]
+    assert "arm64" in types["m6g.large"]["ProcessorInfo"]["SupportedArchitectures"]
+    assert types["m5.large"]["VCpuInfo"]["DefaultVCpus"] == 2
+    assert types["m5.large"]["MemoryInfo"]["SizeInMiB"] == 8192
+
+
+def test_seed_endpoint_is_idempotent_and_takes_other_clusters(endpoint, client, region):
+    def seed(name):
+        req = urllib.request.Request(
+            f"{endpoint}/_karpenter-rs/seed",
+            data=json.dumps({"clusters": [name], "region": region}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with _OPENER.open(req, timeout=60) as resp:
+            return json.load(resp)["seeded"][0]
+
+    other = "krs-emulator-test"
+    first = seed(other)
+    again = seed(other)
+    assert first == again
+    subnets = client("ec2").describe_subnets(Filters=discovery(other))["Subnets"]
+    assert sorted(s["SubnetId"] for s in subnets) == sorted(first["subnet_ids"])
+    assert client("eks").describe_cluster(name=other)["cluster"]["name"] == other
+    # Seeding the default cluster again does not duplicate anything either.
+    seed(CLUSTER)
+    assert len(client("ec2").describe_subnets(Filters=discovery())["Subnets"]) == 3
