@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Tears down what hack/cluster-up.sh started: the local Kubernetes control
+# plane (hack/kube-down.sh, arguments are passed on, e.g. --keep) and the AWS
+# emulator (hack/moto-down.sh, if that script exists). Idempotent.
+set -euo pipefail
+
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+rc=0
+"$HACK_DIR/kube-down.sh" "$@" >&2 || rc=$?
+if [[ -f "$HACK_DIR/moto-down.sh" ]]; then
+  CLUSTER_NAME=$CLUSTER_NAME bash "$HACK_DIR/moto-down.sh" >&2 || rc=$?
+fi
+exit "$rc"
