@@ -29,20 +29,30 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Controller) {
-        Command::Controller => Err(
-            "the controller is not part of this release yet: only `karpenter crds` is available (see README)"
-                .to_string(),
-        ),
-        Command::Crds { output_dir } => write_crds(output_dir),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
+    match cli.command.unwrap_or(Command::Controller) {
+        Command::Controller => {
+            init_json_logging();
+            tracing::error!(
+                "the controller is not implemented in this release; only `karpenter crds` is available (see README)"
+            );
             ExitCode::FAILURE
         }
+        Command::Crds { output_dir } => match write_crds(output_dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("error: {message}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// JSON log lines on stderr, level from `LOG_LEVEL` (default `info`), as the controller logs.
+fn init_json_logging() {
+    let level = std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(&level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 fn write_crds(output_dir: Option<PathBuf>) -> Result<(), String> {
