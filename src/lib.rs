@@ -2,6 +2,8 @@
 //! autoscaler, for AWS EKS.
 //!
 //! The crate is organised as upstream's concepts are: [`apis`] holds the custom resources and the
-//! well-known names; the binary in `main.rs` wires the subcommands.
+//! well-known names; [`operator`] the settings, leader election and endpoints around the
+//! controllers; the binary in `main.rs` wires the subcommands.
 
 pub mod apis;
+pub mod operator;

@@ -1,24 +1,29 @@
 //! The `karpenter` binary.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use karpenter::apis::crds;
+use karpenter::operator::{self, Settings, error_chain};
 
 /// Karpenter, the Kubernetes node autoscaler, for AWS EKS.
 #[derive(Parser, Debug)]
-#[command(name = "karpenter", version, about)]
+#[command(name = "karpenter", version, about, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Settings of the controller when no subcommand is given.
+    #[command(flatten)]
+    settings: Settings,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the controller (the default when no subcommand is given).
-    Controller,
+    Controller(Box<Settings>),
     /// Print the CustomResourceDefinitions, or write one file per CRD into a directory.
     Crds {
         /// Write `<group>_<plural>.yaml` files into this directory instead of printing.
@@ -29,15 +34,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Controller) {
-        Command::Controller => {
-            init_json_logging();
-            tracing::error!(
-                "the controller is not implemented in this release; only `karpenter crds` is available (see README)"
-            );
-            ExitCode::FAILURE
-        }
-        Command::Crds { output_dir } => match write_crds(output_dir) {
+    match cli.command {
+        None => controller(&cli.settings),
+        Some(Command::Controller(settings)) => controller(&settings),
+        Some(Command::Crds { output_dir }) => match write_crds(output_dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
                 eprintln!("error: {message}");
@@ -47,20 +47,31 @@ fn main() -> ExitCode {
     }
 }
 
-/// JSON log lines on stderr, level from `LOG_LEVEL` (default `info`), as the controller logs.
-fn init_json_logging() {
-    let level = std::env::var("LOG_LEVEL").unwrap_or_else(|_| "info".to_string());
-    let filter = tracing_subscriber::EnvFilter::try_new(&level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+fn controller(settings: &Settings) -> ExitCode {
+    operator::init_logging(&settings.log_level);
+    if let Err(error) = settings.validate() {
+        tracing::error!(error = %error, "invalid settings");
+        return ExitCode::FAILURE;
+    }
+    tracing::error!(
+        settings = ?settings.summary(),
+        "the controllers are not implemented in this release; only `karpenter crds` is available (see README)"
+    );
+    ExitCode::FAILURE
 }
 
 fn write_crds(output_dir: Option<PathBuf>) -> Result<(), String> {
     let rendered = crds::render_all().map_err(|e| error_chain(&e))?;
     match output_dir {
         None => {
+            let mut out = std::io::stdout().lock();
             for crd in rendered {
-                print!("{}", crd.yaml);
+                match out.write_all(crd.yaml.as_bytes()) {
+                    Ok(()) => {}
+                    // The reader went away (`karpenter crds | head`): nothing left to do.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                    Err(e) => return Err(format!("writing to stdout: {e}")),
+                }
             }
         }
         Some(dir) => {
@@ -72,15 +83,4 @@ fn write_crds(output_dir: Option<PathBuf>) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }

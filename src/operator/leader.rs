@@ -1,0 +1,238 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, with the timing of Kubernetes'
+//! controllers (lease 15 s, renew deadline 10 s, retry 2 s): only the holder of the Lease acts.
+//!
+//! Expiry is judged the way client-go judges it: by how long this process has watched the
+//! Lease's record stay unchanged, on its own monotonic clock, so clock skew between replicas
+//! cannot hand the Lease to two holders.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Name of the Lease, as upstream Karpenter names it.
+pub const LEASE_NAME: &str = "karpenter-leader-election";
+
+/// Timing of the election.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// How long a Lease stays valid after its last renewal.
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it gives up leadership.
+    pub renew_deadline: Duration,
+    /// Pause between attempts.
+    pub retry_period: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Errors talking to the API server about the Lease.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// A read or write of the Lease failed for a reason other than a lost race.
+    #[error("lease {namespace}/{name}: {action} failed")]
+    Api {
+        /// Namespace of the Lease.
+        namespace: String,
+        /// Name of the Lease.
+        name: String,
+        /// What was attempted.
+        action: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Campaigns for, holds and releases one Lease.
+pub struct LeaderElector {
+    api: Api<Lease>,
+    namespace: String,
+    name: String,
+    identity: String,
+    timing: Timing,
+    observed: Option<(Option<String>, Option<MicroTime>)>,
+    observed_at: Instant,
+}
+
+impl LeaderElector {
+    /// An elector for `namespace/name` under `identity` (unique per process, e.g. the pod name).
+    pub fn new(client: Client, namespace: &str, name: &str, identity: &str, timing: Timing) -> Self {
+        LeaderElector {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            identity: identity.to_string(),
+            timing,
+            observed: None,
+            observed_at: Instant::now(),
+        }
+    }
+
+    /// This elector's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Runs the election until `stop` turns true: publishes leadership on `leading`, renews
+    /// while leading, steps down when renewal fails past the deadline, and releases the Lease on
+    /// stop so that a standby takes over at once.
+    pub async fn run(mut self, leading: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+        let mut last_renewal = Instant::now();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let attempt = self.try_acquire_or_renew().await;
+            let now = Instant::now();
+            match attempt {
+                Ok(true) => {
+                    last_renewal = now;
+                    if !*leading.borrow() {
+                        tracing::info!(lease = %self.name, identity = %self.identity, "successfully acquired lease");
+                        leading.send_replace(true);
+                    }
+                }
+                Ok(false) => {
+                    if *leading.borrow() {
+                        tracing::error!(lease = %self.name, identity = %self.identity, "leader election lost");
+                        leading.send_replace(false);
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), "error retrieving or updating the lease");
+                    if *leading.borrow() && now.duration_since(last_renewal) > self.timing.renew_deadline {
+                        tracing::error!(lease = %self.name, identity = %self.identity, "failed to renew lease within the deadline, stepping down");
+                        leading.send_replace(false);
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.timing.retry_period) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        if *leading.borrow() {
+            leading.send_replace(false);
+            match self.release().await {
+                Ok(()) => tracing::info!(lease = %self.name, identity = %self.identity, "released lease"),
+                Err(error) => tracing::warn!(error = %error_chain(&error), "failed to release lease"),
+            }
+        }
+    }
+
+    /// One round: creates the Lease if missing, renews it if held, takes it over if expired.
+    /// Returns whether this elector holds the Lease afterwards.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<bool, LeaderError> {
+        let now = MicroTime(Timestamp::now());
+        let current = self.api.get_opt(&self.name).await.map_err(|source| self.error("get", source))?;
+        let Some(mut lease) = current else {
+            let lease = Lease {
+                metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
+                spec: Some(self.held_spec(now.clone(), now, 0)),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+                Err(source) => Err(self.error("create", source)),
+            };
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let record = (spec.holder_identity.clone(), spec.renew_time.clone());
+        if self.observed.as_ref() != Some(&record) {
+            self.observed = Some(record);
+            self.observed_at = Instant::now();
+        }
+        let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty());
+        let held_by_me = holder == Some(self.identity.as_str());
+        let lease_duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.timing.lease_duration, Duration::from_secs);
+        let expired = holder.is_none() || self.observed_at.elapsed() > lease_duration;
+        if !held_by_me && !expired {
+            return Ok(false);
+        }
+        let (acquire_time, transitions) = if held_by_me {
+            (spec.acquire_time.unwrap_or_else(|| now.clone()), spec.lease_transitions.unwrap_or(0))
+        } else {
+            (now.clone(), spec.lease_transitions.unwrap_or(0) + 1)
+        };
+        lease.spec = Some(self.held_spec(acquire_time, now, transitions));
+        // The resourceVersion in `lease` makes this a compare-and-swap: of two replicas racing
+        // for an expired Lease, one gets a conflict.
+        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+            Ok(updated) => {
+                let spec = updated.spec.unwrap_or_default();
+                self.observed = Some((spec.holder_identity, spec.renew_time));
+                self.observed_at = Instant::now();
+                Ok(true)
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(source) => Err(self.error("update", source)),
+        }
+    }
+
+    /// Gives the Lease up: no holder and a one-second duration, so a standby acquires it on its
+    /// next attempt.
+    pub async fn release(&mut self) -> Result<(), LeaderError> {
+        let Some(mut lease) =
+            self.api.get_opt(&self.name).await.map_err(|source| self.error("get", source))?
+        else {
+            return Ok(());
+        };
+        let mut spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        lease.spec = Some(spec);
+        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(source) => Err(self.error("release", source)),
+        }
+    }
+
+    fn held_spec(&self, acquire_time: MicroTime, renew_time: MicroTime, transitions: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: i32::try_from(self.timing.lease_duration.as_secs()).ok(),
+            acquire_time: Some(acquire_time),
+            renew_time: Some(renew_time),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }
+    }
+
+    fn error(&self, action: &'static str, source: kube::Error) -> LeaderError {
+        LeaderError::Api { namespace: self.namespace.clone(), name: self.name.clone(), action, source }
+    }
+}
+
+/// The message of an error followed by those of its sources.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}

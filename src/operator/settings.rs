@@ -1,0 +1,343 @@
+//! Controller settings: command-line flags, each also read from the environment variable that
+//! upstream Karpenter's chart sets, with upstream's defaults.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+
+/// Which cloud provider the controller drives.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloudProviderKind {
+    /// Amazon EC2.
+    Aws,
+    /// Simulated nodes (kwok): Node objects created directly, for tests, demos and scale runs.
+    Kwok,
+}
+
+/// How preferred scheduling constraints are treated when simulating placement.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreferencePolicy {
+    /// Honour preferences, relaxing them one at a time when they cannot be met.
+    #[value(name = "Respect")]
+    Respect,
+    /// Ignore preferences entirely.
+    #[value(name = "Ignore")]
+    Ignore,
+}
+
+/// What happens when a requirement's `minValues` cannot be met.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MinValuesPolicy {
+    /// The pod cannot be scheduled on that NodePool.
+    #[value(name = "Strict")]
+    Strict,
+    /// `minValues` is relaxed as far as needed and the NodeClaim is annotated.
+    #[value(name = "BestEffort")]
+    BestEffort,
+}
+
+/// Feature gates, as upstream names them in `FEATURE_GATES` (`Name=true,Other=false`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeatureGates {
+    /// Consolidation may replace a spot node with a cheaper spot node.
+    pub spot_to_spot_consolidation: bool,
+    /// Unhealthy nodes are repaired (replaced) automatically.
+    pub node_repair: bool,
+    /// Capacity reservations are used as a capacity type.
+    pub reserved_capacity: bool,
+    /// NodeOverlay resources adjust instance types.
+    pub node_overlay: bool,
+    /// NodePools with a fixed number of replicas.
+    pub static_capacity: bool,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        FeatureGates {
+            spot_to_spot_consolidation: false,
+            node_repair: false,
+            reserved_capacity: true,
+            node_overlay: false,
+            static_capacity: false,
+        }
+    }
+}
+
+/// Feature gates that older releases had and that are now always on; accepted and ignored so
+/// that existing Helm values keep working.
+const RETIRED_FEATURE_GATES: &[&str] = &["Drift"];
+
+impl std::str::FromStr for FeatureGates {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut gates = FeatureGates::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("feature gate {item:?} is not of the form Name=true|false"))?;
+            let value: bool = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("feature gate {name}: {value:?} is neither true nor false"))?;
+            match name.trim() {
+                "SpotToSpotConsolidation" => gates.spot_to_spot_consolidation = value,
+                "NodeRepair" => gates.node_repair = value,
+                "ReservedCapacity" => gates.reserved_capacity = value,
+                "NodeOverlay" => gates.node_overlay = value,
+                "StaticCapacity" => gates.static_capacity = value,
+                retired if RETIRED_FEATURE_GATES.contains(&retired) => {}
+                unknown => return Err(format!("unrecognized feature gate {unknown:?}")),
+            }
+        }
+        Ok(gates)
+    }
+}
+
+/// Parses a Go-style duration (`10s`, `1m30s`, `500ms`, `1.5h`), as upstream's settings take.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let invalid = || format!("invalid duration {s:?}: expected e.g. 10s, 1m30s or 500ms");
+    let mut rest = s;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(invalid)?;
+        if number_len == 0 {
+            return Err(invalid());
+        }
+        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
+        rest = &rest[number_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let seconds_per_unit = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(invalid()),
+        };
+        total += number * seconds_per_unit;
+        rest = &rest[unit_len..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| invalid())
+}
+
+/// Settings of `karpenter controller`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Settings {
+    /// Name of the EKS cluster; required with the aws cloud provider.
+    #[arg(long, env = "CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    /// API server endpoint written into node bootstrap; discovered through EKS when unset.
+    #[arg(long, env = "CLUSTER_ENDPOINT")]
+    pub cluster_endpoint: Option<String>,
+    /// Base64 CA bundle of the API server for node bootstrap; discovered through EKS when unset.
+    #[arg(long, env = "CLUSTER_CA_BUNDLE")]
+    pub cluster_ca_bundle: Option<String>,
+    /// SQS queue receiving spot interruption and instance state events.
+    #[arg(long, env = "INTERRUPTION_QUEUE")]
+    pub interruption_queue: Option<String>,
+    /// Longest a provisioning batch stays open.
+    #[arg(long, env = "BATCH_MAX_DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub batch_max_duration: Duration,
+    /// A batch closes after this long without new pending pods.
+    #[arg(long, env = "BATCH_IDLE_DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub batch_idle_duration: Duration,
+    /// Share of an instance type's memory taken by the hypervisor and OS.
+    #[arg(long, env = "VM_MEMORY_OVERHEAD_PERCENT", default_value_t = 0.075)]
+    pub vm_memory_overhead_percent: f64,
+    /// ENIs kept back from pod networking when computing max pods.
+    #[arg(long, env = "RESERVED_ENIS", default_value_t = 0)]
+    pub reserved_enis: u32,
+    /// The VPC has no internet access: skip the public Pricing API.
+    #[arg(long, env = "ISOLATED_VPC", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub isolated_vpc: bool,
+    /// Respect or Ignore preferred scheduling constraints.
+    #[arg(long, env = "PREFERENCE_POLICY", default_value = "Respect")]
+    pub preference_policy: PreferencePolicy,
+    /// Strict or BestEffort handling of `minValues`.
+    #[arg(long, env = "MIN_VALUES_POLICY", default_value = "Strict")]
+    pub min_values_policy: MinValuesPolicy,
+    /// Feature gates, e.g. `SpotToSpotConsolidation=true,NodeRepair=false`.
+    #[arg(long, env = "FEATURE_GATES", default_value = "")]
+    pub feature_gates: FeatureGates,
+    /// Log level: error, warn, info, debug (or a tracing filter).
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Requests per second to the API server.
+    #[arg(long, env = "KUBE_CLIENT_QPS", default_value_t = 200)]
+    pub kube_client_qps: u32,
+    /// Burst of requests to the API server.
+    #[arg(long, env = "KUBE_CLIENT_BURST", default_value_t = 300)]
+    pub kube_client_burst: u32,
+    /// Port of the Prometheus metrics endpoint.
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
+    pub metrics_port: u16,
+    /// Port of /healthz and /readyz.
+    #[arg(long, env = "HEALTH_PROBE_PORT", default_value_t = 8081)]
+    pub health_probe_port: u16,
+    /// Act without holding the leader-election Lease (a single local replica).
+    #[arg(long, env = "DISABLE_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub disable_leader_election: bool,
+    /// Namespace of the leader-election Lease (the release namespace).
+    #[arg(long, env = "SYSTEM_NAMESPACE", default_value = "kube-system")]
+    pub system_namespace: String,
+    /// Cloud provider: aws or kwok.
+    #[arg(long, env = "CLOUD_PROVIDER", value_enum, default_value = "aws")]
+    pub cloud_provider: CloudProviderKind,
+}
+
+/// Settings that cannot work together.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SettingsError {
+    /// The aws provider needs the cluster's name.
+    #[error("CLUSTER_NAME (--cluster-name) is required with the aws cloud provider")]
+    MissingClusterName,
+    /// A percentage outside 0..1.
+    #[error("VM_MEMORY_OVERHEAD_PERCENT must be between 0 and 1, got {0}")]
+    MemoryOverhead(f64),
+    /// The idle window cannot exceed the whole batch.
+    #[error("BATCH_IDLE_DURATION ({idle:?}) must not exceed BATCH_MAX_DURATION ({max:?})")]
+    BatchDurations {
+        /// Idle duration.
+        idle: Duration,
+        /// Maximum duration.
+        max: Duration,
+    },
+}
+
+impl Settings {
+    /// Checks the combinations that flags and environment alone cannot express.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.cloud_provider == CloudProviderKind::Aws
+            && self.cluster_name.as_deref().is_none_or(|n| n.trim().is_empty())
+        {
+            return Err(SettingsError::MissingClusterName);
+        }
+        if !(0.0..1.0).contains(&self.vm_memory_overhead_percent) {
+            return Err(SettingsError::MemoryOverhead(self.vm_memory_overhead_percent));
+        }
+        if self.batch_idle_duration > self.batch_max_duration {
+            return Err(SettingsError::BatchDurations {
+                idle: self.batch_idle_duration,
+                max: self.batch_max_duration,
+            });
+        }
+        Ok(())
+    }
+
+    /// The settings as `name=value` pairs, for the start-up log line.
+    pub fn summary(&self) -> BTreeMap<&'static str, String> {
+        BTreeMap::from([
+            ("clusterName", self.cluster_name.clone().unwrap_or_default()),
+            ("batchMaxDuration", format!("{:?}", self.batch_max_duration)),
+            ("batchIdleDuration", format!("{:?}", self.batch_idle_duration)),
+            ("cloudProvider", format!("{:?}", self.cloud_provider).to_lowercase()),
+            ("featureGates", format!("{:?}", self.feature_gates)),
+            ("leaderElection", (!self.disable_leader_election).to_string()),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use rstest::rstest;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
+        let mut argv = vec!["karpenter"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).map(|c| c.settings)
+    }
+
+    #[rstest]
+    #[case("10s", Duration::from_secs(10))]
+    #[case("1s", Duration::from_secs(1))]
+    #[case("500ms", Duration::from_millis(500))]
+    #[case("1m30s", Duration::from_secs(90))]
+    #[case("1.5h", Duration::from_secs(5400))]
+    #[case("0", Duration::ZERO)]
+    fn durations(#[case] input: &str, #[case] expected: Duration) {
+        assert_eq!(parse_duration(input), Ok(expected));
+    }
+
+    #[rstest]
+    #[case("")]
+    #[case("10")]
+    #[case("1d")]
+    #[case("s")]
+    #[case("-1s")]
+    fn bad_durations(#[case] input: &str) {
+        assert!(parse_duration(input).is_err(), "{input}");
+    }
+
+    #[test]
+    fn upstream_defaults() {
+        let s = parse(&["--cluster-name", "demo"]).unwrap();
+        assert_eq!(s.batch_max_duration, Duration::from_secs(10));
+        assert_eq!(s.batch_idle_duration, Duration::from_secs(1));
+        assert_eq!(s.vm_memory_overhead_percent, 0.075);
+        assert_eq!(s.reserved_enis, 0);
+        assert_eq!((s.metrics_port, s.health_probe_port), (8080, 8081));
+        assert_eq!(s.preference_policy, PreferencePolicy::Respect);
+        assert_eq!(s.min_values_policy, MinValuesPolicy::Strict);
+        assert_eq!(s.feature_gates, FeatureGates::default());
+        assert_eq!(s.cloud_provider, CloudProviderKind::Aws);
+        assert!(!s.disable_leader_election && !s.isolated_vpc);
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn flags_with_upstream_values() {
+        let s = parse(&[
+            "--cluster-name=demo",
+            "--batch-max-duration=20s",
+            "--batch-idle-duration=2s",
+            "--preference-policy=Ignore",
+            "--min-values-policy=BestEffort",
+            "--feature-gates=SpotToSpotConsolidation=true,NodeRepair=true,Drift=true",
+            "--isolated-vpc=true",
+            "--cloud-provider=kwok",
+        ])
+        .unwrap();
+        assert_eq!(s.batch_max_duration, Duration::from_secs(20));
+        assert_eq!(s.preference_policy, PreferencePolicy::Ignore);
+        assert_eq!(s.min_values_policy, MinValuesPolicy::BestEffort);
+        assert!(s.feature_gates.spot_to_spot_consolidation && s.feature_gates.node_repair);
+        assert!(s.feature_gates.reserved_capacity, "untouched gates keep their defaults");
+        assert!(s.isolated_vpc);
+        assert_eq!(s.cloud_provider, CloudProviderKind::Kwok);
+    }
+
+    #[test]
+    fn invalid_settings_are_explained() {
+        assert!(parse(&["--feature-gates=Nope=true"]).is_err());
+        assert!(parse(&["--feature-gates=NodeRepair=maybe"]).is_err());
+        assert!(parse(&["--batch-max-duration=ten"]).is_err());
+        // Set explicitly: the test environment may export CLUSTER_NAME.
+        let mut s = parse(&[]).unwrap();
+        s.cluster_name = None;
+        assert_eq!(s.validate(), Err(SettingsError::MissingClusterName));
+        assert_eq!(parse(&["--cloud-provider=kwok"]).unwrap().validate(), Ok(()));
+        let s = parse(&["--cluster-name=demo", "--batch-idle-duration=20s"]).unwrap();
+        assert!(matches!(s.validate(), Err(SettingsError::BatchDurations { .. })));
+        let s = parse(&["--cluster-name=demo", "--vm-memory-overhead-percent=1.5"]).unwrap();
+        assert_eq!(s.validate(), Err(SettingsError::MemoryOverhead(1.5)));
+    }
+}
