@@ -7,6 +7,7 @@ helm must be on PATH (`make test` arranges that).
 
 from __future__ import annotations
 
+import subprocess
 import tomllib
 
 import pytest
@@ -443,3 +444,37 @@ def test_every_rbac_rule_has_a_comment() -> None:
         for i, line in enumerate(lines):
             if line.strip().startswith("- apiGroups:"):
                 assert lines[i - 1].strip().startswith("#"), f"{name}:{i + 1}: rule without a comment saying why"
+
+
+# --- pod-level passthroughs --------------------------------------------------------------------
+
+
+def test_volumes_sidecars_and_pod_fields_pass_through() -> None:
+    docs = render(
+        sets=(*MINIMAL, "terminationGracePeriodSeconds=60", "podLabels.team=platform", "podAnnotations.note=x",
+              "imagePullSecrets[0].name=regcred", "hostNetwork=true", "dnsPolicy=ClusterFirstWithHostNet"),
+    )
+    pod = find(docs, "Deployment")["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "platform"
+    assert pod["metadata"]["annotations"] == {"note": "x"}
+    spec = pod["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 60
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+    out = helm(*template_args(sets=MINIMAL), "--set-json",
+               'controller.sidecarContainer=[{"name":"side","image":"busybox:1.36"}]', "--set-json",
+               'controller.extraVolumeMounts=[{"name":"token","mountPath":"/var/run/token","readOnly":true}]',
+               "--set-json", 'extraVolumes=[{"name":"token","emptyDir":{}}]').stdout
+    deployment = find([d for d in yaml.safe_load_all(out) if d], "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    mount = {"name": "token", "mountPath": "/var/run/token", "readOnly": True}
+    assert controller(deployment)["volumeMounts"] == [mount]
+    assert spec["volumes"] == [{"name": "token", "emptyDir": {}}]
+    assert spec["containers"][1] == {"name": "side", "image": "busybox:1.36", "volumeMounts": [mount]}
+
+
+def test_sync_script_reports_no_drift() -> None:
+    proc = subprocess.run([str(REPO_ROOT / "hack" / "sync-chart-crds.sh"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
