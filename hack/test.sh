@@ -4,7 +4,9 @@
 #   2. the pinned control-plane tools (built once, cached), then the Rust test binaries, so that
 #      no build runs while tests do;
 #   3. the local control plane and AWS emulator (hack/cluster-up.sh);
-#   4. all Rust tests, including those that need the control plane, and the emulator's tests.
+#   4. all Rust tests, including those that need the control plane; the emulator, Helm chart and
+#      Dockerfile tests;
+#   5. the build commands of the container image's builder stage (a release build).
 set -euo pipefail
 
 # shellcheck source=hack/lib.sh
@@ -29,10 +31,13 @@ cargo test --locked --no-run
 step "local control plane and AWS emulator"
 eval "$("$HACK_DIR/cluster-up.sh")"
 
-step "Rust tests (unit, CRD drift, API server validation)"
+step "Rust tests (unit, CRD drift, API server validation, leader election)"
 cargo test --locked -- --include-ignored
 
-step "AWS emulator tests"
-"$("$HACK_DIR/moto-up.sh" --venv)/bin/python" -m pytest -q tests/aws_emulator
+step "AWS emulator, Helm chart and Dockerfile tests"
+"$("$HACK_DIR/moto-up.sh" --venv)/bin/python" -m pytest -q -p no:cacheprovider tests/aws_emulator tests/chart
+
+step "container image builder stage (release build)"
+"$HACK_DIR/docker-build-stage.sh"
 
 log "all tests passed in $(elapsed "$start")"

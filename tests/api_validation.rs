@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -45,9 +46,16 @@ async fn client() -> Client {
     client
 }
 
-fn example<T: DeserializeOwned>(file: &str) -> T {
+/// Reads an example and renames it uniquely, so that tests never collide with each other or with
+/// objects already in the cluster (e.g. from `make demo`).
+fn example<K: Resource + DeserializeOwned>(file: &str) -> K {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let text = std::fs::read_to_string(repo().join("examples").join(file)).unwrap();
-    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("examples/{file}: {e}"))
+    let mut obj: K = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("examples/{file}: {e}"));
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    obj.meta_mut().name = Some(format!("{name}-test-{}-{n}", std::process::id()));
+    obj
 }
 
 fn dry_run() -> PostParams {
@@ -96,8 +104,7 @@ async fn every_example_applies_with_kubectl() {
 async fn examples_round_trip_through_the_api_server_with_defaults() {
     let client = client().await;
     let pools: Api<NodePool> = Api::all(client.clone());
-    let mut pool: NodePool = example("nodepool-t3-medium-spot.yaml");
-    pool.metadata.name = Some("defaults-check".into());
+    let pool: NodePool = example("nodepool-t3-medium-spot.yaml");
     let created = pools.create(&dry_run(), &pool).await.unwrap();
     assert_eq!(created.spec.template.spec.expire_after, "720h");
     assert_eq!(created.spec.disruption.consolidate_after, "0s");
@@ -212,7 +219,6 @@ async fn requirement_keys_in_restricted_domains_are_rejected() {
     }
     // Well-known labels and the exception domains stay allowed.
     let mut pool: NodePool = example("nodepool-general-purpose.yaml");
-    pool.metadata.name = Some("allowed-keys".into());
     for (i, key) in [
         "node.kubernetes.io/instance-type",
         "topology.kubernetes.io/zone",
@@ -322,7 +328,7 @@ async fn subnet_selector_terms_cannot_be_empty() {
 #[ignore = "needs the local control plane: make test"]
 async fn nodeclaim_spec_is_immutable() {
     let api: Api<NodeClaim> = Api::all(client().await);
-    let name = "immutability-check";
+    let name = &format!("immutability-check-{}", std::process::id());
     let claim: NodeClaim = serde_json::from_value(serde_json::json!({
         "apiVersion": "karpenter.sh/v1",
         "kind": "NodeClaim",
