@@ -5,3 +5,4 @@
 //! well-known names; the binary in `main.rs` wires the subcommands.
 
 pub mod apis;
+pub mod scheduling;
