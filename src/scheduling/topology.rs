@@ -112,6 +112,8 @@ pub struct Group {
     owners: Vec<i32>,
     /// Matching pods in all domains.
     total: i32,
+    /// Owners in all domains.
+    owner_total: i32,
 }
 
 impl Group {
@@ -156,6 +158,18 @@ impl PodTopology {
     pub fn is_empty(&self) -> bool {
         self.owned.is_empty() && self.inverse.is_empty()
     }
+}
+
+/// A topology constraint a slot would violate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopologyReject {
+    /// The group.
+    pub group: u32,
+    /// Whether it is another pod's anti-affinity that rejects.
+    pub inverse: bool,
+    /// Whether the rejection can never be lifted (counts only grow, claims only narrow), so
+    /// that pods with the same constraints need not try the slot again.
+    pub permanent: bool,
 }
 
 /// Where a slot (existing node or new claim) is, as far as topology goes.
@@ -244,6 +258,7 @@ impl Topology {
             counts: vec![],
             owners: vec![],
             total: 0,
+            owner_total: 0,
         });
         self.index.insert(sig, id);
         id
@@ -366,28 +381,53 @@ impl Topology {
     }
 
     /// Checks the pod's topology constraints on a slot and returns the requirements they add
-    /// (the chosen domains), or why the slot is not possible. `soft` enforces `ScheduleAnyway`
-    /// spreads as well.
+    /// (the chosen domains), or which constraint the slot would violate. `soft` enforces
+    /// `ScheduleAnyway` spreads as well.
     pub fn requirements_for(
         &mut self,
         pod: &PodTopology,
         pod_reqs: &Requirements,
         slot: &SlotView<'_>,
         soft: bool,
-    ) -> Result<Vec<(String, Requirement)>, String> {
+    ) -> Result<Vec<(String, Requirement)>, TopologyReject> {
         let mut out = Vec::new();
         for &gid in &pod.owned {
             let Some(g) = self.groups.get(gid as usize) else { continue };
             let kind = g.kind;
-            let key = g.key.clone();
+            if let GroupKind::Spread { hard: false, .. } = kind
+                && !soft
+            {
+                continue;
+            }
             let self_sel = pod.selected_by.binary_search(&gid).is_ok();
+            let add = i32::from(self_sel);
+            let permanent = match kind {
+                GroupKind::AntiAffinity => true,
+                GroupKind::Spread { .. } => g.key == LABEL_HOSTNAME && self.new_nodes_possible,
+                GroupKind::Affinity => false,
+            };
+            let reject = TopologyReject { group: gid, inverse: false, permanent };
+            if g.key == LABEL_HOSTNAME {
+                // The slot is one host name: a plain check, nothing to narrow.
+                let d = slot.hostname;
+                let ok = match kind {
+                    GroupKind::Spread { max_skew, min_domains, .. } => {
+                        g.count(d) + add - self.global_min(g, min_domains, pod_reqs) <= max_skew
+                    }
+                    GroupKind::Affinity => g.count(d) > 0 || (self_sel && g.total == 0),
+                    GroupKind::AntiAffinity => g.count(d) == 0,
+                };
+                if !ok {
+                    return Err(reject);
+                }
+                continue;
+            }
+            let key = g.key.clone();
+            let nd = self.node_domains(&key, slot, pod_reqs);
+            let g = &self.groups[gid as usize];
             let chosen: Vec<u32> = match kind {
-                GroupKind::Spread { hard: false, .. } if !soft => continue,
                 GroupKind::Spread { max_skew, min_domains, .. } => {
-                    let nd = self.node_domains(&key, slot, pod_reqs);
-                    let g = &self.groups[gid as usize];
                     let min = self.global_min(g, min_domains, pod_reqs);
-                    let add = i32::from(self_sel);
                     let best = nd
                         .iter()
                         .copied()
@@ -395,30 +435,26 @@ impl Topology {
                         .min_by_key(|d| g.count(*d));
                     match best {
                         Some(d) => vec![d],
-                        None => return Err(format!("would violate topology spread constraint on {key}")),
+                        None => return Err(reject),
                     }
                 }
                 GroupKind::Affinity => {
-                    let nd = self.node_domains(&key, slot, pod_reqs);
-                    let g = &self.groups[gid as usize];
                     let mut allowed: Vec<u32> = nd.iter().copied().filter(|d| g.count(*d) > 0).collect();
                     if allowed.is_empty() && self_sel && g.total == 0 {
                         allowed.extend(nd.first());
                     }
                     if allowed.is_empty() {
-                        return Err(format!("would violate pod affinity on {key}"));
+                        return Err(reject);
                     }
                     allowed
                 }
                 GroupKind::AntiAffinity => {
-                    let nd = self.node_domains(&key, slot, pod_reqs);
                     if nd.is_empty() {
                         continue;
                     }
-                    let g = &self.groups[gid as usize];
                     let allowed: Vec<u32> = nd.iter().copied().filter(|d| g.count(*d) == 0).collect();
                     if allowed.is_empty() {
-                        return Err(format!("would violate pod anti-affinity on {key}"));
+                        return Err(reject);
                     }
                     if allowed.len() == nd.len() {
                         continue;
@@ -430,7 +466,14 @@ impl Topology {
         }
         for &gid in &pod.inverse {
             let Some(g) = self.groups.get(gid as usize) else { continue };
-            if g.owners.iter().all(|c| *c == 0) {
+            if g.owner_total == 0 {
+                continue;
+            }
+            let reject = TopologyReject { group: gid, inverse: true, permanent: true };
+            if g.key == LABEL_HOSTNAME {
+                if g.owners(slot.hostname) > 0 {
+                    return Err(reject);
+                }
                 continue;
             }
             let key = g.key.clone();
@@ -438,7 +481,7 @@ impl Topology {
             let g = &self.groups[gid as usize];
             let allowed: Vec<u32> = nd.iter().copied().filter(|d| g.owners(*d) == 0).collect();
             if allowed.is_empty() && !nd.is_empty() {
-                return Err(format!("would violate the pod anti-affinity of another pod on {key}"));
+                return Err(reject);
             }
             if allowed.len() < nd.len() {
                 push_choice(
@@ -450,6 +493,18 @@ impl Topology {
             }
         }
         Ok(out)
+    }
+
+    /// Describes a rejection: `would violate topology spread constraint on topology.kubernetes.io/zone`.
+    pub fn describe(&self, reject: TopologyReject) -> String {
+        let Some(g) = self.groups.get(reject.group as usize) else { return "topology".to_string() };
+        let what = match (g.kind, reject.inverse) {
+            (_, true) => "the pod anti-affinity of another pod",
+            (GroupKind::Spread { .. }, _) => "topology spread constraint",
+            (GroupKind::Affinity, _) => "pod affinity",
+            (GroupKind::AntiAffinity, _) => "pod anti-affinity",
+        };
+        format!("would violate {what} on {}", g.key)
     }
 
     /// Domains of `key` to record a pod under on the final slot: the single value, or for
@@ -491,6 +546,7 @@ impl Topology {
             let key = g.key.clone();
             let domains = self.record_domains(&key, slot, true);
             let g = &mut self.groups[gid as usize];
+            g.owner_total += 1;
             for d in domains {
                 bump(&mut g.owners, d);
             }
