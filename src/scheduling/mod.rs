@@ -21,4 +21,6 @@ pub use scheduler::{
 };
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
