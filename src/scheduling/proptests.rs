@@ -64,7 +64,7 @@ fn build_it(i: usize, s: &ItSpec) -> Arc<InstanceType> {
                     zone: z.to_string(),
                     capacity_type: "spot".into(),
                     price: price / 2.0,
-                    available: i % 5 != 0,
+                    available: !i.is_multiple_of(5),
                 });
             }
         }
