@@ -315,9 +315,22 @@ struct ClassKey {
 
 #[derive(Clone, Copy, Debug)]
 struct Relax {
+    /// Index of the required node-affinity term in use.
     term: usize,
+    /// Preferred pod (anti-)affinity terms dropped.
+    pod_pref: usize,
+    /// Index of the preferred node-affinity term in use (heaviest first; past the end: none).
     pref: usize,
+    /// Whether `ScheduleAnyway` spreads are enforced.
     soft: bool,
+}
+
+impl Relax {
+    const INITIAL: Relax = Relax { term: 0, pod_pref: 0, pref: 0, soft: true };
+
+    fn is_initial(&self) -> bool {
+        self.term == 0 && self.pod_pref == 0 && self.pref == 0 && self.soft
+    }
 }
 
 impl PodInfo<'_> {
@@ -340,6 +353,8 @@ impl PodInfo<'_> {
     fn relax(&self, s: &mut Relax) -> bool {
         if s.term + 1 < self.required_terms.len() {
             s.term += 1;
+        } else if s.pod_pref < self.topo.preferred.len() {
+            s.pod_pref += 1;
         } else if s.pref < self.preferred_terms.len() {
             s.pref += 1;
         } else if s.soft && self.has_soft_spread {
@@ -470,9 +485,9 @@ impl<'a> Scheduler<'a> {
     fn new(input: &'a SchedulingInput) -> Self {
         let mut topo = Topology::default();
         // Constraints of pending pods, then of bound pods (for the inverse anti-affinity).
-        let owned: Vec<Vec<u32>> =
+        let owned: Vec<(Vec<u32>, Vec<u32>)> =
             input.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect();
-        let existing_owned: Vec<Vec<Vec<u32>>> = input
+        let existing_owned: Vec<Vec<(Vec<u32>, Vec<u32>)>> = input
             .existing_nodes
             .iter()
             .map(|n| n.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect())
@@ -653,11 +668,10 @@ impl<'a> Scheduler<'a> {
         if let Some(reason) = &info.invalid {
             return Err(PodError { pod: info.r.clone(), nodepools: vec![], reason: Some(reason.clone()) });
         }
-        let mut state = Relax { term: 0, pref: 0, soft: true };
+        let mut state = Relax::INITIAL;
         loop {
             let reqs = self.pods[p].requirements(state).into_owned();
-            let initial = state.term == 0 && state.pref == 0 && state.soft;
-            match self.try_place(p, &reqs, state.soft, initial) {
+            match self.try_place(p, &reqs, state) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     if !self.pods[p].relax(&mut state) {
@@ -668,15 +682,10 @@ impl<'a> Scheduler<'a> {
         }
     }
 
-    fn try_place(
-        &mut self,
-        p: usize,
-        reqs: &Requirements,
-        soft: bool,
-        initial: bool,
-    ) -> Result<(), PodError> {
+    fn try_place(&mut self, p: usize, reqs: &Requirements, state: Relax) -> Result<(), PodError> {
+        let initial = state.is_initial();
         for n in 0..self.nodes.len() {
-            if self.try_node(n, p, reqs, soft).is_ok() {
+            if self.try_node(n, p, reqs, state).is_ok() {
                 return Ok(());
             }
         }
@@ -696,7 +705,7 @@ impl<'a> Scheduler<'a> {
                     continue;
                 }
             }
-            match self.try_claim(c, p, reqs, soft, false) {
+            match self.try_claim(c, p, reqs, state, false) {
                 Ok(()) => return Ok(()),
                 Err((_, true)) if initial => {
                     let set = &mut self.rejected[class];
@@ -711,7 +720,7 @@ impl<'a> Scheduler<'a> {
         }
         let mut reasons = Vec::new();
         for pool in 0..self.pools.len() {
-            match self.try_new_claim(pool, p, reqs, soft) {
+            match self.try_new_claim(pool, p, reqs, state) {
                 Ok(()) => return Ok(()),
                 Err(e) => reasons.push((self.pools[pool].input.name.clone(), e)),
             }
@@ -721,7 +730,7 @@ impl<'a> Scheduler<'a> {
         Err(PodError { pod: self.pods[p].r.clone(), nodepools: reasons, reason })
     }
 
-    fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, soft: bool) -> Result<(), ()> {
+    fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, state: Relax) -> Result<(), ()> {
         let pod = &self.pods[p];
         let slot = &self.nodes[n];
         // Reasons for existing nodes are not reported: fail fast without building them.
@@ -734,7 +743,7 @@ impl<'a> Scheduler<'a> {
         }
         if !pod.topo.is_empty() {
             let view = SlotView { hostname: slot.host_id, labels: Some(&slot.node.labels), reqs: &slot.reqs };
-            self.topo.requirements_for(&pod.topo, reqs, &view, soft).map_err(|_| ())?;
+            self.topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref).map_err(|_| ())?;
             self.topo.record(&pod.topo, &view);
         }
         let slot = &mut self.nodes[n];
@@ -749,7 +758,7 @@ impl<'a> Scheduler<'a> {
         pool_i: usize,
         p: usize,
         reqs: &Requirements,
-        soft: bool,
+        state: Relax,
     ) -> Result<(), String> {
         let pool = &self.pools[pool_i];
         let pod = &self.pods[p];
@@ -810,7 +819,7 @@ impl<'a> Scheduler<'a> {
             min_values_relaxed: false,
         });
         let c = self.claims.len() - 1;
-        match self.try_claim(c, p, reqs, soft, true) {
+        match self.try_claim(c, p, reqs, state, true) {
             Ok(()) => Ok(()),
             Err((e, _)) => {
                 self.claims.pop();
@@ -826,7 +835,7 @@ impl<'a> Scheduler<'a> {
         c: usize,
         p: usize,
         reqs: &Requirements,
-        soft: bool,
+        state: Relax,
         reason: bool,
     ) -> Result<(), Reject> {
         let Scheduler { claims, pools, pods, topo, offer_idx, input, .. } = self;
@@ -874,7 +883,7 @@ impl<'a> Scheduler<'a> {
             vec![]
         } else {
             let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs };
-            match topo.requirements_for(&pod.topo, reqs, &view, soft) {
+            match topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref) {
                 Ok(r) => r,
                 Err(rej) => {
                     return Err((if reason { topo.describe(rej) } else { String::new() }, rej.permanent));

@@ -655,3 +655,40 @@ fn deterministic() {
     assert_eq!(summary(&a), summary(&b));
     assert!(a.errors.is_empty(), "{}", error_of(&a));
 }
+
+fn with_preferred(mut p: Pod, anti: bool, key: &str, group: &str) -> Pod {
+    use k8s_openapi::api::core::v1::WeightedPodAffinityTerm;
+    let terms = Some(vec![WeightedPodAffinityTerm { weight: 50, pod_affinity_term: term(key, group) }]);
+    let aff = spec(&mut p).affinity.get_or_insert_with(Default::default);
+    if anti {
+        aff.pod_anti_affinity = Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: terms,
+            ..Default::default()
+        });
+    } else {
+        aff.pod_affinity = Some(PodAffinity {
+            preferred_during_scheduling_ignored_during_execution: terms,
+            ..Default::default()
+        });
+    }
+    p
+}
+
+#[test]
+fn preferred_anti_affinity_spreads_while_it_can() {
+    let pods = pods_n(3, |p| with_preferred(with_label(p, "group", "web"), true, LABEL_HOSTNAME, "web"));
+    let r = schedule(&input(pods.clone(), vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 3);
+    // Without NodePools, both land on the one existing node once the preference is relaxed.
+    let r =
+        schedule(&SchedulingInput { existing_nodes: vec![existing_node("n1", 8)], ..input(pods, vec![]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements[0].pods.len(), 3);
+}
+
+#[test]
+fn unsatisfiable_preferred_affinity_is_relaxed() {
+    let p = with_preferred(with_label(pod("a", "1", "1Gi"), "group", "me"), false, LABEL_TOPOLOGY_ZONE, "db");
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+}

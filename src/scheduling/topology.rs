@@ -94,6 +94,26 @@ pub enum GroupKind {
     Affinity,
     /// Required pod anti-affinity.
     AntiAffinity,
+    /// Preferred pod affinity: enforced like a required one until relaxed.
+    PreferredAffinity,
+    /// Preferred pod anti-affinity: enforced like a required one until relaxed (it does not
+    /// constrain other pods in the inverse direction).
+    PreferredAntiAffinity,
+}
+
+impl GroupKind {
+    /// The required kind a preference is enforced as.
+    fn enforced(self) -> GroupKind {
+        match self {
+            GroupKind::PreferredAffinity => GroupKind::Affinity,
+            GroupKind::PreferredAntiAffinity => GroupKind::AntiAffinity,
+            k => k,
+        }
+    }
+
+    fn is_preferred(self) -> bool {
+        matches!(self, GroupKind::PreferredAffinity | GroupKind::PreferredAntiAffinity)
+    }
 }
 
 /// One topology constraint shared by every pod that has it.
@@ -151,6 +171,9 @@ pub struct PodTopology {
     pub selected_by: Vec<u32>,
     /// Anti-affinity groups owned by other pods that match this pod.
     pub inverse: Vec<u32>,
+    /// The preferred pod (anti-)affinity groups among `owned`, in the order they are relaxed:
+    /// affinity before anti-affinity, heaviest first.
+    pub preferred: Vec<u32>,
 }
 
 impl PodTopology {
@@ -264,16 +287,17 @@ impl Topology {
         id
     }
 
-    /// Registers the constraints `pod` has and returns their group ids. `namespace_labels` maps
-    /// namespaces to their labels, for affinity terms with a namespace selector.
+    /// Registers the constraints `pod` has and returns their group ids, and the preferred ones
+    /// in relaxation order. `namespace_labels` maps namespaces to their labels, for affinity
+    /// terms with a namespace selector.
     pub fn register_pod(
         &mut self,
         pod: &Pod,
         namespace_labels: &BTreeMap<String, BTreeMap<String, String>>,
-    ) -> Vec<u32> {
+    ) -> (Vec<u32>, Vec<u32>) {
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let Some(spec) = &pod.spec else { return vec![] };
+        let Some(spec) = &pod.spec else { return (vec![], vec![]) };
         let mut owned = Vec::new();
         for c in spec.topology_spread_constraints.iter().flatten() {
             let kind = GroupKind::Spread {
@@ -301,7 +325,29 @@ impl Topology {
                 .and_then(|a| a.pod_anti_affinity.as_ref())
                 .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
         );
-        for (kind, list) in [(GroupKind::Affinity, aff), (GroupKind::AntiAffinity, anti)] {
+        let weighted = |list: Option<&Vec<k8s_openapi::api::core::v1::WeightedPodAffinityTerm>>| {
+            let mut v: Vec<(i32, PodAffinityTerm)> =
+                list.into_iter().flatten().map(|w| (w.weight, w.pod_affinity_term.clone())).collect();
+            v.sort_by_key(|(w, _)| std::cmp::Reverse(*w));
+            v.into_iter().map(|(_, t)| t).collect::<Vec<_>>()
+        };
+        let pref_aff = weighted(
+            affinity
+                .and_then(|a| a.pod_affinity.as_ref())
+                .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()),
+        );
+        let pref_anti = weighted(
+            affinity
+                .and_then(|a| a.pod_anti_affinity.as_ref())
+                .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()),
+        );
+        let mut preferred = Vec::new();
+        for (kind, list) in [
+            (GroupKind::Affinity, aff),
+            (GroupKind::AntiAffinity, anti),
+            (GroupKind::PreferredAffinity, pref_aff),
+            (GroupKind::PreferredAntiAffinity, pref_anti),
+        ] {
             for t in list {
                 let namespaces = term_namespaces(&t, &ns, namespace_labels);
                 let selector = Selector::new(
@@ -310,18 +356,22 @@ impl Topology {
                     t.match_label_keys.as_deref().unwrap_or(&[]),
                     t.mismatch_label_keys.as_deref().unwrap_or(&[]),
                 );
-                owned.push(self.group_id(kind, &t.topology_key, namespaces, selector));
+                let id = self.group_id(kind, &t.topology_key, namespaces, selector);
+                if kind.is_preferred() && !preferred.contains(&id) {
+                    preferred.push(id);
+                }
+                owned.push(id);
             }
         }
         owned.sort_unstable();
         owned.dedup();
-        owned
+        (owned, preferred)
     }
 
     /// Computes the groups that select a pod and the anti-affinity groups constraining it.
     pub fn pod_topology(
         &self,
-        owned: Vec<u32>,
+        (owned, preferred): (Vec<u32>, Vec<u32>),
         namespace: &str,
         labels: &BTreeMap<String, String>,
     ) -> PodTopology {
@@ -336,7 +386,7 @@ impl Topology {
                 }
             }
         }
-        PodTopology { owned, selected_by, inverse }
+        PodTopology { owned, selected_by, inverse, preferred }
     }
 
     /// The domains a slot offers for `key`, in name order.
@@ -382,29 +432,34 @@ impl Topology {
 
     /// Checks the pod's topology constraints on a slot and returns the requirements they add
     /// (the chosen domains), or which constraint the slot would violate. `soft` enforces
-    /// `ScheduleAnyway` spreads as well.
+    /// `ScheduleAnyway` spreads as well; the first `relaxed_prefs` of the pod's preferred pod
+    /// (anti-)affinity terms are no longer enforced.
     pub fn requirements_for(
         &mut self,
         pod: &PodTopology,
         pod_reqs: &Requirements,
         slot: &SlotView<'_>,
         soft: bool,
+        relaxed_prefs: usize,
     ) -> Result<Vec<(String, Requirement)>, TopologyReject> {
         let mut out = Vec::new();
         for &gid in &pod.owned {
             let Some(g) = self.groups.get(gid as usize) else { continue };
-            let kind = g.kind;
-            if let GroupKind::Spread { hard: false, .. } = kind
+            if let GroupKind::Spread { hard: false, .. } = g.kind
                 && !soft
             {
                 continue;
             }
+            if g.kind.is_preferred() && pod.preferred.get(..relaxed_prefs).is_some_and(|r| r.contains(&gid)) {
+                continue;
+            }
+            let kind = g.kind.enforced();
             let self_sel = pod.selected_by.binary_search(&gid).is_ok();
             let add = i32::from(self_sel);
             let permanent = match kind {
                 GroupKind::AntiAffinity => true,
                 GroupKind::Spread { .. } => g.key == LABEL_HOSTNAME && self.new_nodes_possible,
-                GroupKind::Affinity => false,
+                _ => false,
             };
             let reject = TopologyReject { group: gid, inverse: false, permanent };
             if g.key == LABEL_HOSTNAME {
@@ -415,7 +470,7 @@ impl Topology {
                         g.count(d) + add - self.global_min(g, min_domains, pod_reqs) <= max_skew
                     }
                     GroupKind::Affinity => g.count(d) > 0 || (self_sel && g.total == 0),
-                    GroupKind::AntiAffinity => g.count(d) == 0,
+                    _ => g.count(d) == 0,
                 };
                 if !ok {
                     return Err(reject);
@@ -448,7 +503,7 @@ impl Topology {
                     }
                     allowed
                 }
-                GroupKind::AntiAffinity => {
+                _ => {
                     if nd.is_empty() {
                         continue;
                     }
@@ -503,6 +558,8 @@ impl Topology {
             (GroupKind::Spread { .. }, _) => "topology spread constraint",
             (GroupKind::Affinity, _) => "pod affinity",
             (GroupKind::AntiAffinity, _) => "pod anti-affinity",
+            (GroupKind::PreferredAffinity, _) => "preferred pod affinity",
+            (GroupKind::PreferredAntiAffinity, _) => "preferred pod anti-affinity",
         };
         format!("would violate {what} on {}", g.key)
     }
@@ -529,7 +586,7 @@ impl Topology {
     pub fn record(&mut self, pod: &PodTopology, slot: &SlotView<'_>) {
         for &gid in &pod.selected_by {
             let Some(g) = self.groups.get(gid as usize) else { continue };
-            let all = g.kind == GroupKind::AntiAffinity;
+            let all = g.kind.enforced() == GroupKind::AntiAffinity;
             let key = g.key.clone();
             let domains = self.record_domains(&key, slot, all);
             let g = &mut self.groups[gid as usize];
