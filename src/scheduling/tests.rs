@@ -692,3 +692,64 @@ fn unsatisfiable_preferred_affinity_is_relaxed() {
     let r = schedule(&input(vec![p], vec![pool("default")]));
     assert!(r.errors.is_empty(), "{}", error_of(&r));
 }
+
+fn gpu_type(name: &str, gpus: i64, category: &str) -> Arc<InstanceType> {
+    let labels: BTreeMap<String, String> = [
+        (LABEL_ARCH.to_string(), ARCH_AMD64.to_string()),
+        (LABEL_INSTANCE_CATEGORY.to_string(), category.to_string()),
+        (LABEL_INSTANCE_GPU_MANUFACTURER.to_string(), "nvidia".to_string()),
+    ]
+    .into();
+    let mut capacity = Resources::from_pairs([(CPU, 8000), (MEMORY, 32 * GI), (PODS, 50)]);
+    capacity.set(RESOURCE_NVIDIA_GPU, gpus);
+    Arc::new(InstanceType::new(
+        name,
+        Requirements::from_labels(&labels),
+        capacity,
+        Overhead::default(),
+        vec![Offering {
+            zone: "z1".into(),
+            capacity_type: "on-demand".into(),
+            price: gpus as f64,
+            available: true,
+        }],
+    ))
+}
+
+#[test]
+fn nodepool_from_the_api_object_with_extended_resource_limits() {
+    let np: crate::apis::NodePool =
+        serde_saphyr::from_str(include_str!("../../examples/nodepool-gpu.yaml")).expect("example parses");
+    let mut usage = Resources::default();
+    usage.set(RESOURCE_NVIDIA_GPU, 6);
+    let types = vec![gpu_type("g.1", 1, "g"), gpu_type("g.4", 4, "g"), gpu_type("m.0", 0, "m")];
+    let input_pool = NodePoolInput::from_nodepool(&np, types, &usage).expect("valid nodepool");
+    assert_eq!(input_pool.remaining_limits, Some([(RESOURCE_NVIDIA_GPU.to_string(), 2)].into()));
+    assert!(input_pool.requirements.allows("workload", "gpu"));
+
+    let gpu_pod = |name: &str| {
+        let mut p = with_toleration(pod(name, "1", "1Gi"), RESOURCE_NVIDIA_GPU);
+        let res = spec(&mut p).containers[0].resources.get_or_insert_with(Default::default);
+        res.limits = Some([(RESOURCE_NVIDIA_GPU.to_string(), Quantity("1".into()))].into());
+        with_anti_affinity(p, LABEL_HOSTNAME, "train")
+    };
+    let r = schedule(&input(vec![gpu_pod("a"), gpu_pod("b"), gpu_pod("c")], vec![input_pool]));
+    // Two GPUs of headroom: two single-GPU nodes, then the limit.
+    assert_eq!(r.new_node_claims.len(), 2, "{}", error_of(&r));
+    for c in &r.new_node_claims {
+        assert_eq!(c.instance_type_names, vec!["g.1".to_string()]);
+        assert_eq!(c.labels.get("workload").map(String::as_str), Some("gpu"));
+    }
+    assert_eq!(error_of(&r), "nodepool \"gpu\": would exceed nodepool limits nvidia.com/gpu");
+}
+
+#[test]
+fn nodes_limit_counts_nodeclaims() {
+    let np = NodePoolInput {
+        remaining_limits: Some([(super::resources::NODES.to_string(), 2)].into()),
+        ..pool("two")
+    };
+    let r = schedule(&input(pods_n(3, |p| with_anti_affinity(p, LABEL_HOSTNAME, "x")), vec![np]));
+    assert_eq!(r.new_node_claims.len(), 2);
+    assert_eq!(error_of(&r), "nodepool \"two\": would exceed nodepool limits nodes");
+}
