@@ -167,7 +167,8 @@ pub struct ExistingNode {
     pub initialized: bool,
     /// Allocatable resources.
     pub allocatable: Resources,
-    /// Requests of the pods bound to it (and of DaemonSet pods it will run).
+    /// Requests of the pods bound to it, `pods` included (and, for nodes not initialized yet, of
+    /// the DaemonSet pods it will run).
     pub requested: Resources,
     /// Pods bound to it, for topology and host ports.
     pub pods: Vec<Pod>,
