@@ -580,8 +580,10 @@ impl<'a> Scheduler<'a> {
         let keys = topo.keys();
         for n in &input.existing_nodes {
             for k in &keys {
-                if let Some(v) = n.labels.get(k) {
-                    topo.add_domain(k, v);
+                match n.labels.get(k) {
+                    Some(v) => topo.add_domain(k, v),
+                    None if k == LABEL_HOSTNAME => topo.add_domain(k, &n.name),
+                    None => {}
                 }
             }
         }

@@ -753,3 +753,54 @@ fn nodes_limit_counts_nodeclaims() {
     assert_eq!(r.new_node_claims.len(), 2);
     assert_eq!(error_of(&r), "nodepool \"two\": would exceed nodepool limits nodes");
 }
+
+#[test]
+fn min_domains_caps_pods_per_zone() {
+    let pods = (0..4)
+        .map(|i| {
+            let mut p = with_spread(pod(&format!("p{i}"), "4", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true);
+            if let Some(c) = spec(&mut p).topology_spread_constraints.as_mut() {
+                c[0].min_domains = Some(5);
+            }
+            p
+        })
+        .collect();
+    let r = schedule(&input(pods, vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 3);
+    assert_eq!(
+        error_of(&r),
+        "nodepool \"default\": would violate topology spread constraint on topology.kubernetes.io/zone"
+    );
+}
+
+#[test]
+fn schedule_anyway_spread_relaxes_on_existing_nodes() {
+    let pods = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", false));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8)],
+        ..input(pods.clone(), vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements[0].pods.len(), 2);
+    // With DoNotSchedule and nowhere else to go, the second pod stays pending.
+    let hard = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        ..input(hard, vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements.len(), 2);
+    // Once both nodes hold one, the minimum is one and a third fits with skew 1.
+    let three = pods_n(3, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        ..input(three.clone(), vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    // A third, empty node keeps the minimum at zero: the third pod goes there.
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8), existing_node("n3", 8)],
+        ..input(three, vec![])
+    });
+    assert_eq!(r.existing_placements.len(), 3);
+}

@@ -236,11 +236,8 @@ impl Topology {
         self.names.get(id as usize).map_or("", String::as_str)
     }
 
-    /// Adds a known domain of `key`.
+    /// Adds a known domain of `key` (for host names, only existing nodes are listed).
     pub fn add_domain(&mut self, key: &str, value: &str) {
-        if key == LABEL_HOSTNAME {
-            return;
-        }
         let id = self.intern(value);
         let list = self.universe.entry(key.to_string()).or_default();
         if !list.contains(&id) {
