@@ -328,3 +328,42 @@ proptest! {
 fn pod_requests_of(p: &Pod) -> Resources {
     super::resources::pod_requests(p)
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// With every zone offered by every instance type, zonal spread (maxSkew 1) holds exactly,
+    /// and hostname spread puts one pod of the group per node.
+    #[test]
+    fn spreads_hold(
+        sizes in prop::collection::vec((100i64..4000, 128i64..8192), 1..40),
+        host in any::<bool>(),
+    ) {
+        let types: Vec<Arc<InstanceType>> = [2i64, 4, 8, 16]
+            .iter()
+            .enumerate()
+            .map(|(i, c)| build_it(i, &ItSpec { cpu: *c, mem: 4 * c, pods: 30, arm: false, zones: vec![true; 3], spot: false, price: 10 * (i as u32 + 1) }))
+            .collect();
+        let key = if host { LABEL_HOSTNAME } else { LABEL_TOPOLOGY_ZONE };
+        let pods: Vec<Pod> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, (c, m))| with_spread(pod(&format!("p{i}"), &format!("{c}m"), &format!("{m}Mi")), key, "s", true))
+            .collect();
+        let r = schedule(&SchedulingInput { pods: pods.clone(), nodepools: vec![NodePoolInput::new("default", types)], ..Default::default() });
+        prop_assert!(r.errors.is_empty());
+        if host {
+            prop_assert!(r.new_node_claims.iter().all(|c| c.pods.len() == 1));
+        } else {
+            let mut per_zone: BTreeMap<String, usize> = ZONES.iter().map(|z| (z.to_string(), 0)).collect();
+            for c in &r.new_node_claims {
+                let zone = c.requirements.get(LABEL_TOPOLOGY_ZONE).and_then(|r| r.single()).map(str::to_string);
+                prop_assert!(zone.is_some());
+                *per_zone.entry(zone.unwrap_or_default()).or_default() += c.pods.len();
+            }
+            let max = per_zone.values().max().copied().unwrap_or(0);
+            let min = per_zone.values().min().copied().unwrap_or(0);
+            prop_assert!(max - min <= 1, "{per_zone:?}");
+        }
+    }
+}
