@@ -302,6 +302,8 @@ struct PodInfo<'a> {
     invalid: Option<String>,
     /// Pods with equal constraints share a class (and a claim cursor).
     class: usize,
+    /// Whether a topology constraint of the pod (or constraining it) is on the zone.
+    zonal: bool,
 }
 
 /// Everything that decides whether a claim rejects a pod for good.
@@ -408,6 +410,10 @@ impl OfferingIndex {
 
     fn bit(map: &BTreeMap<String, u32>, v: &str) -> u64 {
         map.get(v).and_then(|i| 1u64.checked_shl(*i)).unwrap_or(0)
+    }
+
+    fn full_zone_mask(&self) -> u64 {
+        self.zones.values().fold(0u64, |m, i| m | 1u64.checked_shl(*i).unwrap_or(0))
     }
 
     fn masks(&self, reqs: &Requirements) -> (u64, u64) {
@@ -519,7 +525,13 @@ impl<'a> Scheduler<'a> {
             };
             let next = classes.len();
             let class = *classes.entry(key).or_insert(next);
+            let zonal = topo_info
+                .owned
+                .iter()
+                .chain(&topo_info.inverse)
+                .any(|g| topo.groups.get(*g as usize).is_some_and(|g| g.key == LABEL_TOPOLOGY_ZONE));
             pods.push(PodInfo {
+                zonal,
                 class,
                 r: PodRef { index, namespace, name: meta.name.clone().unwrap_or_default() },
                 requests: pod_requests(pod),
@@ -616,7 +628,12 @@ impl<'a> Scheduler<'a> {
                 let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
                 let labels = pod.metadata.labels.clone().unwrap_or_default();
                 let pt = topo.pod_topology(owned, ns, &labels);
-                let view = SlotView { hostname: n.host_id, labels: Some(&n.node.labels), reqs: &n.reqs };
+                let view = SlotView {
+                    hostname: n.host_id,
+                    labels: Some(&n.node.labels),
+                    reqs: &n.reqs,
+                    zones: None,
+                };
                 topo.record(&pt, &view);
             }
         }
@@ -745,7 +762,12 @@ impl<'a> Scheduler<'a> {
             return Err(());
         }
         if !pod.topo.is_empty() {
-            let view = SlotView { hostname: slot.host_id, labels: Some(&slot.node.labels), reqs: &slot.reqs };
+            let view = SlotView {
+                hostname: slot.host_id,
+                labels: Some(&slot.node.labels),
+                reqs: &slot.reqs,
+                zones: None,
+            };
             self.topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref).map_err(|_| ())?;
             self.topo.record(&pod.topo, &view);
         }
@@ -885,7 +907,38 @@ impl<'a> Scheduler<'a> {
         let topo_reqs = if pod.topo.is_empty() {
             vec![]
         } else {
-            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs };
+            // Zonal constraints choose among the zones the claim could still launch in with
+            // this pod added (largest types first: they fit most often). A claim already in one
+            // zone has nothing to choose.
+            let pinned = claim.reqs.get(LABEL_TOPOLOGY_ZONE).is_some_and(|z| z.single().is_some());
+            let zone_mask = (pod.zonal && !pinned && offer_idx.usable()).then(|| {
+                let cm = offer_idx.masks(&claim.reqs).1;
+                let full = offer_idx.full_zone_mask();
+                let mut mask = 0u64;
+                for &i in claim.its.iter().rev() {
+                    let Some(it) = pool.input.instance_types.get(i as usize) else { continue };
+                    if !claim.requests.fits_with(r, it.allocatable()) {
+                        continue;
+                    }
+                    for (z, ct, _) in pool.offers.get(i as usize).into_iter().flatten() {
+                        if ct & cm != 0 {
+                            mask |= z;
+                        }
+                    }
+                    if mask == full {
+                        break;
+                    }
+                }
+                mask
+            });
+            let zone_filter =
+                |z: &str| zone_mask.is_none_or(|m| OfferingIndex::bit(&offer_idx.zones, z) & m != 0);
+            let view = SlotView {
+                hostname: claim.host_id,
+                labels: None,
+                reqs: &claim.reqs,
+                zones: Some(&zone_filter),
+            };
             match topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref) {
                 Ok(r) => r,
                 Err(rej) => {
@@ -1006,14 +1059,16 @@ impl<'a> Scheduler<'a> {
         if let Some(nr) = new_reqs {
             claim.reqs = nr;
         }
-        claim.max_alloc = max_alloc(&kept, &pool_mut.input.instance_types);
+        if kept.len() != claim.its.len() {
+            claim.max_alloc = max_alloc(&kept, &pool_mut.input.instance_types);
+        }
         claim.its = kept;
         claim.requests = new_requests;
         claim.pods.push(p);
         claim.ports.extend(pod.ports.iter().cloned());
         claim.min_values_relaxed = relaxed;
         if !pod.topo.selected_by.is_empty() || !pod.topo.owned.is_empty() {
-            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs };
+            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs, zones: None };
             topo.record(&pod.topo, &view);
         }
         Ok(())
@@ -1050,7 +1105,13 @@ impl<'a> Scheduler<'a> {
                     Some((price, it))
                 })
                 .collect();
-            options.sort_by(|a, b| compare_price(a.0, b.0).then(a.1.name.cmp(&b.1.name)));
+            let order = |a: &(Option<f64>, &Arc<InstanceType>), b: &(Option<f64>, &Arc<InstanceType>)| {
+                compare_price(a.0, b.0).then(a.1.name.cmp(&b.1.name))
+            };
+            // Usually already in order: the pool's types are sorted by price.
+            if !options.is_sorted_by(|a, b| order(a, b).is_le()) {
+                options.sort_unstable_by(order);
+            }
             let options: Vec<Arc<InstanceType>> = options.into_iter().map(|(_, it)| Arc::clone(it)).collect();
             let mut n = self.input.options.max_instance_types.max(1).min(options.len());
             if pool.has_min_values {

@@ -804,3 +804,16 @@ fn schedule_anyway_spread_relaxes_on_existing_nodes() {
     });
     assert_eq!(r.existing_placements.len(), 3);
 }
+
+#[test]
+fn zonal_spread_picks_a_zone_the_pod_can_launch_in() {
+    // Small types everywhere; the only type big enough is offered in z2 and z3 only.
+    let types = vec![
+        instance_type("s.2x", 2, 4, 20, &["z1", "z2", "z3"], 0.2),
+        instance_type("b.16x", 16, 32, 50, &["z2", "z3"], 1.6),
+    ];
+    let pods = vec![with_spread(pod("big", "12", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true)];
+    let r = schedule(&input(pods, vec![NodePoolInput::new("default", types)]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(zone_of(&r.new_node_claims[0]), "z2");
+}

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::apis::labels::LABEL_HOSTNAME;
+use crate::apis::labels::{LABEL_HOSTNAME, LABEL_TOPOLOGY_ZONE};
 
 use super::requirements::{Requirement, Requirements};
 
@@ -203,6 +203,8 @@ pub struct SlotView<'a> {
     pub labels: Option<&'a BTreeMap<String, String>>,
     /// The claim's requirements (or the node's labels as requirements).
     pub reqs: &'a Requirements,
+    /// For a claim, the zones its instance types can still be launched in (when known).
+    pub zones: Option<&'a dyn Fn(&str) -> bool>,
 }
 
 /// All topology groups and their counts.
@@ -396,7 +398,8 @@ impl Topology {
         }
         let node = slot.reqs.get(key);
         let pod = pod_reqs.get(key);
-        let allowed = |v: &str| node.is_none_or(|r| r.has(v)) && pod.is_none_or(|r| r.has(v));
+        let offered = |v: &str| key != LABEL_TOPOLOGY_ZONE || slot.zones.is_none_or(|f| f(v));
+        let allowed = |v: &str| node.is_none_or(|r| r.has(v)) && pod.is_none_or(|r| r.has(v)) && offered(v);
         match node.filter(|r| !r.is_complement()).or(pod.filter(|r| !r.is_complement())) {
             Some(finite) => {
                 let vals: Vec<String> = finite.values().iter().filter(|v| allowed(v)).cloned().collect();
@@ -453,8 +456,10 @@ impl Topology {
             let kind = g.kind.enforced();
             let self_sel = pod.selected_by.binary_search(&gid).is_ok();
             let add = i32::from(self_sel);
+            // Zones filtered by what fits depend on the pod's size: not a lasting verdict.
+            let size_dependent = g.key == LABEL_TOPOLOGY_ZONE && slot.zones.is_some();
             let permanent = match kind {
-                GroupKind::AntiAffinity => true,
+                GroupKind::AntiAffinity => !size_dependent,
                 GroupKind::Spread { .. } => g.key == LABEL_HOSTNAME && self.new_nodes_possible,
                 _ => false,
             };
@@ -521,7 +526,8 @@ impl Topology {
             if g.owner_total == 0 {
                 continue;
             }
-            let reject = TopologyReject { group: gid, inverse: true, permanent: true };
+            let size_dependent = g.key == LABEL_TOPOLOGY_ZONE && slot.zones.is_some();
+            let reject = TopologyReject { group: gid, inverse: true, permanent: !size_dependent };
             if g.key == LABEL_HOSTNAME {
                 if g.owners(slot.hostname) > 0 {
                     return Err(reject);
