@@ -2,8 +2,10 @@
 //! autoscaler, for AWS EKS.
 //!
 //! The crate is organised as upstream's concepts are: [`apis`] holds the custom resources and the
-//! well-known names; [`operator`] the settings, leader election and endpoints around the
-//! controllers; the binary in `main.rs` wires the subcommands.
+//! well-known names; [`scheduling`] the pure bin-packing simulation that decides what to launch;
+//! [`operator`] the settings, leader election and endpoints around the controllers; the binary in
+//! `main.rs` wires the subcommands.
 
 pub mod apis;
 pub mod operator;
+pub mod scheduling;

@@ -1,0 +1,188 @@
+//! Instance types and their offerings, as the scheduler sees them.
+
+use std::cmp::Ordering;
+
+use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE};
+
+use super::requirements::{Requirement, Requirements};
+use super::resources::Resources;
+
+/// One way to buy an instance type: a zone and capacity type at a price.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Offering {
+    /// Availability zone (`topology.kubernetes.io/zone`).
+    pub zone: String,
+    /// `spot`, `on-demand` or `reserved`.
+    pub capacity_type: String,
+    /// Hourly price.
+    pub price: f64,
+    /// Whether it can be launched now (not known to be out of capacity).
+    pub available: bool,
+}
+
+impl Offering {
+    /// Whether `reqs` allow this offering's zone and capacity type.
+    pub fn is_compatible(&self, reqs: &Requirements) -> bool {
+        reqs.allows(LABEL_TOPOLOGY_ZONE, &self.zone) && reqs.allows(LABEL_CAPACITY_TYPE, &self.capacity_type)
+    }
+}
+
+/// Resources a node reserves for the system and keeps free for eviction.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overhead {
+    /// Reserved for Kubernetes daemons (kubelet, container runtime).
+    pub kube_reserved: Resources,
+    /// Reserved for the operating system.
+    pub system_reserved: Resources,
+    /// Kept free so that kubelet's hard eviction does not trigger.
+    pub eviction_threshold: Resources,
+}
+
+impl Overhead {
+    /// The total overhead.
+    pub fn total(&self) -> Resources {
+        self.kube_reserved.add(&self.system_reserved).add(&self.eviction_threshold)
+    }
+}
+
+/// An instance type a NodePool may launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstanceType {
+    /// Name (`m5.large`).
+    pub name: String,
+    /// The labels a node of this type gets, as requirements; includes the instance type name and
+    /// the zones and capacity types of its offerings.
+    pub requirements: Requirements,
+    /// Total capacity.
+    pub capacity: Resources,
+    /// Reserved resources.
+    pub overhead: Overhead,
+    /// How it can be bought.
+    pub offerings: Vec<Offering>,
+    allocatable: Resources,
+}
+
+impl InstanceType {
+    /// Builds an instance type; `requirements` are its labels (arch, os, `karpenter.k8s.aws/*`),
+    /// to which the name and the offerings' zones and capacity types are added.
+    pub fn new(
+        name: impl Into<String>,
+        mut requirements: Requirements,
+        capacity: Resources,
+        overhead: Overhead,
+        offerings: Vec<Offering>,
+    ) -> Self {
+        let name = name.into();
+        requirements.add(LABEL_INSTANCE_TYPE, Requirement::in_values([name.clone()]));
+        requirements
+            .add(LABEL_TOPOLOGY_ZONE, Requirement::in_values(offerings.iter().map(|o| o.zone.clone())));
+        requirements.add(
+            LABEL_CAPACITY_TYPE,
+            Requirement::in_values(offerings.iter().map(|o| o.capacity_type.clone())),
+        );
+        let allocatable = capacity.sub(&overhead.total());
+        InstanceType { name, requirements, capacity, overhead, offerings, allocatable }
+    }
+
+    /// Capacity minus overhead: what pods can use.
+    pub fn allocatable(&self) -> &Resources {
+        &self.allocatable
+    }
+
+    /// The available offerings `reqs` allow.
+    pub fn compatible_offerings<'a>(
+        &'a self,
+        reqs: &'a Requirements,
+    ) -> impl Iterator<Item = &'a Offering> + 'a {
+        self.offerings.iter().filter(move |o| o.available && o.is_compatible(reqs))
+    }
+
+    /// Price of the cheapest available offering `reqs` allow.
+    pub fn cheapest_price(&self, reqs: &Requirements) -> Option<f64> {
+        self.compatible_offerings(reqs).map(|o| o.price).min_by(f64::total_cmp)
+    }
+
+    /// Whether the type's labels intersect `reqs` and it has an available offering they allow.
+    pub fn is_compatible(&self, reqs: &Requirements) -> bool {
+        self.requirements.intersects(reqs).is_ok() && self.compatible_offerings(reqs).next().is_some()
+    }
+
+    /// Whether `requests` fit into the allocatable resources.
+    pub fn fits(&self, requests: &Resources) -> bool {
+        requests.fits(&self.allocatable)
+    }
+}
+
+/// The instance types compatible with `reqs` on which `requests` fit.
+pub fn filter<'a>(
+    types: &'a [InstanceType],
+    reqs: &'a Requirements,
+    requests: &'a Resources,
+) -> impl Iterator<Item = &'a InstanceType> + 'a {
+    types.iter().filter(move |it| it.fits(requests) && it.is_compatible(reqs))
+}
+
+/// Orders instance types cheapest first by their cheapest offering compatible with `reqs`
+/// (types without one last), then by name.
+pub fn sort_cheapest(types: &mut [&InstanceType], reqs: &Requirements) {
+    types.sort_by(|a, b| {
+        compare_price(a.cheapest_price(reqs), b.cheapest_price(reqs)).then(a.name.cmp(&b.name))
+    });
+}
+
+/// Compares optional prices, missing prices last.
+pub fn compare_price(a: Option<f64>, b: Option<f64>) -> Ordering {
+    match (a, b) {
+        (Some(a), Some(b)) => a.total_cmp(&b),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduling::resources::{CPU, MEMORY, PODS};
+
+    fn it(name: &str, cpu: i64, offerings: &[(&str, &str, f64, bool)]) -> InstanceType {
+        InstanceType::new(
+            name,
+            Requirements::new(),
+            Resources::from_pairs([(CPU, cpu * 1000), (MEMORY, cpu << 30), (PODS, 10)]),
+            Overhead { kube_reserved: Resources::from_pairs([(CPU, 100)]), ..Default::default() },
+            offerings
+                .iter()
+                .map(|(z, c, p, a)| Offering {
+                    zone: z.to_string(),
+                    capacity_type: c.to_string(),
+                    price: *p,
+                    available: *a,
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn filters_and_orders() {
+        let types = vec![
+            it("big", 8, &[("z1", "on-demand", 0.8, true), ("z2", "spot", 0.3, true)]),
+            it("small", 2, &[("z1", "on-demand", 0.2, true)]),
+            it("gone", 4, &[("z1", "on-demand", 0.1, false)]),
+        ];
+        assert_eq!(types[0].allocatable().cpu, 7900);
+        let mut reqs = Requirements::new();
+        let requests = Resources::from_pairs([(CPU, 1500)]);
+        let mut got: Vec<&InstanceType> = filter(&types, &reqs, &requests).collect();
+        sort_cheapest(&mut got, &reqs);
+        assert_eq!(got.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), vec!["small", "big"]);
+
+        reqs.add(LABEL_CAPACITY_TYPE, Requirement::in_values(["spot"]));
+        let got: Vec<&str> = filter(&types, &reqs, &requests).map(|i| i.name.as_str()).collect();
+        assert_eq!(got, vec!["big"]);
+        assert_eq!(types[0].cheapest_price(&reqs), Some(0.3));
+
+        let too_big = Resources::from_pairs([(CPU, 7950)]);
+        assert_eq!(filter(&types, &Requirements::new(), &too_big).count(), 0);
+    }
+}

@@ -1,0 +1,674 @@
+//! The label-requirements algebra.
+//!
+//! A [`Requirement`] is the set of values one label key may take: either a finite set (`In`, and
+//! `DoesNotExist` as the empty set) or the complement of a finite set (`NotIn`, and `Exists` as
+//! the complement of nothing), optionally narrowed by integer bounds (`Gt`, `Lt`, `Gte`, `Lte`).
+//! [`Requirements`] maps keys to requirements; adding a requirement intersects it with the one
+//! already present, so the map always describes the values every added constraint allows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+use thiserror::Error;
+
+use crate::apis::labels::{LABEL_HOSTNAME, WELL_KNOWN_LABELS};
+use crate::apis::{NodeSelectorRequirementWithMinValues, Operator};
+
+/// A requirement that cannot be built from its operator and values.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum RequirementError {
+    /// The operator is not one of the node selector operators.
+    #[error("key {key}: unknown operator {operator:?}")]
+    UnknownOperator {
+        /// The label key.
+        key: String,
+        /// The operator as written.
+        operator: String,
+    },
+    /// A numeric operator needs exactly one integer value.
+    #[error("key {key}: operator {operator:?} needs a single integer value, got {values:?}")]
+    NotAnInteger {
+        /// The label key.
+        key: String,
+        /// The operator.
+        operator: String,
+        /// The values as written.
+        values: Vec<String>,
+    },
+}
+
+/// Why two sets of requirements cannot both hold.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("{0}")]
+pub struct Incompatible(pub String);
+
+/// The values one label key may take.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Requirement {
+    /// When true, `values` lists the excluded values; otherwise the allowed ones.
+    complement: bool,
+    values: BTreeSet<String>,
+    /// Exclusive lower bound on the integer value.
+    greater_than: Option<i64>,
+    /// Exclusive upper bound on the integer value.
+    less_than: Option<i64>,
+    /// Minimum number of distinct values the launch must keep (NodePool `minValues`).
+    min_values: Option<usize>,
+}
+
+impl Requirement {
+    /// `In values`.
+    pub fn in_values<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Self {
+        Requirement {
+            complement: false,
+            values: values.into_iter().map(Into::into).collect(),
+            greater_than: None,
+            less_than: None,
+            min_values: None,
+        }
+    }
+
+    /// `NotIn values`.
+    pub fn not_in<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Self {
+        Requirement { complement: true, ..Requirement::in_values(values) }
+    }
+
+    /// `Exists`: any value.
+    pub fn exists() -> Self {
+        Requirement::not_in(Vec::<String>::new())
+    }
+
+    /// `DoesNotExist`: no value.
+    pub fn does_not_exist() -> Self {
+        Requirement::in_values(Vec::<String>::new())
+    }
+
+    /// Builds a requirement from a node-selector operator and its values.
+    pub fn new(key: &str, operator: Operator, values: &[String]) -> Result<Self, RequirementError> {
+        let bound = |op: &str| -> Result<i64, RequirementError> {
+            match values {
+                [v] => v.trim().parse::<i64>().ok(),
+                _ => None,
+            }
+            .ok_or_else(|| RequirementError::NotAnInteger {
+                key: key.to_string(),
+                operator: op.to_string(),
+                values: values.to_vec(),
+            })
+        };
+        Ok(match operator {
+            Operator::In => Requirement::in_values(values.iter().cloned()),
+            Operator::NotIn => Requirement::not_in(values.iter().cloned()),
+            Operator::Exists => Requirement::exists(),
+            Operator::DoesNotExist => Requirement::does_not_exist(),
+            Operator::Gt => Requirement { greater_than: Some(bound("Gt")?), ..Requirement::exists() },
+            Operator::Lt => Requirement { less_than: Some(bound("Lt")?), ..Requirement::exists() },
+            Operator::Gte => {
+                Requirement { greater_than: Some(bound("Gte")?.saturating_sub(1)), ..Requirement::exists() }
+            }
+            Operator::Lte => {
+                Requirement { less_than: Some(bound("Lte")?.saturating_add(1)), ..Requirement::exists() }
+            }
+        })
+    }
+
+    /// Builds a requirement from an operator written as Kubernetes does (`"In"`, `"Gt"`, ...).
+    pub fn from_str_operator(key: &str, operator: &str, values: &[String]) -> Result<Self, RequirementError> {
+        let op = match operator {
+            "In" => Operator::In,
+            "NotIn" => Operator::NotIn,
+            "Exists" => Operator::Exists,
+            "DoesNotExist" => Operator::DoesNotExist,
+            "Gt" => Operator::Gt,
+            "Lt" => Operator::Lt,
+            "Gte" => Operator::Gte,
+            "Lte" => Operator::Lte,
+            other => {
+                return Err(RequirementError::UnknownOperator {
+                    key: key.to_string(),
+                    operator: other.to_string(),
+                });
+            }
+        };
+        Requirement::new(key, op, values)
+    }
+
+    /// Sets the minimum number of distinct values.
+    pub fn with_min_values(mut self, min_values: Option<usize>) -> Self {
+        self.min_values = min_values;
+        self
+    }
+
+    /// The minimum number of distinct values, if any.
+    pub fn min_values(&self) -> Option<usize> {
+        self.min_values
+    }
+
+    /// Whether this is a complement (`NotIn`/`Exists`/bounds) set.
+    pub fn is_complement(&self) -> bool {
+        self.complement
+    }
+
+    /// The listed values: the allowed ones of a finite set, the excluded ones of a complement.
+    pub fn values(&self) -> &BTreeSet<String> {
+        &self.values
+    }
+
+    /// Whether the integer bounds admit `value`.
+    fn within_bounds(&self, value: &str) -> bool {
+        if self.greater_than.is_none() && self.less_than.is_none() {
+            return true;
+        }
+        let Ok(v) = value.parse::<i64>() else { return false };
+        self.greater_than.is_none_or(|g| v > g) && self.less_than.is_none_or(|l| v < l)
+    }
+
+    /// Whether `value` is allowed.
+    pub fn has(&self, value: &str) -> bool {
+        self.within_bounds(value) && (self.complement != self.values.contains(value))
+    }
+
+    /// Whether no value at all is allowed.
+    pub fn is_empty(&self) -> bool {
+        !self.complement && self.values.is_empty()
+    }
+
+    /// Number of allowed values (`usize::MAX` minus the excluded ones for complements).
+    pub fn len(&self) -> usize {
+        if self.complement { usize::MAX - self.values.len() } else { self.values.len() }
+    }
+
+    /// The single allowed value, if exactly one.
+    pub fn single(&self) -> Option<&str> {
+        if !self.complement && self.values.len() == 1 {
+            self.values.first().map(String::as_str)
+        } else {
+            None
+        }
+    }
+
+    /// Some allowed value: the smallest listed one of a finite set, or for a complement a value
+    /// satisfying the bounds that is not excluded.
+    pub fn any(&self) -> Option<String> {
+        if !self.complement {
+            return self.values.first().cloned();
+        }
+        if self.greater_than.is_none() && self.less_than.is_none() {
+            return None;
+        }
+        let mut v = self.greater_than.map_or(0, |g| g.saturating_add(1));
+        while self.less_than.is_none_or(|l| v < l) {
+            let s = v.to_string();
+            if !self.values.contains(&s) {
+                return Some(s);
+            }
+            v = v.saturating_add(1);
+        }
+        None
+    }
+
+    /// The operator this set is equivalent to.
+    pub fn operator(&self) -> Operator {
+        if self.complement {
+            if !self.values.is_empty() {
+                Operator::NotIn
+            } else if self.greater_than.is_some() {
+                Operator::Gt
+            } else if self.less_than.is_some() {
+                Operator::Lt
+            } else {
+                Operator::Exists
+            }
+        } else if self.values.is_empty() {
+            Operator::DoesNotExist
+        } else {
+            Operator::In
+        }
+    }
+
+    /// The values both requirements allow.
+    pub fn intersection(&self, other: &Requirement) -> Requirement {
+        let greater_than = match (self.greater_than, other.greater_than) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let less_than = match (self.less_than, other.less_than) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let min_values = self.min_values.max(other.min_values);
+        let (complement, values) = match (self.complement, other.complement) {
+            (true, true) => (true, self.values.union(&other.values).cloned().collect()),
+            (true, false) => (false, other.values.difference(&self.values).cloned().collect()),
+            (false, true) => (false, self.values.difference(&other.values).cloned().collect()),
+            (false, false) => (false, self.values.intersection(&other.values).cloned().collect()),
+        };
+        let mut r = Requirement { complement, values, greater_than, less_than, min_values };
+        if let (Some(g), Some(l)) = (greater_than, less_than)
+            && g.saturating_add(1) >= l
+        {
+            r.complement = false;
+            r.values.clear();
+        }
+        if !r.complement {
+            let keep: BTreeSet<String> = r.values.iter().filter(|v| r.within_bounds(v)).cloned().collect();
+            r.values = keep;
+        }
+        r
+    }
+
+    /// Whether the two requirements have a value in common, without building the intersection.
+    pub fn intersects(&self, other: &Requirement) -> bool {
+        match (self.complement, other.complement) {
+            (false, false) => {
+                let (small, large) =
+                    if self.values.len() <= other.values.len() { (self, other) } else { (other, self) };
+                small.values.iter().any(|v| large.has(v) && small.within_bounds(v))
+            }
+            (false, true) => self.values.iter().any(|v| other.has(v) && self.within_bounds(v)),
+            (true, false) => other.values.iter().any(|v| self.has(v) && other.within_bounds(v)),
+            (true, true) => !self.intersection(other).is_empty(),
+        }
+    }
+
+    /// A short description of the allowed values, for messages: `spot`, `[a, b]`, `not [a]`,
+    /// `any value`, `no value`, `> 4`.
+    pub fn describe(&self) -> String {
+        let mut bounds = String::new();
+        if let Some(g) = self.greater_than {
+            bounds.push_str(&format!(" > {g}"));
+        }
+        if let Some(l) = self.less_than {
+            bounds.push_str(&format!(" < {l}"));
+        }
+        let list = |vals: &BTreeSet<String>| {
+            let shown: Vec<&str> = vals.iter().take(5).map(String::as_str).collect();
+            let more = vals.len().saturating_sub(5);
+            if more > 0 {
+                format!("[{} and {more} others]", shown.join(", "))
+            } else {
+                format!("[{}]", shown.join(", "))
+            }
+        };
+        match self.operator() {
+            Operator::DoesNotExist => "no value".to_string(),
+            Operator::Exists => "any value".to_string(),
+            Operator::Gt | Operator::Lt | Operator::Gte | Operator::Lte => format!("value{bounds}"),
+            Operator::NotIn => format!("not {}{bounds}", list(&self.values)),
+            Operator::In => list(&self.values),
+        }
+    }
+
+    /// Converts back to a node selector requirement on `key`.
+    pub fn to_node_selector(&self, key: &str) -> Vec<NodeSelectorRequirementWithMinValues> {
+        let min_values = self.min_values.and_then(|m| i32::try_from(m).ok());
+        let mk = |operator, values: Vec<String>| NodeSelectorRequirementWithMinValues {
+            key: key.to_string(),
+            operator,
+            values,
+            min_values,
+        };
+        let mut out = Vec::new();
+        match self.operator() {
+            Operator::In => out.push(mk(Operator::In, self.values.iter().cloned().collect())),
+            Operator::DoesNotExist => out.push(mk(Operator::DoesNotExist, vec![])),
+            Operator::NotIn => out.push(mk(Operator::NotIn, self.values.iter().cloned().collect())),
+            _ => {
+                if self.greater_than.is_none() && self.less_than.is_none() {
+                    out.push(mk(Operator::Exists, vec![]));
+                }
+            }
+        }
+        if self.complement {
+            if let Some(g) = self.greater_than {
+                out.push(mk(Operator::Gt, vec![g.to_string()]));
+            }
+            if let Some(l) = self.less_than {
+                out.push(mk(Operator::Lt, vec![l.to_string()]));
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for Requirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// Requirements on several label keys; a missing key is unconstrained.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Requirements(BTreeMap<String, Requirement>);
+
+impl Requirements {
+    /// No requirement.
+    pub fn new() -> Self {
+        Requirements::default()
+    }
+
+    /// One `key In [value]` per label.
+    pub fn from_labels<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>) -> Self {
+        Requirements(
+            labels.into_iter().map(|(k, v)| (k.clone(), Requirement::in_values([v.clone()]))).collect(),
+        )
+    }
+
+    /// From Kubernetes node selector requirements (a pod's node-affinity term).
+    pub fn from_node_selector(reqs: &[NodeSelectorRequirement]) -> Result<Self, RequirementError> {
+        let mut out = Requirements::new();
+        for r in reqs {
+            let values = r.values.clone().unwrap_or_default();
+            out.add(&r.key, Requirement::from_str_operator(&r.key, &r.operator, &values)?);
+        }
+        Ok(out)
+    }
+
+    /// From NodePool or NodeClaim requirements, keeping `minValues`.
+    pub fn from_nodepool(reqs: &[NodeSelectorRequirementWithMinValues]) -> Result<Self, RequirementError> {
+        let mut out = Requirements::new();
+        for r in reqs {
+            let min = r.min_values.and_then(|m| usize::try_from(m).ok());
+            out.add(&r.key, Requirement::new(&r.key, r.operator, &r.values)?.with_min_values(min));
+        }
+        Ok(out)
+    }
+
+    /// Intersects `req` into the requirement on `key`.
+    pub fn add(&mut self, key: &str, req: Requirement) {
+        match self.0.get_mut(key) {
+            Some(existing) => *existing = existing.intersection(&req),
+            None => {
+                self.0.insert(key.to_string(), req);
+            }
+        }
+    }
+
+    /// Intersects every requirement of `other` into `self`.
+    pub fn add_all(&mut self, other: &Requirements) {
+        for (k, r) in &other.0 {
+            self.add(k, r.clone());
+        }
+    }
+
+    /// The requirement on `key`, if constrained.
+    pub fn get(&self, key: &str) -> Option<&Requirement> {
+        self.0.get(key)
+    }
+
+    /// Whether `key` is constrained.
+    pub fn has(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    /// Whether there is no requirement.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The constrained keys, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    /// The requirements in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Requirement)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Whether `key` may take `value` (an unconstrained key may take any).
+    pub fn allows(&self, key: &str, value: &str) -> bool {
+        self.0.get(key).is_none_or(|r| r.has(value))
+    }
+
+    /// Checks that every key both sides constrain has a common value.
+    ///
+    /// As upstream, two requirements that both exclude values (`NotIn`/`DoesNotExist`) are never
+    /// in conflict. `self` is the existing (node) side, `incoming` the new one.
+    pub fn intersects(&self, incoming: &Requirements) -> Result<(), Incompatible> {
+        match self.first_conflict(incoming) {
+            Some((key, existing, incoming)) => check_key(key, existing, incoming),
+            None => Ok(()),
+        }
+    }
+
+    fn first_conflict<'s>(
+        &'s self,
+        incoming: &'s Requirements,
+    ) -> Option<(&'s str, &'s Requirement, &'s Requirement)> {
+        let (small, large, incoming_is_small) =
+            if incoming.0.len() <= self.0.len() { (incoming, self, true) } else { (self, incoming, false) };
+        for (key, a) in &small.0 {
+            let Some(b) = large.0.get(key) else { continue };
+            let (existing, incoming) = if incoming_is_small { (b, a) } else { (a, b) };
+            if !keys_compatible(existing, incoming) {
+                return Some((key, existing, incoming));
+            }
+        }
+        None
+    }
+
+    fn first_undefined<'s>(
+        &'s self,
+        incoming: &'s Requirements,
+        allow_undefined_well_known: bool,
+    ) -> Option<&'s str> {
+        for (key, r) in &incoming.0 {
+            if self.0.contains_key(key) {
+                continue;
+            }
+            if matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist) {
+                continue;
+            }
+            if allow_undefined_well_known && is_well_known(key) {
+                continue;
+            }
+            return Some(key);
+        }
+        None
+    }
+
+    /// Checks that a pod's requirements (`incoming`) can be met on a node described by `self`.
+    ///
+    /// Keys the pod requires with `In`/`Exists`/bounds must be defined on the node side, except
+    /// well-known labels when `allow_undefined_well_known` (a NodePool need not list every value
+    /// of, say, the zone); every key both sides constrain must intersect.
+    pub fn compatible(
+        &self,
+        incoming: &Requirements,
+        allow_undefined_well_known: bool,
+    ) -> Result<(), Incompatible> {
+        if let Some(key) = self.first_undefined(incoming, allow_undefined_well_known) {
+            return Err(Incompatible(format!("label {key} does not have known values")));
+        }
+        self.intersects(incoming)
+    }
+
+    /// [`Requirements::compatible`] without building a reason.
+    pub fn is_compatible(&self, incoming: &Requirements, allow_undefined_well_known: bool) -> bool {
+        self.first_undefined(incoming, allow_undefined_well_known).is_none()
+            && self.first_conflict(incoming).is_none()
+    }
+
+    /// The labels the requirements pin to a single value.
+    pub fn single_valued_labels(&self) -> BTreeMap<String, String> {
+        self.0.iter().filter_map(|(k, r)| r.single().map(|v| (k.clone(), v.to_string()))).collect()
+    }
+
+    /// As NodeClaim requirements.
+    pub fn to_node_selector(&self) -> Vec<NodeSelectorRequirementWithMinValues> {
+        self.0.iter().flat_map(|(k, r)| r.to_node_selector(k)).collect()
+    }
+
+    /// Removes the requirement on `key`.
+    pub fn remove(&mut self, key: &str) -> Option<Requirement> {
+        self.0.remove(key)
+    }
+}
+
+/// Whether two requirements on one key can both hold: they share a value, or both only exclude
+/// values.
+pub fn keys_compatible(existing: &Requirement, incoming: &Requirement) -> bool {
+    if existing.intersects(incoming) {
+        return true;
+    }
+    let excludes = |r: &Requirement| matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist);
+    excludes(existing) && excludes(incoming)
+}
+
+/// Checks one key shared by both sides.
+pub fn check_key(key: &str, existing: &Requirement, incoming: &Requirement) -> Result<(), Incompatible> {
+    if keys_compatible(existing, incoming) {
+        return Ok(());
+    }
+    let incoming_desc = match incoming.single() {
+        Some(v) => v.to_string(),
+        None => incoming.describe(),
+    };
+    Err(Incompatible(format!("key {key}, {incoming_desc} not in {}", existing.describe())))
+}
+
+/// Whether Karpenter knows the label's values without the NodePool listing them.
+pub fn is_well_known(key: &str) -> bool {
+    key == LABEL_HOSTNAME || WELL_KNOWN_LABELS.contains(&key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_TOPOLOGY_ZONE};
+    use rstest::rstest;
+
+    fn req(op: Operator, values: &[&str]) -> Requirement {
+        let values: Vec<String> = values.iter().map(|s| s.to_string()).collect();
+        Requirement::new("k", op, &values).unwrap()
+    }
+
+    #[rstest]
+    #[case(req(Operator::In, &["a", "b"]), req(Operator::In, &["b", "c"]), &["b"], &["a", "c"])]
+    #[case(req(Operator::In, &["a", "b"]), req(Operator::NotIn, &["b"]), &["a"], &["b", "c"])]
+    #[case(req(Operator::NotIn, &["a"]), req(Operator::NotIn, &["b"]), &["c"], &["a", "b"])]
+    #[case(req(Operator::Exists, &[]), req(Operator::In, &["x"]), &["x"], &["y"])]
+    #[case(req(Operator::DoesNotExist, &[]), req(Operator::Exists, &[]), &[], &["x"])]
+    #[case(req(Operator::Gt, &["3"]), req(Operator::In, &["2", "4", "x"]), &["4"], &["2", "x", "5"])]
+    #[case(req(Operator::Gte, &["3"]), req(Operator::Lte, &["5"]), &["3", "4", "5"], &["2", "6", "x"])]
+    #[case(req(Operator::Gt, &["3"]), req(Operator::Lt, &["4"]), &[], &["3", "4"])]
+    fn intersection_table(
+        #[case] a: Requirement,
+        #[case] b: Requirement,
+        #[case] allowed: &[&str],
+        #[case] denied: &[&str],
+    ) {
+        let i = a.intersection(&b);
+        assert_eq!(i, b.intersection(&a));
+        for v in allowed {
+            assert!(i.has(v), "{v} should be allowed by {i}");
+        }
+        for v in denied {
+            assert!(!i.has(v), "{v} should be denied by {i}");
+        }
+        assert_eq!(a.intersects(&b), !i.is_empty());
+    }
+
+    fn reqs(items: &[(&str, Operator, &[&str])]) -> Requirements {
+        let mut r = Requirements::new();
+        for (k, op, vals) in items {
+            let vals: Vec<String> = vals.iter().map(|s| s.to_string()).collect();
+            r.add(k, Requirement::new(k, *op, &vals).unwrap());
+        }
+        r
+    }
+
+    #[rstest]
+    // pool on-demand only, pod wants spot
+    #[case(
+        reqs(&[(LABEL_CAPACITY_TYPE, Operator::In, &["on-demand"])]),
+        reqs(&[(LABEL_CAPACITY_TYPE, Operator::In, &["spot"])]),
+        true,
+        Some("key karpenter.sh/capacity-type, spot not in [on-demand]")
+    )]
+    // pool NotIn vs pod In on the same value
+    #[case(
+        reqs(&[(LABEL_TOPOLOGY_ZONE, Operator::NotIn, &["z1"])]),
+        reqs(&[(LABEL_TOPOLOGY_ZONE, Operator::In, &["z1"])]),
+        true,
+        Some("key topology.kubernetes.io/zone, z1 not in not [z1]")
+    )]
+    // pool DoesNotExist vs pod In
+    #[case(
+        reqs(&[("team", Operator::DoesNotExist, &[])]),
+        reqs(&[("team", Operator::In, &["a"])]),
+        true,
+        Some("key team, a not in no value")
+    )]
+    // both exclude: compatible
+    #[case(
+        reqs(&[("team", Operator::DoesNotExist, &[])]),
+        reqs(&[("team", Operator::NotIn, &["a"])]),
+        true,
+        None
+    )]
+    // undefined custom key: In denied, NotIn/DoesNotExist allowed
+    #[case(reqs(&[]), reqs(&[("team", Operator::In, &["a"])]), true, Some("label team does not have known values"))]
+    #[case(reqs(&[]), reqs(&[("team", Operator::Exists, &[])]), true, Some("label team does not have known values"))]
+    #[case(reqs(&[]), reqs(&[("team", Operator::NotIn, &["a"])]), true, None)]
+    #[case(reqs(&[]), reqs(&[("team", Operator::DoesNotExist, &[])]), false, None)]
+    // undefined well-known key: allowed only for templates
+    #[case(reqs(&[]), reqs(&[(LABEL_TOPOLOGY_ZONE, Operator::In, &["z1"])]), true, None)]
+    #[case(
+        reqs(&[]),
+        reqs(&[(LABEL_TOPOLOGY_ZONE, Operator::In, &["z1"])]),
+        false,
+        Some("label topology.kubernetes.io/zone does not have known values")
+    )]
+    // numeric bounds
+    #[case(
+        reqs(&[("karpenter.k8s.aws/instance-cpu", Operator::In, &["4", "8"])]),
+        reqs(&[("karpenter.k8s.aws/instance-cpu", Operator::Gt, &["4"])]),
+        true,
+        None
+    )]
+    #[case(
+        reqs(&[("karpenter.k8s.aws/instance-cpu", Operator::In, &["4"])]),
+        reqs(&[("karpenter.k8s.aws/instance-cpu", Operator::Gt, &["4"])]),
+        true,
+        Some("key karpenter.k8s.aws/instance-cpu, value > 4 not in [4]")
+    )]
+    fn compatibility_table(
+        #[case] node: Requirements,
+        #[case] pod: Requirements,
+        #[case] allow_undefined: bool,
+        #[case] err: Option<&str>,
+    ) {
+        let got = node.compatible(&pod, allow_undefined).err().map(|e| e.0);
+        assert_eq!(got.as_deref(), err);
+    }
+
+    #[test]
+    fn builds_from_apis_and_back() {
+        let r = Requirements::from_nodepool(&[NodeSelectorRequirementWithMinValues {
+            key: "karpenter.k8s.aws/instance-family".into(),
+            operator: Operator::In,
+            values: vec!["m5".into(), "c5".into()],
+            min_values: Some(2),
+        }])
+        .unwrap();
+        assert_eq!(r.get("karpenter.k8s.aws/instance-family").unwrap().min_values(), Some(2));
+        let back = r.to_node_selector();
+        assert_eq!(back[0].values, vec!["c5".to_string(), "m5".to_string()]);
+        assert_eq!(back[0].min_values, Some(2));
+        let ns = Requirements::from_node_selector(&[NodeSelectorRequirement {
+            key: "a".into(),
+            operator: "Bogus".into(),
+            values: None,
+        }]);
+        assert!(matches!(ns, Err(RequirementError::UnknownOperator { .. })));
+        assert!(Requirement::new("a", Operator::Gt, &["x".to_string()]).is_err());
+        let labels: BTreeMap<String, String> = [("a".to_string(), "1".to_string())].into();
+        let l = Requirements::from_labels(&labels);
+        assert_eq!(l.single_valued_labels(), labels);
+        assert_eq!(req(Operator::Gt, &["3"]).any().as_deref(), Some("4"));
+        assert_eq!(req(Operator::Exists, &[]).any(), None);
+    }
+}

@@ -1,0 +1,1235 @@
+//! The bin-packing simulation: places pending pods on existing nodes and on new NodeClaims.
+//!
+//! Pods are taken largest first (CPU, then memory, then age and name). Each pod tries, in order,
+//! the existing and in-flight nodes, the NodeClaims already opened in this run, and finally a new
+//! NodeClaim from each NodePool by weight. A NodeClaim keeps every instance type that can still
+//! hold all its pods plus the DaemonSet overhead; adding a pod narrows its requirements and its
+//! instance types, and fails when none is left. When a pod fits nowhere its preferences are
+//! relaxed one at a time (other required node-affinity terms, preferred node affinity, then
+//! `ScheduleAnyway` spreads) before it is reported unschedulable with a reason per NodePool.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, Pod, PreferredSchedulingTerm, Toleration};
+use thiserror::Error;
+
+use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_HOSTNAME, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE};
+use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
+
+use super::hostports::{HostPort, first_conflict, pod_host_ports};
+use super::instancetypes::{InstanceType, compare_price};
+use super::requirements::{Requirement, RequirementError, Requirements, keys_compatible};
+use super::resources::{NODES, QuantityError, Resources, parse_quantity_for, pod_requests};
+use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
+use super::topology::{PodTopology, SlotView, Topology};
+
+/// Errors building the scheduler's input from the API objects.
+#[derive(Debug, Error)]
+pub enum SchedulingError {
+    /// A NodePool requirement is malformed.
+    #[error("nodepool {nodepool}: {source}")]
+    Requirement {
+        /// The NodePool.
+        nodepool: String,
+        /// What is wrong.
+        source: RequirementError,
+    },
+    /// A NodePool limit is not a quantity.
+    #[error("nodepool {nodepool}: {source}")]
+    Limit {
+        /// The NodePool.
+        nodepool: String,
+        /// What is wrong.
+        source: QuantityError,
+    },
+}
+
+/// What to do when a NodeClaim cannot keep the `minValues` a NodePool asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MinValuesPolicy {
+    /// The pod does not schedule on that NodePool.
+    #[default]
+    Strict,
+    /// The NodeClaim is launched anyway and marked as relaxed.
+    BestEffort,
+}
+
+/// Tunables of a scheduling run.
+#[derive(Clone, Debug)]
+pub struct SchedulerOptions {
+    /// `minValues` policy.
+    pub min_values_policy: MinValuesPolicy,
+    /// Most instance types listed in a NodeClaim's `instance-type In` requirement.
+    pub max_instance_types: usize,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        SchedulerOptions { min_values_policy: MinValuesPolicy::Strict, max_instance_types: 60 }
+    }
+}
+
+/// A NodePool as the scheduler needs it.
+#[derive(Clone, Debug)]
+pub struct NodePoolInput {
+    /// Name of the NodePool.
+    pub name: String,
+    /// Higher weights are tried first.
+    pub weight: i32,
+    /// Template requirements, template labels (as `In`) and `karpenter.sh/nodepool In [name]`.
+    pub requirements: Requirements,
+    /// Template labels.
+    pub labels: BTreeMap<String, String>,
+    /// Taints of the nodes.
+    pub taints: Vec<Taint>,
+    /// Taints present only while the node starts.
+    pub startup_taints: Vec<Taint>,
+    /// Instance types the cloud provider offers for this NodePool.
+    pub instance_types: Vec<Arc<InstanceType>>,
+    /// Limits minus current usage, for the limited resources only (`nodes` counts NodeClaims);
+    /// `None` when the pool has no limits.
+    pub remaining_limits: Option<BTreeMap<String, i64>>,
+}
+
+impl NodePoolInput {
+    /// A NodePool without requirements, taints or limits.
+    pub fn new(name: impl Into<String>, instance_types: Vec<Arc<InstanceType>>) -> Self {
+        let name = name.into();
+        let mut requirements = Requirements::new();
+        requirements.add(LABEL_NODEPOOL, Requirement::in_values([name.clone()]));
+        NodePoolInput {
+            name,
+            weight: 0,
+            requirements,
+            labels: BTreeMap::new(),
+            taints: vec![],
+            startup_taints: vec![],
+            instance_types,
+            remaining_limits: None,
+        }
+    }
+
+    /// Adds NodePool-style requirements.
+    pub fn with_requirements(
+        mut self,
+        reqs: &[NodeSelectorRequirementWithMinValues],
+    ) -> Result<Self, RequirementError> {
+        self.requirements.add_all(&Requirements::from_nodepool(reqs)?);
+        Ok(self)
+    }
+
+    /// Builds the input from a NodePool object, its instance types and the resources its nodes
+    /// use now (`nodes` in `usage.extended` counts its nodes).
+    pub fn from_nodepool(
+        np: &NodePool,
+        instance_types: Vec<Arc<InstanceType>>,
+        usage: &Resources,
+    ) -> Result<Self, SchedulingError> {
+        let name = np.metadata.name.clone().unwrap_or_default();
+        let spec = &np.spec.template.spec;
+        let labels = np.spec.template.metadata.as_ref().map(|m| m.labels.clone()).unwrap_or_default();
+        let mut input = NodePoolInput::new(name.clone(), instance_types)
+            .with_requirements(&spec.requirements)
+            .map_err(|source| SchedulingError::Requirement { nodepool: name.clone(), source })?;
+        input.requirements.add_all(&Requirements::from_labels(&labels));
+        input.labels = labels;
+        input.weight = np.weight();
+        input.taints = spec.taints.clone();
+        input.startup_taints = spec.startup_taints.clone();
+        if let Some(limits) = &np.spec.limits {
+            let mut remaining = BTreeMap::new();
+            for (k, q) in limits {
+                let limit = parse_quantity_for(k, q)
+                    .map_err(|source| SchedulingError::Limit { nodepool: name.clone(), source })?;
+                remaining.insert(k.clone(), limit.saturating_sub(usage.get(k)));
+            }
+            input.remaining_limits = Some(remaining);
+        }
+        Ok(input)
+    }
+}
+
+/// A node that exists or is being launched (an in-flight NodeClaim).
+#[derive(Clone, Debug, Default)]
+pub struct ExistingNode {
+    /// Node name (or NodeClaim name while the node has not registered).
+    pub name: String,
+    /// Labels (for in-flight claims, the labels the node will have).
+    pub labels: BTreeMap<String, String>,
+    /// Taints.
+    pub taints: Vec<Taint>,
+    /// Startup taints of its NodePool, ignored until the node is initialized.
+    pub startup_taints: Vec<Taint>,
+    /// Whether the node is initialized; if not, startup and known ephemeral taints are ignored.
+    pub initialized: bool,
+    /// Allocatable resources.
+    pub allocatable: Resources,
+    /// Requests of the pods bound to it, `pods` included (and, for nodes not initialized yet, of
+    /// the DaemonSet pods it will run).
+    pub requested: Resources,
+    /// Pods bound to it, for topology and host ports.
+    pub pods: Vec<Pod>,
+}
+
+/// Everything a scheduling run looks at.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulingInput {
+    /// Pods to place.
+    pub pods: Vec<Pod>,
+    /// NodePools that may launch nodes.
+    pub nodepools: Vec<NodePoolInput>,
+    /// Existing and in-flight nodes.
+    pub existing_nodes: Vec<ExistingNode>,
+    /// One pod per DaemonSet, built from its template: the overhead of every new node.
+    pub daemonsets: Vec<Pod>,
+    /// Labels of namespaces, for affinity terms with a namespace selector.
+    pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// Tunables.
+    pub options: SchedulerOptions,
+}
+
+/// Identifies an input pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodRef {
+    /// Index in [`SchedulingInput::pods`].
+    pub index: usize,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A NodeClaim to create.
+#[derive(Clone, Debug)]
+pub struct NewNodeClaim {
+    /// The NodePool it comes from.
+    pub nodepool: String,
+    /// Requirements, including `node.kubernetes.io/instance-type In [...]` cheapest first.
+    pub requirements: Requirements,
+    /// Instance type names of that requirement, cheapest first.
+    pub instance_type_names: Vec<String>,
+    /// Labels of the node (template labels and single-valued requirements).
+    pub labels: BTreeMap<String, String>,
+    /// Taints.
+    pub taints: Vec<Taint>,
+    /// Startup taints.
+    pub startup_taints: Vec<Taint>,
+    /// Requests of its pods plus the DaemonSet overhead.
+    pub requests: Resources,
+    /// DaemonSet overhead included in `requests`.
+    pub daemonset_requests: Resources,
+    /// The pods it will run.
+    pub pods: Vec<PodRef>,
+    /// Every instance type that can hold the pods, cheapest first.
+    pub instance_type_options: Vec<Arc<InstanceType>>,
+    /// Whether `minValues` had to be relaxed.
+    pub min_values_relaxed: bool,
+}
+
+impl NewNodeClaim {
+    /// The requirements as a NodeClaim spec lists them.
+    pub fn node_selector_requirements(&self) -> Vec<NodeSelectorRequirementWithMinValues> {
+        self.requirements.to_node_selector()
+    }
+}
+
+/// Pods placed on an existing node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExistingPlacement {
+    /// The node.
+    pub node: String,
+    /// The pods.
+    pub pods: Vec<PodRef>,
+}
+
+/// Why a pod could not be placed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodError {
+    /// The pod.
+    pub pod: PodRef,
+    /// Reason per NodePool, in the order they were tried.
+    pub nodepools: Vec<(String, String)>,
+    /// A reason not tied to a NodePool (invalid pod, no NodePool).
+    pub reason: Option<String>,
+}
+
+impl fmt::Display for PodError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(r) = &self.reason {
+            return f.write_str(r);
+        }
+        let parts: Vec<String> =
+            self.nodepools.iter().map(|(np, r)| format!("nodepool {np:?}: {r}")).collect();
+        f.write_str(&parts.join("; "))
+    }
+}
+
+/// The outcome of a scheduling run.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulingResults {
+    /// NodeClaims to create.
+    pub new_node_claims: Vec<NewNodeClaim>,
+    /// Pods that fit on existing or in-flight nodes.
+    pub existing_placements: Vec<ExistingPlacement>,
+    /// Pods that fit nowhere.
+    pub errors: Vec<PodError>,
+}
+
+/// Runs the scheduling simulation over `input`.
+pub fn schedule(input: &SchedulingInput) -> SchedulingResults {
+    Scheduler::new(input).run()
+}
+
+struct PodInfo<'a> {
+    r: PodRef,
+    requests: Resources,
+    tolerations: &'a [Toleration],
+    ports: Vec<HostPort>,
+    base: Requirements,
+    required_terms: Vec<Requirements>,
+    preferred_terms: Vec<Requirements>,
+    topo: PodTopology,
+    has_soft_spread: bool,
+    invalid: Option<String>,
+    /// Pods with equal constraints share a class (and a claim cursor).
+    class: usize,
+    /// Whether a topology constraint of the pod (or constraining it) is on the zone.
+    zonal: bool,
+}
+
+/// Everything that decides whether a claim rejects a pod for good.
+#[derive(PartialEq, Eq, Hash)]
+struct ClassKey {
+    reqs: (Requirements, Vec<Requirements>, Vec<Requirements>),
+    /// Key, operator, value and effect of each toleration.
+    tolerations: Vec<[Option<String>; 4]>,
+    topo: (Vec<u32>, Vec<u32>, Vec<u32>),
+    ports: Vec<HostPort>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Relax {
+    /// Index of the required node-affinity term in use.
+    term: usize,
+    /// Preferred pod (anti-)affinity terms dropped.
+    pod_pref: usize,
+    /// Index of the preferred node-affinity term in use (heaviest first; past the end: none).
+    pref: usize,
+    /// Whether `ScheduleAnyway` spreads are enforced.
+    soft: bool,
+}
+
+impl Relax {
+    const INITIAL: Relax = Relax { term: 0, pod_pref: 0, pref: 0, soft: true };
+
+    fn is_initial(&self) -> bool {
+        self.term == 0 && self.pod_pref == 0 && self.pref == 0 && self.soft
+    }
+}
+
+impl PodInfo<'_> {
+    fn requirements(&self, s: Relax) -> Cow<'_, Requirements> {
+        let term = self.required_terms.get(s.term);
+        let pref = self.preferred_terms.get(s.pref);
+        if term.is_none() && pref.is_none() {
+            return Cow::Borrowed(&self.base);
+        }
+        let mut r = self.base.clone();
+        if let Some(t) = term {
+            r.add_all(t);
+        }
+        if let Some(p) = pref {
+            r.add_all(p);
+        }
+        Cow::Owned(r)
+    }
+
+    fn relax(&self, s: &mut Relax) -> bool {
+        if s.term + 1 < self.required_terms.len() {
+            s.term += 1;
+        } else if s.pod_pref < self.topo.preferred.len() {
+            s.pod_pref += 1;
+        } else if s.pref < self.preferred_terms.len() {
+            s.pref += 1;
+        } else if s.soft && self.has_soft_spread {
+            s.soft = false;
+        } else {
+            return false;
+        }
+        true
+    }
+}
+
+fn term_requirements(t: &NodeSelectorTerm) -> Result<Requirements, RequirementError> {
+    Requirements::from_node_selector(t.match_expressions.as_deref().unwrap_or(&[]))
+}
+
+/// The pod's strict node requirements: node selector and required node-affinity terms.
+fn pod_node_requirements(
+    pod: &Pod,
+) -> Result<(Requirements, Vec<Requirements>, Vec<Requirements>), RequirementError> {
+    let Some(spec) = &pod.spec else { return Ok((Requirements::new(), vec![], vec![])) };
+    let base = spec.node_selector.as_ref().map(Requirements::from_labels).unwrap_or_default();
+    let na = spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
+    let required = na
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|s| s.node_selector_terms.iter().map(term_requirements).collect::<Result<Vec<_>, _>>())
+        .transpose()?
+        .unwrap_or_default();
+    let mut preferred: Vec<&PreferredSchedulingTerm> = na
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
+        .into_iter()
+        .flatten()
+        .collect();
+    preferred.sort_by_key(|p| std::cmp::Reverse(p.weight));
+    let preferred =
+        preferred.into_iter().map(|p| term_requirements(&p.preference)).collect::<Result<Vec<_>, _>>()?;
+    Ok((base, required, preferred))
+}
+
+/// Bit masks of zones and capacity types, to test offerings without string lookups.
+#[derive(Default)]
+struct OfferingIndex {
+    zones: BTreeMap<String, u32>,
+    capacity_types: BTreeMap<String, u32>,
+}
+
+impl OfferingIndex {
+    fn usable(&self) -> bool {
+        self.zones.len() <= 64 && self.capacity_types.len() <= 64
+    }
+
+    fn bit(map: &BTreeMap<String, u32>, v: &str) -> u64 {
+        map.get(v).and_then(|i| 1u64.checked_shl(*i)).unwrap_or(0)
+    }
+
+    fn full_zone_mask(&self) -> u64 {
+        self.zones.values().fold(0u64, |m, i| m | 1u64.checked_shl(*i).unwrap_or(0))
+    }
+
+    fn masks(&self, reqs: &Requirements) -> (u64, u64) {
+        let mask = |map: &BTreeMap<String, u32>, key: &str| {
+            map.iter().filter(|(v, _)| reqs.allows(key, v)).fold(0u64, |m, (v, _)| m | Self::bit(map, v))
+        };
+        (mask(&self.zones, LABEL_TOPOLOGY_ZONE), mask(&self.capacity_types, LABEL_CAPACITY_TYPE))
+    }
+}
+
+struct Pool<'a> {
+    input: &'a NodePoolInput,
+    /// Indices into `input.instance_types` compatible with the template, cheapest first.
+    its: Vec<u32>,
+    /// Per instance type: (zone bit, capacity type bit, price) of each available offering.
+    offers: Vec<Vec<(u64, u64, f64)>>,
+    ds_overhead: Resources,
+    remaining: Option<BTreeMap<String, i64>>,
+    has_min_values: bool,
+}
+
+struct Claim {
+    pool: usize,
+    host_id: u32,
+    reqs: Requirements,
+    requests: Resources,
+    pods: Vec<usize>,
+    its: Vec<u32>,
+    ports: Vec<HostPort>,
+    max_alloc: [i64; 3],
+    reserved: BTreeMap<String, i64>,
+    min_values_relaxed: bool,
+}
+
+struct NodeSlot<'a> {
+    node: &'a ExistingNode,
+    reqs: Requirements,
+    taints: Vec<Taint>,
+    used: Resources,
+    pods: Vec<usize>,
+    ports: Vec<HostPort>,
+    host_id: u32,
+}
+
+struct Scheduler<'a> {
+    input: &'a SchedulingInput,
+    pods: Vec<PodInfo<'a>>,
+    pools: Vec<Pool<'a>>,
+    nodes: Vec<NodeSlot<'a>>,
+    claims: Vec<Claim>,
+    topo: Topology,
+    offer_idx: OfferingIndex,
+    /// Per pod class: bit set of the claims that reject the class for good.
+    rejected: Vec<Vec<u64>>,
+}
+
+/// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
+type Reject = (String, bool);
+
+fn limited_capacity(it: &InstanceType, limits: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    limits.keys().map(|k| (k.clone(), if k == NODES { 1 } else { it.capacity.get(k) })).collect()
+}
+
+fn max_alloc(its: &[u32], types: &[Arc<InstanceType>]) -> [i64; 3] {
+    let mut m = [i64::MIN; 3];
+    for &i in its {
+        if let Some(it) = types.get(i as usize) {
+            let a = it.allocatable();
+            m = [m[0].max(a.cpu), m[1].max(a.memory), m[2].max(a.pods)];
+        }
+    }
+    m
+}
+
+impl<'a> Scheduler<'a> {
+    fn new(input: &'a SchedulingInput) -> Self {
+        let mut topo = Topology::default();
+        // Constraints of pending pods, then of bound pods (for the inverse anti-affinity).
+        let owned: Vec<(Vec<u32>, Vec<u32>)> =
+            input.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect();
+        let existing_owned: Vec<Vec<(Vec<u32>, Vec<u32>)>> = input
+            .existing_nodes
+            .iter()
+            .map(|n| n.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect())
+            .collect();
+
+        let mut pods = Vec::with_capacity(input.pods.len());
+        let mut classes: HashMap<ClassKey, usize> = HashMap::new();
+        for (index, (pod, owned)) in input.pods.iter().zip(owned).enumerate() {
+            let meta = &pod.metadata;
+            let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
+            let labels = meta.labels.clone().unwrap_or_default();
+            let topo_info = topo.pod_topology(owned, &namespace, &labels);
+            let (base, required_terms, preferred_terms, invalid) = match pod_node_requirements(pod) {
+                Ok((b, r, p)) => (b, r, p, None),
+                Err(e) => (Requirements::new(), vec![], vec![], Some(format!("invalid pod: {e}"))),
+            };
+            let spec = pod.spec.as_ref();
+            let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
+            let ports = pod_host_ports(pod);
+            let key = ClassKey {
+                reqs: (base.clone(), required_terms.clone(), preferred_terms.clone()),
+                tolerations: tolerations
+                    .iter()
+                    .map(|t| [t.key.clone(), t.operator.clone(), t.value.clone(), t.effect.clone()])
+                    .collect(),
+                topo: (topo_info.owned.clone(), topo_info.selected_by.clone(), topo_info.inverse.clone()),
+                ports: ports.clone(),
+            };
+            let next = classes.len();
+            let class = *classes.entry(key).or_insert(next);
+            let zonal = topo_info
+                .owned
+                .iter()
+                .chain(&topo_info.inverse)
+                .any(|g| topo.groups.get(*g as usize).is_some_and(|g| g.key == LABEL_TOPOLOGY_ZONE));
+            pods.push(PodInfo {
+                zonal,
+                class,
+                r: PodRef { index, namespace, name: meta.name.clone().unwrap_or_default() },
+                requests: pod_requests(pod),
+                tolerations,
+                ports,
+                base,
+                required_terms,
+                preferred_terms,
+                has_soft_spread: spec
+                    .and_then(|s| s.topology_spread_constraints.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.when_unsatisfiable == "ScheduleAnyway")),
+                topo: topo_info,
+                invalid,
+            });
+        }
+
+        // Offering index over every zone and capacity type.
+        let mut offer_idx = OfferingIndex::default();
+        for np in &input.nodepools {
+            for it in &np.instance_types {
+                for o in &it.offerings {
+                    let n = u32::try_from(offer_idx.zones.len()).unwrap_or(u32::MAX);
+                    offer_idx.zones.entry(o.zone.clone()).or_insert(n);
+                    let n = u32::try_from(offer_idx.capacity_types.len()).unwrap_or(u32::MAX);
+                    offer_idx.capacity_types.entry(o.capacity_type.clone()).or_insert(n);
+                }
+            }
+        }
+
+        // NodePools by weight, then name.
+        let mut order: Vec<&NodePoolInput> = input.nodepools.iter().collect();
+        order.sort_by(|a, b| b.weight.cmp(&a.weight).then(a.name.cmp(&b.name)));
+        let pools: Vec<Pool<'a>> = order.into_iter().map(|np| Pool::new(np, input, &offer_idx)).collect();
+
+        // Existing nodes.
+        let mut nodes = Vec::with_capacity(input.existing_nodes.len());
+        for n in &input.existing_nodes {
+            let taints = n
+                .taints
+                .iter()
+                .filter(|t| n.initialized || !(is_ephemeral(t) || n.startup_taints.contains(t)))
+                .cloned()
+                .collect();
+            let hostname = n.labels.get(LABEL_HOSTNAME).unwrap_or(&n.name);
+            let host_id = topo.intern(hostname);
+            nodes.push(NodeSlot {
+                node: n,
+                reqs: Requirements::from_labels(&n.labels),
+                taints,
+                used: n.requested.clone(),
+                pods: vec![],
+                ports: n.pods.iter().flat_map(pod_host_ports).collect(),
+                host_id,
+            });
+        }
+
+        // Domains of every topology key.
+        let keys = topo.keys();
+        for n in &input.existing_nodes {
+            for k in &keys {
+                match n.labels.get(k) {
+                    Some(v) => topo.add_domain(k, v),
+                    None if k == LABEL_HOSTNAME => topo.add_domain(k, &n.name),
+                    None => {}
+                }
+            }
+        }
+        for pool in &pools {
+            for k in &keys {
+                let values: BTreeSet<String> = match pool.input.requirements.get(k) {
+                    Some(r) if !r.is_complement() => r.values().clone(),
+                    template => pool
+                        .its
+                        .iter()
+                        .filter_map(|i| pool.input.instance_types.get(*i as usize))
+                        .filter_map(|it| it.requirements.get(k))
+                        .filter(|r| !r.is_complement())
+                        .flat_map(|r| r.values().iter())
+                        .filter(|v| template.is_none_or(|t| t.has(v)))
+                        .cloned()
+                        .collect(),
+                };
+                for v in values {
+                    topo.add_domain(k, &v);
+                }
+            }
+        }
+        topo.finish_domains();
+        topo.new_nodes_possible = pools.iter().any(|p| !p.its.is_empty());
+
+        // Count the pods already bound.
+        for (n, owned) in nodes.iter().zip(existing_owned) {
+            for (pod, owned) in n.node.pods.iter().zip(owned) {
+                let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                let labels = pod.metadata.labels.clone().unwrap_or_default();
+                let pt = topo.pod_topology(owned, ns, &labels);
+                let view = SlotView {
+                    hostname: n.host_id,
+                    labels: Some(&n.node.labels),
+                    reqs: &n.reqs,
+                    zones: None,
+                };
+                topo.record(&pt, &view);
+            }
+        }
+
+        let rejected = vec![Vec::new(); classes.len()];
+        Scheduler { input, pods, pools, nodes, claims: vec![], topo, offer_idx, rejected }
+    }
+
+    fn run(mut self) -> SchedulingResults {
+        let mut queue: Vec<usize> = (0..self.pods.len()).collect();
+        let input = self.input;
+        queue.sort_by(|a, b| {
+            let (pa, pb) = (&self.pods[*a], &self.pods[*b]);
+            pb.requests
+                .cpu
+                .cmp(&pa.requests.cpu)
+                .then(pb.requests.memory.cmp(&pa.requests.memory))
+                .then_with(|| {
+                    input.pods[*a]
+                        .metadata
+                        .creation_timestamp
+                        .cmp(&input.pods[*b].metadata.creation_timestamp)
+                })
+                .then_with(|| pa.r.cmp(&pb.r))
+        });
+        let mut errors: BTreeMap<usize, PodError> = BTreeMap::new();
+        loop {
+            let mut failed = Vec::new();
+            for &p in &queue {
+                match self.schedule_pod(p) {
+                    Ok(()) => {
+                        errors.remove(&p);
+                    }
+                    Err(e) => {
+                        errors.insert(p, e);
+                        failed.push(p);
+                    }
+                }
+            }
+            // Retry the failures while the previous pass placed something (pod affinity may need
+            // pods that came later in the queue).
+            if failed.is_empty() || failed.len() == queue.len() {
+                break;
+            }
+            queue = failed;
+        }
+        self.results(errors)
+    }
+
+    fn schedule_pod(&mut self, p: usize) -> Result<(), PodError> {
+        let info = &self.pods[p];
+        if let Some(reason) = &info.invalid {
+            return Err(PodError { pod: info.r.clone(), nodepools: vec![], reason: Some(reason.clone()) });
+        }
+        let mut state = Relax::INITIAL;
+        loop {
+            let reqs = self.pods[p].requirements(state).into_owned();
+            match self.try_place(p, &reqs, state) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    if !self.pods[p].relax(&mut state) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn try_place(&mut self, p: usize, reqs: &Requirements, state: Relax) -> Result<(), PodError> {
+        let initial = state.is_initial();
+        for n in 0..self.nodes.len() {
+            if self.try_node(n, p, reqs, state).is_ok() {
+                return Ok(());
+            }
+        }
+        // Pods of one class remember the claims that reject the class for good, and skip them
+        // (a word of the bit set at a time).
+        let class = self.pods[p].class;
+        let mut c = 0;
+        while c < self.claims.len() {
+            if initial {
+                let word = self.rejected[class].get(c / 64).copied().unwrap_or(0);
+                if word == u64::MAX {
+                    c = (c / 64 + 1) * 64;
+                    continue;
+                }
+                if (word >> (c % 64)) & 1 == 1 {
+                    c += 1;
+                    continue;
+                }
+            }
+            match self.try_claim(c, p, reqs, state, false) {
+                Ok(()) => return Ok(()),
+                Err((_, true)) if initial => {
+                    let set = &mut self.rejected[class];
+                    if set.len() <= c / 64 {
+                        set.resize(c / 64 + 1, 0);
+                    }
+                    set[c / 64] |= 1 << (c % 64);
+                }
+                Err(_) => {}
+            }
+            c += 1;
+        }
+        let mut reasons = Vec::new();
+        for pool in 0..self.pools.len() {
+            match self.try_new_claim(pool, p, reqs, state) {
+                Ok(()) => return Ok(()),
+                Err(e) => reasons.push((self.pools[pool].input.name.clone(), e)),
+            }
+        }
+        let reason =
+            if self.pools.is_empty() { Some("no nodepool can launch nodes".to_string()) } else { None };
+        Err(PodError { pod: self.pods[p].r.clone(), nodepools: reasons, reason })
+    }
+
+    fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, state: Relax) -> Result<(), ()> {
+        let pod = &self.pods[p];
+        let slot = &self.nodes[n];
+        // Reasons for existing nodes are not reported: fail fast without building them.
+        if !slot.used.fits_with(&pod.requests, &slot.node.allocatable)
+            || !tolerates_all(&slot.taints, pod.tolerations)
+            || first_conflict(&slot.ports, &pod.ports).is_some()
+            || !slot.reqs.is_compatible(reqs, false)
+        {
+            return Err(());
+        }
+        if !pod.topo.is_empty() {
+            let view = SlotView {
+                hostname: slot.host_id,
+                labels: Some(&slot.node.labels),
+                reqs: &slot.reqs,
+                zones: None,
+            };
+            self.topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref).map_err(|_| ())?;
+            self.topo.record(&pod.topo, &view);
+        }
+        let slot = &mut self.nodes[n];
+        slot.used.add_assign(&pod.requests);
+        slot.pods.push(p);
+        slot.ports.extend(pod.ports.iter().cloned());
+        Ok(())
+    }
+
+    fn try_new_claim(
+        &mut self,
+        pool_i: usize,
+        p: usize,
+        reqs: &Requirements,
+        state: Relax,
+    ) -> Result<(), String> {
+        let pool = &self.pools[pool_i];
+        let pod = &self.pods[p];
+        if pool.its.is_empty() {
+            return Err("no instance type is compatible with the nodepool's requirements".into());
+        }
+        check_tolerated(&pool.input.taints, pod.tolerations)?;
+        pool.input
+            .requirements
+            .compatible(reqs, true)
+            .map_err(|e| format!("incompatible requirements, {}", e.0))?;
+        let its: Vec<u32> = match &pool.remaining {
+            None => pool.its.clone(),
+            Some(rem) => {
+                let types = &pool.input.instance_types;
+                let kept: Vec<u32> = pool
+                    .its
+                    .iter()
+                    .copied()
+                    .filter(|i| {
+                        types.get(*i as usize).is_some_and(|it| {
+                            limited_capacity(it, rem)
+                                .iter()
+                                .all(|(k, v)| *v <= rem.get(k).copied().unwrap_or(0))
+                        })
+                    })
+                    .collect();
+                if kept.is_empty() {
+                    let over: Vec<&str> =
+                        rem.iter()
+                            .filter(|(k, v)| {
+                                pool.its.iter().filter_map(|i| types.get(*i as usize)).all(|it| {
+                                    (if k.as_str() == NODES { 1 } else { it.capacity.get(k) }) > **v
+                                })
+                            })
+                            .map(|(k, _)| k.as_str())
+                            .collect();
+                    return Err(format!("would exceed nodepool limits {}", over.join(", ")));
+                }
+                kept
+            }
+        };
+        let hostname = format!("hostname-placeholder-{:05}", self.claims.len());
+        let host_id = self.topo.intern(&hostname);
+        let mut creqs = pool.input.requirements.clone();
+        creqs.add(LABEL_HOSTNAME, Requirement::in_values([hostname]));
+        let max = max_alloc(&its, &pool.input.instance_types);
+        self.claims.push(Claim {
+            pool: pool_i,
+            host_id,
+            reqs: creqs,
+            requests: pool.ds_overhead.clone(),
+            pods: vec![],
+            its,
+            ports: vec![],
+            max_alloc: max,
+            reserved: BTreeMap::new(),
+            min_values_relaxed: false,
+        });
+        let c = self.claims.len() - 1;
+        match self.try_claim(c, p, reqs, state, true) {
+            Ok(()) => Ok(()),
+            Err((e, _)) => {
+                self.claims.pop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Tries to add pod `p` to claim `c`. Reasons are only built when `reason` (for new claims,
+    /// whose failures are reported); otherwise errors are empty.
+    fn try_claim(
+        &mut self,
+        c: usize,
+        p: usize,
+        reqs: &Requirements,
+        state: Relax,
+        reason: bool,
+    ) -> Result<(), Reject> {
+        let Scheduler { claims, pools, pods, topo, offer_idx, input, .. } = self;
+        let claim = &mut claims[c];
+        let pod = &pods[p];
+        let r = &pod.requests;
+        let m = claim.max_alloc;
+        if claim.requests.cpu + r.cpu > m[0]
+            || claim.requests.memory + r.memory > m[1]
+            || claim.requests.pods + r.pods > m[2]
+        {
+            let msg = if reason {
+                format!("no instance type fits {}", describe_requests(&claim.requests.add(r)))
+            } else {
+                String::new()
+            };
+            return Err((msg, false));
+        }
+        let pool = &pools[claim.pool];
+        if !tolerates_all(&pool.input.taints, pod.tolerations) {
+            let msg = if reason {
+                check_tolerated(&pool.input.taints, pod.tolerations).err().unwrap_or_default()
+            } else {
+                String::new()
+            };
+            return Err((msg, true));
+        }
+        if let Some(conflict) = first_conflict(&claim.ports, &pod.ports) {
+            return Err((
+                if reason { format!("host port conflict {conflict}") } else { String::new() },
+                true,
+            ));
+        }
+        if !reqs.is_empty() && !claim.reqs.is_compatible(reqs, true) {
+            // A conflict on a key both define lasts (claims only narrow); an undefined key may
+            // become defined.
+            let permanent = claim.reqs.intersects(reqs).is_err();
+            let msg = match claim.reqs.compatible(reqs, true) {
+                Err(e) if reason => format!("incompatible requirements, {}", e.0),
+                _ => String::new(),
+            };
+            return Err((msg, permanent));
+        }
+        let topo_reqs = if pod.topo.is_empty() {
+            vec![]
+        } else {
+            // Zonal constraints choose among the zones the claim could still launch in with
+            // this pod added (largest types first: they fit most often). A claim already in one
+            // zone has nothing to choose.
+            let pinned = claim.reqs.get(LABEL_TOPOLOGY_ZONE).is_some_and(|z| z.single().is_some());
+            let zone_mask = (pod.zonal && !pinned && offer_idx.usable()).then(|| {
+                let cm = offer_idx.masks(&claim.reqs).1;
+                let full = offer_idx.full_zone_mask();
+                let mut mask = 0u64;
+                for &i in claim.its.iter().rev() {
+                    let Some(it) = pool.input.instance_types.get(i as usize) else { continue };
+                    if !claim.requests.fits_with(r, it.allocatable()) {
+                        continue;
+                    }
+                    for (z, ct, _) in pool.offers.get(i as usize).into_iter().flatten() {
+                        if ct & cm != 0 {
+                            mask |= z;
+                        }
+                    }
+                    if mask == full {
+                        break;
+                    }
+                }
+                mask
+            });
+            let zone_filter =
+                |z: &str| zone_mask.is_none_or(|m| OfferingIndex::bit(&offer_idx.zones, z) & m != 0);
+            let view = SlotView {
+                hostname: claim.host_id,
+                labels: None,
+                reqs: &claim.reqs,
+                zones: Some(&zone_filter),
+            };
+            match topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref) {
+                Ok(r) => r,
+                Err(rej) => {
+                    return Err((if reason { topo.describe(rej) } else { String::new() }, rej.permanent));
+                }
+            }
+        };
+
+        // The narrowed requirements, and the keys that changed.
+        let mut changed: BTreeSet<&str> = BTreeSet::new();
+        let new_reqs = if reqs.is_empty() && topo_reqs.is_empty() {
+            None
+        } else {
+            let mut nr = claim.reqs.clone();
+            nr.add_all(reqs);
+            for (k, r) in &topo_reqs {
+                nr.add(k, r.clone());
+            }
+            for k in reqs.keys().chain(topo_reqs.iter().map(|(k, _)| k.as_str())) {
+                if nr.get(k) != claim.reqs.get(k) {
+                    changed.insert(k);
+                }
+            }
+            Some(nr)
+        };
+        let eff_reqs = new_reqs.as_ref().unwrap_or(&claim.reqs);
+        let offers_changed = changed.contains(LABEL_TOPOLOGY_ZONE) || changed.contains(LABEL_CAPACITY_TYPE);
+        let label_keys: Vec<&str> = changed
+            .iter()
+            .copied()
+            .filter(|k| *k != LABEL_TOPOLOGY_ZONE && *k != LABEL_CAPACITY_TYPE)
+            .collect();
+        let masks = (offers_changed && offer_idx.usable()).then(|| offer_idx.masks(eff_reqs));
+
+        let new_requests = claim.requests.add(r);
+        let types = &pool.input.instance_types;
+        let mut kept = Vec::with_capacity(claim.its.len());
+        let (mut fit_fail, mut req_fail) = (0usize, 0usize);
+        'its: for &i in &claim.its {
+            let Some(it) = types.get(i as usize) else { continue };
+            if !new_requests.fits(it.allocatable()) {
+                fit_fail += 1;
+                continue;
+            }
+            for k in &label_keys {
+                if let (Some(ir), Some(nr)) = (it.requirements.get(k), eff_reqs.get(k))
+                    && !keys_compatible(ir, nr)
+                {
+                    req_fail += 1;
+                    continue 'its;
+                }
+            }
+            if offers_changed {
+                let ok = match masks {
+                    Some((zm, cm)) => pool
+                        .offers
+                        .get(i as usize)
+                        .is_some_and(|o| o.iter().any(|(z, ct, _)| z & zm != 0 && ct & cm != 0)),
+                    None => it.compatible_offerings(eff_reqs).next().is_some(),
+                };
+                if !ok {
+                    req_fail += 1;
+                    continue;
+                }
+            }
+            kept.push(i);
+        }
+        if kept.is_empty() {
+            if !reason {
+                return Err((String::new(), false));
+            }
+            let msg = if req_fail == 0 {
+                format!("no instance type fits {}", describe_requests(&new_requests))
+            } else if fit_fail == 0 {
+                format!("no instance type satisfies requirements {}", describe_reqs(eff_reqs))
+            } else {
+                format!(
+                    "no instance type satisfies requirements {} and fits {}",
+                    describe_reqs(eff_reqs),
+                    describe_requests(&new_requests)
+                )
+            };
+            return Err((msg, false));
+        }
+        let mut relaxed = claim.min_values_relaxed;
+        if pool.has_min_values
+            && let Err(e) = check_min_values(eff_reqs, &kept, types)
+        {
+            match input.options.min_values_policy {
+                MinValuesPolicy::Strict => return Err((e, false)),
+                MinValuesPolicy::BestEffort => relaxed = true,
+            }
+        }
+
+        // Commit.
+        let reserved = match &pool.remaining {
+            Some(rem) => {
+                let mut res: BTreeMap<String, i64> = rem.keys().map(|k| (k.clone(), 0)).collect();
+                for &i in &kept {
+                    if let Some(it) = types.get(i as usize) {
+                        for (k, v) in limited_capacity(it, rem) {
+                            let e = res.entry(k).or_insert(0);
+                            *e = (*e).max(v);
+                        }
+                    }
+                }
+                res
+            }
+            None => BTreeMap::new(),
+        };
+        let pool_mut = &mut pools[claim.pool];
+        if let Some(rem) = pool_mut.remaining.as_mut() {
+            for (k, v) in rem.iter_mut() {
+                *v += claim.reserved.get(k).copied().unwrap_or(0) - reserved.get(k).copied().unwrap_or(0);
+            }
+        }
+        claim.reserved = reserved;
+        if let Some(nr) = new_reqs {
+            claim.reqs = nr;
+        }
+        if kept.len() != claim.its.len() {
+            claim.max_alloc = max_alloc(&kept, &pool_mut.input.instance_types);
+        }
+        claim.its = kept;
+        claim.requests = new_requests;
+        claim.pods.push(p);
+        claim.ports.extend(pod.ports.iter().cloned());
+        claim.min_values_relaxed = relaxed;
+        if !pod.topo.selected_by.is_empty() || !pod.topo.owned.is_empty() {
+            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs, zones: None };
+            topo.record(&pod.topo, &view);
+        }
+        Ok(())
+    }
+
+    fn results(self, errors: BTreeMap<usize, PodError>) -> SchedulingResults {
+        let mut out = SchedulingResults::default();
+        for slot in &self.nodes {
+            if !slot.pods.is_empty() {
+                out.existing_placements.push(ExistingPlacement {
+                    node: slot.node.name.clone(),
+                    pods: slot.pods.iter().map(|p| self.pods[*p].r.clone()).collect(),
+                });
+            }
+        }
+        for claim in &self.claims {
+            let pool = &self.pools[claim.pool];
+            let mut reqs = claim.reqs.clone();
+            reqs.remove(LABEL_HOSTNAME);
+            let masks = self.offer_idx.usable().then(|| self.offer_idx.masks(&reqs));
+            let mut options: Vec<(Option<f64>, &Arc<InstanceType>)> = claim
+                .its
+                .iter()
+                .filter_map(|i| {
+                    let it = pool.input.instance_types.get(*i as usize)?;
+                    let price = match (masks, pool.offers.get(*i as usize)) {
+                        (Some((zm, cm)), Some(offers)) => offers
+                            .iter()
+                            .filter(|(z, ct, _)| z & zm != 0 && ct & cm != 0)
+                            .map(|(_, _, p)| *p)
+                            .min_by(f64::total_cmp),
+                        _ => it.cheapest_price(&reqs),
+                    };
+                    Some((price, it))
+                })
+                .collect();
+            let order = |a: &(Option<f64>, &Arc<InstanceType>), b: &(Option<f64>, &Arc<InstanceType>)| {
+                compare_price(a.0, b.0).then(a.1.name.cmp(&b.1.name))
+            };
+            // Usually already in order: the pool's types are sorted by price.
+            if !options.is_sorted_by(|a, b| order(a, b).is_le()) {
+                options.sort_unstable_by(order);
+            }
+            let options: Vec<Arc<InstanceType>> = options.into_iter().map(|(_, it)| Arc::clone(it)).collect();
+            let mut n = self.input.options.max_instance_types.max(1).min(options.len());
+            if pool.has_min_values {
+                while n < options.len()
+                    && check_min_values(&reqs, &(0..n).map(|i| i as u32).collect::<Vec<_>>(), &options)
+                        .is_err()
+                {
+                    n += 1;
+                }
+            }
+            let names: Vec<String> = options.iter().take(n).map(|it| it.name.clone()).collect();
+            reqs.add(crate::apis::labels::LABEL_INSTANCE_TYPE, Requirement::in_values(names.iter().cloned()));
+            let mut labels = pool.input.labels.clone();
+            labels.extend(reqs.single_valued_labels());
+            out.new_node_claims.push(NewNodeClaim {
+                nodepool: pool.input.name.clone(),
+                requirements: reqs,
+                instance_type_names: names,
+                labels,
+                taints: pool.input.taints.clone(),
+                startup_taints: pool.input.startup_taints.clone(),
+                requests: claim.requests.clone(),
+                daemonset_requests: pool.ds_overhead.clone(),
+                pods: claim.pods.iter().map(|p| self.pods[*p].r.clone()).collect(),
+                instance_type_options: options,
+                min_values_relaxed: claim.min_values_relaxed,
+            });
+        }
+        out.errors = errors.into_values().collect();
+        out
+    }
+}
+
+impl<'a> Pool<'a> {
+    fn new(np: &'a NodePoolInput, input: &SchedulingInput, offer_idx: &OfferingIndex) -> Self {
+        let mut its: Vec<(Option<f64>, u32)> = np
+            .instance_types
+            .iter()
+            .enumerate()
+            .filter(|(_, it)| it.is_compatible(&np.requirements))
+            .map(|(i, it)| (it.cheapest_price(&np.requirements), u32::try_from(i).unwrap_or(u32::MAX)))
+            .collect();
+        its.sort_by(|a, b| compare_price(a.0, b.0).then(a.1.cmp(&b.1)));
+        let offers = np
+            .instance_types
+            .iter()
+            .map(|it| {
+                it.offerings
+                    .iter()
+                    .filter(|o| o.available)
+                    .map(|o| {
+                        (
+                            OfferingIndex::bit(&offer_idx.zones, &o.zone),
+                            OfferingIndex::bit(&offer_idx.capacity_types, &o.capacity_type),
+                            o.price,
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut ds_overhead = Resources::default();
+        for ds in &input.daemonsets {
+            let tolerations = ds.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
+            if check_tolerated(&np.taints, tolerations).is_err() {
+                continue;
+            }
+            let Ok((base, required, _)) = pod_node_requirements(ds) else { continue };
+            let mut strict = base;
+            if let Some(t) = required.first() {
+                strict.add_all(t);
+            }
+            if np.requirements.compatible(&strict, true).is_err() {
+                continue;
+            }
+            ds_overhead.add_assign(&pod_requests(ds));
+        }
+        Pool {
+            input: np,
+            its: its.into_iter().map(|(_, i)| i).collect(),
+            offers,
+            ds_overhead,
+            remaining: np.remaining_limits.clone(),
+            has_min_values: np.requirements.iter().any(|(_, r)| r.min_values().is_some()),
+        }
+    }
+}
+
+/// Checks that the instance types keep at least `minValues` distinct values of each key that
+/// asks for them.
+fn check_min_values(reqs: &Requirements, its: &[u32], types: &[Arc<InstanceType>]) -> Result<(), String> {
+    for (key, r) in reqs.iter() {
+        let Some(min) = r.min_values() else { continue };
+        let mut values: BTreeSet<&str> = BTreeSet::new();
+        for &i in its {
+            if let Some(ir) = types.get(i as usize).and_then(|it| it.requirements.get(key))
+                && !ir.is_complement()
+            {
+                values.extend(ir.values().iter().filter(|v| r.has(v)).map(String::as_str));
+            }
+        }
+        if values.len() < min {
+            return Err(format!("minValues requirement not met for {key}: {} of {min} values", values.len()));
+        }
+    }
+    Ok(())
+}
+
+fn describe_requests(r: &Resources) -> String {
+    let mut shown = r.clone();
+    shown.pods = 0;
+    shown.to_string()
+}
+
+fn describe_reqs(r: &Requirements) -> String {
+    let parts: Vec<String> = r
+        .iter()
+        .filter(|(k, _)| *k != LABEL_HOSTNAME)
+        .map(|(k, v)| format!("{k} {}", v.describe()))
+        .collect();
+    parts.join(", ")
+}

@@ -1,0 +1,819 @@
+//! Scenario tests of the scheduler.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, ContainerPort, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec, PreferredSchedulingTerm,
+    ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use rstest::rstest;
+
+use crate::apis::labels::*;
+use crate::apis::{NodeSelectorRequirementWithMinValues, Operator, Taint, TaintEffect};
+
+use super::resources::{CPU, MEMORY, PODS};
+use super::*;
+
+pub(crate) const GI: i64 = 1 << 30;
+
+pub(crate) fn instance_type(
+    name: &str,
+    cpu: i64,
+    mem_gi: i64,
+    pods: i64,
+    zones: &[&str],
+    price: f64,
+) -> Arc<InstanceType> {
+    let mut offerings = Vec::new();
+    for z in zones {
+        offerings.push(Offering {
+            zone: z.to_string(),
+            capacity_type: "on-demand".into(),
+            price,
+            available: true,
+        });
+        offerings.push(Offering {
+            zone: z.to_string(),
+            capacity_type: "spot".into(),
+            price: price * 0.5,
+            available: true,
+        });
+    }
+    let labels: BTreeMap<String, String> = [
+        (LABEL_ARCH.to_string(), ARCH_AMD64.to_string()),
+        (LABEL_OS.to_string(), "linux".to_string()),
+        (LABEL_INSTANCE_CPU.to_string(), cpu.to_string()),
+        (LABEL_INSTANCE_FAMILY.to_string(), name.split('.').next().unwrap_or(name).to_string()),
+    ]
+    .into();
+    Arc::new(InstanceType::new(
+        name,
+        Requirements::from_labels(&labels),
+        Resources::from_pairs([(CPU, cpu * 1000), (MEMORY, mem_gi * GI), (PODS, pods)]),
+        Overhead::default(),
+        offerings,
+    ))
+}
+
+/// Sizes 1, 2, 4, 8, 16 vCPU in zones z1..z3, price proportional to size.
+pub(crate) fn standard_types() -> Vec<Arc<InstanceType>> {
+    [1, 2, 4, 8, 16]
+        .iter()
+        .map(|c| instance_type(&format!("m.{c}x"), *c, 2 * c, 10 * c, &["z1", "z2", "z3"], 0.1 * *c as f64))
+        .collect()
+}
+
+pub(crate) fn pod(name: &str, cpu: &str, mem: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            labels: Some([("app".to_string(), name.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(
+                        [
+                            ("cpu".to_string(), Quantity(cpu.into())),
+                            ("memory".to_string(), Quantity(mem.into())),
+                        ]
+                        .into(),
+                    ),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn spec(p: &mut Pod) -> &mut PodSpec {
+    p.spec.get_or_insert_with(Default::default)
+}
+
+pub(crate) fn with_label(mut p: Pod, k: &str, v: &str) -> Pod {
+    p.metadata.labels.get_or_insert_with(Default::default).insert(k.into(), v.into());
+    p
+}
+
+fn with_node_selector(mut p: Pod, k: &str, v: &str) -> Pod {
+    spec(&mut p).node_selector.get_or_insert_with(Default::default).insert(k.into(), v.into());
+    p
+}
+
+fn with_toleration(mut p: Pod, key: &str) -> Pod {
+    spec(&mut p).tolerations.get_or_insert_with(Default::default).push(Toleration {
+        key: Some(key.into()),
+        operator: Some("Exists".into()),
+        ..Default::default()
+    });
+    p
+}
+
+fn selector(k: &str, v: &str) -> LabelSelector {
+    LabelSelector { match_labels: Some([(k.to_string(), v.to_string())].into()), match_expressions: None }
+}
+
+pub(crate) fn with_spread(mut p: Pod, key: &str, group: &str, hard: bool) -> Pod {
+    p = with_label(p, "group", group);
+    spec(&mut p).topology_spread_constraints.get_or_insert_with(Default::default).push(
+        TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: key.into(),
+            when_unsatisfiable: if hard { "DoNotSchedule" } else { "ScheduleAnyway" }.into(),
+            label_selector: Some(selector("group", group)),
+            ..Default::default()
+        },
+    );
+    p
+}
+
+fn term(key: &str, group: &str) -> PodAffinityTerm {
+    PodAffinityTerm {
+        topology_key: key.into(),
+        label_selector: Some(selector("group", group)),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn with_anti_affinity(mut p: Pod, key: &str, group: &str) -> Pod {
+    p = with_label(p, "group", group);
+    spec(&mut p).affinity.get_or_insert_with(Default::default).pod_anti_affinity = Some(PodAntiAffinity {
+        required_during_scheduling_ignored_during_execution: Some(vec![term(key, group)]),
+        ..Default::default()
+    });
+    p
+}
+
+pub(crate) fn with_affinity(mut p: Pod, key: &str, group: &str) -> Pod {
+    p = with_label(p, "group", group);
+    spec(&mut p).affinity.get_or_insert_with(Default::default).pod_affinity = Some(PodAffinity {
+        required_during_scheduling_ignored_during_execution: Some(vec![term(key, group)]),
+        ..Default::default()
+    });
+    p
+}
+
+fn nsr(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.into(),
+        operator: op.into(),
+        values: Some(values.iter().map(|v| v.to_string()).collect()),
+    }
+}
+
+fn with_node_affinity(
+    mut p: Pod,
+    required: Vec<Vec<NodeSelectorRequirement>>,
+    preferred: Vec<(i32, Vec<NodeSelectorRequirement>)>,
+) -> Pod {
+    let na = NodeAffinity {
+        required_during_scheduling_ignored_during_execution: (!required.is_empty()).then(|| NodeSelector {
+            node_selector_terms: required
+                .into_iter()
+                .map(|e| NodeSelectorTerm { match_expressions: Some(e), match_fields: None })
+                .collect(),
+        }),
+        preferred_during_scheduling_ignored_during_execution: (!preferred.is_empty()).then(|| {
+            preferred
+                .into_iter()
+                .map(|(w, e)| PreferredSchedulingTerm {
+                    weight: w,
+                    preference: NodeSelectorTerm { match_expressions: Some(e), match_fields: None },
+                })
+                .collect()
+        }),
+    };
+    spec(&mut p).affinity.get_or_insert_with(Affinity::default).node_affinity = Some(na);
+    p
+}
+
+fn with_host_port(mut p: Pod, port: i32) -> Pod {
+    spec(&mut p).containers[0].ports =
+        Some(vec![ContainerPort { container_port: port, host_port: Some(port), ..Default::default() }]);
+    p
+}
+
+fn pool(name: &str) -> NodePoolInput {
+    NodePoolInput::new(name, standard_types())
+}
+
+fn pool_req(name: &str, key: &str, op: Operator, values: &[&str]) -> NodePoolInput {
+    pool(name)
+        .with_requirements(&[NodeSelectorRequirementWithMinValues {
+            key: key.into(),
+            operator: op,
+            values: values.iter().map(|v| v.to_string()).collect(),
+            min_values: None,
+        }])
+        .unwrap()
+}
+
+fn input(pods: Vec<Pod>, pools: Vec<NodePoolInput>) -> SchedulingInput {
+    SchedulingInput { pods, nodepools: pools, ..Default::default() }
+}
+
+fn pods_n(n: usize, f: impl Fn(Pod) -> Pod) -> Vec<Pod> {
+    (0..n).map(|i| f(pod(&format!("p{i:03}"), "1", "1Gi"))).collect()
+}
+
+fn error_of(r: &SchedulingResults) -> String {
+    r.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(" | ")
+}
+
+#[test]
+fn packs_small_pods_onto_one_cheapest_node() {
+    let r = schedule(&input(pods_n(3, |p| p), vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.len(), 1);
+    let c = &r.new_node_claims[0];
+    assert_eq!(c.pods.len(), 3);
+    assert_eq!(c.instance_type_names[0], "m.4x");
+    assert_eq!(c.requests.cpu, 3000);
+    assert_eq!(c.labels.get(LABEL_NODEPOOL).map(String::as_str), Some("default"));
+    assert!(!c.requirements.has(LABEL_HOSTNAME));
+    assert!(c.node_selector_requirements().iter().any(|r| r.key == LABEL_INSTANCE_TYPE));
+}
+
+#[test]
+fn init_container_larger_than_containers_sizes_the_node() {
+    let mut p = pod("init", "500m", "512Mi");
+    spec(&mut p).init_containers = Some(vec![Container {
+        name: "init".into(),
+        resources: Some(ResourceRequirements {
+            requests: Some([("cpu".to_string(), Quantity("3".into()))].into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert_eq!(r.new_node_claims[0].requests.cpu, 3000);
+    assert_eq!(r.new_node_claims[0].instance_type_names[0], "m.4x");
+}
+
+#[rstest]
+#[case::capacity_type(
+    pool_req("od", LABEL_CAPACITY_TYPE, Operator::In, &["on-demand"]),
+    with_node_selector(pod("a", "1", "1Gi"), LABEL_CAPACITY_TYPE, "spot"),
+    "nodepool \"od\": incompatible requirements, key karpenter.sh/capacity-type, spot not in [on-demand]"
+)]
+#[case::too_big(
+    pool("default"),
+    pod("a", "70", "2Gi"),
+    "nodepool \"default\": no instance type fits cpu 70, memory 2Gi"
+)]
+#[case::taint(
+    NodePoolInput { taints: vec![Taint { key: "dedicated".into(), value: Some("gpu".into()), effect: TaintEffect::NoSchedule, time_added: None }], ..pool("gpu") },
+    pod("a", "1", "1Gi"),
+    "nodepool \"gpu\": untolerated taint dedicated=gpu:NoSchedule"
+)]
+#[case::custom_label(
+    pool("default"),
+    with_node_selector(pod("a", "1", "1Gi"), "team", "a"),
+    "nodepool \"default\": incompatible requirements, label team does not have known values"
+)]
+#[case::limits(
+    NodePoolInput { remaining_limits: Some([("cpu".to_string(), 500)].into()), ..pool("small") },
+    pod("a", "100m", "1Gi"),
+    "nodepool \"small\": would exceed nodepool limits cpu"
+)]
+#[case::does_not_exist(
+    pool_req("np", "team", Operator::DoesNotExist, &[]),
+    with_node_selector(pod("a", "1", "1Gi"), "team", "x"),
+    "nodepool \"np\": incompatible requirements, key team, x not in no value"
+)]
+fn unschedulable_reasons(#[case] np: NodePoolInput, #[case] p: Pod, #[case] want: &str) {
+    let r = schedule(&input(vec![p], vec![np]));
+    assert!(r.new_node_claims.is_empty());
+    assert_eq!(error_of(&r), want);
+}
+
+#[test]
+fn tolerated_taint_schedules() {
+    let np = NodePoolInput { taints: vec![Taint::new("dedicated", TaintEffect::NoSchedule)], ..pool("gpu") };
+    let r = schedule(&input(vec![with_toleration(pod("a", "1", "1Gi"), "dedicated")], vec![np]));
+    assert!(r.errors.is_empty());
+    assert_eq!(r.new_node_claims[0].taints.len(), 1);
+}
+
+#[test]
+fn heavier_nodepool_first_until_its_limit() {
+    let heavy = NodePoolInput {
+        weight: 10,
+        remaining_limits: Some([("cpu".to_string(), 4000)].into()),
+        ..pool("heavy")
+    };
+    let light = pool("light");
+    let pods: Vec<Pod> =
+        (0..6).map(|i| with_anti_affinity(pod(&format!("p{i}"), "1", "1Gi"), LABEL_HOSTNAME, "x")).collect();
+    let r = schedule(&input(pods, vec![light, heavy]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let heavy_claims: Vec<&NewNodeClaim> =
+        r.new_node_claims.iter().filter(|c| c.nodepool == "heavy").collect();
+    // One pod per node; the heavy pool may only hold 4 vCPU of capacity in total.
+    let heavy_cpu: i64 = heavy_claims
+        .iter()
+        .map(|c| c.instance_type_options.iter().map(|it| it.capacity.cpu).max().unwrap())
+        .sum();
+    assert!(heavy_cpu <= 4000, "heavy pool over its limit: {heavy_cpu}");
+    assert!(!heavy_claims.is_empty());
+    assert_eq!(r.new_node_claims.len(), 6);
+    assert_eq!(r.new_node_claims[0].nodepool, "heavy");
+    assert!(r.new_node_claims.iter().any(|c| c.nodepool == "light"));
+}
+
+#[test]
+fn daemonset_overhead_only_where_tolerated() {
+    let tainted = NodePoolInput {
+        weight: 1,
+        taints: vec![Taint::new("dedicated", TaintEffect::NoSchedule)],
+        ..pool("tainted")
+    };
+    let plain = pool("plain");
+    let ds = with_toleration(pod("ds", "500m", "256Mi"), "other");
+    let pods = vec![
+        with_toleration(pod("t", "1", "1Gi"), "dedicated"),
+        with_node_selector(pod("p", "1", "1Gi"), LABEL_NODEPOOL, "plain"),
+    ];
+    let r = schedule(&SchedulingInput { daemonsets: vec![ds], ..input(pods, vec![tainted, plain]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let by_pool: BTreeMap<&str, &NewNodeClaim> =
+        r.new_node_claims.iter().map(|c| (c.nodepool.as_str(), c)).collect();
+    assert_eq!(by_pool["tainted"].daemonset_requests.cpu, 0);
+    assert_eq!(by_pool["tainted"].requests.cpu, 1000);
+    assert_eq!(by_pool["plain"].daemonset_requests.cpu, 500);
+    assert_eq!(by_pool["plain"].requests.cpu, 1500);
+    // The daemonset overhead pushes the plain claim past the 1 vCPU type.
+    assert_eq!(by_pool["plain"].instance_type_names[0], "m.2x");
+}
+
+#[test]
+fn self_anti_affinity_forces_one_pod_per_node() {
+    let r =
+        schedule(&input(pods_n(5, |p| with_anti_affinity(p, LABEL_HOSTNAME, "web")), vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.len(), 5);
+    assert!(r.new_node_claims.iter().all(|c| c.pods.len() == 1));
+}
+
+#[test]
+fn hostname_spread_puts_max_skew_pods_per_node() {
+    let r =
+        schedule(&input(pods_n(4, |p| with_spread(p, LABEL_HOSTNAME, "web", true)), vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.len(), 4);
+}
+
+fn zone_of(c: &NewNodeClaim) -> String {
+    c.requirements.get(LABEL_TOPOLOGY_ZONE).and_then(|r| r.single()).unwrap_or("?").to_string()
+}
+
+#[test]
+fn zonal_spread_balances_zones() {
+    let pods = (0..9)
+        .map(|i| with_spread(pod(&format!("p{i}"), "4", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true))
+        .collect();
+    let r = schedule(&input(pods, vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &r.new_node_claims {
+        *per_zone.entry(zone_of(c)).or_default() += c.pods.len();
+    }
+    assert_eq!(per_zone, [("z1".to_string(), 3), ("z2".to_string(), 3), ("z3".to_string(), 3)].into());
+}
+
+#[test]
+fn zonal_spread_counts_existing_pods() {
+    let existing = ExistingNode {
+        name: "n1".into(),
+        labels: [
+            (LABEL_TOPOLOGY_ZONE.to_string(), "z1".to_string()),
+            (LABEL_HOSTNAME.to_string(), "n1".to_string()),
+        ]
+        .into(),
+        initialized: true,
+        allocatable: Resources::from_pairs([(CPU, 0), (MEMORY, 0), (PODS, 0)]),
+        pods: vec![with_label(pod("old", "1", "1Gi"), "group", "web")],
+        ..Default::default()
+    };
+    let pods = (0..2)
+        .map(|i| with_spread(pod(&format!("p{i}"), "1", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true))
+        .collect();
+    let r =
+        schedule(&SchedulingInput { existing_nodes: vec![existing], ..input(pods, vec![pool("default")]) });
+    let zones: Vec<String> = r.new_node_claims.iter().map(zone_of).collect();
+    assert!(!zones.contains(&"z1".to_string()), "{zones:?}");
+}
+
+#[test]
+fn zonal_self_affinity_keeps_one_zone() {
+    let pods =
+        (0..6).map(|i| with_affinity(pod(&format!("p{i}"), "6", "1Gi"), LABEL_TOPOLOGY_ZONE, "db")).collect();
+    let r = schedule(&input(pods, vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert!(r.new_node_claims.len() >= 3);
+    let zones: std::collections::BTreeSet<String> = r.new_node_claims.iter().map(zone_of).collect();
+    assert_eq!(zones.len(), 1, "{zones:?}");
+}
+
+#[test]
+fn affinity_to_missing_pods_fails() {
+    let p = with_affinity(with_label(pod("a", "1", "1Gi"), "group", "me"), LABEL_TOPOLOGY_ZONE, "db");
+    // The selector is group=db but the pod is labelled group=db by the helper: rewrite to another group.
+    let mut p = p;
+    p.metadata.labels.get_or_insert_with(Default::default).insert("group".into(), "other".into());
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert!(error_of(&r).contains("pod affinity"), "{}", error_of(&r));
+}
+
+fn existing_node(name: &str, cpu: i64) -> ExistingNode {
+    ExistingNode {
+        name: name.into(),
+        labels: [
+            (LABEL_HOSTNAME.to_string(), name.to_string()),
+            (LABEL_TOPOLOGY_ZONE.to_string(), "z1".to_string()),
+            (LABEL_NODEPOOL.to_string(), "default".to_string()),
+        ]
+        .into(),
+        initialized: true,
+        allocatable: Resources::from_pairs([(CPU, cpu * 1000), (MEMORY, 8 * GI), (PODS, 20)]),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn existing_nodes_are_used_first() {
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 2)],
+        ..input(pods_n(3, |p| p), vec![pool("default")])
+    });
+    assert_eq!(r.existing_placements.len(), 1);
+    assert_eq!(r.existing_placements[0].pods.len(), 2);
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(r.new_node_claims[0].pods.len(), 1);
+}
+
+#[rstest]
+#[case::ephemeral_on_new_node(false, "node.kubernetes.io/not-ready", TaintEffect::NoSchedule, true)]
+#[case::ephemeral_on_ready_node(true, "node.kubernetes.io/not-ready", TaintEffect::NoSchedule, false)]
+#[case::startup_on_new_node(false, "example.com/startup", TaintEffect::NoSchedule, true)]
+#[case::real_taint(false, "dedicated", TaintEffect::NoSchedule, false)]
+#[case::prefer(true, "soft", TaintEffect::PreferNoSchedule, true)]
+fn existing_node_taints(
+    #[case] initialized: bool,
+    #[case] key: &str,
+    #[case] effect: TaintEffect,
+    #[case] lands: bool,
+) {
+    let mut n = existing_node("n1", 4);
+    n.initialized = initialized;
+    n.taints = vec![Taint::new(key, effect)];
+    n.startup_taints = vec![Taint::new("example.com/startup", TaintEffect::NoSchedule)];
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![n],
+        ..input(pods_n(1, |p| p), vec![pool("default")])
+    });
+    assert_eq!(r.existing_placements.len() == 1, lands);
+}
+
+#[test]
+fn existing_node_labels_are_strict() {
+    // A custom label the node lacks denies the pod; NotIn on it is fine.
+    let n = existing_node("n1", 4);
+    let pods = vec![with_node_selector(pod("a", "1", "1Gi"), "team", "x")];
+    let r = schedule(&SchedulingInput { existing_nodes: vec![n.clone()], ..input(pods, vec![]) });
+    assert_eq!(r.errors.len(), 1);
+    let pods =
+        vec![with_node_affinity(pod("a", "1", "1Gi"), vec![vec![nsr("team", "NotIn", &["x"])]], vec![])];
+    let r = schedule(&SchedulingInput { existing_nodes: vec![n], ..input(pods, vec![]) });
+    assert_eq!(r.existing_placements.len(), 1);
+}
+
+#[test]
+fn inverse_anti_affinity_of_existing_pods() {
+    let mut n = existing_node("n1", 8);
+    n.pods = vec![with_anti_affinity(pod("guard", "1", "1Gi"), LABEL_HOSTNAME, "web")];
+    // The new pod is selected by the guard's anti-affinity (group=web) but has none itself.
+    let p = with_label(pod("w", "1", "1Gi"), "group", "web");
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![n.clone()],
+        ..input(vec![p], vec![pool("default")])
+    });
+    assert!(r.existing_placements.is_empty());
+    assert_eq!(r.new_node_claims.len(), 1);
+    // An unrelated pod may land there.
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![n],
+        ..input(vec![pod("x", "1", "1Gi")], vec![pool("default")])
+    });
+    assert_eq!(r.existing_placements.len(), 1);
+}
+
+#[test]
+fn inverse_anti_affinity_within_the_batch() {
+    let guard = with_anti_affinity(pod("guard", "2", "1Gi"), LABEL_HOSTNAME, "web");
+    let mut guard = guard;
+    guard.metadata.labels.get_or_insert_with(Default::default).insert("group".into(), "guard".into());
+    let web = with_label(pod("web", "1", "1Gi"), "group", "web");
+    let r = schedule(&input(vec![guard, web], vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.len(), 2);
+}
+
+#[test]
+fn host_ports_conflict() {
+    let pods = vec![
+        with_host_port(pod("a", "1", "1Gi"), 80),
+        with_host_port(pod("b", "1", "1Gi"), 80),
+        with_host_port(pod("c", "1", "1Gi"), 81),
+    ];
+    let r = schedule(&input(pods, vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 2);
+    let mut n = existing_node("n1", 8);
+    n.pods = vec![with_host_port(pod("old", "1", "1Gi"), 80)];
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![n],
+        ..input(vec![with_host_port(pod("a", "1", "1Gi"), 80)], vec![pool("default")])
+    });
+    assert!(r.existing_placements.is_empty());
+}
+
+#[test]
+fn preferences_are_relaxed() {
+    // Preferred zone that does not exist, and a ScheduleAnyway spread on a key nobody has.
+    let p = with_node_affinity(
+        pod("a", "1", "1Gi"),
+        vec![],
+        vec![(10, vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["nowhere"])])],
+    );
+    let p = with_spread(p, "example.com/rack", "g", false);
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    // A satisfiable preference is honoured.
+    let p = with_node_affinity(
+        pod("b", "1", "1Gi"),
+        vec![],
+        vec![(1, vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["z2"])])],
+    );
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert_eq!(zone_of(&r.new_node_claims[0]), "z2");
+}
+
+#[test]
+fn required_terms_are_ored() {
+    let p = with_node_affinity(
+        pod("a", "1", "1Gi"),
+        vec![
+            vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["nowhere"])],
+            vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["z3"])],
+        ],
+        vec![],
+    );
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(zone_of(&r.new_node_claims[0]), "z3");
+}
+
+#[test]
+fn numeric_requirements() {
+    let p =
+        with_node_affinity(pod("a", "1", "1Gi"), vec![vec![nsr(LABEL_INSTANCE_CPU, "Gt", &["4"])]], vec![]);
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert_eq!(r.new_node_claims[0].instance_type_names, vec!["m.8x".to_string(), "m.16x".to_string()]);
+}
+
+#[rstest]
+#[case(MinValuesPolicy::Strict, 3, false)]
+#[case(MinValuesPolicy::BestEffort, 3, true)]
+#[case(MinValuesPolicy::Strict, 2, true)]
+fn min_values(#[case] policy: MinValuesPolicy, #[case] min: i32, #[case] schedules: bool) {
+    let np = pool("default")
+        .with_requirements(&[NodeSelectorRequirementWithMinValues {
+            key: LABEL_INSTANCE_CPU.into(),
+            operator: Operator::Exists,
+            values: vec![],
+            min_values: Some(min),
+        }])
+        .unwrap();
+    // 12 vCPU fits only the 16 and... nothing else: 1 type; 7 vCPU fits 8 and 16: 2 types.
+    let mut inp = input(vec![pod("a", "7", "1Gi")], vec![np]);
+    inp.options.min_values_policy = policy;
+    let r = schedule(&inp);
+    assert_eq!(r.errors.is_empty(), schedules, "{}", error_of(&r));
+    if schedules {
+        assert_eq!(r.new_node_claims[0].min_values_relaxed, min == 3);
+    }
+}
+
+#[test]
+fn instance_type_list_is_truncated_cheapest_first() {
+    let np = NodePoolInput::new(
+        "default",
+        (1..=100).map(|i| instance_type(&format!("t.{i:03}"), i, 2 * i, 100, &["z1"], i as f64)).collect(),
+    );
+    let mut inp = input(vec![pod("a", "1", "1Gi")], vec![np]);
+    inp.options.max_instance_types = 10;
+    let r = schedule(&inp);
+    let c = &r.new_node_claims[0];
+    assert_eq!(c.instance_type_names.len(), 10);
+    assert_eq!(c.instance_type_names[0], "t.001");
+    assert_eq!(c.instance_type_options.len(), 100);
+}
+
+#[test]
+fn deterministic() {
+    let pods: Vec<Pod> = (0..40)
+        .map(|i| {
+            let p = pod(&format!("p{i}"), ["100m", "1", "2"][i % 3], "512Mi");
+            match i % 4 {
+                0 => with_spread(p, LABEL_TOPOLOGY_ZONE, "a", true),
+                1 => with_anti_affinity(p, LABEL_HOSTNAME, "b"),
+                2 => with_affinity(p, LABEL_TOPOLOGY_ZONE, "c"),
+                _ => p,
+            }
+        })
+        .collect();
+    let inp =
+        input(pods, vec![pool("default"), pool_req("spot", LABEL_CAPACITY_TYPE, Operator::In, &["spot"])]);
+    let a = schedule(&inp);
+    let b = schedule(&inp);
+    let summary = |r: &SchedulingResults| {
+        r.new_node_claims
+            .iter()
+            .map(|c| (c.nodepool.clone(), c.instance_type_names.clone(), c.pods.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(summary(&a), summary(&b));
+    assert!(a.errors.is_empty(), "{}", error_of(&a));
+}
+
+fn with_preferred(mut p: Pod, anti: bool, key: &str, group: &str) -> Pod {
+    use k8s_openapi::api::core::v1::WeightedPodAffinityTerm;
+    let terms = Some(vec![WeightedPodAffinityTerm { weight: 50, pod_affinity_term: term(key, group) }]);
+    let aff = spec(&mut p).affinity.get_or_insert_with(Default::default);
+    if anti {
+        aff.pod_anti_affinity = Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: terms,
+            ..Default::default()
+        });
+    } else {
+        aff.pod_affinity = Some(PodAffinity {
+            preferred_during_scheduling_ignored_during_execution: terms,
+            ..Default::default()
+        });
+    }
+    p
+}
+
+#[test]
+fn preferred_anti_affinity_spreads_while_it_can() {
+    let pods = pods_n(3, |p| with_preferred(with_label(p, "group", "web"), true, LABEL_HOSTNAME, "web"));
+    let r = schedule(&input(pods.clone(), vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 3);
+    // Without NodePools, both land on the one existing node once the preference is relaxed.
+    let r =
+        schedule(&SchedulingInput { existing_nodes: vec![existing_node("n1", 8)], ..input(pods, vec![]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements[0].pods.len(), 3);
+}
+
+#[test]
+fn unsatisfiable_preferred_affinity_is_relaxed() {
+    let p = with_preferred(with_label(pod("a", "1", "1Gi"), "group", "me"), false, LABEL_TOPOLOGY_ZONE, "db");
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+}
+
+fn gpu_type(name: &str, gpus: i64, category: &str) -> Arc<InstanceType> {
+    let labels: BTreeMap<String, String> = [
+        (LABEL_ARCH.to_string(), ARCH_AMD64.to_string()),
+        (LABEL_INSTANCE_CATEGORY.to_string(), category.to_string()),
+        (LABEL_INSTANCE_GPU_MANUFACTURER.to_string(), "nvidia".to_string()),
+    ]
+    .into();
+    let mut capacity = Resources::from_pairs([(CPU, 8000), (MEMORY, 32 * GI), (PODS, 50)]);
+    capacity.set(RESOURCE_NVIDIA_GPU, gpus);
+    Arc::new(InstanceType::new(
+        name,
+        Requirements::from_labels(&labels),
+        capacity,
+        Overhead::default(),
+        vec![Offering {
+            zone: "z1".into(),
+            capacity_type: "on-demand".into(),
+            price: gpus as f64,
+            available: true,
+        }],
+    ))
+}
+
+#[test]
+fn nodepool_from_the_api_object_with_extended_resource_limits() {
+    let np: crate::apis::NodePool =
+        serde_saphyr::from_str(include_str!("../../examples/nodepool-gpu.yaml")).expect("example parses");
+    let mut usage = Resources::default();
+    usage.set(RESOURCE_NVIDIA_GPU, 6);
+    let types = vec![gpu_type("g.1", 1, "g"), gpu_type("g.4", 4, "g"), gpu_type("m.0", 0, "m")];
+    let input_pool = NodePoolInput::from_nodepool(&np, types, &usage).expect("valid nodepool");
+    assert_eq!(input_pool.remaining_limits, Some([(RESOURCE_NVIDIA_GPU.to_string(), 2)].into()));
+    assert!(input_pool.requirements.allows("workload", "gpu"));
+
+    let gpu_pod = |name: &str| {
+        let mut p = with_toleration(pod(name, "1", "1Gi"), RESOURCE_NVIDIA_GPU);
+        let res = spec(&mut p).containers[0].resources.get_or_insert_with(Default::default);
+        res.limits = Some([(RESOURCE_NVIDIA_GPU.to_string(), Quantity("1".into()))].into());
+        with_anti_affinity(p, LABEL_HOSTNAME, "train")
+    };
+    let r = schedule(&input(vec![gpu_pod("a"), gpu_pod("b"), gpu_pod("c")], vec![input_pool]));
+    // Two GPUs of headroom: two single-GPU nodes, then the limit.
+    assert_eq!(r.new_node_claims.len(), 2, "{}", error_of(&r));
+    for c in &r.new_node_claims {
+        assert_eq!(c.instance_type_names, vec!["g.1".to_string()]);
+        assert_eq!(c.labels.get("workload").map(String::as_str), Some("gpu"));
+    }
+    assert_eq!(error_of(&r), "nodepool \"gpu\": would exceed nodepool limits nvidia.com/gpu");
+}
+
+#[test]
+fn nodes_limit_counts_nodeclaims() {
+    let np = NodePoolInput {
+        remaining_limits: Some([(super::resources::NODES.to_string(), 2)].into()),
+        ..pool("two")
+    };
+    let r = schedule(&input(pods_n(3, |p| with_anti_affinity(p, LABEL_HOSTNAME, "x")), vec![np]));
+    assert_eq!(r.new_node_claims.len(), 2);
+    assert_eq!(error_of(&r), "nodepool \"two\": would exceed nodepool limits nodes");
+}
+
+#[test]
+fn min_domains_caps_pods_per_zone() {
+    let pods = (0..4)
+        .map(|i| {
+            let mut p = with_spread(pod(&format!("p{i}"), "4", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true);
+            if let Some(c) = spec(&mut p).topology_spread_constraints.as_mut() {
+                c[0].min_domains = Some(5);
+            }
+            p
+        })
+        .collect();
+    let r = schedule(&input(pods, vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 3);
+    assert_eq!(
+        error_of(&r),
+        "nodepool \"default\": would violate topology spread constraint on topology.kubernetes.io/zone"
+    );
+}
+
+#[test]
+fn schedule_anyway_spread_relaxes_on_existing_nodes() {
+    let pods = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", false));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8)],
+        ..input(pods.clone(), vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements[0].pods.len(), 2);
+    // With DoNotSchedule and nowhere else to go, the second pod stays pending.
+    let hard = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        ..input(hard, vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements.len(), 2);
+    // Once both nodes hold one, the minimum is one and a third fits with skew 1.
+    let three = pods_n(3, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        ..input(three.clone(), vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    // A third, empty node keeps the minimum at zero: the third pod goes there.
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8), existing_node("n3", 8)],
+        ..input(three, vec![])
+    });
+    assert_eq!(r.existing_placements.len(), 3);
+}
+
+#[test]
+fn zonal_spread_picks_a_zone_the_pod_can_launch_in() {
+    // Small types everywhere; the only type big enough is offered in z2 and z3 only.
+    let types = vec![
+        instance_type("s.2x", 2, 4, 20, &["z1", "z2", "z3"], 0.2),
+        instance_type("b.16x", 16, 32, 50, &["z2", "z3"], 1.6),
+    ];
+    let pods = vec![with_spread(pod("big", "12", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true)];
+    let r = schedule(&input(pods, vec![NodePoolInput::new("default", types)]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(zone_of(&r.new_node_claims[0]), "z2");
+}
