@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 
+use crate::scheduling::MinValuesPolicy;
+
 /// Which cloud provider the controller drives.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloudProviderKind {
@@ -24,17 +26,6 @@ pub enum PreferencePolicy {
     /// Ignore preferences entirely.
     #[value(name = "Ignore")]
     Ignore,
-}
-
-/// What happens when a requirement's `minValues` cannot be met.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MinValuesPolicy {
-    /// The pod cannot be scheduled on that NodePool.
-    #[value(name = "Strict")]
-    Strict,
-    /// `minValues` is relaxed as far as needed and the NodeClaim is annotated.
-    #[value(name = "BestEffort")]
-    BestEffort,
 }
 
 /// Feature gates, as upstream names them in `FEATURE_GATES` (`Name=true,Other=false`).

@@ -57,6 +57,19 @@ pub enum MinValuesPolicy {
     BestEffort,
 }
 
+impl std::str::FromStr for MinValuesPolicy {
+    type Err = String;
+
+    /// Parses upstream's spelling, as in `MIN_VALUES_POLICY`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Strict" => Ok(MinValuesPolicy::Strict),
+            "BestEffort" => Ok(MinValuesPolicy::BestEffort),
+            other => Err(format!("invalid minValues policy {other:?}: expected Strict or BestEffort")),
+        }
+    }
+}
+
 /// Tunables of a scheduling run.
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
