@@ -25,8 +25,8 @@ tools: ## Build and cache the pinned etcd, Kubernetes, kwok and helm binaries
 build: ## Build the karpenter binary
 	cargo build
 
-crds: build ## Regenerate crds/ from the Rust types, and the charts' copies
-	target/debug/karpenter crds --output-dir crds
+crds: ## Regenerate crds/ from the Rust types, and the charts' copies
+	cargo run --quiet --locked --bin karpenter -- crds --output-dir crds
 	hack/sync-chart-crds.sh
 
 fmt: ## Format the code
