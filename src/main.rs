@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use karpenter::apis::crds;
 use karpenter::operator::{self, Settings, error_chain};
+use karpenter::simulate;
 
 /// Karpenter, the Kubernetes node autoscaler, for AWS EKS.
 #[derive(Parser, Debug)]
@@ -30,6 +31,19 @@ enum Command {
         #[arg(long, short = 'o', value_name = "DIR")]
         output_dir: Option<PathBuf>,
     },
+    /// Show which NodeClaims Karpenter would launch for manifests, without a cluster.
+    Simulate {
+        /// A YAML file or a directory of them (NodePools, workloads, nodes); repeatable.
+        #[arg(long = "file", short = 'f', value_name = "PATH", required = true)]
+        files: Vec<PathBuf>,
+        /// Instance-type catalog: `kwok` (generated), `aws` (not available in this build) or a
+        /// catalog file.
+        #[arg(long, value_name = "kwok|FILE", default_value = "kwok")]
+        instance_types: simulate::Catalog,
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value_t = simulate::OutputFormat::Table)]
+        output: simulate::OutputFormat,
+    },
 }
 
 fn main() -> ExitCode {
@@ -44,6 +58,31 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::Simulate { files, instance_types, output }) => {
+            match run_simulate(&files, &instance_types, output) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn run_simulate(
+    files: &[PathBuf],
+    catalog: &simulate::Catalog,
+    format: simulate::OutputFormat,
+) -> Result<(), String> {
+    let (out, warnings) = simulate::run(files, catalog, format).map_err(|e| error_chain(&e))?;
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(format!("writing to stdout: {e}")),
     }
 }
 

@@ -1,0 +1,152 @@
+//! End-to-end tests of the simulation through [`run`] and [`simulate`].
+
+use std::path::PathBuf;
+
+use super::*;
+
+const NODEPOOL: &str = "apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: default
+spec:
+  template:
+    spec:
+      requirements:
+        - key: kubernetes.io/arch
+          operator: In
+          values: [amd64]
+      nodeClassRef:
+        group: karpenter.k8s.aws
+        kind: EC2NodeClass
+        name: default
+";
+
+const DEPLOYMENT: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: inflate
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: inflate}}
+  template:
+    metadata: {labels: {app: inflate}}
+    spec:
+      containers: [{name: c, resources: {requests: {cpu: '1'}}}]
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - topologyKey: kubernetes.io/hostname
+              labelSelector: {matchLabels: {app: inflate}}
+";
+
+const HUGE: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: huge}
+spec:
+  containers: [{name: c, resources: {requests: {cpu: '500'}}}]
+";
+
+fn manifests(docs: &[&str]) -> Manifests {
+    let mut m = Manifests::default();
+    parse_str(&docs.join("---\n"), "test.yaml", &mut m).expect("input parses");
+    m
+}
+
+#[test]
+fn anti_affinity_deployment_gets_one_claim_per_pod_and_huge_pod_is_unschedulable() {
+    let m = manifests(&[NODEPOOL, DEPLOYMENT, HUGE]);
+    let (report, warnings) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(report.node_claims.len(), 3);
+    let mut pods: Vec<String> = report.node_claims.iter().flat_map(|c| c.pods.clone()).collect();
+    pods.sort();
+    assert_eq!(pods, vec!["default/inflate-0", "default/inflate-1", "default/inflate-2"]);
+    for c in &report.node_claims {
+        assert_eq!(c.node_pool, "default");
+        assert_eq!(c.pods.len(), 1);
+        assert_eq!(c.instance_type_options.first(), Some(&c.instance_type));
+        // 1 vCPU does not fit beside the 100m kubelet reservation: the cheapest is 2 vCPUs, spot.
+        assert_eq!(c.instance_type, "c-2x-amd64");
+        assert_eq!(c.capacity_type, "spot");
+        assert!(c.price_per_hour > 0.0);
+        assert!(catalog::KWOK_ZONES.contains(&c.zone.as_str()));
+    }
+    let total: f64 = report.node_claims.iter().map(|c| c.price_per_hour).sum();
+    assert!((report.total_price_per_hour - total).abs() < 1e-9);
+    assert_eq!(report.unschedulable.len(), 1);
+    assert_eq!(report.unschedulable[0].pod, "default/huge");
+    assert!(!report.unschedulable[0].reasons.is_empty());
+    assert!(report.unschedulable[0].reasons[0].contains("default"), "{:?}", report.unschedulable[0].reasons);
+}
+
+#[test]
+fn pods_fill_existing_nodes_first() {
+    let node = "apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  labels: {kubernetes.io/hostname: node-1, kubernetes.io/arch: amd64, karpenter.sh/nodepool: default}
+status:
+  allocatable: {cpu: '4', memory: 8Gi, pods: '20'}
+";
+    let bound = "apiVersion: v1
+kind: Pod
+metadata: {name: bound}
+spec:
+  nodeName: node-1
+  containers: [{name: c, resources: {requests: {cpu: '2'}}}]
+";
+    let small = "apiVersion: v1
+kind: Pod
+metadata: {name: small}
+spec:
+  containers: [{name: c, resources: {requests: {cpu: '1'}}}]
+";
+    let m = manifests(&[NODEPOOL, node, bound, small]);
+    let (report, _) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    assert!(report.node_claims.is_empty());
+    assert_eq!(report.existing_placements.len(), 1);
+    assert_eq!(report.existing_placements[0].node, "node-1");
+    assert_eq!(report.existing_placements[0].pods, vec!["default/small"]);
+    assert_eq!(report.total_price_per_hour, 0.0);
+}
+
+#[test]
+fn renders_every_format() {
+    let m = manifests(&[NODEPOOL, DEPLOYMENT, HUGE]);
+    let (report, _) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    let table = render(&report, OutputFormat::Table).expect("table");
+    assert!(table.starts_with("NODEPOOL"), "{table}");
+    assert!(table.contains("UNSCHEDULABLE-POD") && table.contains("TOTAL $/h:"), "{table}");
+    let json: serde_json::Value =
+        serde_json::from_str(&render(&report, OutputFormat::Json).expect("json")).expect("valid json");
+    assert_eq!(json["nodeClaims"].as_array().map(Vec::len), Some(3));
+    for key in
+        ["nodePool", "instanceType", "instanceTypeOptions", "zone", "capacityType", "pricePerHour", "pods"]
+    {
+        assert!(json["nodeClaims"][0].get(key).is_some(), "{key}");
+    }
+    assert_eq!(json["unschedulable"][0]["pod"], "default/huge");
+    assert!(json["existingPlacements"].is_array() && json["totalPricePerHour"].is_number());
+    let yaml: serde_json::Value =
+        serde_saphyr::from_str(&render(&report, OutputFormat::Yaml).expect("yaml")).expect("valid yaml");
+    assert_eq!(yaml, json);
+}
+
+#[test]
+fn runs_the_example_directory() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/simulate");
+    let (out, warnings) = run(&[dir], &Catalog::Kwok, OutputFormat::Json).expect("runs");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("valid json");
+    let claims = json["nodeClaims"].as_array().cloned().unwrap_or_default();
+    let pods: usize = claims.iter().filter_map(|c| c["pods"].as_array().map(Vec::len)).sum();
+    assert_eq!(pods, 9);
+    assert!(json["unschedulable"].as_array().is_some_and(Vec::is_empty));
+}
+
+#[test]
+fn aws_catalog_fails_clearly() {
+    let err = run(&[], &Catalog::Aws, OutputFormat::Table).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("aws") && err.contains("not available"), "{err}");
+}
