@@ -5,4 +5,5 @@
 //! well-known names; the binary in `main.rs` wires the subcommands.
 
 pub mod apis;
+pub mod cloudprovider;
 pub mod scheduling;
