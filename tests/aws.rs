@@ -48,7 +48,8 @@ fn seed(cluster: &str) {
     let url = endpoint();
     let host = url.trim_start_matches("http://").trim_end_matches('/');
     let body = json!({"clusters": [cluster], "region": region()}).to_string();
-    let mut stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("cannot reach the emulator at {url}: {e}"));
+    let mut stream =
+        TcpStream::connect(host).unwrap_or_else(|e| panic!("cannot reach the emulator at {url}: {e}"));
     write!(
         stream,
         "POST /_karpenter-rs/seed HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -57,7 +58,10 @@ fn seed(cluster: &str) {
     .unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"), "seeding failed: {answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"),
+        "seeding failed: {answer}"
+    );
 }
 
 async fn clients() -> AwsClients {
@@ -119,12 +123,17 @@ async fn instances_tagged(p: &AwsCloudProvider, claim: &str) -> Vec<String> {
         .clients()
         .ec2
         .describe_instances()
+        .filters(Filter::builder().name("tag:eks:eks-cluster-name").values(&p.cluster().name).build())
         .filters(Filter::builder().name("tag:karpenter.sh/nodeclaim").values(claim).build())
         .filters(Filter::builder().name("instance-state-name").values("pending").values("running").build())
         .send()
         .await
         .unwrap();
-    out.reservations().iter().flat_map(|r| r.instances()).filter_map(|i| i.instance_id().map(str::to_string)).collect()
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .filter_map(|i| i.instance_id().map(str::to_string))
+        .collect()
 }
 
 #[tokio::test]
@@ -176,7 +185,10 @@ async fn catalog_has_the_common_types_with_their_labels() {
                 (LABEL_INSTANCE_LOCAL_NVME, "125"),
             ],
         ),
-        ("t3.medium", &[(LABEL_INSTANCE_CPU, "2"), (LABEL_INSTANCE_MEMORY, "4096"), (LABEL_INSTANCE_SIZE, "medium")]),
+        (
+            "t3.medium",
+            &[(LABEL_INSTANCE_CPU, "2"), (LABEL_INSTANCE_MEMORY, "4096"), (LABEL_INSTANCE_SIZE, "medium")],
+        ),
     ];
     for (name, expected) in want {
         let info = data.get(name).unwrap_or_else(|| panic!("{name} missing from the catalog"));
@@ -208,7 +220,10 @@ async fn node_class_resolves_to_a_ready_status() {
     assert!(status.amis.iter().all(|a| a.name.as_deref().is_some_and(|n| n.contains("al2023"))));
     let profile = status.instance_profile.clone().unwrap();
     let roles = p.clients().iam.get_instance_profile().instance_profile_name(&profile).send().await.unwrap();
-    assert_eq!(roles.instance_profile().unwrap().roles()[0].role_name(), format!("KarpenterNodeRole-{cluster}"));
+    assert_eq!(
+        roles.instance_profile().unwrap().roles()[0].role_name(),
+        format!("KarpenterNodeRole-{cluster}")
+    );
     let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap();
     assert_eq!(format!("{:?}", ready.status), "True", "{ready:?}");
 
@@ -222,7 +237,8 @@ async fn node_class_resolves_to_a_ready_status() {
 
     // Selectors that match nothing.
     let mut bad = node_class(&cluster, "al2023@v19990101");
-    bad.spec.subnet_selector_terms[0].tags = Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
+    bad.spec.subnet_selector_terms[0].tags =
+        Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
     let status = p.resolve_node_class(&bad).await.unwrap();
     let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
     assert_eq!(get(conditions::SUBNETS_READY).reason, "SubnetsNotFound");
@@ -235,14 +251,21 @@ async fn node_class_resolves_to_a_ready_status() {
     // AMIs by name and owner; security groups by name.
     let mut by_name = node_class(&cluster, "al2023@latest");
     by_name.spec.ami_family = Some(karpenter::apis::ec2nodeclass::AmiFamily::AL2023);
-    by_name.spec.ami_selector_terms = vec![serde_json::from_value(
-        json!({"name": "amazon-eks-node-al2023-arm64-standard-1.33-*", "owner": "602401143452"}),
-    )
-    .unwrap()];
-    by_name.spec.security_group_selector_terms = vec![serde_json::from_value(json!({"name": format!("{cluster}-node")})).unwrap()];
+    by_name.spec.ami_selector_terms = vec![
+        serde_json::from_value(
+            json!({"name": "amazon-eks-node-al2023-arm64-standard-1.33-*", "owner": "602401143452"}),
+        )
+        .unwrap(),
+    ];
+    by_name.spec.security_group_selector_terms =
+        vec![serde_json::from_value(json!({"name": format!("{cluster}-node")})).unwrap()];
     let status = p.resolve_node_class(&by_name).await.unwrap();
     assert_eq!(status.amis.len(), 2, "{:?}", status.amis);
-    assert!(status.amis[0].name.as_deref().unwrap().ends_with("v20251101"), "newest first: {:?}", status.amis);
+    assert!(
+        status.amis[0].name.as_deref().unwrap().ends_with("v20251101"),
+        "newest first: {:?}",
+        status.amis
+    );
     assert_eq!(status.security_groups.len(), 1);
 }
 
@@ -287,7 +310,11 @@ async fn create_is_idempotent_and_delete_terminates() {
     // c5.large is the cheapest on-demand type allowed.
     assert_eq!(launched.instance_type, "c5.large");
     assert_eq!(launched.capacity_type, CAPACITY_TYPE_ON_DEMAND);
-    assert!(launched.provider_id.starts_with(&format!("aws:///{}/i-", launched.zone)), "{}", launched.provider_id);
+    assert!(
+        launched.provider_id.starts_with(&format!("aws:///{}/i-", launched.zone)),
+        "{}",
+        launched.provider_id
+    );
     assert_eq!(launched.labels[LABEL_INSTANCE_TYPE], "c5.large");
     assert_eq!(launched.labels[LABEL_ARCH], "amd64");
     assert_eq!(launched.labels[LABEL_TOPOLOGY_ZONE], launched.zone);
@@ -328,14 +355,27 @@ async fn create_is_idempotent_and_delete_terminates() {
         .send()
         .await
         .unwrap();
-    assert_eq!(templates.launch_templates().len(), 1, "one (AMI, max pods) group");
-    let name = templates.launch_templates()[0].launch_template_name().unwrap().to_string();
-    assert!(name.starts_with("karpenter.k8s.aws/"));
+    // One template per (AMI, max pods): c5.large and m5.large hold 29 pods, m5.xlarge 58.
+    assert_eq!(templates.launch_templates().len(), 2);
+    let mut used = None;
+    for t in templates.launch_templates() {
+        let name = t.launch_template_name().unwrap().to_string();
+        assert!(name.starts_with("karpenter.k8s.aws/"));
+        let versions =
+            ec2.describe_launch_template_versions().launch_template_name(&name).send().await.unwrap();
+        let data = versions.launch_template_versions()[0].launch_template_data().unwrap().clone();
+        let text = String::from_utf8(
+            base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap(),
+        )
+        .unwrap();
+        if text.contains("maxPods: 29") {
+            used = Some((name, data));
+        }
+    }
+    let (name, data) = used.expect("a template for 29 pods");
     if let Some(lt_name) = lt_name {
         assert_eq!(lt_name, name);
     }
-    let versions = ec2.describe_launch_template_versions().launch_template_name(&name).send().await.unwrap();
-    let data = versions.launch_template_versions()[0].launch_template_data().unwrap();
     assert_eq!(data.image_id(), Some(launched.image_id.as_str()));
     assert_eq!(data.security_group_ids(), [status.security_groups[0].id.clone()]);
     assert_eq!(data.iam_instance_profile().and_then(|p| p.name()), status.instance_profile.as_deref());
@@ -367,7 +407,10 @@ async fn create_is_idempotent_and_delete_terminates() {
     assert_eq!((got.instance_type.as_str(), got.image_id.as_str()), ("c5.large", launched.image_id.as_str()));
     assert_eq!(got.capacity, launched.capacity);
     let listed = p.list().await.unwrap();
-    assert_eq!(listed.iter().map(|i| i.provider_id.as_str()).collect::<Vec<_>>(), vec![launched.provider_id.as_str()]);
+    assert_eq!(
+        listed.iter().map(|i| i.provider_id.as_str()).collect::<Vec<_>>(),
+        vec![launched.provider_id.as_str()]
+    );
 
     // Not drifted; then the class stops selecting the AMI.
     let mut claimed = claim.clone();
@@ -376,6 +419,15 @@ async fn create_is_idempotent_and_delete_terminates() {
         ..Default::default()
     });
     claimed.metadata.annotations = Some(launched.annotations.clone());
+    // The emulator does not apply the launch template's security groups to the instance (EC2
+    // does): apply them as EC2 would before checking drift.
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::SecurityGroup));
+    ec2.modify_instance_attribute()
+        .instance_id(&id)
+        .groups(&status.security_groups[0].id)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
     let mut drifted = (*class).clone();
     drifted.status.as_mut().unwrap().amis.retain(|a| a.id != launched.image_id);
@@ -392,7 +444,10 @@ async fn create_is_idempotent_and_delete_terminates() {
     assert!(p.delete(&claimed).await.unwrap_err().is_not_found());
     assert!(p.get(&launched.provider_id).await.unwrap_err().is_not_found());
     assert!(p.list().await.unwrap().is_empty());
-    assert!(matches!(p.get("aws:///us-west-2a/i-00000000000000000").await, Err(CloudProviderError::NotFound(_))));
+    assert!(matches!(
+        p.get("aws:///us-west-2a/i-00000000000000000").await,
+        Err(CloudProviderError::NotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -417,7 +472,8 @@ async fn spot_launches_the_cheapest_offering_and_skips_exhausted_ones() {
         capacity_type: CAPACITY_TYPE_SPOT.into(),
     };
     p.unavailable_offerings().insert(ice("us-west-2b", "c5.large"), ());
-    let second = p.create(&node_claim("spot-2", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
+    let second =
+        p.create(&node_claim("spot-2", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
     assert_eq!((second.instance_type.as_str(), second.zone.as_str()), ("c5.large", "us-west-2a"));
 
     for zone in ["us-west-2a", "us-west-2c"] {
@@ -429,7 +485,8 @@ async fn spot_launches_the_cheapest_offering_and_skips_exhausted_ones() {
     for zone in ["us-west-2a", "us-west-2b", "us-west-2c"] {
         p.unavailable_offerings().insert(ice(zone, "m5.large"), ());
     }
-    let err = p.create(&node_claim("spot-4", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap_err();
+    let err =
+        p.create(&node_claim("spot-4", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap_err();
     assert!(matches!(err, CloudProviderError::InsufficientCapacity { .. }), "{err}");
     assert!(instances_tagged(&p, "spot-4").await.is_empty());
 
@@ -447,7 +504,8 @@ async fn create_needs_a_ready_node_class() {
     let claim = node_claim("c", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
     assert!(matches!(p.create(&claim).await, Err(CloudProviderError::NodeClassNotReady { .. })));
     let mut class = node_class(&cluster, "al2023@latest");
-    class.spec.subnet_selector_terms[0].tags = Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
+    class.spec.subnet_selector_terms[0].tags =
+        Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
     class.status = Some(p.resolve_node_class(&class).await.unwrap());
     p.node_classes().upsert(class);
     let err = p.create(&claim).await.unwrap_err();

@@ -4,7 +4,9 @@
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 
 use crate::apis::ec2nodeclass::{AmiFamily, BlockDevice, BlockDeviceMapping, EC2NodeClassSpec, VolumeType};
-use crate::apis::labels::{ARCH_AMD64, ARCH_ARM64, LABEL_ARCH, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT};
+use crate::apis::labels::{
+    ARCH_AMD64, ARCH_ARM64, LABEL_ARCH, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT,
+};
 use crate::scheduling::resources::parse_quantity;
 
 use super::instancetype::DEFAULT_EPHEMERAL_STORAGE;
@@ -115,21 +117,32 @@ pub fn alias_queries(family: AmiFamily, version: &str, k8s_version: &str) -> Vec
             let variants = [
                 ("amazon-linux-2", "amazon-eks-node", ARCH_AMD64, vec![Variant::Standard]),
                 ("amazon-linux-2-arm64", "amazon-eks-arm64-node", ARCH_ARM64, vec![Variant::Standard]),
-                ("amazon-linux-2-gpu", "amazon-eks-gpu-node", ARCH_AMD64, vec![Variant::Nvidia, Variant::Neuron]),
+                (
+                    "amazon-linux-2-gpu",
+                    "amazon-eks-gpu-node",
+                    ARCH_AMD64,
+                    vec![Variant::Nvidia, Variant::Neuron],
+                ),
             ];
             for (path, image, arch, kinds) in variants {
-                let leaf =
-                    if latest { "recommended".to_string() } else { format!("{image}-{k8s_version}-{version}") };
+                let leaf = if latest {
+                    "recommended".to_string()
+                } else {
+                    format!("{image}-{k8s_version}-{version}")
+                };
                 for variant in kinds {
                     out.push(AliasQuery {
-                        parameter: format!("/aws/service/eks/optimized-ami/{k8s_version}/{path}/{leaf}/image_id"),
+                        parameter: format!(
+                            "/aws/service/eks/optimized-ami/{k8s_version}/{path}/{leaf}/image_id"
+                        ),
                         requirements: requirements(arch, variant),
                     });
                 }
             }
         }
         AmiFamily::Bottlerocket => {
-            let leaf = if latest { "latest".to_string() } else { version.trim_start_matches('v').to_string() };
+            let leaf =
+                if latest { "latest".to_string() } else { version.trim_start_matches('v').to_string() };
             for (suffix, variant) in [("", Variant::Standard), ("-nvidia", Variant::Nvidia)] {
                 for arch in [ARCH_AMD64, ARCH_ARM64] {
                     out.push(AliasQuery {
@@ -226,16 +239,28 @@ mod tests {
     fn ssm_parameters() {
         let q = alias_queries(AmiFamily::AL2023, "latest", "1.34");
         assert_eq!(q.len(), 5);
-        assert_eq!(q[0].parameter, "/aws/service/eks/optimized-ami/1.34/amazon-linux-2023/x86_64/standard/recommended/image_id");
-        assert_eq!(q[3].parameter, "/aws/service/eks/optimized-ami/1.34/amazon-linux-2023/arm64/nvidia/recommended/image_id");
+        assert_eq!(
+            q[0].parameter,
+            "/aws/service/eks/optimized-ami/1.34/amazon-linux-2023/x86_64/standard/recommended/image_id"
+        );
+        assert_eq!(
+            q[3].parameter,
+            "/aws/service/eks/optimized-ami/1.34/amazon-linux-2023/arm64/nvidia/recommended/image_id"
+        );
         let pinned = alias_queries(AmiFamily::AL2023, "v20251015", "1.33");
         assert_eq!(
             pinned[1].parameter,
             "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/arm64/standard/amazon-eks-node-al2023-arm64-standard-1.33-v20251015/image_id"
         );
         let al2 = alias_queries(AmiFamily::AL2, "latest", "1.32");
-        assert_eq!(al2[1].parameter, "/aws/service/eks/optimized-ami/1.32/amazon-linux-2-arm64/recommended/image_id");
-        assert_eq!(al2[2].parameter, "/aws/service/eks/optimized-ami/1.32/amazon-linux-2-gpu/recommended/image_id");
+        assert_eq!(
+            al2[1].parameter,
+            "/aws/service/eks/optimized-ami/1.32/amazon-linux-2-arm64/recommended/image_id"
+        );
+        assert_eq!(
+            al2[2].parameter,
+            "/aws/service/eks/optimized-ami/1.32/amazon-linux-2-gpu/recommended/image_id"
+        );
         let al2_pinned = alias_queries(AmiFamily::AL2, "v20251015", "1.32");
         assert_eq!(
             al2_pinned[2].parameter,

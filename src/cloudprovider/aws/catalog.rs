@@ -77,7 +77,13 @@ pub async fn fetch(ec2: &Ec2Client) -> Result<CatalogData> {
     let mut types = Vec::new();
     let mut pages = ec2
         .describe_instance_types()
-        .filters(Filter::builder().name("processor-info.supported-architecture").values("x86_64").values("arm64").build())
+        .filters(
+            Filter::builder()
+                .name("processor-info.supported-architecture")
+                .values("x86_64")
+                .values("arm64")
+                .build(),
+        )
         .filters(Filter::builder().name("supported-virtualization-type").values("hvm").build())
         .into_paginator()
         .send();

@@ -9,7 +9,9 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use aws_sdk_ec2::config::interceptors::{BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextMut};
+use aws_sdk_ec2::config::interceptors::{
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextMut,
+};
 use aws_sdk_ec2::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::config_bag::{Storable, StoreReplace};
@@ -167,7 +169,9 @@ impl Intercept for FaultInjector {
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         let request = context.request_mut();
-        let Some(body) = request.body().bytes().map(|b| String::from_utf8_lossy(b).into_owned()) else { return Ok(()) };
+        let Some(body) = request.body().bytes().map(|b| String::from_utf8_lossy(b).into_owned()) else {
+            return Ok(());
+        };
         if !body.split('&').any(|p| p == "Action=CreateFleet") {
             return Ok(());
         }

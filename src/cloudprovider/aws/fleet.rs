@@ -61,9 +61,13 @@ pub fn overrides(
     let mut reqs = reqs.clone();
     reqs.add(LABEL_CAPACITY_TYPE, crate::scheduling::requirements::Requirement::in_values([capacity_type]));
     let usable = |it: &InstanceType| {
-        it.compatible_offerings(&reqs).filter(|o| subnets_by_zone.contains_key(&o.zone)).map(|o| o.price).min_by(f64::total_cmp)
+        it.compatible_offerings(&reqs)
+            .filter(|o| subnets_by_zone.contains_key(&o.zone))
+            .map(|o| o.price)
+            .min_by(f64::total_cmp)
     };
-    let mut ranked: Vec<(&InstanceType, f64)> = types.iter().filter_map(|it| Some((*it, usable(it)?))).collect();
+    let mut ranked: Vec<(&InstanceType, f64)> =
+        types.iter().filter_map(|it| Some((*it, usable(it)?))).collect();
     ranked.sort_by(|a, b| compare_price(Some(a.1), Some(b.1)).then(a.0.name.cmp(&b.0.name)));
     ranked.truncate(MAX_INSTANCE_TYPES);
     let mut out: Vec<Override> = ranked
@@ -87,7 +91,9 @@ pub fn overrides(
 }
 
 /// The subnet used in each zone: the one with the most free addresses (subnets come sorted so).
-pub fn subnets_by_zone<'a>(subnets: impl IntoIterator<Item = (&'a str, &'a str)>) -> BTreeMap<String, String> {
+pub fn subnets_by_zone<'a>(
+    subnets: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (zone, id) in subnets {
         out.entry(zone.to_string()).or_insert_with(|| id.to_string());
@@ -98,7 +104,8 @@ pub fn subnets_by_zone<'a>(subnets: impl IntoIterator<Item = (&'a str, &'a str)>
 /// The first (newest) AMI whose requirements the instance type meets.
 pub fn select_ami<'a>(amis: &'a [AmiStatus], it: &InstanceType) -> Option<&'a AmiStatus> {
     amis.iter().find(|ami| {
-        Requirements::from_node_selector(&ami.requirements).is_ok_and(|reqs| it.requirements.intersects(&reqs).is_ok())
+        Requirements::from_node_selector(&ami.requirements)
+            .is_ok_and(|reqs| it.requirements.intersects(&reqs).is_ok())
     })
 }
 
@@ -156,7 +163,12 @@ mod tests {
             Overhead::default(),
             offerings
                 .iter()
-                .map(|(z, c, p, a)| Offering { zone: z.to_string(), capacity_type: c.to_string(), price: *p, available: *a })
+                .map(|(z, c, p, a)| Offering {
+                    zone: z.to_string(),
+                    capacity_type: c.to_string(),
+                    price: *p,
+                    available: *a,
+                })
                 .collect(),
         )
     }
@@ -182,19 +194,34 @@ mod tests {
 
     #[test]
     fn overrides_cheapest_first_with_subnets() {
-        let m5 = it("m5.large", &[("a", "on-demand", 0.096, true), ("b", "on-demand", 0.096, true), ("c", "on-demand", 0.01, true)]);
+        let m5 = it(
+            "m5.large",
+            &[
+                ("a", "on-demand", 0.096, true),
+                ("b", "on-demand", 0.096, true),
+                ("c", "on-demand", 0.01, true),
+            ],
+        );
         let c5 = it("c5.large", &[("a", "on-demand", 0.085, true), ("b", "on-demand", 0.085, false)]);
         let t3 = it("t3.large", &[("a", "spot", 0.02, true)]);
         let got = overrides(&[&m5, &c5, &t3], &Requirements::new(), "on-demand", &subnets());
         let names: Vec<(&str, &str, &str)> =
             got.iter().map(|o| (o.instance_type.as_str(), o.zone.as_str(), o.subnet_id.as_str())).collect();
-        assert_eq!(names, vec![("c5.large", "a", "subnet-a1"), ("m5.large", "a", "subnet-a1"), ("m5.large", "b", "subnet-b")]);
+        assert_eq!(
+            names,
+            vec![
+                ("c5.large", "a", "subnet-a1"),
+                ("m5.large", "a", "subnet-a1"),
+                ("m5.large", "b", "subnet-b")
+            ]
+        );
     }
 
     #[test]
     fn at_most_sixty_types() {
-        let types: Vec<InstanceType> =
-            (0..70).map(|i| it(&format!("t{i:02}.large"), &[("a", "on-demand", 1.0 + f64::from(i), true)])).collect();
+        let types: Vec<InstanceType> = (0..70)
+            .map(|i| it(&format!("t{i:02}.large"), &[("a", "on-demand", 1.0 + f64::from(i), true)]))
+            .collect();
         let refs: Vec<&InstanceType> = types.iter().collect();
         let got = overrides(&refs, &Requirements::new(), "on-demand", &subnets());
         assert_eq!(got.len(), MAX_INSTANCE_TYPES);
@@ -240,9 +267,20 @@ mod tests {
             zone: Some("a".into()),
         };
         let got = unavailable_offerings(
-            &[e("InsufficientInstanceCapacity", "m5.large"), e("InvalidParameter", "c5.large"), e("InsufficientInstanceCapacity", "m5.large")],
+            &[
+                e("InsufficientInstanceCapacity", "m5.large"),
+                e("InvalidParameter", "c5.large"),
+                e("InsufficientInstanceCapacity", "m5.large"),
+            ],
             "spot",
         );
-        assert_eq!(got, vec![OfferingKey { instance_type: "m5.large".into(), zone: "a".into(), capacity_type: "spot".into() }]);
+        assert_eq!(
+            got,
+            vec![OfferingKey {
+                instance_type: "m5.large".into(),
+                zone: "a".into(),
+                capacity_type: "spot".into()
+            }]
+        );
     }
 }

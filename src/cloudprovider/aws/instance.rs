@@ -51,7 +51,8 @@ pub struct Ec2Instance {
 impl Ec2Instance {
     /// Converts the SDK's description; `None` without an id.
     pub fn from_sdk(i: &ec2::Instance) -> Option<Ec2Instance> {
-        let mut sgs: Vec<String> = i.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)).collect();
+        let mut sgs: Vec<String> =
+            i.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)).collect();
         sgs.sort();
         Some(Ec2Instance {
             id: i.instance_id()?.to_string(),
@@ -99,7 +100,10 @@ async fn describe(ec2: &Ec2Client, ids: Vec<String>, filters: Vec<ec2::Filter>) 
     while let Some(page) = pages.next().await {
         let page = match page {
             Ok(p) => p,
-            Err(e) if aws_sdk_ec2::error::ProvideErrorMetadata::code(&e) == Some("InvalidInstanceID.NotFound") => {
+            Err(e)
+                if aws_sdk_ec2::error::ProvideErrorMetadata::code(&e)
+                    == Some("InvalidInstanceID.NotFound") =>
+            {
                 return Ok(out);
             }
             Err(e) => return Err(sdk_error("DescribeInstances", e)),
@@ -148,7 +152,8 @@ pub async fn list(ec2: &Ec2Client, cluster: &str) -> Result<Vec<Ec2Instance>> {
         filter(format!("tag:{}", cluster_tag(cluster)), &["owned"]),
         filter("instance-state-name", LIVE_STATES),
     ];
-    let mut out: Vec<Ec2Instance> = describe(ec2, vec![], filters).await?.into_iter().filter(|i| !i.is_terminated()).collect();
+    let mut out: Vec<Ec2Instance> =
+        describe(ec2, vec![], filters).await?.into_iter().filter(|i| !i.is_terminated()).collect();
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
 }
@@ -158,7 +163,9 @@ pub async fn terminate(ec2: &Ec2Client, id: &str) -> Result<()> {
     get(ec2, id).await?;
     match ec2.terminate_instances().instance_ids(id).send().await {
         Ok(_) => Ok(()),
-        Err(e) if aws_sdk_ec2::error::ProvideErrorMetadata::code(&e) == Some("InvalidInstanceID.NotFound") => {
+        Err(e)
+            if aws_sdk_ec2::error::ProvideErrorMetadata::code(&e) == Some("InvalidInstanceID.NotFound") =>
+        {
             Err(CloudProviderError::NotFound(id.to_string()))
         }
         Err(e) => Err(sdk_error("TerminateInstances", e)),

@@ -314,7 +314,10 @@ pub fn kube_reserved_cpu(cpu_millis: i64) -> i64 {
 
 /// Resources reserved for Kubernetes daemons: the defaults, overridden per key by the kubelet's
 /// `kubeReserved`.
-pub fn kube_reserved(capacity: &Resources, kubelet: Option<&KubeletConfiguration>) -> Result<Resources, QuantityError> {
+pub fn kube_reserved(
+    capacity: &Resources,
+    kubelet: Option<&KubeletConfiguration>,
+) -> Result<Resources, QuantityError> {
     let mut r = Resources::from_pairs([
         (CPU, kube_reserved_cpu(capacity.cpu)),
         (MEMORY, (11 * capacity.pods + 255) * MI),
@@ -366,7 +369,10 @@ pub fn eviction_threshold(
     }
     Ok(Resources::from_pairs([
         (MEMORY, memory.unwrap_or(100 * MI)),
-        (EPHEMERAL_STORAGE, storage.unwrap_or_else(|| (capacity.ephemeral_storage as f64 * 0.1).ceil() as i64)),
+        (
+            EPHEMERAL_STORAGE,
+            storage.unwrap_or_else(|| (capacity.ephemeral_storage as f64 * 0.1).ceil() as i64),
+        ),
     ]))
 }
 
@@ -383,7 +389,10 @@ fn threshold(value: &str, total: i64, resource: &str) -> Result<i64, QuantityErr
 }
 
 /// The full overhead of a node of this type.
-pub fn overhead(capacity: &Resources, kubelet: Option<&KubeletConfiguration>) -> Result<Overhead, QuantityError> {
+pub fn overhead(
+    capacity: &Resources,
+    kubelet: Option<&KubeletConfiguration>,
+) -> Result<Overhead, QuantityError> {
     Ok(Overhead {
         kube_reserved: kube_reserved(capacity, kubelet)?,
         system_reserved: system_reserved(kubelet)?,
@@ -522,7 +531,13 @@ pub fn instance_type(
 ) -> Result<InstanceType, QuantityError> {
     let capacity = capacity(info, settings);
     let overhead = overhead(&capacity, settings.kubelet)?;
-    Ok(InstanceType::new(info.name.clone(), requirements(info, settings.region), capacity, overhead, offerings))
+    Ok(InstanceType::new(
+        info.name.clone(),
+        requirements(info, settings.region),
+        capacity,
+        overhead,
+        offerings,
+    ))
 }
 
 #[cfg(test)]
@@ -767,10 +782,16 @@ pub(crate) mod tests {
             _ => Some(0.096),
         };
         let unavailable = |zone: &str, ct: &str| zone == "b" && ct == "spot";
-        let inputs =
-            OfferingInputs { offered_zones: &offered, subnet_zones: &subnets, price: &price, unavailable: &unavailable };
-        let got: Vec<(String, String, bool)> =
-            offerings(&m5_large(), &inputs).into_iter().map(|o| (o.zone, o.capacity_type, o.available)).collect();
+        let inputs = OfferingInputs {
+            offered_zones: &offered,
+            subnet_zones: &subnets,
+            price: &price,
+            unavailable: &unavailable,
+        };
+        let got: Vec<(String, String, bool)> = offerings(&m5_large(), &inputs)
+            .into_iter()
+            .map(|o| (o.zone, o.capacity_type, o.available))
+            .collect();
         let s = |z: &str, c: &str, a: bool| (z.to_string(), c.to_string(), a);
         assert_eq!(
             got,

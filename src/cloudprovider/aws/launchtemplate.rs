@@ -60,9 +60,13 @@ impl LaunchTemplate {
         let mut data = ec2::RequestLaunchTemplateData::builder()
             .image_id(&self.image_id)
             .iam_instance_profile(
-                ec2::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(&self.instance_profile).build(),
+                ec2::LaunchTemplateIamInstanceProfileSpecificationRequest::builder()
+                    .name(&self.instance_profile)
+                    .build(),
             )
-            .monitoring(ec2::LaunchTemplatesMonitoringRequest::builder().enabled(self.detailed_monitoring).build())
+            .monitoring(
+                ec2::LaunchTemplatesMonitoringRequest::builder().enabled(self.detailed_monitoring).build(),
+            )
             .metadata_options(
                 ec2::LaunchTemplateInstanceMetadataOptionsRequest::builder()
                     .http_endpoint(ec2::LaunchTemplateInstanceMetadataEndpointState::from(
@@ -74,7 +78,9 @@ impl LaunchTemplate {
                     .http_put_response_hop_limit(
                         i32::try_from(self.metadata_options.http_put_response_hop_limit).unwrap_or(1),
                     )
-                    .http_tokens(ec2::LaunchTemplateHttpTokensState::from(self.metadata_options.http_tokens.as_str()))
+                    .http_tokens(ec2::LaunchTemplateHttpTokensState::from(
+                        self.metadata_options.http_tokens.as_str(),
+                    ))
                     .build(),
             )
             .user_data(base64::engine::general_purpose::STANDARD.encode(&self.user_data));
@@ -104,16 +110,19 @@ pub fn volume_size_gib(size: &str) -> Option<i32> {
 }
 
 fn block_device(m: &BlockDeviceMapping) -> Result<ec2::LaunchTemplateBlockDeviceMappingRequest> {
-    let mut b = ec2::LaunchTemplateBlockDeviceMappingRequest::builder().set_device_name(m.device_name.clone());
+    let mut b =
+        ec2::LaunchTemplateBlockDeviceMappingRequest::builder().set_device_name(m.device_name.clone());
     if let Some(e) = &m.ebs {
         let size = match &e.volume_size {
             Some(s) => Some(
-                volume_size_gib(s).ok_or_else(|| CloudProviderError::Config(format!("invalid volume size {s:?}")))?,
+                volume_size_gib(s)
+                    .ok_or_else(|| CloudProviderError::Config(format!("invalid volume size {s:?}")))?,
             ),
             None => None,
         };
         let volume_type = e.volume_type.map(|t| {
-            let name = serde_json::to_value(t).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+            let name =
+                serde_json::to_value(t).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
             ec2::VolumeType::from(name.as_str())
         });
         b = b.ebs(
@@ -161,7 +170,10 @@ impl LaunchTemplates {
                 return Ok(name);
             }
             Ok(_) => {}
-            Err(e) if e.as_service_error().and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s)).is_some_and(|c| c.contains("NotFound")) => {}
+            Err(e)
+                if e.as_service_error()
+                    .and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s))
+                    .is_some_and(|c| c.contains("NotFound")) => {}
             Err(e) => return Err(sdk_error("DescribeLaunchTemplates", e)),
         }
         let created = self
@@ -179,7 +191,10 @@ impl LaunchTemplates {
             .await;
         match created {
             Ok(_) => {}
-            Err(e) if e.as_service_error().and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s)).is_some_and(|c| c.contains("AlreadyExists")) => {}
+            Err(e)
+                if e.as_service_error()
+                    .and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s))
+                    .is_some_and(|c| c.contains("AlreadyExists")) => {}
             Err(e) => return Err(sdk_error("CreateLaunchTemplate", e)),
         }
         self.known.insert(name.clone(), ());
@@ -225,7 +240,10 @@ mod tests {
             LaunchTemplate { user_data: "x".into(), ..template() },
             LaunchTemplate { security_group_ids: vec!["sg-2".into()], ..template() },
             LaunchTemplate { detailed_monitoring: true, ..template() },
-            LaunchTemplate { metadata_options: MetadataOptions { http_tokens: "optional".into(), ..Default::default() }, ..template() },
+            LaunchTemplate {
+                metadata_options: MetadataOptions { http_tokens: "optional".into(), ..Default::default() },
+                ..template()
+            },
         ] {
             assert_ne!(changed.name(), a.name());
         }
@@ -245,8 +263,12 @@ mod tests {
         assert_eq!(data.image_id(), Some("ami-1"));
         assert_eq!(data.security_group_ids(), ["sg-1".to_string()]);
         assert_eq!(data.block_device_mappings()[0].ebs().and_then(|e| e.volume_size()), Some(20));
-        assert_eq!(data.metadata_options().and_then(|m| m.http_tokens()).map(|t| t.as_str()), Some("required"));
-        let public = LaunchTemplate { associate_public_ip_address: Some(false), ..template() }.request_data().unwrap();
+        assert_eq!(
+            data.metadata_options().and_then(|m| m.http_tokens()).map(|t| t.as_str()),
+            Some("required")
+        );
+        let public =
+            LaunchTemplate { associate_public_ip_address: Some(false), ..template() }.request_data().unwrap();
         assert!(public.security_group_ids().is_empty());
         assert_eq!(public.network_interfaces()[0].groups(), ["sg-1".to_string()]);
     }

@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use super::amifamily::{self, alias_queries, arch_requirements, parse_alias};
 use super::sdk_error;
 use crate::apis::ec2nodeclass::{
-    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassStatus, SecurityGroupSelectorTerm, SecurityGroupStatus,
-    SubnetSelectorTerm, SubnetStatus,
+    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassStatus, SecurityGroupSelectorTerm,
+    SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
 };
 use crate::apis::labels::LABEL_EC2NODECLASS;
 use crate::apis::{Condition, ConditionStatus};
@@ -151,7 +151,12 @@ pub struct Image {
     pub deprecated: bool,
 }
 
-async fn describe_images(ec2: &Ec2Client, ids: Vec<String>, owners: Vec<String>, filters: Vec<Filter>) -> Result<Vec<Image>> {
+async fn describe_images(
+    ec2: &Ec2Client,
+    ids: Vec<String>,
+    owners: Vec<String>,
+    filters: Vec<Filter>,
+) -> Result<Vec<Image>> {
     let mut req = ec2.describe_images().include_deprecated(true);
     if !ids.is_empty() {
         req = req.set_image_ids(Some(ids));
@@ -203,8 +208,10 @@ pub async fn resolve_amis(
                     Err(e) => return Err(sdk_error("GetParameter", e)),
                 }
             }
-            let ids: Vec<String> = resolved.iter().map(|(id, _)| id.clone()).collect::<BTreeSet<_>>().into_iter().collect();
-            let images = if ids.is_empty() { vec![] } else { describe_images(ec2, ids, vec![], vec![]).await? };
+            let ids: Vec<String> =
+                resolved.iter().map(|(id, _)| id.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+            let images =
+                if ids.is_empty() { vec![] } else { describe_images(ec2, ids, vec![], vec![]).await? };
             for (id, requirements) in resolved {
                 let Some(image) = images.iter().find(|i| i.id == id) else { continue };
                 out.push((
@@ -267,7 +274,11 @@ pub async fn resolve_amis(
 /// each `(id, requirements)`.
 pub fn sort_amis(mut amis: Vec<(AmiStatus, String)>) -> Vec<AmiStatus> {
     amis.sort_by(|(a, ad), (b, bd)| {
-        a.deprecated.unwrap_or(false).cmp(&b.deprecated.unwrap_or(false)).then(bd.cmp(ad)).then(a.id.cmp(&b.id))
+        a.deprecated
+            .unwrap_or(false)
+            .cmp(&b.deprecated.unwrap_or(false))
+            .then(bd.cmp(ad))
+            .then(a.id.cmp(&b.id))
     });
     let mut seen = Vec::new();
     let mut out = Vec::new();
@@ -313,7 +324,9 @@ pub async fn resolve_instance_profile(
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let name = instance_profile_name(cluster, region, &class_name);
     let existing = match iam.get_instance_profile().instance_profile_name(&name).send().await {
-        Ok(out) => out.instance_profile().map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect()),
+        Ok(out) => {
+            out.instance_profile().map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
+        }
         Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_entity_exception()) => None,
         Err(e) => return Err(sdk_error("GetInstanceProfile", e)),
     };
@@ -371,7 +384,13 @@ pub struct Resolution {
     pub instance_profile: Option<String>,
 }
 
-fn condition(type_: &str, ok: bool, reason_if_not: &str, message_if_not: String, generation: Option<i64>) -> Condition {
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason_if_not: &str,
+    message_if_not: String,
+    generation: Option<i64>,
+) -> Condition {
     Condition {
         type_: type_.to_string(),
         status: if ok { ConditionStatus::True } else { ConditionStatus::False },
@@ -388,7 +407,12 @@ fn terms_json<T: serde::Serialize>(terms: &[T]) -> String {
 
 /// The status a class gets from `resolution`. Transition times of conditions whose status did
 /// not change are kept from `previous`; new ones get `now`.
-pub fn status(class: &EC2NodeClass, resolution: &Resolution, previous: Option<&EC2NodeClassStatus>, now: &str) -> EC2NodeClassStatus {
+pub fn status(
+    class: &EC2NodeClass,
+    resolution: &Resolution,
+    previous: Option<&EC2NodeClassStatus>,
+    now: &str,
+) -> EC2NodeClassStatus {
     use conditions::*;
     let generation = class.metadata.generation;
     let spec = &class.spec;
@@ -431,9 +455,18 @@ pub fn status(class: &EC2NodeClass, resolution: &Resolution, previous: Option<&E
         ),
         condition(VALIDATION_SUCCEEDED, true, "", String::new(), generation),
     ];
-    let unhealthy: Vec<String> =
-        conds.iter().filter(|c| c.status != ConditionStatus::True).map(|c| format!("{}={:?}", c.type_, c.status)).collect();
-    conds.push(condition(READY, unhealthy.is_empty(), "UnhealthyDependents", unhealthy.join(", "), generation));
+    let unhealthy: Vec<String> = conds
+        .iter()
+        .filter(|c| c.status != ConditionStatus::True)
+        .map(|c| format!("{}={:?}", c.type_, c.status))
+        .collect();
+    conds.push(condition(
+        READY,
+        unhealthy.is_empty(),
+        "UnhealthyDependents",
+        unhealthy.join(", "),
+        generation,
+    ));
     for c in &mut conds {
         let before = previous.and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_));
         c.last_transition_time = match before {
@@ -478,7 +511,12 @@ mod tests {
 
     #[test]
     fn subnets_sort_by_free_addresses() {
-        let got = sort_subnets(vec![subnet("b", "z1", 10), subnet("a", "z2", 10), subnet("c", "z1", 99), subnet("a", "z2", 10)]);
+        let got = sort_subnets(vec![
+            subnet("b", "z1", 10),
+            subnet("a", "z2", 10),
+            subnet("c", "z1", 99),
+            subnet("a", "z2", 10),
+        ]);
         assert_eq!(got.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), vec!["c", "a", "b"]);
     }
 
@@ -493,7 +531,11 @@ mod tests {
 
     #[test]
     fn amis_sort_newest_first() {
-        let ami = |id: &str, dep: bool| AmiStatus { id: id.into(), deprecated: dep.then_some(true), ..Default::default() };
+        let ami = |id: &str, dep: bool| AmiStatus {
+            id: id.into(),
+            deprecated: dep.then_some(true),
+            ..Default::default()
+        };
         let got = sort_amis(vec![
             (ami("old", false), "2024".into()),
             (ami("new", false), "2025".into()),
@@ -523,7 +565,8 @@ mod tests {
             ..Default::default()
         };
         let st = status(&class, &res, None, "t1");
-        let get = |s: &EC2NodeClassStatus, t: &str| s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap();
+        let get =
+            |s: &EC2NodeClassStatus, t: &str| s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap();
         let subnets = get(&st, conditions::SUBNETS_READY);
         assert_eq!(subnets.status, ConditionStatus::False);
         assert_eq!(subnets.reason, "SubnetsNotFound");

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 
 use aws_sdk_ec2::Client as Ec2Client;
-use aws_sdk_ec2::types::Filter;
 
 use super::sdk_error;
 use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT};
@@ -61,7 +60,10 @@ impl Pricing {
 
     /// Sets an on-demand price (tests, or a later Pricing API refresh).
     pub fn set_on_demand_price(&self, instance_type: &str, price: f64) {
-        self.on_demand.write().unwrap_or_else(PoisonError::into_inner).insert(instance_type.to_string(), price);
+        self.on_demand
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(instance_type.to_string(), price);
     }
 
     /// Records spot prices; entries not mentioned keep their last known value.
@@ -81,15 +83,22 @@ impl Pricing {
         let mut pages = ec2
             .describe_spot_price_history()
             .start_time(aws_smithy_types::DateTime::from(std::time::SystemTime::now()))
-            .filters(Filter::builder().name("product-description").values("Linux/UNIX").values("Linux/UNIX (Amazon VPC)").build())
             .into_paginator()
             .send();
         while let Some(page) = pages.next().await {
             let page = page.map_err(|e| sdk_error("DescribeSpotPriceHistory", e))?;
-            for p in page.spot_price_history() {
-                let (Some(it), Some(zone), Some(price)) =
-                    (p.instance_type(), p.availability_zone(), p.spot_price().and_then(|s| s.parse::<f64>().ok()))
-                else {
+            // Filtered here rather than with a product-description filter, which not every
+            // EC2 implementation honours.
+            for p in page
+                .spot_price_history()
+                .iter()
+                .filter(|p| p.product_description().is_some_and(|d| d.as_str().starts_with("Linux/UNIX")))
+            {
+                let (Some(it), Some(zone), Some(price)) = (
+                    p.instance_type(),
+                    p.availability_zone(),
+                    p.spot_price().and_then(|s| s.parse::<f64>().ok()),
+                ) else {
                     continue;
                 };
                 let at = p.timestamp().map_or(0, |t| t.secs());

@@ -58,10 +58,9 @@ impl AwsClients {
 
     /// Clients for an SDK configuration.
     pub fn from_config(config: &aws_config::SdkConfig) -> Result<Self> {
-        let region = config
-            .region()
-            .map(|r| r.as_ref().to_string())
-            .ok_or_else(|| CloudProviderError::Config("no AWS region configured (set AWS_REGION)".to_string()))?;
+        let region = config.region().map(|r| r.as_ref().to_string()).ok_or_else(|| {
+            CloudProviderError::Config("no AWS region configured (set AWS_REGION)".to_string())
+        })?;
         Ok(AwsClients {
             ec2: aws_sdk_ec2::Client::new(config),
             ssm: aws_sdk_ssm::Client::new(config),
@@ -157,9 +156,16 @@ impl AwsCloudProvider {
         })?;
         let cluster = ClusterInfo {
             name: options.cluster_name.clone(),
-            endpoint: options.cluster_endpoint.clone().or_else(|| c.endpoint().map(str::to_string)).unwrap_or_default(),
+            endpoint: options
+                .cluster_endpoint
+                .clone()
+                .or_else(|| c.endpoint().map(str::to_string))
+                .unwrap_or_default(),
             ca_bundle: c.certificate_authority().and_then(|a| a.data()).unwrap_or_default().to_string(),
-            service_cidr: c.kubernetes_network_config().and_then(|n| n.service_ipv4_cidr()).map(str::to_string),
+            service_cidr: c
+                .kubernetes_network_config()
+                .and_then(|n| n.service_ipv4_cidr())
+                .map(str::to_string),
             version: c.version().unwrap_or_default().to_string(),
         };
         Ok(AwsCloudProvider {
@@ -206,8 +212,15 @@ impl AwsCloudProvider {
         let ec2 = &self.clients.ec2;
         let resolution = Resolution {
             subnets: nodeclass::resolve_subnets(ec2, &spec.subnet_selector_terms).await?,
-            security_groups: nodeclass::resolve_security_groups(ec2, &spec.security_group_selector_terms).await?,
-            amis: nodeclass::resolve_amis(ec2, &self.clients.ssm, &spec.ami_selector_terms, &self.cluster.version).await?,
+            security_groups: nodeclass::resolve_security_groups(ec2, &spec.security_group_selector_terms)
+                .await?,
+            amis: nodeclass::resolve_amis(
+                ec2,
+                &self.clients.ssm,
+                &spec.ami_selector_terms,
+                &self.cluster.version,
+            )
+            .await?,
             instance_profile: nodeclass::resolve_instance_profile(
                 &self.clients.iam,
                 class,
@@ -240,8 +253,11 @@ impl AwsCloudProvider {
         let catalog = self.catalog.get().await?;
         let settings = self.settings(&class.spec);
         let subnet_zones: BTreeSet<String> = status.subnets.iter().map(|s| s.zone.clone()).collect();
-        let ami_reqs: Vec<Requirements> =
-            status.amis.iter().filter_map(|a| Requirements::from_node_selector(&a.requirements).ok()).collect();
+        let ami_reqs: Vec<Requirements> = status
+            .amis
+            .iter()
+            .filter_map(|a| Requirements::from_node_selector(&a.requirements).ok())
+            .collect();
         let price = |it: &str, zone: &str, ct: &str| self.pricing.price(it, zone, ct);
         let empty = BTreeSet::new();
         let mut out = Vec::new();
@@ -269,7 +285,9 @@ impl AwsCloudProvider {
             let it = match instancetype::instance_type(info, &settings, offerings) {
                 Ok(it) => it,
                 Err(e) => {
-                    return Err(CloudProviderError::Config(format!("kubelet settings of the node class: {e}")));
+                    return Err(CloudProviderError::Config(format!(
+                        "kubelet settings of the node class: {e}"
+                    )));
                 }
             };
             if ami_reqs.iter().any(|r| it.requirements.intersects(r).is_ok()) {
@@ -288,7 +306,11 @@ impl AwsCloudProvider {
     }
 
     /// Capacity, allocatable and labels of an instance of type `info` for `class`.
-    fn describe_type(&self, info: &TypeInfo, spec: &EC2NodeClassSpec) -> Option<(Resources, Resources, Requirements)> {
+    fn describe_type(
+        &self,
+        info: &TypeInfo,
+        spec: &EC2NodeClassSpec,
+    ) -> Option<(Resources, Resources, Requirements)> {
         let it = instancetype::instance_type(info, &self.settings(spec), vec![]).ok()?;
         Some((it.capacity.clone(), it.allocatable().clone(), it.requirements))
     }
@@ -341,8 +363,12 @@ impl AwsCloudProvider {
             return Ok(self.with_annotations(self.to_instance(&existing).await, &class.spec));
         }
 
-        let no_types = |reason: String| CloudProviderError::NoCompatibleInstanceTypes { node_claim: claim_name.clone(), reason };
-        let reqs = Requirements::from_nodepool(&node_claim.spec.requirements).map_err(|e| no_types(e.to_string()))?;
+        let no_types = |reason: String| CloudProviderError::NoCompatibleInstanceTypes {
+            node_claim: claim_name.clone(),
+            reason,
+        };
+        let reqs = Requirements::from_nodepool(&node_claim.spec.requirements)
+            .map_err(|e| no_types(e.to_string()))?;
         let requests = node_claim
             .spec
             .resources
@@ -355,7 +381,26 @@ impl AwsCloudProvider {
         let types = self.instance_types_for_class(&class).await?;
         let candidates: Vec<&InstanceType> = sched::filter(&types, &reqs, &requests).collect();
         if candidates.is_empty() {
-            return Err(no_types(format!("none of {} instance types is compatible and fits {requests}", types.len())));
+            // Types that would do but whose offerings all ran out of capacity recently.
+            let exhausted: Vec<OfferingKey> = types
+                .iter()
+                .filter(|it| it.fits(&requests) && it.requirements.intersects(&reqs).is_ok())
+                .flat_map(|it| {
+                    it.offerings.iter().filter(|o| o.is_compatible(&reqs)).map(|o| OfferingKey {
+                        instance_type: it.name.clone(),
+                        zone: o.zone.clone(),
+                        capacity_type: o.capacity_type.clone(),
+                    })
+                })
+                .filter(|key| self.unavailable.contains(key))
+                .collect();
+            if !exhausted.is_empty() {
+                return Err(CloudProviderError::InsufficientCapacity { offerings: exhausted });
+            }
+            return Err(no_types(format!(
+                "none of {} instance types is compatible and fits {requests}",
+                types.len()
+            )));
         }
         let capacity_type = fleet::capacity_type(&candidates, &reqs)
             .ok_or(CloudProviderError::InsufficientCapacity { offerings: vec![] })?;
@@ -370,7 +415,8 @@ impl AwsCloudProvider {
         for o in overrides {
             let Some(it) = candidates.iter().find(|it| it.name == o.instance_type) else { continue };
             let Some(ami) = fleet::select_ami(&status.amis, it) else { continue };
-            let lt = self.launch_template(node_claim, &class, &status, &ami.id, capacity_type, it.capacity.pods)?;
+            let lt =
+                self.launch_template(node_claim, &class, &status, &ami.id, capacity_type, it.capacity.pods)?;
             match groups.iter_mut().find(|(g, _)| *g == lt) {
                 Some((_, list)) => list.push(o),
                 None => groups.push((lt, vec![o])),
@@ -381,7 +427,10 @@ impl AwsCloudProvider {
         for (lt, list) in &groups {
             let name = self.launch_templates.ensure(lt).await?;
             let mut config = ec2::FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
-                ec2::FleetLaunchTemplateSpecificationRequest::builder().launch_template_name(&name).version("$Latest").build(),
+                ec2::FleetLaunchTemplateSpecificationRequest::builder()
+                    .launch_template_name(&name)
+                    .version("$Latest")
+                    .build(),
             );
             for o in list {
                 tried.push(OfferingKey {
@@ -410,23 +459,34 @@ impl AwsCloudProvider {
             .target_capacity_specification(target)
             .set_launch_template_configs(Some(configs))
             .tag_specifications(
-                ec2::TagSpecification::builder().resource_type(ec2::ResourceType::Instance).set_tags(Some(ec2_tags(&tags))).build(),
+                ec2::TagSpecification::builder()
+                    .resource_type(ec2::ResourceType::Instance)
+                    .set_tags(Some(ec2_tags(&tags)))
+                    .build(),
             )
             .tag_specifications(
-                ec2::TagSpecification::builder().resource_type(ec2::ResourceType::Volume).set_tags(Some(ec2_tags(&tags))).build(),
+                ec2::TagSpecification::builder()
+                    .resource_type(ec2::ResourceType::Volume)
+                    .set_tags(Some(ec2_tags(&tags)))
+                    .build(),
             );
         request = if capacity_type == CAPACITY_TYPE_SPOT {
             request.spot_options(
-                ec2::SpotOptionsRequest::builder().allocation_strategy(ec2::SpotAllocationStrategy::PriceCapacityOptimized).build(),
+                ec2::SpotOptionsRequest::builder()
+                    .allocation_strategy(ec2::SpotAllocationStrategy::PriceCapacityOptimized)
+                    .build(),
             )
         } else {
             request.on_demand_options(
-                ec2::OnDemandOptionsRequest::builder().allocation_strategy(ec2::FleetOnDemandAllocationStrategy::LowestPrice).build(),
+                ec2::OnDemandOptionsRequest::builder()
+                    .allocation_strategy(ec2::FleetOnDemandAllocationStrategy::LowestPrice)
+                    .build(),
             )
         };
         let out = request.send().await.map_err(|e| sdk_error("CreateFleet", e))?;
 
-        let zone_of_subnet: BTreeMap<&str, &str> = status.subnets.iter().map(|s| (s.id.as_str(), s.zone.as_str())).collect();
+        let zone_of_subnet: BTreeMap<&str, &str> =
+            status.subnets.iter().map(|s| (s.id.as_str(), s.zone.as_str())).collect();
         let errors: Vec<FleetError> = out
             .errors()
             .iter()
@@ -437,9 +497,9 @@ impl AwsCloudProvider {
                     message: e.error_message().unwrap_or_default().to_string(),
                     instance_type: o.and_then(|o| o.instance_type()).map(|t| t.as_str().to_string()),
                     zone: o.and_then(|o| {
-                        o.availability_zone()
-                            .map(str::to_string)
-                            .or_else(|| o.subnet_id().and_then(|s| zone_of_subnet.get(s)).map(|z| z.to_string()))
+                        o.availability_zone().map(str::to_string).or_else(|| {
+                            o.subnet_id().and_then(|s| zone_of_subnet.get(s)).map(|z| z.to_string())
+                        })
                     }),
                 }
             })
@@ -452,7 +512,8 @@ impl AwsCloudProvider {
             if errors.iter().all(|e| fleet::is_insufficient_capacity(&e.code)) {
                 return Err(CloudProviderError::InsufficientCapacity { offerings: tried });
             }
-            let message = errors.iter().map(|e| format!("{}: {}", e.code, e.message)).collect::<Vec<_>>().join("; ");
+            let message =
+                errors.iter().map(|e| format!("{}: {}", e.code, e.message)).collect::<Vec<_>>().join("; ");
             if errors.iter().any(|e| e.code.contains("LaunchTemplate")) {
                 for (lt, _) in &groups {
                     self.launch_templates.invalidate(&lt.name());
@@ -474,7 +535,8 @@ impl AwsCloudProvider {
 
     fn with_annotations(&self, mut i: Instance, spec: &EC2NodeClassSpec) -> Instance {
         i.annotations.insert(ANNOTATION_EC2NODECLASS_HASH.to_string(), node_class_hash(spec));
-        i.annotations.insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.to_string(), NODE_CLASS_HASH_VERSION.to_string());
+        i.annotations
+            .insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.to_string(), NODE_CLASS_HASH_VERSION.to_string());
         i
     }
 
@@ -543,7 +605,9 @@ impl AwsCloudProvider {
     }
 
     async fn is_drifted_impl(&self, node_claim: &NodeClaim) -> Result<Option<DriftReason>> {
-        let Some(pid) = node_claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) else { return Ok(None) };
+        let Some(pid) = node_claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) else {
+            return Ok(None);
+        };
         let (_, id) = crate::cloudprovider::parse_provider_id(pid)?;
         let (class, status) = self.ready_class(&node_claim.spec.node_class_ref.name)?;
         let inst = instance::get(&self.clients.ec2, &id).await?;
@@ -554,7 +618,12 @@ impl AwsCloudProvider {
 
 /// Why `inst` drifted from its class's resolved `status`, if it did. `claim_hash` is the class
 /// hash recorded on the NodeClaim at launch.
-pub fn drift(inst: &Ec2Instance, status: &EC2NodeClassStatus, claim_hash: Option<&str>, class_hash: &str) -> Option<DriftReason> {
+pub fn drift(
+    inst: &Ec2Instance,
+    status: &EC2NodeClassStatus,
+    claim_hash: Option<&str>,
+    class_hash: &str,
+) -> Option<DriftReason> {
     if claim_hash.is_some_and(|h| h != class_hash) {
         return Some(DriftReason::NodeClass);
     }
@@ -587,7 +656,9 @@ pub fn node_class_hash(spec: &EC2NodeClassSpec) -> String {
 
 fn to_list(r: &Resources) -> ResourceList {
     r.iter()
-        .map(|(k, v)| (k.to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(format_quantity(k, v))))
+        .map(|(k, v)| {
+            (k.to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(format_quantity(k, v)))
+        })
         .collect()
 }
 
@@ -602,10 +673,12 @@ impl CloudProvider for AwsCloudProvider {
             let id = match node_claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) {
                 Some(pid) => crate::cloudprovider::parse_provider_id(pid)?.1,
                 // Launched but not recorded yet: find the instance by its tag.
-                None => match instance::find_by_node_claim(&self.clients.ec2, &self.cluster.name, &claim).await? {
-                    Some(i) => i.id,
-                    None => return Err(CloudProviderError::NotFound(claim)),
-                },
+                None => {
+                    match instance::find_by_node_claim(&self.clients.ec2, &self.cluster.name, &claim).await? {
+                        Some(i) => i.id,
+                        None => return Err(CloudProviderError::NotFound(claim)),
+                    }
+                }
             };
             instance::terminate(&self.clients.ec2, &id).await
         })
@@ -666,10 +739,21 @@ mod tests {
         };
         assert_eq!(drift(&inst, &status, Some("h"), "h"), None);
         assert_eq!(drift(&inst, &status, Some("old"), "h"), Some(DriftReason::NodeClass));
-        assert_eq!(drift(&Ec2Instance { image_id: "ami-0".into(), ..inst.clone() }, &status, None, "h"), Some(DriftReason::Ami));
-        assert_eq!(drift(&Ec2Instance { subnet_id: "subnet-0".into(), ..inst.clone() }, &status, None, "h"), Some(DriftReason::Subnet));
         assert_eq!(
-            drift(&Ec2Instance { security_group_ids: vec!["sg-1".into(), "sg-2".into()], ..inst }, &status, None, "h"),
+            drift(&Ec2Instance { image_id: "ami-0".into(), ..inst.clone() }, &status, None, "h"),
+            Some(DriftReason::Ami)
+        );
+        assert_eq!(
+            drift(&Ec2Instance { subnet_id: "subnet-0".into(), ..inst.clone() }, &status, None, "h"),
+            Some(DriftReason::Subnet)
+        );
+        assert_eq!(
+            drift(
+                &Ec2Instance { security_group_ids: vec!["sg-1".into(), "sg-2".into()], ..inst },
+                &status,
+                None,
+                "h"
+            ),
             Some(DriftReason::SecurityGroup)
         );
     }

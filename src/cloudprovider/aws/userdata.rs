@@ -128,7 +128,8 @@ fn mime_parts(text: &str) -> Option<Vec<Part>> {
 }
 
 fn mime(parts: &[Part]) -> String {
-    let mut out = format!("MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{MIME_BOUNDARY}\"\n\n");
+    let mut out =
+        format!("MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{MIME_BOUNDARY}\"\n\n");
     for p in parts {
         out.push_str(&format!("--{MIME_BOUNDARY}\nContent-Type: {}\n\n{}\n\n", p.content_type, p.body));
     }
@@ -143,7 +144,8 @@ fn custom_parts(custom: Option<&str>, default_type: &str) -> Vec<Part> {
     if let Some(parts) = mime_parts(text) {
         return parts;
     }
-    let content_type = if text.starts_with("#!") { "text/x-shellscript; charset=\"us-ascii\"" } else { default_type };
+    let content_type =
+        if text.starts_with("#!") { "text/x-shellscript; charset=\"us-ascii\"" } else { default_type };
     vec![Part { content_type: content_type.to_string(), body: text.trim_end().to_string() }]
 }
 
@@ -152,7 +154,9 @@ fn al2023(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     if let Some(max_pods) = b.kubelet.and_then(|k| k.max_pods).map(i64::from).or(b.max_pods) {
         config.insert("maxPods".into(), json!(max_pods));
     }
-    if let Some(dns) = b.kubelet.and_then(|k| k.cluster_dns.clone()).or_else(|| b.cluster.dns_ip().map(|ip| vec![ip])) {
+    if let Some(dns) =
+        b.kubelet.and_then(|k| k.cluster_dns.clone()).or_else(|| b.cluster.dns_ip().map(|ip| vec![ip]))
+    {
         config.insert("clusterDNS".into(), json!(dns));
     }
     if let Some(k) = b.kubelet {
@@ -216,7 +220,10 @@ fn al2023(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     });
     let yaml = serde_saphyr::to_string(&node_config).map_err(UserDataError::Yaml)?;
     let mut parts = custom_parts(b.custom, "application/node.eks.aws");
-    parts.push(Part { content_type: "application/node.eks.aws".to_string(), body: yaml.trim_end().to_string() });
+    parts.push(Part {
+        content_type: "application/node.eks.aws".to_string(),
+        body: yaml.trim_end().to_string(),
+    });
     Ok(mime(&parts))
 }
 
@@ -235,7 +242,11 @@ fn al2(b: &Bootstrap<'_>) -> String {
         shell_quote(&c.endpoint),
         shell_quote(&c.ca_bundle)
     ));
-    let dns = b.kubelet.and_then(|k| k.cluster_dns.as_ref()).and_then(|d| d.first().cloned()).or_else(|| c.dns_ip());
+    let dns = b
+        .kubelet
+        .and_then(|k| k.cluster_dns.as_ref())
+        .and_then(|d| d.first().cloned())
+        .or_else(|| c.dns_ip());
     if let Some(dns) = dns {
         script.push_str(&format!(" \\\n--dns-cluster-ip {}", shell_quote(&dns)));
     }
@@ -260,7 +271,11 @@ fn al2(b: &Bootstrap<'_>) -> String {
 }
 
 /// The sub-table `key` of `parent`, created (or converted from an inline table) as needed.
-fn subtable<'a>(parent: &'a mut toml_edit::Table, key: &str, implicit: bool) -> Option<&'a mut toml_edit::Table> {
+fn subtable<'a>(
+    parent: &'a mut toml_edit::Table,
+    key: &str,
+    implicit: bool,
+) -> Option<&'a mut toml_edit::Table> {
     use toml_edit::{Item, Table, Value};
     let item = parent.entry(key).or_insert(Item::None);
     let table = match std::mem::take(item) {
@@ -312,10 +327,11 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     if !b.taints.is_empty() {
         let mut by_key: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for t in b.taints {
-            by_key
-                .entry(&t.key)
-                .or_default()
-                .push(format!("{}:{}", t.value.as_deref().unwrap_or_default(), t.effect.as_str()));
+            by_key.entry(&t.key).or_default().push(format!(
+                "{}:{}",
+                t.value.as_deref().unwrap_or_default(),
+                t.effect.as_str()
+            ));
         }
         let taints = subtable(k8s, "node-taints", false).ok_or(UserDataError::Settings)?;
         for (k, vs) in by_key {
@@ -323,8 +339,11 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
         }
     }
     if let Some(k) = b.kubelet {
-        let maps =
-            [("system-reserved", &k.system_reserved), ("kube-reserved", &k.kube_reserved), ("eviction-hard", &k.eviction_hard)];
+        let maps = [
+            ("system-reserved", &k.system_reserved),
+            ("kube-reserved", &k.kube_reserved),
+            ("eviction-hard", &k.eviction_hard),
+        ];
         for (key, map) in maps {
             if let Some(m) = map {
                 let table = subtable(k8s, key, false).ok_or(UserDataError::Settings)?;
@@ -361,7 +380,12 @@ mod tests {
 
     fn taints() -> Vec<Taint> {
         vec![
-            Taint { key: "dedicated".into(), value: Some("gpu".into()), effect: TaintEffect::NoSchedule, time_added: None },
+            Taint {
+                key: "dedicated".into(),
+                value: Some("gpu".into()),
+                effect: TaintEffect::NoSchedule,
+                time_added: None,
+            },
             Taint::new("karpenter.sh/unregistered", TaintEffect::NoExecute),
         ]
     }
@@ -379,7 +403,10 @@ mod tests {
     #[test]
     fn dns_ip_is_tenth_service_address() {
         assert_eq!(cluster().dns_ip().as_deref(), Some("172.20.0.10"));
-        assert_eq!(ClusterInfo { service_cidr: Some("10.100.0.0/16".into()), ..cluster() }.dns_ip().as_deref(), Some("10.100.0.10"));
+        assert_eq!(
+            ClusterInfo { service_cidr: Some("10.100.0.0/16".into()), ..cluster() }.dns_ip().as_deref(),
+            Some("10.100.0.10")
+        );
         assert_eq!(ClusterInfo { service_cidr: None, ..cluster() }.dns_ip(), None);
     }
 
@@ -429,8 +456,13 @@ spec:
         let config = got.find("kind: NodeConfig").unwrap();
         assert!(script < config);
         assert!(got.contains("Content-Type: text/x-shellscript\n\n#!/bin/bash\necho hi\n\n--//\n"), "{got}");
-        let plain = generate(&bootstrap(&c, AmiFamily::AL2023, &l, &[], Some("#!/bin/bash\necho plain"))).unwrap();
-        assert!(plain.contains("Content-Type: text/x-shellscript; charset=\"us-ascii\"\n\n#!/bin/bash\necho plain"));
+        let plain =
+            generate(&bootstrap(&c, AmiFamily::AL2023, &l, &[], Some("#!/bin/bash\necho plain"))).unwrap();
+        assert!(
+            plain.contains(
+                "Content-Type: text/x-shellscript; charset=\"us-ascii\"\n\n#!/bin/bash\necho plain"
+            )
+        );
     }
 
     #[test]
@@ -481,7 +513,10 @@ dedicated = ["gpu:NoSchedule"]
         let parsed: toml_edit::DocumentMut = merged.parse().unwrap();
         assert_eq!(parsed["settings"]["kubernetes"]["cluster-name"].as_str(), Some("demo"));
         assert_eq!(parsed["settings"]["kubernetes"]["node-labels"]["team"].as_str(), Some("a"));
-        assert_eq!(parsed["settings"]["kubernetes"]["node-labels"]["karpenter.sh/nodepool"].as_str(), Some("default"));
+        assert_eq!(
+            parsed["settings"]["kubernetes"]["node-labels"]["karpenter.sh/nodepool"].as_str(),
+            Some("default")
+        );
         assert_eq!(parsed["settings"]["host-containers"]["admin"]["enabled"].as_bool(), Some(true));
         assert!(generate(&bootstrap(&c, AmiFamily::Bottlerocket, &l, &[], Some("not = [toml"))).is_err());
     }
@@ -489,7 +524,10 @@ dedicated = ["gpu:NoSchedule"]
     #[test]
     fn custom_is_verbatim() {
         let (c, l) = (cluster(), labels());
-        assert_eq!(generate(&bootstrap(&c, AmiFamily::Custom, &l, &[], Some("#!/bin/sh\necho x\n"))).unwrap(), "#!/bin/sh\necho x\n");
+        assert_eq!(
+            generate(&bootstrap(&c, AmiFamily::Custom, &l, &[], Some("#!/bin/sh\necho x\n"))).unwrap(),
+            "#!/bin/sh\necho x\n"
+        );
         assert!(matches!(
             generate(&bootstrap(&c, AmiFamily::Windows2022, &l, &[], None)),
             Err(UserDataError::Unsupported(AmiFamily::Windows2022))
