@@ -556,3 +556,18 @@ async fn insufficient_capacity_moves_on_to_the_next_offering() {
     assert_eq!(faults.injected(), 1);
     assert_eq!(instances_tagged(&p, "ice-1").await.len(), 1);
 }
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn garbage_collection_terminates_instances_without_node_claim() {
+    let (p, _) = provider("gc").await;
+    let keep = p.create(&node_claim("gc-keep", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let lost = p.create(&node_claim("gc-lost", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let known = BTreeSet::from(["gc-keep".to_string()]);
+    // Within the grace period nothing is collected.
+    assert!(p.garbage_collect(&known, std::time::Duration::from_secs(3600)).await.unwrap().is_empty());
+    let collected = p.garbage_collect(&known, std::time::Duration::ZERO).await.unwrap();
+    assert_eq!(collected, vec![lost.provider_id.clone()]);
+    assert!(p.get(&lost.provider_id).await.unwrap_err().is_not_found());
+    assert!(p.get(&keep.provider_id).await.is_ok());
+}
