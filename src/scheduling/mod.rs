@@ -3,6 +3,30 @@
 //!
 //! This is pure code over its input: no I/O, no clock, no randomness; the same input always
 //! produces the same output.
+//!
+//! # Using it
+//!
+//! 1. Describe each NodePool with [`NodePoolInput::from_nodepool`] (template requirements and
+//!    labels, taints, weight, and limits minus the resources its nodes use now) and the
+//!    [`InstanceType`]s the cloud provider offers for it (shared as `Arc`s).
+//! 2. Describe existing nodes and in-flight NodeClaims as [`ExistingNode`]s: labels, taints,
+//!    allocatable, the requests already bound (including DaemonSet pods still to come on nodes
+//!    that are not initialized) and the bound pods (for topology and host ports).
+//! 3. Pass the pending pods, one pod per DaemonSet (built from its template), and namespace
+//!    labels (for affinity namespace selectors) in a [`SchedulingInput`] to [`schedule`].
+//! 4. Create a NodeClaim for each [`NewNodeClaim`] (its `node_selector_requirements()`, `labels`,
+//!    `taints`, `startup_taints` and `requests.to_list()`), nominate the pods of
+//!    [`ExistingPlacement`]s, and report every [`PodError`] as an event on its pod.
+//!
+//! # What is modelled
+//!
+//! Resource requests (init containers, sidecars, overhead), node selectors and required node
+//! affinity (ORed terms tried in turn), preferred node affinity, taints and tolerations (startup
+//! and known ephemeral taints ignored on nodes not yet initialized), host ports, topology spread
+//! constraints (`DoNotSchedule`, and `ScheduleAnyway` until relaxed), required and preferred pod
+//! affinity and anti-affinity including the inverse direction, NodePool weights, limits and
+//! `minValues`, DaemonSet overhead. Not modelled: volume topology and attach limits, capacity
+//! reservations, and pod priority/preemption.
 
 pub mod hostports;
 pub mod instancetypes;
@@ -20,5 +44,7 @@ pub use scheduler::{
     SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, schedule,
 };
 
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;

@@ -427,14 +427,46 @@ impl Requirements {
     /// As upstream, two requirements that both exclude values (`NotIn`/`DoesNotExist`) are never
     /// in conflict. `self` is the existing (node) side, `incoming` the new one.
     pub fn intersects(&self, incoming: &Requirements) -> Result<(), Incompatible> {
+        match self.first_conflict(incoming) {
+            Some((key, existing, incoming)) => check_key(key, existing, incoming),
+            None => Ok(()),
+        }
+    }
+
+    fn first_conflict<'s>(
+        &'s self,
+        incoming: &'s Requirements,
+    ) -> Option<(&'s str, &'s Requirement, &'s Requirement)> {
         let (small, large, incoming_is_small) =
             if incoming.0.len() <= self.0.len() { (incoming, self, true) } else { (self, incoming, false) };
         for (key, a) in &small.0 {
             let Some(b) = large.0.get(key) else { continue };
             let (existing, incoming) = if incoming_is_small { (b, a) } else { (a, b) };
-            check_key(key, existing, incoming)?;
+            if !keys_compatible(existing, incoming) {
+                return Some((key, existing, incoming));
+            }
         }
-        Ok(())
+        None
+    }
+
+    fn first_undefined<'s>(
+        &'s self,
+        incoming: &'s Requirements,
+        allow_undefined_well_known: bool,
+    ) -> Option<&'s str> {
+        for (key, r) in &incoming.0 {
+            if self.0.contains_key(key) {
+                continue;
+            }
+            if matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist) {
+                continue;
+            }
+            if allow_undefined_well_known && is_well_known(key) {
+                continue;
+            }
+            return Some(key);
+        }
+        None
     }
 
     /// Checks that a pod's requirements (`incoming`) can be met on a node described by `self`.
@@ -447,19 +479,16 @@ impl Requirements {
         incoming: &Requirements,
         allow_undefined_well_known: bool,
     ) -> Result<(), Incompatible> {
-        for (key, r) in &incoming.0 {
-            if self.0.contains_key(key) {
-                continue;
-            }
-            if matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist) {
-                continue;
-            }
-            if allow_undefined_well_known && is_well_known(key) {
-                continue;
-            }
+        if let Some(key) = self.first_undefined(incoming, allow_undefined_well_known) {
             return Err(Incompatible(format!("label {key} does not have known values")));
         }
         self.intersects(incoming)
+    }
+
+    /// [`Requirements::compatible`] without building a reason.
+    pub fn is_compatible(&self, incoming: &Requirements, allow_undefined_well_known: bool) -> bool {
+        self.first_undefined(incoming, allow_undefined_well_known).is_none()
+            && self.first_conflict(incoming).is_none()
     }
 
     /// The labels the requirements pin to a single value.
@@ -478,13 +507,19 @@ impl Requirements {
     }
 }
 
-/// Checks one key shared by both sides.
-pub fn check_key(key: &str, existing: &Requirement, incoming: &Requirement) -> Result<(), Incompatible> {
+/// Whether two requirements on one key can both hold: they share a value, or both only exclude
+/// values.
+pub fn keys_compatible(existing: &Requirement, incoming: &Requirement) -> bool {
     if existing.intersects(incoming) {
-        return Ok(());
+        return true;
     }
     let excludes = |r: &Requirement| matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist);
-    if excludes(existing) && excludes(incoming) {
+    excludes(existing) && excludes(incoming)
+}
+
+/// Checks one key shared by both sides.
+pub fn check_key(key: &str, existing: &Requirement, incoming: &Requirement) -> Result<(), Incompatible> {
+    if keys_compatible(existing, incoming) {
         return Ok(());
     }
     let incoming_desc = match incoming.single() {

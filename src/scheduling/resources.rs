@@ -193,6 +193,11 @@ impl Resources {
             })
     }
 
+    /// As a Kubernetes resource list (`cpu: 1500m`, `memory: 2Gi`), zero amounts left out.
+    pub fn to_list(&self) -> ResourceList {
+        self.iter().map(|(k, v)| (k.to_string(), Quantity(format_quantity(k, v)))).collect()
+    }
+
     /// Names of the resources of `self` that exceed `available`.
     pub fn exceeding(&self, available: &Resources) -> Vec<String> {
         self.iter().filter(|(k, v)| *v > available.get(k)).map(|(k, _)| k.to_string()).collect()
@@ -464,6 +469,9 @@ mod tests {
         assert_eq!(r.cpu, 1250);
         assert_eq!(r.get("nvidia.com/gpu"), 2);
         assert_eq!(r.to_string(), "cpu 1250m, nvidia.com/gpu 2, pods 1");
+        let list = r.to_list();
+        assert_eq!(list.get("cpu"), Some(&Quantity("1250m".into())));
+        assert_eq!(Resources::from_list(&list).unwrap(), r);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! `ScheduleAnyway` spreads) before it is reported unschedulable with a reason per NodePool.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -21,9 +21,9 @@ use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 
 use super::hostports::{HostPort, first_conflict, pod_host_ports};
 use super::instancetypes::{InstanceType, compare_price};
-use super::requirements::{Requirement, RequirementError, Requirements, check_key};
+use super::requirements::{Requirement, RequirementError, Requirements, keys_compatible};
 use super::resources::{NODES, QuantityError, Resources, parse_quantity_for, pod_requests};
-use super::taints::{check_tolerated, is_ephemeral};
+use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
 use super::topology::{PodTopology, SlotView, Topology};
 
 /// Errors building the scheduler's input from the API objects.
@@ -167,7 +167,8 @@ pub struct ExistingNode {
     pub initialized: bool,
     /// Allocatable resources.
     pub allocatable: Resources,
-    /// Requests of the pods bound to it (and of DaemonSet pods it will run).
+    /// Requests of the pods bound to it, `pods` included (and, for nodes not initialized yet, of
+    /// the DaemonSet pods it will run).
     pub requested: Resources,
     /// Pods bound to it, for topology and host ports.
     pub pods: Vec<Pod>,
@@ -299,13 +300,40 @@ struct PodInfo<'a> {
     topo: PodTopology,
     has_soft_spread: bool,
     invalid: Option<String>,
+    /// Pods with equal constraints share a class (and a claim cursor).
+    class: usize,
+    /// Whether a topology constraint of the pod (or constraining it) is on the zone.
+    zonal: bool,
+}
+
+/// Everything that decides whether a claim rejects a pod for good.
+#[derive(PartialEq, Eq, Hash)]
+struct ClassKey {
+    reqs: (Requirements, Vec<Requirements>, Vec<Requirements>),
+    /// Key, operator, value and effect of each toleration.
+    tolerations: Vec<[Option<String>; 4]>,
+    topo: (Vec<u32>, Vec<u32>, Vec<u32>),
+    ports: Vec<HostPort>,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Relax {
+    /// Index of the required node-affinity term in use.
     term: usize,
+    /// Preferred pod (anti-)affinity terms dropped.
+    pod_pref: usize,
+    /// Index of the preferred node-affinity term in use (heaviest first; past the end: none).
     pref: usize,
+    /// Whether `ScheduleAnyway` spreads are enforced.
     soft: bool,
+}
+
+impl Relax {
+    const INITIAL: Relax = Relax { term: 0, pod_pref: 0, pref: 0, soft: true };
+
+    fn is_initial(&self) -> bool {
+        self.term == 0 && self.pod_pref == 0 && self.pref == 0 && self.soft
+    }
 }
 
 impl PodInfo<'_> {
@@ -328,6 +356,8 @@ impl PodInfo<'_> {
     fn relax(&self, s: &mut Relax) -> bool {
         if s.term + 1 < self.required_terms.len() {
             s.term += 1;
+        } else if s.pod_pref < self.topo.preferred.len() {
+            s.pod_pref += 1;
         } else if s.pref < self.preferred_terms.len() {
             s.pref += 1;
         } else if s.soft && self.has_soft_spread {
@@ -382,6 +412,10 @@ impl OfferingIndex {
         map.get(v).and_then(|i| 1u64.checked_shl(*i)).unwrap_or(0)
     }
 
+    fn full_zone_mask(&self) -> u64 {
+        self.zones.values().fold(0u64, |m, i| m | 1u64.checked_shl(*i).unwrap_or(0))
+    }
+
     fn masks(&self, reqs: &Requirements) -> (u64, u64) {
         let mask = |map: &BTreeMap<String, u32>, key: &str| {
             map.iter().filter(|(v, _)| reqs.allows(key, v)).fold(0u64, |m, (v, _)| m | Self::bit(map, v))
@@ -394,8 +428,8 @@ struct Pool<'a> {
     input: &'a NodePoolInput,
     /// Indices into `input.instance_types` compatible with the template, cheapest first.
     its: Vec<u32>,
-    /// Per instance type: (zone bit, capacity type bit) of each available offering.
-    offers: Vec<Vec<(u64, u64)>>,
+    /// Per instance type: (zone bit, capacity type bit, price) of each available offering.
+    offers: Vec<Vec<(u64, u64, f64)>>,
     ds_overhead: Resources,
     remaining: Option<BTreeMap<String, i64>>,
     has_min_values: bool,
@@ -432,7 +466,12 @@ struct Scheduler<'a> {
     claims: Vec<Claim>,
     topo: Topology,
     offer_idx: OfferingIndex,
+    /// Per pod class: bit set of the claims that reject the class for good.
+    rejected: Vec<Vec<u64>>,
 }
+
+/// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
+type Reject = (String, bool);
 
 fn limited_capacity(it: &InstanceType, limits: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
     limits.keys().map(|k| (k.clone(), if k == NODES { 1 } else { it.capacity.get(k) })).collect()
@@ -453,15 +492,16 @@ impl<'a> Scheduler<'a> {
     fn new(input: &'a SchedulingInput) -> Self {
         let mut topo = Topology::default();
         // Constraints of pending pods, then of bound pods (for the inverse anti-affinity).
-        let owned: Vec<Vec<u32>> =
+        let owned: Vec<(Vec<u32>, Vec<u32>)> =
             input.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect();
-        let existing_owned: Vec<Vec<Vec<u32>>> = input
+        let existing_owned: Vec<Vec<(Vec<u32>, Vec<u32>)>> = input
             .existing_nodes
             .iter()
             .map(|n| n.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect())
             .collect();
 
         let mut pods = Vec::with_capacity(input.pods.len());
+        let mut classes: HashMap<ClassKey, usize> = HashMap::new();
         for (index, (pod, owned)) in input.pods.iter().zip(owned).enumerate() {
             let meta = &pod.metadata;
             let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
@@ -472,11 +512,31 @@ impl<'a> Scheduler<'a> {
                 Err(e) => (Requirements::new(), vec![], vec![], Some(format!("invalid pod: {e}"))),
             };
             let spec = pod.spec.as_ref();
+            let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
+            let ports = pod_host_ports(pod);
+            let key = ClassKey {
+                reqs: (base.clone(), required_terms.clone(), preferred_terms.clone()),
+                tolerations: tolerations
+                    .iter()
+                    .map(|t| [t.key.clone(), t.operator.clone(), t.value.clone(), t.effect.clone()])
+                    .collect(),
+                topo: (topo_info.owned.clone(), topo_info.selected_by.clone(), topo_info.inverse.clone()),
+                ports: ports.clone(),
+            };
+            let next = classes.len();
+            let class = *classes.entry(key).or_insert(next);
+            let zonal = topo_info
+                .owned
+                .iter()
+                .chain(&topo_info.inverse)
+                .any(|g| topo.groups.get(*g as usize).is_some_and(|g| g.key == LABEL_TOPOLOGY_ZONE));
             pods.push(PodInfo {
+                zonal,
+                class,
                 r: PodRef { index, namespace, name: meta.name.clone().unwrap_or_default() },
                 requests: pod_requests(pod),
-                tolerations: spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]),
-                ports: pod_host_ports(pod),
+                tolerations,
+                ports,
                 base,
                 required_terms,
                 preferred_terms,
@@ -532,8 +592,10 @@ impl<'a> Scheduler<'a> {
         let keys = topo.keys();
         for n in &input.existing_nodes {
             for k in &keys {
-                if let Some(v) = n.labels.get(k) {
-                    topo.add_domain(k, v);
+                match n.labels.get(k) {
+                    Some(v) => topo.add_domain(k, v),
+                    None if k == LABEL_HOSTNAME => topo.add_domain(k, &n.name),
+                    None => {}
                 }
             }
         }
@@ -566,12 +628,18 @@ impl<'a> Scheduler<'a> {
                 let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
                 let labels = pod.metadata.labels.clone().unwrap_or_default();
                 let pt = topo.pod_topology(owned, ns, &labels);
-                let view = SlotView { hostname: n.host_id, labels: Some(&n.node.labels), reqs: &n.reqs };
+                let view = SlotView {
+                    hostname: n.host_id,
+                    labels: Some(&n.node.labels),
+                    reqs: &n.reqs,
+                    zones: None,
+                };
                 topo.record(&pt, &view);
             }
         }
 
-        Scheduler { input, pods, pools, nodes, claims: vec![], topo, offer_idx }
+        let rejected = vec![Vec::new(); classes.len()];
+        Scheduler { input, pods, pools, nodes, claims: vec![], topo, offer_idx, rejected }
     }
 
     fn run(mut self) -> SchedulingResults {
@@ -620,10 +688,10 @@ impl<'a> Scheduler<'a> {
         if let Some(reason) = &info.invalid {
             return Err(PodError { pod: info.r.clone(), nodepools: vec![], reason: Some(reason.clone()) });
         }
-        let mut state = Relax { term: 0, pref: 0, soft: true };
+        let mut state = Relax::INITIAL;
         loop {
             let reqs = self.pods[p].requirements(state).into_owned();
-            match self.try_place(p, &reqs, state.soft) {
+            match self.try_place(p, &reqs, state) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     if !self.pods[p].relax(&mut state) {
@@ -634,20 +702,45 @@ impl<'a> Scheduler<'a> {
         }
     }
 
-    fn try_place(&mut self, p: usize, reqs: &Requirements, soft: bool) -> Result<(), PodError> {
+    fn try_place(&mut self, p: usize, reqs: &Requirements, state: Relax) -> Result<(), PodError> {
+        let initial = state.is_initial();
         for n in 0..self.nodes.len() {
-            if self.try_node(n, p, reqs, soft).is_ok() {
+            if self.try_node(n, p, reqs, state).is_ok() {
                 return Ok(());
             }
         }
-        for c in 0..self.claims.len() {
-            if self.try_claim(c, p, reqs, soft).is_ok() {
-                return Ok(());
+        // Pods of one class remember the claims that reject the class for good, and skip them
+        // (a word of the bit set at a time).
+        let class = self.pods[p].class;
+        let mut c = 0;
+        while c < self.claims.len() {
+            if initial {
+                let word = self.rejected[class].get(c / 64).copied().unwrap_or(0);
+                if word == u64::MAX {
+                    c = (c / 64 + 1) * 64;
+                    continue;
+                }
+                if (word >> (c % 64)) & 1 == 1 {
+                    c += 1;
+                    continue;
+                }
             }
+            match self.try_claim(c, p, reqs, state, false) {
+                Ok(()) => return Ok(()),
+                Err((_, true)) if initial => {
+                    let set = &mut self.rejected[class];
+                    if set.len() <= c / 64 {
+                        set.resize(c / 64 + 1, 0);
+                    }
+                    set[c / 64] |= 1 << (c % 64);
+                }
+                Err(_) => {}
+            }
+            c += 1;
         }
         let mut reasons = Vec::new();
         for pool in 0..self.pools.len() {
-            match self.try_new_claim(pool, p, reqs, soft) {
+            match self.try_new_claim(pool, p, reqs, state) {
                 Ok(()) => return Ok(()),
                 Err(e) => reasons.push((self.pools[pool].input.name.clone(), e)),
             }
@@ -657,20 +750,25 @@ impl<'a> Scheduler<'a> {
         Err(PodError { pod: self.pods[p].r.clone(), nodepools: reasons, reason })
     }
 
-    fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, soft: bool) -> Result<(), String> {
+    fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, state: Relax) -> Result<(), ()> {
         let pod = &self.pods[p];
         let slot = &self.nodes[n];
-        if !slot.used.fits_with(&pod.requests, &slot.node.allocatable) {
-            return Err("insufficient resources".into());
+        // Reasons for existing nodes are not reported: fail fast without building them.
+        if !slot.used.fits_with(&pod.requests, &slot.node.allocatable)
+            || !tolerates_all(&slot.taints, pod.tolerations)
+            || first_conflict(&slot.ports, &pod.ports).is_some()
+            || !slot.reqs.is_compatible(reqs, false)
+        {
+            return Err(());
         }
-        check_tolerated(&slot.taints, pod.tolerations)?;
-        if let Some(c) = first_conflict(&slot.ports, &pod.ports) {
-            return Err(format!("host port conflict {c}"));
-        }
-        slot.reqs.compatible(reqs, false).map_err(|e| e.0)?;
         if !pod.topo.is_empty() {
-            let view = SlotView { hostname: slot.host_id, labels: Some(&slot.node.labels), reqs: &slot.reqs };
-            self.topo.requirements_for(&pod.topo, reqs, &view, soft)?;
+            let view = SlotView {
+                hostname: slot.host_id,
+                labels: Some(&slot.node.labels),
+                reqs: &slot.reqs,
+                zones: None,
+            };
+            self.topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref).map_err(|_| ())?;
             self.topo.record(&pod.topo, &view);
         }
         let slot = &mut self.nodes[n];
@@ -685,7 +783,7 @@ impl<'a> Scheduler<'a> {
         pool_i: usize,
         p: usize,
         reqs: &Requirements,
-        soft: bool,
+        state: Relax,
     ) -> Result<(), String> {
         let pool = &self.pools[pool_i];
         let pod = &self.pods[p];
@@ -746,16 +844,25 @@ impl<'a> Scheduler<'a> {
             min_values_relaxed: false,
         });
         let c = self.claims.len() - 1;
-        match self.try_claim(c, p, reqs, soft) {
+        match self.try_claim(c, p, reqs, state, true) {
             Ok(()) => Ok(()),
-            Err(e) => {
+            Err((e, _)) => {
                 self.claims.pop();
                 Err(e)
             }
         }
     }
 
-    fn try_claim(&mut self, c: usize, p: usize, reqs: &Requirements, soft: bool) -> Result<(), String> {
+    /// Tries to add pod `p` to claim `c`. Reasons are only built when `reason` (for new claims,
+    /// whose failures are reported); otherwise errors are empty.
+    fn try_claim(
+        &mut self,
+        c: usize,
+        p: usize,
+        reqs: &Requirements,
+        state: Relax,
+        reason: bool,
+    ) -> Result<(), Reject> {
         let Scheduler { claims, pools, pods, topo, offer_idx, input, .. } = self;
         let claim = &mut claims[c];
         let pod = &pods[p];
@@ -765,23 +872,79 @@ impl<'a> Scheduler<'a> {
             || claim.requests.memory + r.memory > m[1]
             || claim.requests.pods + r.pods > m[2]
         {
-            return Err(format!("no instance type fits {}", describe_requests(&claim.requests.add(r))));
+            let msg = if reason {
+                format!("no instance type fits {}", describe_requests(&claim.requests.add(r)))
+            } else {
+                String::new()
+            };
+            return Err((msg, false));
         }
         let pool = &pools[claim.pool];
-        if !pool.input.taints.is_empty() {
-            check_tolerated(&pool.input.taints, pod.tolerations)?;
+        if !tolerates_all(&pool.input.taints, pod.tolerations) {
+            let msg = if reason {
+                check_tolerated(&pool.input.taints, pod.tolerations).err().unwrap_or_default()
+            } else {
+                String::new()
+            };
+            return Err((msg, true));
         }
         if let Some(conflict) = first_conflict(&claim.ports, &pod.ports) {
-            return Err(format!("host port conflict {conflict}"));
+            return Err((
+                if reason { format!("host port conflict {conflict}") } else { String::new() },
+                true,
+            ));
         }
-        if !reqs.is_empty() {
-            claim.reqs.compatible(reqs, true).map_err(|e| format!("incompatible requirements, {}", e.0))?;
+        if !reqs.is_empty() && !claim.reqs.is_compatible(reqs, true) {
+            // A conflict on a key both define lasts (claims only narrow); an undefined key may
+            // become defined.
+            let permanent = claim.reqs.intersects(reqs).is_err();
+            let msg = match claim.reqs.compatible(reqs, true) {
+                Err(e) if reason => format!("incompatible requirements, {}", e.0),
+                _ => String::new(),
+            };
+            return Err((msg, permanent));
         }
         let topo_reqs = if pod.topo.is_empty() {
             vec![]
         } else {
-            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs };
-            topo.requirements_for(&pod.topo, reqs, &view, soft)?
+            // Zonal constraints choose among the zones the claim could still launch in with
+            // this pod added (largest types first: they fit most often). A claim already in one
+            // zone has nothing to choose.
+            let pinned = claim.reqs.get(LABEL_TOPOLOGY_ZONE).is_some_and(|z| z.single().is_some());
+            let zone_mask = (pod.zonal && !pinned && offer_idx.usable()).then(|| {
+                let cm = offer_idx.masks(&claim.reqs).1;
+                let full = offer_idx.full_zone_mask();
+                let mut mask = 0u64;
+                for &i in claim.its.iter().rev() {
+                    let Some(it) = pool.input.instance_types.get(i as usize) else { continue };
+                    if !claim.requests.fits_with(r, it.allocatable()) {
+                        continue;
+                    }
+                    for (z, ct, _) in pool.offers.get(i as usize).into_iter().flatten() {
+                        if ct & cm != 0 {
+                            mask |= z;
+                        }
+                    }
+                    if mask == full {
+                        break;
+                    }
+                }
+                mask
+            });
+            let zone_filter =
+                |z: &str| zone_mask.is_none_or(|m| OfferingIndex::bit(&offer_idx.zones, z) & m != 0);
+            let view = SlotView {
+                hostname: claim.host_id,
+                labels: None,
+                reqs: &claim.reqs,
+                zones: Some(&zone_filter),
+            };
+            match topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref) {
+                Ok(r) => r,
+                Err(rej) => {
+                    return Err((if reason { topo.describe(rej) } else { String::new() }, rej.permanent));
+                }
+            }
         };
 
         // The narrowed requirements, and the keys that changed.
@@ -822,7 +985,7 @@ impl<'a> Scheduler<'a> {
             }
             for k in &label_keys {
                 if let (Some(ir), Some(nr)) = (it.requirements.get(k), eff_reqs.get(k))
-                    && check_key(k, ir, nr).is_err()
+                    && !keys_compatible(ir, nr)
                 {
                     req_fail += 1;
                     continue 'its;
@@ -833,7 +996,7 @@ impl<'a> Scheduler<'a> {
                     Some((zm, cm)) => pool
                         .offers
                         .get(i as usize)
-                        .is_some_and(|o| o.iter().any(|(z, ct)| z & zm != 0 && ct & cm != 0)),
+                        .is_some_and(|o| o.iter().any(|(z, ct, _)| z & zm != 0 && ct & cm != 0)),
                     None => it.compatible_offerings(eff_reqs).next().is_some(),
                 };
                 if !ok {
@@ -844,7 +1007,10 @@ impl<'a> Scheduler<'a> {
             kept.push(i);
         }
         if kept.is_empty() {
-            return Err(if req_fail == 0 {
+            if !reason {
+                return Err((String::new(), false));
+            }
+            let msg = if req_fail == 0 {
                 format!("no instance type fits {}", describe_requests(&new_requests))
             } else if fit_fail == 0 {
                 format!("no instance type satisfies requirements {}", describe_reqs(eff_reqs))
@@ -854,14 +1020,15 @@ impl<'a> Scheduler<'a> {
                     describe_reqs(eff_reqs),
                     describe_requests(&new_requests)
                 )
-            });
+            };
+            return Err((msg, false));
         }
         let mut relaxed = claim.min_values_relaxed;
         if pool.has_min_values
             && let Err(e) = check_min_values(eff_reqs, &kept, types)
         {
             match input.options.min_values_policy {
-                MinValuesPolicy::Strict => return Err(e),
+                MinValuesPolicy::Strict => return Err((e, false)),
                 MinValuesPolicy::BestEffort => relaxed = true,
             }
         }
@@ -892,14 +1059,16 @@ impl<'a> Scheduler<'a> {
         if let Some(nr) = new_reqs {
             claim.reqs = nr;
         }
-        claim.max_alloc = max_alloc(&kept, &pool_mut.input.instance_types);
+        if kept.len() != claim.its.len() {
+            claim.max_alloc = max_alloc(&kept, &pool_mut.input.instance_types);
+        }
         claim.its = kept;
         claim.requests = new_requests;
         claim.pods.push(p);
         claim.ports.extend(pod.ports.iter().cloned());
         claim.min_values_relaxed = relaxed;
         if !pod.topo.selected_by.is_empty() || !pod.topo.owned.is_empty() {
-            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs };
+            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs, zones: None };
             topo.record(&pod.topo, &view);
         }
         Ok(())
@@ -919,13 +1088,30 @@ impl<'a> Scheduler<'a> {
             let pool = &self.pools[claim.pool];
             let mut reqs = claim.reqs.clone();
             reqs.remove(LABEL_HOSTNAME);
+            let masks = self.offer_idx.usable().then(|| self.offer_idx.masks(&reqs));
             let mut options: Vec<(Option<f64>, &Arc<InstanceType>)> = claim
                 .its
                 .iter()
-                .filter_map(|i| pool.input.instance_types.get(*i as usize))
-                .map(|it| (it.cheapest_price(&reqs), it))
+                .filter_map(|i| {
+                    let it = pool.input.instance_types.get(*i as usize)?;
+                    let price = match (masks, pool.offers.get(*i as usize)) {
+                        (Some((zm, cm)), Some(offers)) => offers
+                            .iter()
+                            .filter(|(z, ct, _)| z & zm != 0 && ct & cm != 0)
+                            .map(|(_, _, p)| *p)
+                            .min_by(f64::total_cmp),
+                        _ => it.cheapest_price(&reqs),
+                    };
+                    Some((price, it))
+                })
                 .collect();
-            options.sort_by(|a, b| compare_price(a.0, b.0).then(a.1.name.cmp(&b.1.name)));
+            let order = |a: &(Option<f64>, &Arc<InstanceType>), b: &(Option<f64>, &Arc<InstanceType>)| {
+                compare_price(a.0, b.0).then(a.1.name.cmp(&b.1.name))
+            };
+            // Usually already in order: the pool's types are sorted by price.
+            if !options.is_sorted_by(|a, b| order(a, b).is_le()) {
+                options.sort_unstable_by(order);
+            }
             let options: Vec<Arc<InstanceType>> = options.into_iter().map(|(_, it)| Arc::clone(it)).collect();
             let mut n = self.input.options.max_instance_types.max(1).min(options.len());
             if pool.has_min_values {
@@ -980,6 +1166,7 @@ impl<'a> Pool<'a> {
                         (
                             OfferingIndex::bit(&offer_idx.zones, &o.zone),
                             OfferingIndex::bit(&offer_idx.capacity_types, &o.capacity_type),
+                            o.price,
                         )
                     })
                     .collect()

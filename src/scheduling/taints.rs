@@ -79,6 +79,13 @@ pub fn check_tolerated<'a>(
     Ok(())
 }
 
+/// Whether `tolerations` tolerate every `NoSchedule` and `NoExecute` taint of `taints`.
+pub fn tolerates_all(taints: &[Taint], tolerations: &[Toleration]) -> bool {
+    taints
+        .iter()
+        .all(|t| t.effect == TaintEffect::PreferNoSchedule || tolerations.iter().any(|tol| tolerates(tol, t)))
+}
+
 /// Converts a Kubernetes taint (effect as a string); unknown effects are treated as `NoSchedule`.
 pub fn from_k8s(t: &k8s_openapi::api::core::v1::Taint) -> Taint {
     let effect = match t.effect.as_str() {

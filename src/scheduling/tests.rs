@@ -655,3 +655,165 @@ fn deterministic() {
     assert_eq!(summary(&a), summary(&b));
     assert!(a.errors.is_empty(), "{}", error_of(&a));
 }
+
+fn with_preferred(mut p: Pod, anti: bool, key: &str, group: &str) -> Pod {
+    use k8s_openapi::api::core::v1::WeightedPodAffinityTerm;
+    let terms = Some(vec![WeightedPodAffinityTerm { weight: 50, pod_affinity_term: term(key, group) }]);
+    let aff = spec(&mut p).affinity.get_or_insert_with(Default::default);
+    if anti {
+        aff.pod_anti_affinity = Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: terms,
+            ..Default::default()
+        });
+    } else {
+        aff.pod_affinity = Some(PodAffinity {
+            preferred_during_scheduling_ignored_during_execution: terms,
+            ..Default::default()
+        });
+    }
+    p
+}
+
+#[test]
+fn preferred_anti_affinity_spreads_while_it_can() {
+    let pods = pods_n(3, |p| with_preferred(with_label(p, "group", "web"), true, LABEL_HOSTNAME, "web"));
+    let r = schedule(&input(pods.clone(), vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 3);
+    // Without NodePools, both land on the one existing node once the preference is relaxed.
+    let r =
+        schedule(&SchedulingInput { existing_nodes: vec![existing_node("n1", 8)], ..input(pods, vec![]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements[0].pods.len(), 3);
+}
+
+#[test]
+fn unsatisfiable_preferred_affinity_is_relaxed() {
+    let p = with_preferred(with_label(pod("a", "1", "1Gi"), "group", "me"), false, LABEL_TOPOLOGY_ZONE, "db");
+    let r = schedule(&input(vec![p], vec![pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+}
+
+fn gpu_type(name: &str, gpus: i64, category: &str) -> Arc<InstanceType> {
+    let labels: BTreeMap<String, String> = [
+        (LABEL_ARCH.to_string(), ARCH_AMD64.to_string()),
+        (LABEL_INSTANCE_CATEGORY.to_string(), category.to_string()),
+        (LABEL_INSTANCE_GPU_MANUFACTURER.to_string(), "nvidia".to_string()),
+    ]
+    .into();
+    let mut capacity = Resources::from_pairs([(CPU, 8000), (MEMORY, 32 * GI), (PODS, 50)]);
+    capacity.set(RESOURCE_NVIDIA_GPU, gpus);
+    Arc::new(InstanceType::new(
+        name,
+        Requirements::from_labels(&labels),
+        capacity,
+        Overhead::default(),
+        vec![Offering {
+            zone: "z1".into(),
+            capacity_type: "on-demand".into(),
+            price: gpus as f64,
+            available: true,
+        }],
+    ))
+}
+
+#[test]
+fn nodepool_from_the_api_object_with_extended_resource_limits() {
+    let np: crate::apis::NodePool =
+        serde_saphyr::from_str(include_str!("../../examples/nodepool-gpu.yaml")).expect("example parses");
+    let mut usage = Resources::default();
+    usage.set(RESOURCE_NVIDIA_GPU, 6);
+    let types = vec![gpu_type("g.1", 1, "g"), gpu_type("g.4", 4, "g"), gpu_type("m.0", 0, "m")];
+    let input_pool = NodePoolInput::from_nodepool(&np, types, &usage).expect("valid nodepool");
+    assert_eq!(input_pool.remaining_limits, Some([(RESOURCE_NVIDIA_GPU.to_string(), 2)].into()));
+    assert!(input_pool.requirements.allows("workload", "gpu"));
+
+    let gpu_pod = |name: &str| {
+        let mut p = with_toleration(pod(name, "1", "1Gi"), RESOURCE_NVIDIA_GPU);
+        let res = spec(&mut p).containers[0].resources.get_or_insert_with(Default::default);
+        res.limits = Some([(RESOURCE_NVIDIA_GPU.to_string(), Quantity("1".into()))].into());
+        with_anti_affinity(p, LABEL_HOSTNAME, "train")
+    };
+    let r = schedule(&input(vec![gpu_pod("a"), gpu_pod("b"), gpu_pod("c")], vec![input_pool]));
+    // Two GPUs of headroom: two single-GPU nodes, then the limit.
+    assert_eq!(r.new_node_claims.len(), 2, "{}", error_of(&r));
+    for c in &r.new_node_claims {
+        assert_eq!(c.instance_type_names, vec!["g.1".to_string()]);
+        assert_eq!(c.labels.get("workload").map(String::as_str), Some("gpu"));
+    }
+    assert_eq!(error_of(&r), "nodepool \"gpu\": would exceed nodepool limits nvidia.com/gpu");
+}
+
+#[test]
+fn nodes_limit_counts_nodeclaims() {
+    let np = NodePoolInput {
+        remaining_limits: Some([(super::resources::NODES.to_string(), 2)].into()),
+        ..pool("two")
+    };
+    let r = schedule(&input(pods_n(3, |p| with_anti_affinity(p, LABEL_HOSTNAME, "x")), vec![np]));
+    assert_eq!(r.new_node_claims.len(), 2);
+    assert_eq!(error_of(&r), "nodepool \"two\": would exceed nodepool limits nodes");
+}
+
+#[test]
+fn min_domains_caps_pods_per_zone() {
+    let pods = (0..4)
+        .map(|i| {
+            let mut p = with_spread(pod(&format!("p{i}"), "4", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true);
+            if let Some(c) = spec(&mut p).topology_spread_constraints.as_mut() {
+                c[0].min_domains = Some(5);
+            }
+            p
+        })
+        .collect();
+    let r = schedule(&input(pods, vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 3);
+    assert_eq!(
+        error_of(&r),
+        "nodepool \"default\": would violate topology spread constraint on topology.kubernetes.io/zone"
+    );
+}
+
+#[test]
+fn schedule_anyway_spread_relaxes_on_existing_nodes() {
+    let pods = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", false));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8)],
+        ..input(pods.clone(), vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements[0].pods.len(), 2);
+    // With DoNotSchedule and nowhere else to go, the second pod stays pending.
+    let hard = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        ..input(hard, vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements.len(), 2);
+    // Once both nodes hold one, the minimum is one and a third fits with skew 1.
+    let three = pods_n(3, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        ..input(three.clone(), vec![])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    // A third, empty node keeps the minimum at zero: the third pod goes there.
+    let r = schedule(&SchedulingInput {
+        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8), existing_node("n3", 8)],
+        ..input(three, vec![])
+    });
+    assert_eq!(r.existing_placements.len(), 3);
+}
+
+#[test]
+fn zonal_spread_picks_a_zone_the_pod_can_launch_in() {
+    // Small types everywhere; the only type big enough is offered in z2 and z3 only.
+    let types = vec![
+        instance_type("s.2x", 2, 4, 20, &["z1", "z2", "z3"], 0.2),
+        instance_type("b.16x", 16, 32, 50, &["z2", "z3"], 1.6),
+    ];
+    let pods = vec![with_spread(pod("big", "12", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true)];
+    let r = schedule(&input(pods, vec![NodePoolInput::new("default", types)]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(zone_of(&r.new_node_claims[0]), "z2");
+}

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::apis::labels::LABEL_HOSTNAME;
+use crate::apis::labels::{LABEL_HOSTNAME, LABEL_TOPOLOGY_ZONE};
 
 use super::requirements::{Requirement, Requirements};
 
@@ -94,6 +94,26 @@ pub enum GroupKind {
     Affinity,
     /// Required pod anti-affinity.
     AntiAffinity,
+    /// Preferred pod affinity: enforced like a required one until relaxed.
+    PreferredAffinity,
+    /// Preferred pod anti-affinity: enforced like a required one until relaxed (it does not
+    /// constrain other pods in the inverse direction).
+    PreferredAntiAffinity,
+}
+
+impl GroupKind {
+    /// The required kind a preference is enforced as.
+    fn enforced(self) -> GroupKind {
+        match self {
+            GroupKind::PreferredAffinity => GroupKind::Affinity,
+            GroupKind::PreferredAntiAffinity => GroupKind::AntiAffinity,
+            k => k,
+        }
+    }
+
+    fn is_preferred(self) -> bool {
+        matches!(self, GroupKind::PreferredAffinity | GroupKind::PreferredAntiAffinity)
+    }
 }
 
 /// One topology constraint shared by every pod that has it.
@@ -112,6 +132,8 @@ pub struct Group {
     owners: Vec<i32>,
     /// Matching pods in all domains.
     total: i32,
+    /// Owners in all domains.
+    owner_total: i32,
 }
 
 impl Group {
@@ -149,6 +171,9 @@ pub struct PodTopology {
     pub selected_by: Vec<u32>,
     /// Anti-affinity groups owned by other pods that match this pod.
     pub inverse: Vec<u32>,
+    /// The preferred pod (anti-)affinity groups among `owned`, in the order they are relaxed:
+    /// affinity before anti-affinity, heaviest first.
+    pub preferred: Vec<u32>,
 }
 
 impl PodTopology {
@@ -156,6 +181,18 @@ impl PodTopology {
     pub fn is_empty(&self) -> bool {
         self.owned.is_empty() && self.inverse.is_empty()
     }
+}
+
+/// A topology constraint a slot would violate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopologyReject {
+    /// The group.
+    pub group: u32,
+    /// Whether it is another pod's anti-affinity that rejects.
+    pub inverse: bool,
+    /// Whether the rejection can never be lifted (counts only grow, claims only narrow), so
+    /// that pods with the same constraints need not try the slot again.
+    pub permanent: bool,
 }
 
 /// Where a slot (existing node or new claim) is, as far as topology goes.
@@ -166,6 +203,8 @@ pub struct SlotView<'a> {
     pub labels: Option<&'a BTreeMap<String, String>>,
     /// The claim's requirements (or the node's labels as requirements).
     pub reqs: &'a Requirements,
+    /// For a claim, the zones its instance types can still be launched in (when known).
+    pub zones: Option<&'a dyn Fn(&str) -> bool>,
 }
 
 /// All topology groups and their counts.
@@ -199,11 +238,8 @@ impl Topology {
         self.names.get(id as usize).map_or("", String::as_str)
     }
 
-    /// Adds a known domain of `key`.
+    /// Adds a known domain of `key` (for host names, only existing nodes are listed).
     pub fn add_domain(&mut self, key: &str, value: &str) {
-        if key == LABEL_HOSTNAME {
-            return;
-        }
         let id = self.intern(value);
         let list = self.universe.entry(key.to_string()).or_default();
         if !list.contains(&id) {
@@ -244,21 +280,23 @@ impl Topology {
             counts: vec![],
             owners: vec![],
             total: 0,
+            owner_total: 0,
         });
         self.index.insert(sig, id);
         id
     }
 
-    /// Registers the constraints `pod` has and returns their group ids. `namespace_labels` maps
-    /// namespaces to their labels, for affinity terms with a namespace selector.
+    /// Registers the constraints `pod` has and returns their group ids, and the preferred ones
+    /// in relaxation order. `namespace_labels` maps namespaces to their labels, for affinity
+    /// terms with a namespace selector.
     pub fn register_pod(
         &mut self,
         pod: &Pod,
         namespace_labels: &BTreeMap<String, BTreeMap<String, String>>,
-    ) -> Vec<u32> {
+    ) -> (Vec<u32>, Vec<u32>) {
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let Some(spec) = &pod.spec else { return vec![] };
+        let Some(spec) = &pod.spec else { return (vec![], vec![]) };
         let mut owned = Vec::new();
         for c in spec.topology_spread_constraints.iter().flatten() {
             let kind = GroupKind::Spread {
@@ -286,7 +324,29 @@ impl Topology {
                 .and_then(|a| a.pod_anti_affinity.as_ref())
                 .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()),
         );
-        for (kind, list) in [(GroupKind::Affinity, aff), (GroupKind::AntiAffinity, anti)] {
+        let weighted = |list: Option<&Vec<k8s_openapi::api::core::v1::WeightedPodAffinityTerm>>| {
+            let mut v: Vec<(i32, PodAffinityTerm)> =
+                list.into_iter().flatten().map(|w| (w.weight, w.pod_affinity_term.clone())).collect();
+            v.sort_by_key(|(w, _)| std::cmp::Reverse(*w));
+            v.into_iter().map(|(_, t)| t).collect::<Vec<_>>()
+        };
+        let pref_aff = weighted(
+            affinity
+                .and_then(|a| a.pod_affinity.as_ref())
+                .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()),
+        );
+        let pref_anti = weighted(
+            affinity
+                .and_then(|a| a.pod_anti_affinity.as_ref())
+                .and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()),
+        );
+        let mut preferred = Vec::new();
+        for (kind, list) in [
+            (GroupKind::Affinity, aff),
+            (GroupKind::AntiAffinity, anti),
+            (GroupKind::PreferredAffinity, pref_aff),
+            (GroupKind::PreferredAntiAffinity, pref_anti),
+        ] {
             for t in list {
                 let namespaces = term_namespaces(&t, &ns, namespace_labels);
                 let selector = Selector::new(
@@ -295,18 +355,22 @@ impl Topology {
                     t.match_label_keys.as_deref().unwrap_or(&[]),
                     t.mismatch_label_keys.as_deref().unwrap_or(&[]),
                 );
-                owned.push(self.group_id(kind, &t.topology_key, namespaces, selector));
+                let id = self.group_id(kind, &t.topology_key, namespaces, selector);
+                if kind.is_preferred() && !preferred.contains(&id) {
+                    preferred.push(id);
+                }
+                owned.push(id);
             }
         }
         owned.sort_unstable();
         owned.dedup();
-        owned
+        (owned, preferred)
     }
 
     /// Computes the groups that select a pod and the anti-affinity groups constraining it.
     pub fn pod_topology(
         &self,
-        owned: Vec<u32>,
+        (owned, preferred): (Vec<u32>, Vec<u32>),
         namespace: &str,
         labels: &BTreeMap<String, String>,
     ) -> PodTopology {
@@ -321,7 +385,7 @@ impl Topology {
                 }
             }
         }
-        PodTopology { owned, selected_by, inverse }
+        PodTopology { owned, selected_by, inverse, preferred }
     }
 
     /// The domains a slot offers for `key`, in name order.
@@ -334,7 +398,8 @@ impl Topology {
         }
         let node = slot.reqs.get(key);
         let pod = pod_reqs.get(key);
-        let allowed = |v: &str| node.is_none_or(|r| r.has(v)) && pod.is_none_or(|r| r.has(v));
+        let offered = |v: &str| key != LABEL_TOPOLOGY_ZONE || slot.zones.is_none_or(|f| f(v));
+        let allowed = |v: &str| node.is_none_or(|r| r.has(v)) && pod.is_none_or(|r| r.has(v)) && offered(v);
         match node.filter(|r| !r.is_complement()).or(pod.filter(|r| !r.is_complement())) {
             Some(finite) => {
                 let vals: Vec<String> = finite.values().iter().filter(|v| allowed(v)).cloned().collect();
@@ -366,28 +431,60 @@ impl Topology {
     }
 
     /// Checks the pod's topology constraints on a slot and returns the requirements they add
-    /// (the chosen domains), or why the slot is not possible. `soft` enforces `ScheduleAnyway`
-    /// spreads as well.
+    /// (the chosen domains), or which constraint the slot would violate. `soft` enforces
+    /// `ScheduleAnyway` spreads as well; the first `relaxed_prefs` of the pod's preferred pod
+    /// (anti-)affinity terms are no longer enforced.
     pub fn requirements_for(
         &mut self,
         pod: &PodTopology,
         pod_reqs: &Requirements,
         slot: &SlotView<'_>,
         soft: bool,
-    ) -> Result<Vec<(String, Requirement)>, String> {
+        relaxed_prefs: usize,
+    ) -> Result<Vec<(String, Requirement)>, TopologyReject> {
         let mut out = Vec::new();
         for &gid in &pod.owned {
             let Some(g) = self.groups.get(gid as usize) else { continue };
-            let kind = g.kind;
-            let key = g.key.clone();
+            if let GroupKind::Spread { hard: false, .. } = g.kind
+                && !soft
+            {
+                continue;
+            }
+            if g.kind.is_preferred() && pod.preferred.get(..relaxed_prefs).is_some_and(|r| r.contains(&gid)) {
+                continue;
+            }
+            let kind = g.kind.enforced();
             let self_sel = pod.selected_by.binary_search(&gid).is_ok();
+            let add = i32::from(self_sel);
+            // Zones filtered by what fits depend on the pod's size: not a lasting verdict.
+            let size_dependent = g.key == LABEL_TOPOLOGY_ZONE && slot.zones.is_some();
+            let permanent = match kind {
+                GroupKind::AntiAffinity => !size_dependent,
+                GroupKind::Spread { .. } => g.key == LABEL_HOSTNAME && self.new_nodes_possible,
+                _ => false,
+            };
+            let reject = TopologyReject { group: gid, inverse: false, permanent };
+            if g.key == LABEL_HOSTNAME {
+                // The slot is one host name: a plain check, nothing to narrow.
+                let d = slot.hostname;
+                let ok = match kind {
+                    GroupKind::Spread { max_skew, min_domains, .. } => {
+                        g.count(d) + add - self.global_min(g, min_domains, pod_reqs) <= max_skew
+                    }
+                    GroupKind::Affinity => g.count(d) > 0 || (self_sel && g.total == 0),
+                    _ => g.count(d) == 0,
+                };
+                if !ok {
+                    return Err(reject);
+                }
+                continue;
+            }
+            let key = g.key.clone();
+            let nd = self.node_domains(&key, slot, pod_reqs);
+            let g = &self.groups[gid as usize];
             let chosen: Vec<u32> = match kind {
-                GroupKind::Spread { hard: false, .. } if !soft => continue,
                 GroupKind::Spread { max_skew, min_domains, .. } => {
-                    let nd = self.node_domains(&key, slot, pod_reqs);
-                    let g = &self.groups[gid as usize];
                     let min = self.global_min(g, min_domains, pod_reqs);
-                    let add = i32::from(self_sel);
                     let best = nd
                         .iter()
                         .copied()
@@ -395,30 +492,26 @@ impl Topology {
                         .min_by_key(|d| g.count(*d));
                     match best {
                         Some(d) => vec![d],
-                        None => return Err(format!("would violate topology spread constraint on {key}")),
+                        None => return Err(reject),
                     }
                 }
                 GroupKind::Affinity => {
-                    let nd = self.node_domains(&key, slot, pod_reqs);
-                    let g = &self.groups[gid as usize];
                     let mut allowed: Vec<u32> = nd.iter().copied().filter(|d| g.count(*d) > 0).collect();
                     if allowed.is_empty() && self_sel && g.total == 0 {
                         allowed.extend(nd.first());
                     }
                     if allowed.is_empty() {
-                        return Err(format!("would violate pod affinity on {key}"));
+                        return Err(reject);
                     }
                     allowed
                 }
-                GroupKind::AntiAffinity => {
-                    let nd = self.node_domains(&key, slot, pod_reqs);
+                _ => {
                     if nd.is_empty() {
                         continue;
                     }
-                    let g = &self.groups[gid as usize];
                     let allowed: Vec<u32> = nd.iter().copied().filter(|d| g.count(*d) == 0).collect();
                     if allowed.is_empty() {
-                        return Err(format!("would violate pod anti-affinity on {key}"));
+                        return Err(reject);
                     }
                     if allowed.len() == nd.len() {
                         continue;
@@ -430,7 +523,15 @@ impl Topology {
         }
         for &gid in &pod.inverse {
             let Some(g) = self.groups.get(gid as usize) else { continue };
-            if g.owners.iter().all(|c| *c == 0) {
+            if g.owner_total == 0 {
+                continue;
+            }
+            let size_dependent = g.key == LABEL_TOPOLOGY_ZONE && slot.zones.is_some();
+            let reject = TopologyReject { group: gid, inverse: true, permanent: !size_dependent };
+            if g.key == LABEL_HOSTNAME {
+                if g.owners(slot.hostname) > 0 {
+                    return Err(reject);
+                }
                 continue;
             }
             let key = g.key.clone();
@@ -438,7 +539,7 @@ impl Topology {
             let g = &self.groups[gid as usize];
             let allowed: Vec<u32> = nd.iter().copied().filter(|d| g.owners(*d) == 0).collect();
             if allowed.is_empty() && !nd.is_empty() {
-                return Err(format!("would violate the pod anti-affinity of another pod on {key}"));
+                return Err(reject);
             }
             if allowed.len() < nd.len() {
                 push_choice(
@@ -450,6 +551,20 @@ impl Topology {
             }
         }
         Ok(out)
+    }
+
+    /// Describes a rejection: `would violate topology spread constraint on topology.kubernetes.io/zone`.
+    pub fn describe(&self, reject: TopologyReject) -> String {
+        let Some(g) = self.groups.get(reject.group as usize) else { return "topology".to_string() };
+        let what = match (g.kind, reject.inverse) {
+            (_, true) => "the pod anti-affinity of another pod",
+            (GroupKind::Spread { .. }, _) => "topology spread constraint",
+            (GroupKind::Affinity, _) => "pod affinity",
+            (GroupKind::AntiAffinity, _) => "pod anti-affinity",
+            (GroupKind::PreferredAffinity, _) => "preferred pod affinity",
+            (GroupKind::PreferredAntiAffinity, _) => "preferred pod anti-affinity",
+        };
+        format!("would violate {what} on {}", g.key)
     }
 
     /// Domains of `key` to record a pod under on the final slot: the single value, or for
@@ -474,7 +589,7 @@ impl Topology {
     pub fn record(&mut self, pod: &PodTopology, slot: &SlotView<'_>) {
         for &gid in &pod.selected_by {
             let Some(g) = self.groups.get(gid as usize) else { continue };
-            let all = g.kind == GroupKind::AntiAffinity;
+            let all = g.kind.enforced() == GroupKind::AntiAffinity;
             let key = g.key.clone();
             let domains = self.record_domains(&key, slot, all);
             let g = &mut self.groups[gid as usize];
@@ -491,6 +606,7 @@ impl Topology {
             let key = g.key.clone();
             let domains = self.record_domains(&key, slot, true);
             let g = &mut self.groups[gid as usize];
+            g.owner_total += 1;
             for d in domains {
                 bump(&mut g.owners, d);
             }
