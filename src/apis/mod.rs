@@ -2,6 +2,10 @@
 //! (karpenter.k8s.aws/v1), with the schema, CEL validation rules and printer columns of upstream's
 //! CRDs, and the well-known names in [`labels`].
 
+// Repeated `printcolumn(...)` arguments of the CustomResource derive are distinct columns, not
+// duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod common;
 pub mod crds;
 pub mod ec2nodeclass;

@@ -20,13 +20,13 @@ use super::userdata::{self, Bootstrap, ClusterInfo};
 use super::{amifamily, sdk_error};
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
 use crate::apis::labels::*;
-use crate::apis::{NodeClaim, NodePool, ResourceList, Taint, TaintEffect};
+use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
 use crate::cloudprovider::{
     BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result, provider_id,
 };
 use crate::scheduling::instancetypes::{self as sched, InstanceType};
 use crate::scheduling::requirements::Requirements;
-use crate::scheduling::resources::{Resources, format_quantity};
+use crate::scheduling::resources::Resources;
 
 /// How long an offering that ran out of capacity is left out.
 pub const UNAVAILABLE_OFFERING_TTL: Duration = Duration::from_secs(180);
@@ -333,8 +333,8 @@ impl AwsCloudProvider {
             && let Some(info) = catalog.get(&i.instance_type)
             && let Some((capacity, allocatable, reqs)) = self.describe_type(info, &class.spec)
         {
-            out.capacity = to_list(&capacity);
-            out.allocatable = to_list(&allocatable);
+            out.capacity = capacity.to_list();
+            out.allocatable = allocatable.to_list();
             out.labels = reqs.single_valued_labels();
             if let Some(zone_id) = class
                 .status
@@ -524,8 +524,8 @@ impl AwsCloudProvider {
         let launched = instance::get(ec2, id).await?;
         let mut result = self.to_instance(&launched).await;
         if let Some(it) = types.iter().find(|t| t.name == launched.instance_type) {
-            result.capacity = to_list(&it.capacity);
-            result.allocatable = to_list(it.allocatable());
+            result.capacity = it.capacity.to_list();
+            result.allocatable = it.allocatable().to_list();
             for (k, v) in it.requirements.single_valued_labels() {
                 result.labels.entry(k).or_insert(v);
             }
@@ -611,7 +611,11 @@ impl AwsCloudProvider {
 
     /// Terminates the instances of this cluster whose NodeClaim no longer exists (see
     /// [`orphans`]) and returns their provider IDs.
-    pub async fn garbage_collect(&self, node_claims: &BTreeSet<String>, grace: Duration) -> Result<Vec<String>> {
+    pub async fn garbage_collect(
+        &self,
+        node_claims: &BTreeSet<String>,
+        grace: Duration,
+    ) -> Result<Vec<String>> {
         let instances = instance::list(&self.clients.ec2, &self.cluster.name).await?;
         let mut collected = Vec::new();
         for i in orphans(&instances, node_claims, k8s_openapi::jiff::Timestamp::now(), grace) {
@@ -696,14 +700,6 @@ pub fn node_class_hash(spec: &EC2NodeClassSpec) -> String {
     let json = serde_json::to_vec(&spec).unwrap_or_default();
     let digest = Sha256::digest(&json);
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
-
-fn to_list(r: &Resources) -> ResourceList {
-    r.iter()
-        .map(|(k, v)| {
-            (k.to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(format_quantity(k, v)))
-        })
-        .collect()
 }
 
 impl CloudProvider for AwsCloudProvider {
