@@ -18,6 +18,7 @@ use base64::Engine;
 use karpenter::apis::labels::*;
 use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool};
 use karpenter::cloudprovider::aws::catalog;
+use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
 use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
 use karpenter::cloudprovider::aws::nodeclass::conditions;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
@@ -109,13 +110,30 @@ fn node_claim(name: &str, types: &[&str], capacity_type: &str) -> NodeClaim {
 
 /// A provider for a freshly seeded cluster with its resolved, ready `default` node class.
 async fn provider(prefix: &str) -> (AwsCloudProvider, String) {
+    let (p, cluster, _) = provider_with_faults(prefix).await;
+    (p, cluster)
+}
+
+/// As [`provider`], with a fault injector (which also records CreateFleet requests) on EC2.
+async fn provider_with_faults(prefix: &str) -> (AwsCloudProvider, String, FaultInjector) {
     let cluster = unique_cluster(prefix);
     seed(&cluster);
-    let p = AwsCloudProvider::new(clients().await, Options::new(&cluster)).await.unwrap();
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint())
+        .region(aws_config::Region::new(region()))
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))
+        .load()
+        .await;
+    let faults = FaultInjector::new();
+    let mut clients = AwsClients::from_config(&config).unwrap();
+    clients.ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
+    );
+    let p = AwsCloudProvider::new(clients, Options::new(&cluster)).await.unwrap();
     let mut class = node_class(&cluster, "al2023@latest");
     class.status = Some(p.resolve_node_class(&class).await.unwrap());
     p.node_classes().upsert(class);
-    (p, cluster)
+    (p, cluster, faults)
 }
 
 async fn instances_tagged(p: &AwsCloudProvider, claim: &str) -> Vec<String> {
@@ -453,7 +471,7 @@ async fn create_is_idempotent_and_delete_terminates() {
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn spot_launches_the_cheapest_offering_and_skips_exhausted_ones() {
-    let (p, _) = provider("spot").await;
+    let (p, _, faults) = provider_with_faults("spot").await;
     // Prices of the emulator are all equal: set our own.
     for zone in ["us-west-2a", "us-west-2b", "us-west-2c"] {
         p.pricing().update_spot_prices([
@@ -464,6 +482,18 @@ async fn spot_launches_the_cheapest_offering_and_skips_exhausted_ones() {
     let first = p.create(&node_claim("spot-1", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
     assert_eq!((first.instance_type.as_str(), first.zone.as_str()), ("c5.large", "us-west-2b"));
     assert_eq!(first.capacity_type, CAPACITY_TYPE_SPOT);
+    let request = faults.create_fleet_requests().pop().unwrap();
+    for expected in [
+        "TargetCapacitySpecification.DefaultTargetCapacityType=spot",
+        "SpotOptions.AllocationStrategy=price-capacity-optimized",
+    ] {
+        assert!(request.split('&').any(|p| p == expected), "{expected} missing from {request}");
+    }
+    let order: Vec<(String, String)> =
+        requested_overrides(&request).into_iter().map(|o| (o.instance_type, o.subnet_id)).collect();
+    assert_eq!(order.len(), 6);
+    assert_eq!(order[0].0, "c5.large");
+    assert_eq!(order[3].0, "m5.large");
 
     // c5.large in us-west-2b runs out: the next launch takes the next cheapest offering.
     let ice = |zone: &str, it: &str| OfferingKey {
@@ -515,24 +545,7 @@ async fn create_needs_a_ready_node_class() {
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn insufficient_capacity_moves_on_to_the_next_offering() {
-    use karpenter::cloudprovider::aws::faults::FaultInjector;
-    let cluster = unique_cluster("ice");
-    seed(&cluster);
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(endpoint())
-        .region(aws_config::Region::new(region()))
-        .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))
-        .load()
-        .await;
-    let faults = FaultInjector::new();
-    let mut clients = AwsClients::from_config(&config).unwrap();
-    clients.ec2 = aws_sdk_ec2::Client::from_conf(
-        aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
-    );
-    let p = AwsCloudProvider::new(clients, Options::new(&cluster)).await.unwrap();
-    let mut class = node_class(&cluster, "al2023@latest");
-    class.status = Some(p.resolve_node_class(&class).await.unwrap());
-    p.node_classes().upsert(class);
+    let (p, _, faults) = provider_with_faults("ice").await;
 
     // c5.large is the cheapest, but EC2 has none.
     faults.fail_instance_type("c5.large");
@@ -555,6 +568,29 @@ async fn insufficient_capacity_moves_on_to_the_next_offering() {
     assert_eq!(launched.instance_type, "m5.large");
     assert_eq!(faults.injected(), 1);
     assert_eq!(instances_tagged(&p, "ice-1").await.len(), 1);
+
+    // What was asked of EC2: cheapest first, one override per (type, zone subnet).
+    let requests = faults.create_fleet_requests();
+    assert_eq!(requests.len(), 2);
+    let first = requested_overrides(&requests[0]);
+    let types: Vec<&str> = first.iter().map(|o| o.instance_type.as_str()).collect();
+    assert_eq!(types, vec!["c5.large", "c5.large", "c5.large", "m5.large", "m5.large", "m5.large"]);
+    let subnets: BTreeSet<&str> = first.iter().map(|o| o.subnet_id.as_str()).collect();
+    assert_eq!(subnets.len(), 3);
+    assert!(first.iter().all(|o| o.launch_template.starts_with("karpenter.k8s.aws/")));
+    let second = requested_overrides(&requests[1]);
+    assert!(second.iter().all(|o| o.instance_type == "m5.large") && second.len() == 3, "{second:?}");
+    for expected in [
+        "Type=instant",
+        "TargetCapacitySpecification.TotalTargetCapacity=1",
+        "TargetCapacitySpecification.DefaultTargetCapacityType=on-demand",
+        "OnDemandOptions.AllocationStrategy=lowest-price",
+        "TagSpecification.1.ResourceType=instance",
+        "TagSpecification.2.ResourceType=volume",
+    ] {
+        assert!(requests[1].split('&').any(|p| p == expected), "{expected} missing from {}", requests[1]);
+    }
+    assert!(requests[1].contains("karpenter.sh%2Fnodeclaim"), "{}", requests[1]);
 }
 
 #[tokio::test]

@@ -4,7 +4,8 @@
 //!
 //! The interceptor rewrites a doomed CreateFleet into a harmless DescribeRegions call before it
 //! is sent (so nothing is launched) and replaces the answer with a CreateFleet response whose
-//! error set names every override of a failing type.
+//! error set names every override of a failing type. It also records every CreateFleet request,
+//! so tests can check what was asked for.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,6 +29,7 @@ pub struct FaultInjector {
 struct State {
     failing: BTreeSet<String>,
     injected: usize,
+    requests: Vec<String>,
 }
 
 /// The CreateFleet answer to give instead of the real one.
@@ -68,6 +70,11 @@ impl FaultInjector {
     /// How many CreateFleet calls were answered with injected errors.
     pub fn injected(&self) -> usize {
         self.lock().injected
+    }
+
+    /// The query-protocol bodies of the CreateFleet calls seen so far, in order.
+    pub fn create_fleet_requests(&self) -> Vec<String> {
+        self.lock().requests.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -177,6 +184,7 @@ impl Intercept for FaultInjector {
         }
         let overrides = requested_overrides(&body);
         let mut state = self.lock();
+        state.requests.push(body.clone());
         // The fleet launches its first override when it can: fail when that one is doomed.
         if !overrides.first().is_some_and(|o| state.failing.contains(&o.instance_type)) {
             return Ok(());
