@@ -1,0 +1,809 @@
+//! EC2 instance types as the scheduler sees them: capacity, overhead, labels and offerings,
+//! computed from the EC2 description of a type and the node class's kubelet settings.
+//!
+//! Everything here is pure; [`super::catalog`] fetches the descriptions.
+
+use std::collections::BTreeSet;
+
+use aws_sdk_ec2::types as ec2;
+
+use crate::apis::ec2nodeclass::{AmiFamily, EC2NodeClassSpec, InstanceStorePolicy, KubeletConfiguration};
+use crate::apis::labels::*;
+use crate::scheduling::instancetypes::{InstanceType, Offering, Overhead};
+use crate::scheduling::requirements::{Requirement, Requirements};
+use crate::scheduling::resources::{
+    CPU, EPHEMERAL_STORAGE, MEMORY, PODS, QuantityError, Resources, parse_quantity, parse_quantity_for,
+};
+
+/// Share of an instance's memory the hypervisor keeps (upstream's `VM_MEMORY_OVERHEAD_PERCENT`).
+pub const DEFAULT_VM_MEMORY_OVERHEAD_PERCENT: f64 = 0.075;
+/// Ephemeral storage when the node class does not size the root (data) volume.
+pub const DEFAULT_EPHEMERAL_STORAGE: i64 = 20 << 30;
+/// Pods per node when the ENI limit is unknown.
+pub const DEFAULT_MAX_PODS: i64 = 110;
+
+const MI: i64 = 1 << 20;
+const GI: i64 = 1 << 30;
+
+/// A GPU model of an instance type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gpu {
+    /// Model (`T4`).
+    pub name: String,
+    /// Manufacturer (`NVIDIA`, `AMD`, `Habana`).
+    pub manufacturer: String,
+    /// How many.
+    pub count: i64,
+    /// Memory per GPU in MiB.
+    pub memory_mib: i64,
+}
+
+/// An ML accelerator (Inferentia, Trainium) of an instance type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Accelerator {
+    /// Model (`Inferentia`).
+    pub name: String,
+    /// Manufacturer (`AWS`).
+    pub manufacturer: String,
+    /// How many devices.
+    pub count: i64,
+}
+
+/// What Karpenter needs to know about an EC2 instance type, independent of the SDK.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TypeInfo {
+    /// Name (`m5.large`).
+    pub name: String,
+    /// EC2 architectures (`x86_64`, `arm64`).
+    pub architectures: Vec<String>,
+    /// Default number of vCPUs.
+    pub vcpus: i64,
+    /// Memory in MiB.
+    pub memory_mib: i64,
+    /// `nitro` or `xen`; empty for bare metal.
+    pub hypervisor: String,
+    /// CPU manufacturer as EC2 spells it (`Intel`, `AMD`, `AWS`).
+    pub cpu_manufacturer: Option<String>,
+    /// Sustained clock speed in GHz.
+    pub sustained_clock_ghz: Option<f64>,
+    /// Maximum network interfaces.
+    pub max_enis: i64,
+    /// IPv4 addresses per interface.
+    pub ipv4_per_eni: i64,
+    /// Whether traffic between instances is encrypted.
+    pub encryption_in_transit: bool,
+    /// GPUs.
+    pub gpus: Vec<Gpu>,
+    /// Inferentia / Trainium devices.
+    pub accelerators: Vec<Accelerator>,
+    /// Maximum EFA interfaces.
+    pub efa_interfaces: i64,
+    /// Local NVMe instance storage in GB.
+    pub local_nvme_gb: Option<i64>,
+    /// Baseline network bandwidth in Mbps.
+    pub network_bandwidth_mbps: Option<i64>,
+    /// Maximum EBS bandwidth in Mbps.
+    pub ebs_bandwidth_mbps: Option<i64>,
+    /// Whether spot capacity can be bought.
+    pub spot_supported: bool,
+}
+
+impl TypeInfo {
+    /// Converts the EC2 description; `None` when it lacks a name, vCPUs or memory.
+    pub fn from_sdk(info: &ec2::InstanceTypeInfo) -> Option<TypeInfo> {
+        let name = info.instance_type()?.as_str().to_string();
+        let vcpus = i64::from(info.v_cpu_info()?.default_v_cpus()?);
+        let memory_mib = info.memory_info()?.size_in_mib()?;
+        let processor = info.processor_info();
+        let network = info.network_info();
+        let gpus = info
+            .gpu_info()
+            .map(|g| g.gpus())
+            .unwrap_or_default()
+            .iter()
+            .map(|g| Gpu {
+                name: g.name().unwrap_or_default().to_string(),
+                manufacturer: g.manufacturer().unwrap_or_default().to_string(),
+                count: i64::from(g.count().unwrap_or(0)),
+                memory_mib: i64::from(g.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0)),
+            })
+            .collect();
+        let mut accelerators: Vec<Accelerator> = info
+            .neuron_info()
+            .map(|n| n.neuron_devices())
+            .unwrap_or_default()
+            .iter()
+            .map(|d| Accelerator {
+                name: d.name().unwrap_or_default().to_string(),
+                manufacturer: "AWS".to_string(),
+                count: i64::from(d.count().unwrap_or(0)),
+            })
+            .collect();
+        if accelerators.is_empty() {
+            accelerators = info
+                .inference_accelerator_info()
+                .map(|a| a.accelerators())
+                .unwrap_or_default()
+                .iter()
+                .map(|d| Accelerator {
+                    name: d.name().unwrap_or_default().to_string(),
+                    manufacturer: d.manufacturer().unwrap_or_default().to_string(),
+                    count: i64::from(d.count().unwrap_or(0)),
+                })
+                .collect();
+        }
+        let nvme = info.instance_storage_info().and_then(|s| {
+            let supported = !matches!(s.nvme_support(), Some(ec2::EphemeralNvmeSupport::Unsupported) | None);
+            supported.then(|| s.total_size_in_gb()).flatten()
+        });
+        Some(TypeInfo {
+            name,
+            architectures: processor
+                .map(|p| p.supported_architectures().iter().map(|a| a.as_str().to_string()).collect())
+                .unwrap_or_default(),
+            vcpus,
+            memory_mib,
+            hypervisor: info.hypervisor().map(|h| h.as_str().to_string()).unwrap_or_default(),
+            cpu_manufacturer: processor.and_then(|p| p.manufacturer()).map(str::to_string),
+            sustained_clock_ghz: processor.and_then(|p| p.sustained_clock_speed_in_ghz()),
+            max_enis: i64::from(network.and_then(|n| n.maximum_network_interfaces()).unwrap_or(0)),
+            ipv4_per_eni: i64::from(network.and_then(|n| n.ipv4_addresses_per_interface()).unwrap_or(0)),
+            encryption_in_transit: network.and_then(|n| n.encryption_in_transit_supported()).unwrap_or(false),
+            gpus,
+            accelerators,
+            efa_interfaces: i64::from(
+                network.and_then(|n| n.efa_info()).and_then(|e| e.maximum_efa_interfaces()).unwrap_or(0),
+            ),
+            local_nvme_gb: nvme,
+            network_bandwidth_mbps: network
+                .and_then(|n| n.network_cards().first())
+                .and_then(|c| c.baseline_bandwidth_in_gbps())
+                .map(|g| (g * 1000.0).round() as i64),
+            ebs_bandwidth_mbps: info
+                .ebs_info()
+                .and_then(|e| e.ebs_optimized_info())
+                .and_then(|o| o.maximum_bandwidth_in_mbps())
+                .map(i64::from),
+            spot_supported: info.supported_usage_classes().contains(&ec2::UsageClassType::Spot),
+        })
+    }
+
+    /// The Kubernetes architecture (`amd64`, `arm64`), if the type has a supported one.
+    pub fn arch(&self) -> Option<&'static str> {
+        if self.architectures.iter().any(|a| a == "x86_64") {
+            Some(ARCH_AMD64)
+        } else if self.architectures.iter().any(|a| a == "arm64") {
+            Some(ARCH_ARM64)
+        } else {
+            None
+        }
+    }
+
+    /// Family (`m5`) and size (`large`).
+    pub fn family_and_size(&self) -> (&str, &str) {
+        self.name.split_once('.').unwrap_or((&self.name, ""))
+    }
+}
+
+/// Category (`m`, `inf`) and generation (`5`) of a family name (`m5`, `inf2`, `u-6tb1`).
+pub fn category_and_generation(family: &str) -> (String, Option<String>) {
+    let category: String = family.chars().take_while(|c| c.is_ascii_lowercase()).collect();
+    let mut rest = &family[category.len()..];
+    if let Some(after_dash) = rest.strip_prefix('-') {
+        // `-<n>tb` memory marker of the high-memory families.
+        let digits = after_dash.chars().take_while(char::is_ascii_digit).count();
+        if after_dash[digits..].starts_with("tb") {
+            rest = &after_dash[digits + 2..];
+        }
+    }
+    let generation: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    (category, (!generation.is_empty()).then_some(generation))
+}
+
+/// Node-class and operator settings that shape every instance type.
+#[derive(Clone, Debug)]
+pub struct Settings<'a> {
+    /// The region (label `topology.kubernetes.io/region`).
+    pub region: &'a str,
+    /// Kubelet settings of the node class.
+    pub kubelet: Option<&'a KubeletConfiguration>,
+    /// AMI family of the node class.
+    pub ami_family: AmiFamily,
+    /// Size of the volume backing the kubelet's ephemeral storage.
+    pub ephemeral_storage: i64,
+    /// Whether instance-store volumes become the ephemeral storage.
+    pub instance_store_raid0: bool,
+    /// Network interfaces kept out of the pod-density computation.
+    pub reserved_enis: i64,
+    /// Share of memory the hypervisor keeps.
+    pub vm_memory_overhead_percent: f64,
+}
+
+impl<'a> Settings<'a> {
+    /// The settings of a node class, with default operator settings.
+    pub fn for_node_class(region: &'a str, spec: &'a EC2NodeClassSpec) -> Self {
+        let ami_family = super::amifamily::family_of(spec);
+        Settings {
+            region,
+            kubelet: spec.kubelet.as_ref(),
+            ami_family,
+            ephemeral_storage: super::amifamily::ephemeral_storage(spec, ami_family),
+            instance_store_raid0: spec.instance_store_policy == Some(InstanceStorePolicy::RAID0),
+            reserved_enis: 0,
+            vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
+        }
+    }
+}
+
+/// Memory the node sees: the type's memory minus the hypervisor's share (rounded up to MiB).
+pub fn memory(info: &TypeInfo, overhead_percent: f64) -> i64 {
+    let overhead_mib = (info.memory_mib as f64 * overhead_percent).ceil() as i64;
+    (info.memory_mib - overhead_mib) * MI
+}
+
+/// Pods per node limited by the ENIs and their IPv4 addresses (VPC CNI without prefix
+/// delegation): `ENIs × (IPs per ENI − 1) + 2`.
+pub fn eni_limited_pods(info: &TypeInfo, reserved_enis: i64) -> Option<i64> {
+    if info.max_enis <= 0 || info.ipv4_per_eni <= 0 {
+        return None;
+    }
+    let enis = (info.max_enis - reserved_enis).max(0);
+    Some((enis * (info.ipv4_per_eni - 1) + 2).max(0))
+}
+
+/// Pods per node: kubelet's `maxPods`, else the ENI limit, capped by `podsPerCore × vCPUs`
+/// (which Bottlerocket ignores).
+pub fn pods(info: &TypeInfo, settings: &Settings<'_>) -> i64 {
+    let kubelet = settings.kubelet;
+    let mut count = match kubelet.and_then(|k| k.max_pods) {
+        Some(max) => i64::from(max),
+        None => eni_limited_pods(info, settings.reserved_enis).unwrap_or(DEFAULT_MAX_PODS),
+    };
+    if let Some(per_core) = kubelet.and_then(|k| k.pods_per_core).filter(|p| *p > 0)
+        && settings.ami_family != AmiFamily::Bottlerocket
+    {
+        count = count.min(i64::from(per_core) * info.vcpus);
+    }
+    count
+}
+
+/// Ephemeral storage of a node of this type.
+pub fn ephemeral_storage(info: &TypeInfo, settings: &Settings<'_>) -> i64 {
+    match info.local_nvme_gb {
+        Some(gb) if settings.instance_store_raid0 && gb > 0 => gb * 1_000_000_000,
+        _ => settings.ephemeral_storage,
+    }
+}
+
+/// Total capacity of a node of this type.
+pub fn capacity(info: &TypeInfo, settings: &Settings<'_>) -> Resources {
+    let mut r = Resources::from_pairs([
+        (CPU, info.vcpus * 1000),
+        (MEMORY, memory(info, settings.vm_memory_overhead_percent)),
+        (EPHEMERAL_STORAGE, ephemeral_storage(info, settings)),
+        (PODS, pods(info, settings)),
+    ]);
+    for gpu in &info.gpus {
+        let resource = match gpu.manufacturer.to_ascii_lowercase().as_str() {
+            "nvidia" => RESOURCE_NVIDIA_GPU,
+            "amd" => RESOURCE_AMD_GPU,
+            "habana" => RESOURCE_HABANA_GAUDI,
+            _ => continue,
+        };
+        r.set(resource, r.get(resource) + gpu.count);
+    }
+    let neuron: i64 = info.accelerators.iter().map(|a| a.count).sum();
+    r.set(RESOURCE_AWS_NEURON, neuron);
+    r.set(RESOURCE_EFA, info.efa_interfaces);
+    r
+}
+
+/// CPU kubelet and the container runtime need: 6% of the first core, 1% of the second, 0.5% of
+/// the third and fourth and 0.25% of every further core (in millicores, each range truncated).
+pub fn kube_reserved_cpu(cpu_millis: i64) -> i64 {
+    const RANGES: [(i64, i64, f64); 4] =
+        [(0, 1000, 0.06), (1000, 2000, 0.01), (2000, 4000, 0.005), (4000, i64::MAX, 0.0025)];
+    RANGES
+        .iter()
+        .map(|(start, end, share)| {
+            let in_range = (cpu_millis.min(*end) - start).max(0);
+            (in_range as f64 * share) as i64
+        })
+        .sum()
+}
+
+/// Resources reserved for Kubernetes daemons: the defaults, overridden per key by the kubelet's
+/// `kubeReserved`.
+pub fn kube_reserved(
+    capacity: &Resources,
+    kubelet: Option<&KubeletConfiguration>,
+) -> Result<Resources, QuantityError> {
+    let mut r = Resources::from_pairs([
+        (CPU, kube_reserved_cpu(capacity.cpu)),
+        (MEMORY, (11 * capacity.pods + 255) * MI),
+        (EPHEMERAL_STORAGE, GI),
+    ]);
+    apply_overrides(&mut r, kubelet.and_then(|k| k.kube_reserved.as_ref()))?;
+    Ok(r)
+}
+
+/// Resources reserved for the operating system: only what the kubelet's `systemReserved` says.
+pub fn system_reserved(kubelet: Option<&KubeletConfiguration>) -> Result<Resources, QuantityError> {
+    let mut r = Resources::default();
+    apply_overrides(&mut r, kubelet.and_then(|k| k.system_reserved.as_ref()))?;
+    Ok(r)
+}
+
+fn apply_overrides(
+    r: &mut Resources,
+    overrides: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<(), QuantityError> {
+    for (name, value) in overrides.into_iter().flatten() {
+        if name == "pid" {
+            continue;
+        }
+        let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(value.clone());
+        r.set(name, parse_quantity_for(name, &q)?);
+    }
+    Ok(())
+}
+
+/// Memory and storage kept free for kubelet's eviction: 100Mi and 10% of the ephemeral storage,
+/// unless `evictionHard` / `evictionSoft` set a threshold (the larger of the two then wins).
+pub fn eviction_threshold(
+    capacity: &Resources,
+    kubelet: Option<&KubeletConfiguration>,
+) -> Result<Resources, QuantityError> {
+    let mut memory: Option<i64> = None;
+    let mut storage: Option<i64> = None;
+    let signals = kubelet.into_iter().flat_map(|k| [k.eviction_hard.as_ref(), k.eviction_soft.as_ref()]);
+    for map in signals.flatten() {
+        if let Some(v) = map.get("memory.available") {
+            let t = threshold(v, capacity.memory, MEMORY)?;
+            memory = Some(memory.map_or(t, |m| m.max(t)));
+        }
+        if let Some(v) = map.get("nodefs.available") {
+            let t = threshold(v, capacity.ephemeral_storage, EPHEMERAL_STORAGE)?;
+            storage = Some(storage.map_or(t, |s| s.max(t)));
+        }
+    }
+    Ok(Resources::from_pairs([
+        (MEMORY, memory.unwrap_or(100 * MI)),
+        (
+            EPHEMERAL_STORAGE,
+            storage.unwrap_or_else(|| (capacity.ephemeral_storage as f64 * 0.1).ceil() as i64),
+        ),
+    ]))
+}
+
+/// A threshold written as a percentage of `total` or as a quantity.
+fn threshold(value: &str, total: i64, resource: &str) -> Result<i64, QuantityError> {
+    let err = || QuantityError { resource: resource.to_string(), quantity: value.to_string() };
+    match value.strip_suffix('%') {
+        Some(pct) => {
+            let pct: f64 = pct.parse().map_err(|_| err())?;
+            Ok((total as f64 * pct / 100.0).ceil() as i64)
+        }
+        None => parse_quantity(value, 1).ok_or_else(err),
+    }
+}
+
+/// The full overhead of a node of this type.
+pub fn overhead(
+    capacity: &Resources,
+    kubelet: Option<&KubeletConfiguration>,
+) -> Result<Overhead, QuantityError> {
+    Ok(Overhead {
+        kube_reserved: kube_reserved(capacity, kubelet)?,
+        system_reserved: system_reserved(kubelet)?,
+        eviction_threshold: eviction_threshold(capacity, kubelet)?,
+    })
+}
+
+fn single(reqs: &mut Requirements, key: &str, value: impl Into<String>) {
+    reqs.add(key, Requirement::in_values([value.into()]));
+}
+
+/// The labels of a node of this type (without zone, capacity type and instance type, which
+/// [`InstanceType::new`] adds). Labels a type lacks (GPUs, accelerators, NVMe) are
+/// `DoesNotExist`, so that selectors requiring them exclude the type.
+pub fn requirements(info: &TypeInfo, region: &str) -> Requirements {
+    let mut r = Requirements::new();
+    if let Some(arch) = info.arch() {
+        single(&mut r, LABEL_ARCH, arch);
+    }
+    single(&mut r, LABEL_OS, "linux");
+    single(&mut r, LABEL_TOPOLOGY_REGION, region);
+    let (family, size) = info.family_and_size();
+    let (category, generation) = category_and_generation(family);
+    single(&mut r, LABEL_INSTANCE_CATEGORY, category);
+    single(&mut r, LABEL_INSTANCE_FAMILY, family);
+    match generation {
+        Some(g) => single(&mut r, LABEL_INSTANCE_GENERATION, g),
+        None => r.add(LABEL_INSTANCE_GENERATION, Requirement::does_not_exist()),
+    }
+    single(&mut r, LABEL_INSTANCE_SIZE, size);
+    single(&mut r, LABEL_INSTANCE_CPU, info.vcpus.to_string());
+    match &info.cpu_manufacturer {
+        Some(m) => single(&mut r, LABEL_INSTANCE_CPU_MANUFACTURER, m.to_ascii_lowercase()),
+        None => r.add(LABEL_INSTANCE_CPU_MANUFACTURER, Requirement::does_not_exist()),
+    }
+    match info.sustained_clock_ghz {
+        Some(ghz) => single(
+            &mut r,
+            LABEL_INSTANCE_CPU_SUSTAINED_CLOCK_SPEED_MHZ,
+            ((ghz * 1000.0).round() as i64).to_string(),
+        ),
+        None => r.add(LABEL_INSTANCE_CPU_SUSTAINED_CLOCK_SPEED_MHZ, Requirement::does_not_exist()),
+    }
+    single(&mut r, LABEL_INSTANCE_MEMORY, info.memory_mib.to_string());
+    single(&mut r, LABEL_INSTANCE_HYPERVISOR, info.hypervisor.clone());
+    single(&mut r, LABEL_INSTANCE_ENCRYPTION_IN_TRANSIT_SUPPORTED, info.encryption_in_transit.to_string());
+    optional(&mut r, LABEL_INSTANCE_NETWORK_BANDWIDTH, info.network_bandwidth_mbps);
+    optional(&mut r, LABEL_INSTANCE_EBS_BANDWIDTH, info.ebs_bandwidth_mbps);
+    optional(&mut r, LABEL_INSTANCE_LOCAL_NVME, info.local_nvme_gb);
+
+    // GPU labels describe the type's single GPU model.
+    match info.gpus.as_slice() {
+        [gpu] => {
+            single(&mut r, LABEL_INSTANCE_GPU_NAME, gpu.name.to_ascii_lowercase());
+            single(&mut r, LABEL_INSTANCE_GPU_MANUFACTURER, gpu.manufacturer.to_ascii_lowercase());
+            single(&mut r, LABEL_INSTANCE_GPU_COUNT, gpu.count.to_string());
+            single(&mut r, LABEL_INSTANCE_GPU_MEMORY, gpu.memory_mib.to_string());
+        }
+        _ => {
+            for key in [
+                LABEL_INSTANCE_GPU_NAME,
+                LABEL_INSTANCE_GPU_MANUFACTURER,
+                LABEL_INSTANCE_GPU_COUNT,
+                LABEL_INSTANCE_GPU_MEMORY,
+            ] {
+                r.add(key, Requirement::does_not_exist());
+            }
+        }
+    }
+    match info.accelerators.as_slice() {
+        [acc] => {
+            single(&mut r, LABEL_INSTANCE_ACCELERATOR_NAME, acc.name.to_ascii_lowercase());
+            single(&mut r, LABEL_INSTANCE_ACCELERATOR_MANUFACTURER, acc.manufacturer.to_ascii_lowercase());
+            single(&mut r, LABEL_INSTANCE_ACCELERATOR_COUNT, acc.count.to_string());
+        }
+        _ => {
+            for key in [
+                LABEL_INSTANCE_ACCELERATOR_NAME,
+                LABEL_INSTANCE_ACCELERATOR_MANUFACTURER,
+                LABEL_INSTANCE_ACCELERATOR_COUNT,
+            ] {
+                r.add(key, Requirement::does_not_exist());
+            }
+        }
+    }
+    r
+}
+
+fn optional(r: &mut Requirements, key: &str, value: Option<i64>) {
+    match value {
+        Some(v) => single(r, key, v.to_string()),
+        None => r.add(key, Requirement::does_not_exist()),
+    }
+}
+
+/// Where and how a type can be bought, as the catalog knows it.
+pub struct OfferingInputs<'a> {
+    /// Zones the type is offered in.
+    pub offered_zones: &'a BTreeSet<String>,
+    /// Zones that have one of the node class's subnets.
+    pub subnet_zones: &'a BTreeSet<String>,
+    /// Price of `(zone, capacity type)`.
+    pub price: &'a dyn Fn(&str, &str) -> Option<f64>,
+    /// Whether `(zone, capacity type)` recently ran out of capacity.
+    pub unavailable: &'a dyn Fn(&str, &str) -> bool,
+}
+
+/// The offerings of a type: one per zone it is offered in and capacity type with a known price.
+/// An offering is available when its zone has a subnet of the class and it has not recently
+/// run out of capacity.
+pub fn offerings(info: &TypeInfo, inputs: &OfferingInputs<'_>) -> Vec<Offering> {
+    let mut capacity_types = vec![CAPACITY_TYPE_ON_DEMAND];
+    if info.spot_supported {
+        capacity_types.push(CAPACITY_TYPE_SPOT);
+    }
+    let mut out = Vec::new();
+    for zone in inputs.offered_zones {
+        for ct in &capacity_types {
+            let Some(price) = (inputs.price)(zone, ct) else { continue };
+            out.push(Offering {
+                zone: zone.clone(),
+                capacity_type: ct.to_string(),
+                price,
+                available: inputs.subnet_zones.contains(zone) && !(inputs.unavailable)(zone, ct),
+            });
+        }
+    }
+    out
+}
+
+/// Builds the scheduler's instance type.
+pub fn instance_type(
+    info: &TypeInfo,
+    settings: &Settings<'_>,
+    offerings: Vec<Offering>,
+) -> Result<InstanceType, QuantityError> {
+    let capacity = capacity(info, settings);
+    let overhead = overhead(&capacity, settings.kubelet)?;
+    Ok(InstanceType::new(
+        info.name.clone(),
+        requirements(info, settings.region),
+        capacity,
+        overhead,
+        offerings,
+    ))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::scheduling::resources::format_quantity;
+
+    pub(crate) fn m5_large() -> TypeInfo {
+        TypeInfo {
+            name: "m5.large".into(),
+            architectures: vec!["x86_64".into()],
+            vcpus: 2,
+            memory_mib: 8192,
+            hypervisor: "nitro".into(),
+            cpu_manufacturer: Some("Intel".into()),
+            sustained_clock_ghz: Some(3.1),
+            max_enis: 3,
+            ipv4_per_eni: 10,
+            encryption_in_transit: false,
+            network_bandwidth_mbps: Some(750),
+            ebs_bandwidth_mbps: Some(4750),
+            spot_supported: true,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn c6g_xlarge() -> TypeInfo {
+        TypeInfo {
+            name: "c6g.xlarge".into(),
+            architectures: vec!["arm64".into()],
+            vcpus: 4,
+            memory_mib: 8192,
+            hypervisor: "nitro".into(),
+            cpu_manufacturer: Some("AWS".into()),
+            sustained_clock_ghz: Some(2.5),
+            max_enis: 4,
+            ipv4_per_eni: 15,
+            encryption_in_transit: false,
+            network_bandwidth_mbps: Some(1250),
+            ebs_bandwidth_mbps: Some(4750),
+            spot_supported: true,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn g4dn_xlarge() -> TypeInfo {
+        TypeInfo {
+            name: "g4dn.xlarge".into(),
+            architectures: vec!["x86_64".into()],
+            vcpus: 4,
+            memory_mib: 16384,
+            hypervisor: "nitro".into(),
+            cpu_manufacturer: Some("Intel".into()),
+            sustained_clock_ghz: Some(2.5),
+            max_enis: 3,
+            ipv4_per_eni: 10,
+            encryption_in_transit: true,
+            gpus: vec![Gpu { name: "T4".into(), manufacturer: "NVIDIA".into(), count: 1, memory_mib: 16384 }],
+            local_nvme_gb: Some(125),
+            network_bandwidth_mbps: Some(5000),
+            ebs_bandwidth_mbps: Some(3500),
+            spot_supported: true,
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn t3_medium() -> TypeInfo {
+        TypeInfo {
+            name: "t3.medium".into(),
+            architectures: vec!["x86_64".into()],
+            vcpus: 2,
+            memory_mib: 4096,
+            hypervisor: "nitro".into(),
+            cpu_manufacturer: Some("Intel".into()),
+            sustained_clock_ghz: Some(2.5),
+            max_enis: 3,
+            ipv4_per_eni: 6,
+            encryption_in_transit: false,
+            network_bandwidth_mbps: Some(256),
+            ebs_bandwidth_mbps: Some(2085),
+            spot_supported: true,
+            ..Default::default()
+        }
+    }
+
+    fn default_settings() -> Settings<'static> {
+        Settings {
+            region: "us-west-2",
+            kubelet: None,
+            ami_family: AmiFamily::AL2023,
+            ephemeral_storage: DEFAULT_EPHEMERAL_STORAGE,
+            instance_store_raid0: false,
+            reserved_enis: 0,
+            vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
+        }
+    }
+
+    fn fmt(r: &Resources) -> BTreeMap<String, String> {
+        r.iter().map(|(k, v)| (k.to_string(), format_quantity(k, v))).collect()
+    }
+
+    /// (type, capacity, kube-reserved cpu, kube-reserved memory, allocatable memory)
+    #[rstest::rstest]
+    #[case(m5_large(), "2", "7577Mi", 29, "70m", "574Mi", "6903Mi")]
+    #[case(c6g_xlarge(), "4", "7577Mi", 58, "80m", "893Mi", "6584Mi")]
+    #[case(g4dn_xlarge(), "4", "15155Mi", 29, "80m", "574Mi", "14481Mi")]
+    #[case(t3_medium(), "2", "3788Mi", 17, "70m", "442Mi", "3246Mi")]
+    fn capacity_and_overhead(
+        #[case] info: TypeInfo,
+        #[case] cpu: &str,
+        #[case] mem: &str,
+        #[case] pods: i64,
+        #[case] reserved_cpu: &str,
+        #[case] reserved_mem: &str,
+        #[case] alloc_mem: &str,
+    ) {
+        let it = instance_type(&info, &default_settings(), vec![]).unwrap();
+        let cap = fmt(&it.capacity);
+        assert_eq!(cap["cpu"], cpu);
+        assert_eq!(cap["memory"], mem);
+        assert_eq!(cap["ephemeral-storage"], "20Gi");
+        assert_eq!(it.capacity.pods, pods);
+        assert_eq!(format_quantity(CPU, it.overhead.kube_reserved.cpu), reserved_cpu);
+        assert_eq!(format_quantity(MEMORY, it.overhead.kube_reserved.memory), reserved_mem);
+        assert_eq!(format_quantity(EPHEMERAL_STORAGE, it.overhead.kube_reserved.ephemeral_storage), "1Gi");
+        assert_eq!(format_quantity(MEMORY, it.overhead.eviction_threshold.memory), "100Mi");
+        // 10% of 20Gi, rounded up to a byte.
+        assert_eq!(it.overhead.eviction_threshold.ephemeral_storage, 2147483648);
+        assert_eq!(format_quantity(MEMORY, it.allocatable().memory), alloc_mem);
+    }
+
+    #[test]
+    fn gpu_resources_and_labels() {
+        let it = instance_type(&g4dn_xlarge(), &default_settings(), vec![]).unwrap();
+        assert_eq!(it.capacity.get(RESOURCE_NVIDIA_GPU), 1);
+        let labels = it.requirements.single_valued_labels();
+        assert_eq!(labels[LABEL_INSTANCE_GPU_NAME], "t4");
+        assert_eq!(labels[LABEL_INSTANCE_GPU_MANUFACTURER], "nvidia");
+        assert_eq!(labels[LABEL_INSTANCE_GPU_COUNT], "1");
+        assert_eq!(labels[LABEL_INSTANCE_GPU_MEMORY], "16384");
+        assert_eq!(labels[LABEL_INSTANCE_LOCAL_NVME], "125");
+        assert_eq!(labels[LABEL_INSTANCE_ENCRYPTION_IN_TRANSIT_SUPPORTED], "true");
+        assert_eq!(labels[LABEL_INSTANCE_CATEGORY], "g");
+        assert_eq!(labels[LABEL_INSTANCE_GENERATION], "4");
+        assert_eq!(labels[LABEL_INSTANCE_FAMILY], "g4dn");
+    }
+
+    #[test]
+    fn labels_of_m5_large_and_c6g() {
+        let m5 = requirements(&m5_large(), "us-west-2").single_valued_labels();
+        let want = [
+            (LABEL_ARCH, "amd64"),
+            (LABEL_OS, "linux"),
+            (LABEL_TOPOLOGY_REGION, "us-west-2"),
+            (LABEL_INSTANCE_CATEGORY, "m"),
+            (LABEL_INSTANCE_FAMILY, "m5"),
+            (LABEL_INSTANCE_GENERATION, "5"),
+            (LABEL_INSTANCE_SIZE, "large"),
+            (LABEL_INSTANCE_CPU, "2"),
+            (LABEL_INSTANCE_CPU_MANUFACTURER, "intel"),
+            (LABEL_INSTANCE_CPU_SUSTAINED_CLOCK_SPEED_MHZ, "3100"),
+            (LABEL_INSTANCE_MEMORY, "8192"),
+            (LABEL_INSTANCE_HYPERVISOR, "nitro"),
+            (LABEL_INSTANCE_ENCRYPTION_IN_TRANSIT_SUPPORTED, "false"),
+            (LABEL_INSTANCE_NETWORK_BANDWIDTH, "750"),
+            (LABEL_INSTANCE_EBS_BANDWIDTH, "4750"),
+        ];
+        for (k, v) in want {
+            assert_eq!(m5.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        let reqs = requirements(&m5_large(), "us-west-2");
+        assert!(!reqs.allows(LABEL_INSTANCE_GPU_COUNT, "1"));
+        assert!(!m5.contains_key(LABEL_INSTANCE_LOCAL_NVME));
+        let c6g = requirements(&c6g_xlarge(), "us-west-2").single_valued_labels();
+        assert_eq!(c6g[LABEL_ARCH], "arm64");
+        assert_eq!(c6g[LABEL_INSTANCE_CPU_MANUFACTURER], "aws");
+        assert_eq!(c6g[LABEL_INSTANCE_CATEGORY], "c");
+        assert_eq!(c6g[LABEL_INSTANCE_GENERATION], "6");
+    }
+
+    #[rstest::rstest]
+    #[case("m5", "m", Some("5"))]
+    #[case("g4dn", "g", Some("4"))]
+    #[case("inf2", "inf", Some("2"))]
+    #[case("u-6tb1", "u", Some("1"))]
+    #[case("mac2-m2pro", "mac", Some("2"))]
+    #[case("weird", "weird", None)]
+    fn categories(#[case] family: &str, #[case] cat: &str, #[case] generation: Option<&str>) {
+        assert_eq!(category_and_generation(family), (cat.to_string(), generation.map(str::to_string)));
+    }
+
+    #[test]
+    fn kube_reserved_cpu_ranges() {
+        assert_eq!(kube_reserved_cpu(1000), 60);
+        assert_eq!(kube_reserved_cpu(2000), 70);
+        assert_eq!(kube_reserved_cpu(4000), 80);
+        assert_eq!(kube_reserved_cpu(5000), 82);
+        assert_eq!(kube_reserved_cpu(96000), 310);
+    }
+
+    #[test]
+    fn kubelet_overrides() {
+        let kubelet = KubeletConfiguration {
+            max_pods: Some(110),
+            pods_per_core: Some(10),
+            kube_reserved: Some(BTreeMap::from([("cpu".into(), "200m".into())])),
+            system_reserved: Some(BTreeMap::from([("memory".into(), "1Gi".into())])),
+            eviction_hard: Some(BTreeMap::from([
+                ("memory.available".into(), "5%".into()),
+                ("nodefs.available".into(), "1Gi".into()),
+            ])),
+            eviction_soft: Some(BTreeMap::from([("memory.available".into(), "500Mi".into())])),
+            ..Default::default()
+        };
+        let settings = Settings { kubelet: Some(&kubelet), ..default_settings() };
+        let it = instance_type(&m5_large(), &settings, vec![]).unwrap();
+        assert_eq!(it.capacity.pods, 20, "podsPerCore caps maxPods");
+        assert_eq!(it.overhead.kube_reserved.cpu, 200);
+        assert_eq!(it.overhead.kube_reserved.memory, (11 * 20 + 255) * MI);
+        assert_eq!(it.overhead.system_reserved.memory, GI);
+        // max(5% of 7577Mi, 500Mi)
+        assert_eq!(it.overhead.eviction_threshold.memory, 500 * MI);
+        assert_eq!(it.overhead.eviction_threshold.ephemeral_storage, GI);
+
+        let bottlerocket = Settings { ami_family: AmiFamily::Bottlerocket, ..settings };
+        assert_eq!(pods(&m5_large(), &bottlerocket), 110);
+        let reserved = Settings { reserved_enis: 1, ..default_settings() };
+        assert_eq!(pods(&m5_large(), &reserved), 20);
+        let raid = Settings { instance_store_raid0: true, ..default_settings() };
+        assert_eq!(ephemeral_storage(&g4dn_xlarge(), &raid), 125_000_000_000);
+    }
+
+    #[test]
+    fn offerings_follow_subnets_prices_and_capacity() {
+        let offered: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+        let subnets: BTreeSet<String> = ["a", "b"].map(String::from).into();
+        let price = |zone: &str, ct: &str| match (zone, ct) {
+            ("c", "spot") => None,
+            (_, "spot") => Some(0.03),
+            _ => Some(0.096),
+        };
+        let unavailable = |zone: &str, ct: &str| zone == "b" && ct == "spot";
+        let inputs = OfferingInputs {
+            offered_zones: &offered,
+            subnet_zones: &subnets,
+            price: &price,
+            unavailable: &unavailable,
+        };
+        let got: Vec<(String, String, bool)> = offerings(&m5_large(), &inputs)
+            .into_iter()
+            .map(|o| (o.zone, o.capacity_type, o.available))
+            .collect();
+        let s = |z: &str, c: &str, a: bool| (z.to_string(), c.to_string(), a);
+        assert_eq!(
+            got,
+            vec![
+                s("a", "on-demand", true),
+                s("a", "spot", true),
+                s("b", "on-demand", true),
+                s("b", "spot", false),
+                s("c", "on-demand", false),
+            ]
+        );
+        let no_spot = TypeInfo { spot_supported: false, ..m5_large() };
+        assert!(offerings(&no_spot, &inputs).iter().all(|o| o.capacity_type == "on-demand"));
+    }
+}

@@ -1,0 +1,275 @@
+//! Launch templates: their content is decided purely ([`LaunchTemplate`]), named by a hash of
+//! it, and created in EC2 only when no template of that name exists yet.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_ec2::Client as Ec2Client;
+use aws_sdk_ec2::types as ec2;
+use base64::Engine;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::cache::{Clock, TtlCache};
+use super::sdk_error;
+use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
+use crate::cloudprovider::{CloudProviderError, Result};
+use crate::scheduling::resources::parse_quantity;
+
+/// Prefix of the names of the launch templates Karpenter manages.
+pub const NAME_PREFIX: &str = "karpenter.k8s.aws";
+/// Tag naming the cluster a launch template belongs to.
+pub const CLUSTER_TAG: &str = "karpenter.k8s.aws/cluster";
+
+/// The content of a launch template.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LaunchTemplate {
+    /// AMI.
+    pub image_id: String,
+    /// Instance profile name.
+    pub instance_profile: String,
+    /// Security group ids, sorted.
+    pub security_group_ids: Vec<String>,
+    /// Block devices.
+    pub block_device_mappings: Vec<BlockDeviceMapping>,
+    /// IMDS options.
+    pub metadata_options: MetadataOptions,
+    /// Detailed monitoring.
+    pub detailed_monitoring: bool,
+    /// Public IPv4 address on the primary interface (subnet default when unset).
+    pub associate_public_ip_address: Option<bool>,
+    /// Tags of the template itself.
+    pub tags: BTreeMap<String, String>,
+    /// User data (plain text; encoded when the template is created).
+    pub user_data: String,
+}
+
+impl LaunchTemplate {
+    /// The template's name: the prefix and a hash of the content, so that equal content shares
+    /// one template and changed content gets a new one.
+    pub fn name(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let digest = Sha256::digest(&json);
+        let hex: String = digest.iter().take(10).map(|b| format!("{b:02x}")).collect();
+        format!("{NAME_PREFIX}/{hex}")
+    }
+
+    /// The CreateLaunchTemplate data.
+    pub fn request_data(&self) -> Result<ec2::RequestLaunchTemplateData> {
+        let mut data = ec2::RequestLaunchTemplateData::builder()
+            .image_id(&self.image_id)
+            .iam_instance_profile(
+                ec2::LaunchTemplateIamInstanceProfileSpecificationRequest::builder()
+                    .name(&self.instance_profile)
+                    .build(),
+            )
+            .monitoring(
+                ec2::LaunchTemplatesMonitoringRequest::builder().enabled(self.detailed_monitoring).build(),
+            )
+            .metadata_options(
+                ec2::LaunchTemplateInstanceMetadataOptionsRequest::builder()
+                    .http_endpoint(ec2::LaunchTemplateInstanceMetadataEndpointState::from(
+                        self.metadata_options.http_endpoint.as_str(),
+                    ))
+                    .http_protocol_ipv6(ec2::LaunchTemplateInstanceMetadataProtocolIpv6::from(
+                        self.metadata_options.http_protocol_ipv6.as_str(),
+                    ))
+                    .http_put_response_hop_limit(
+                        i32::try_from(self.metadata_options.http_put_response_hop_limit).unwrap_or(1),
+                    )
+                    .http_tokens(ec2::LaunchTemplateHttpTokensState::from(
+                        self.metadata_options.http_tokens.as_str(),
+                    ))
+                    .build(),
+            )
+            .user_data(base64::engine::general_purpose::STANDARD.encode(&self.user_data));
+        match self.associate_public_ip_address {
+            Some(public) => {
+                data = data.network_interfaces(
+                    ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
+                        .device_index(0)
+                        .associate_public_ip_address(public)
+                        .set_groups(Some(self.security_group_ids.clone()))
+                        .build(),
+                );
+            }
+            None => data = data.set_security_group_ids(Some(self.security_group_ids.clone())),
+        }
+        for m in &self.block_device_mappings {
+            data = data.block_device_mappings(block_device(m)?);
+        }
+        Ok(data.build())
+    }
+}
+
+/// Size in GiB (rounded up) of a volume size such as `20Gi` or `100G`.
+pub fn volume_size_gib(size: &str) -> Option<i32> {
+    let bytes = parse_quantity(size, 1)?;
+    i32::try_from((bytes + (1 << 30) - 1) >> 30).ok()
+}
+
+fn block_device(m: &BlockDeviceMapping) -> Result<ec2::LaunchTemplateBlockDeviceMappingRequest> {
+    let mut b =
+        ec2::LaunchTemplateBlockDeviceMappingRequest::builder().set_device_name(m.device_name.clone());
+    if let Some(e) = &m.ebs {
+        let size = match &e.volume_size {
+            Some(s) => Some(
+                volume_size_gib(s)
+                    .ok_or_else(|| CloudProviderError::Config(format!("invalid volume size {s:?}")))?,
+            ),
+            None => None,
+        };
+        let volume_type = e.volume_type.map(|t| {
+            let name =
+                serde_json::to_value(t).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+            ec2::VolumeType::from(name.as_str())
+        });
+        b = b.ebs(
+            ec2::LaunchTemplateEbsBlockDeviceRequest::builder()
+                .set_delete_on_termination(Some(e.delete_on_termination.unwrap_or(true)))
+                .set_encrypted(e.encrypted)
+                .set_iops(e.iops.and_then(|v| i32::try_from(v).ok()))
+                .set_kms_key_id(e.kms_key_id.clone())
+                .set_snapshot_id(e.snapshot_id.clone())
+                .set_throughput(e.throughput.and_then(|v| i32::try_from(v).ok()))
+                .set_volume_size(size)
+                .set_volume_type(volume_type)
+                .build(),
+        );
+    }
+    Ok(b.build())
+}
+
+pub(crate) fn ec2_tags(tags: &BTreeMap<String, String>) -> Vec<ec2::Tag> {
+    tags.iter().map(|(k, v)| ec2::Tag::builder().key(k).value(v).build()).collect()
+}
+
+/// Creates launch templates on demand and remembers which exist.
+#[derive(Debug)]
+pub struct LaunchTemplates {
+    ec2: Ec2Client,
+    known: TtlCache<String, ()>,
+}
+
+impl LaunchTemplates {
+    /// A provider that re-checks a template's existence after an hour.
+    pub fn new(ec2: Ec2Client, clock: Arc<dyn Clock>) -> Self {
+        LaunchTemplates { ec2, known: TtlCache::new(Duration::from_secs(3600), clock) }
+    }
+
+    /// Makes sure the template exists and returns its name.
+    pub async fn ensure(&self, lt: &LaunchTemplate) -> Result<String> {
+        let name = lt.name();
+        if self.known.contains(&name) {
+            return Ok(name);
+        }
+        match self.ec2.describe_launch_templates().launch_template_names(&name).send().await {
+            Ok(out) if !out.launch_templates().is_empty() => {
+                self.known.insert(name.clone(), ());
+                return Ok(name);
+            }
+            Ok(_) => {}
+            Err(e)
+                if e.as_service_error()
+                    .and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s))
+                    .is_some_and(|c| c.contains("NotFound")) => {}
+            Err(e) => return Err(sdk_error("DescribeLaunchTemplates", e)),
+        }
+        let created = self
+            .ec2
+            .create_launch_template()
+            .launch_template_name(&name)
+            .launch_template_data(lt.request_data()?)
+            .tag_specifications(
+                ec2::TagSpecification::builder()
+                    .resource_type(ec2::ResourceType::LaunchTemplate)
+                    .set_tags(Some(ec2_tags(&lt.tags)))
+                    .build(),
+            )
+            .send()
+            .await;
+        match created {
+            Ok(_) => {}
+            Err(e)
+                if e.as_service_error()
+                    .and_then(|s| aws_sdk_ec2::error::ProvideErrorMetadata::code(s))
+                    .is_some_and(|c| c.contains("AlreadyExists")) => {}
+            Err(e) => return Err(sdk_error("CreateLaunchTemplate", e)),
+        }
+        self.known.insert(name.clone(), ());
+        Ok(name)
+    }
+
+    /// Forgets that `name` exists (after EC2 said it does not).
+    pub fn invalidate(&self, name: &str) {
+        self.known.remove(&name.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::ec2nodeclass::BlockDevice;
+
+    pub(crate) fn template() -> LaunchTemplate {
+        LaunchTemplate {
+            image_id: "ami-1".into(),
+            instance_profile: "profile".into(),
+            security_group_ids: vec!["sg-1".into()],
+            block_device_mappings: vec![BlockDeviceMapping {
+                device_name: Some("/dev/xvda".into()),
+                ebs: Some(BlockDevice { volume_size: Some("20Gi".into()), ..Default::default() }),
+                root_volume: Some(true),
+            }],
+            metadata_options: MetadataOptions::default(),
+            detailed_monitoring: false,
+            associate_public_ip_address: None,
+            tags: BTreeMap::new(),
+            user_data: "#!/bin/sh".into(),
+        }
+    }
+
+    #[test]
+    fn names_hash_the_content() {
+        let a = template();
+        assert!(a.name().starts_with("karpenter.k8s.aws/"));
+        assert_eq!(a.name(), template().name());
+        for changed in [
+            LaunchTemplate { image_id: "ami-2".into(), ..template() },
+            LaunchTemplate { user_data: "x".into(), ..template() },
+            LaunchTemplate { security_group_ids: vec!["sg-2".into()], ..template() },
+            LaunchTemplate { detailed_monitoring: true, ..template() },
+            LaunchTemplate {
+                metadata_options: MetadataOptions { http_tokens: "optional".into(), ..Default::default() },
+                ..template()
+            },
+        ] {
+            assert_ne!(changed.name(), a.name());
+        }
+    }
+
+    #[test]
+    fn volume_sizes() {
+        assert_eq!(volume_size_gib("20Gi"), Some(20));
+        assert_eq!(volume_size_gib("100G"), Some(94));
+        assert_eq!(volume_size_gib("1Ti"), Some(1024));
+        assert_eq!(volume_size_gib("x"), None);
+    }
+
+    #[test]
+    fn request_data() {
+        let data = template().request_data().unwrap();
+        assert_eq!(data.image_id(), Some("ami-1"));
+        assert_eq!(data.security_group_ids(), ["sg-1".to_string()]);
+        assert_eq!(data.block_device_mappings()[0].ebs().and_then(|e| e.volume_size()), Some(20));
+        assert_eq!(
+            data.metadata_options().and_then(|m| m.http_tokens()).map(|t| t.as_str()),
+            Some("required")
+        );
+        let public =
+            LaunchTemplate { associate_public_ip_address: Some(false), ..template() }.request_data().unwrap();
+        assert!(public.security_group_ids().is_empty());
+        assert_eq!(public.network_interfaces()[0].groups(), ["sg-1".to_string()]);
+    }
+}

@@ -1,0 +1,589 @@
+//! Resolution of an `EC2NodeClass`: which subnets, security groups, AMIs and instance profile
+//! its selectors select, and the status (with conditions) that records the outcome.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_ec2::Client as Ec2Client;
+use aws_sdk_ec2::types::Filter;
+use aws_sdk_iam::Client as IamClient;
+use aws_sdk_ssm::Client as SsmClient;
+use sha2::{Digest, Sha256};
+
+use super::amifamily::{self, alias_queries, arch_requirements, parse_alias};
+use super::sdk_error;
+use crate::apis::ec2nodeclass::{
+    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassStatus, SecurityGroupSelectorTerm,
+    SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
+};
+use crate::apis::labels::LABEL_EC2NODECLASS;
+use crate::apis::{Condition, ConditionStatus};
+use crate::cloudprovider::{CloudProviderError, Result};
+
+/// Condition types of an EC2NodeClass.
+pub mod conditions {
+    /// Subnets were found.
+    pub const SUBNETS_READY: &str = "SubnetsReady";
+    /// Security groups were found.
+    pub const SECURITY_GROUPS_READY: &str = "SecurityGroupsReady";
+    /// AMIs were found.
+    pub const AMIS_READY: &str = "AMIsReady";
+    /// The instance profile exists.
+    pub const INSTANCE_PROFILE_READY: &str = "InstanceProfileReady";
+    /// The class passed validation.
+    pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
+    /// All of the above.
+    pub const READY: &str = "Ready";
+}
+
+/// A subnet with the number of free IPv4 addresses it has.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Subnet {
+    /// Subnet id.
+    pub id: String,
+    /// Availability zone.
+    pub zone: String,
+    /// Availability zone id.
+    pub zone_id: Option<String>,
+    /// Free IPv4 addresses.
+    pub available_ips: i64,
+}
+
+/// Orders subnets by free addresses, most first (then by id), without duplicates.
+pub fn sort_subnets(mut subnets: Vec<Subnet>) -> Vec<Subnet> {
+    subnets.sort_by(|a, b| b.available_ips.cmp(&a.available_ips).then(a.id.cmp(&b.id)));
+    let mut seen = BTreeSet::new();
+    subnets.retain(|s| seen.insert(s.id.clone()));
+    subnets
+}
+
+fn tag_filters(tags: &BTreeMap<String, String>) -> Vec<Filter> {
+    tags.iter()
+        .map(|(k, v)| {
+            if v == "*" {
+                Filter::builder().name("tag-key").values(k).build()
+            } else {
+                Filter::builder().name(format!("tag:{k}")).values(v).build()
+            }
+        })
+        .collect()
+}
+
+/// The subnets the terms select, most free addresses first.
+pub async fn resolve_subnets(ec2: &Ec2Client, terms: &[SubnetSelectorTerm]) -> Result<Vec<Subnet>> {
+    let mut found = Vec::new();
+    for term in terms {
+        let mut filters = Vec::new();
+        if let Some(id) = &term.id {
+            filters.push(Filter::builder().name("subnet-id").values(id).build());
+        }
+        if let Some(tags) = &term.tags {
+            filters.extend(tag_filters(tags));
+        }
+        if filters.is_empty() {
+            continue;
+        }
+        let out = ec2
+            .describe_subnets()
+            .set_filters(Some(filters))
+            .send()
+            .await
+            .map_err(|e| sdk_error("DescribeSubnets", e))?;
+        for s in out.subnets() {
+            let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) else { continue };
+            found.push(Subnet {
+                id: id.to_string(),
+                zone: zone.to_string(),
+                zone_id: s.availability_zone_id().map(str::to_string),
+                available_ips: i64::from(s.available_ip_address_count().unwrap_or(0)),
+            });
+        }
+    }
+    Ok(sort_subnets(found))
+}
+
+/// The security groups the terms select, by id.
+pub async fn resolve_security_groups(
+    ec2: &Ec2Client,
+    terms: &[SecurityGroupSelectorTerm],
+) -> Result<Vec<SecurityGroupStatus>> {
+    let mut found: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for term in terms {
+        let mut filters = Vec::new();
+        if let Some(id) = &term.id {
+            filters.push(Filter::builder().name("group-id").values(id).build());
+        }
+        if let Some(name) = &term.name {
+            filters.push(Filter::builder().name("group-name").values(name).build());
+        }
+        if let Some(tags) = &term.tags {
+            filters.extend(tag_filters(tags));
+        }
+        if filters.is_empty() {
+            continue;
+        }
+        let out = ec2
+            .describe_security_groups()
+            .set_filters(Some(filters))
+            .send()
+            .await
+            .map_err(|e| sdk_error("DescribeSecurityGroups", e))?;
+        for g in out.security_groups() {
+            if let Some(id) = g.group_id() {
+                found.insert(id.to_string(), g.group_name().map(str::to_string));
+            }
+        }
+    }
+    Ok(found.into_iter().map(|(id, name)| SecurityGroupStatus { id, name }).collect())
+}
+
+/// An image found by DescribeImages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Image {
+    /// AMI id.
+    pub id: String,
+    /// AMI name.
+    pub name: Option<String>,
+    /// EC2 architecture.
+    pub architecture: String,
+    /// Creation date (RFC 3339), used to prefer newer images.
+    pub creation_date: String,
+    /// Whether the image is deprecated.
+    pub deprecated: bool,
+}
+
+async fn describe_images(
+    ec2: &Ec2Client,
+    ids: Vec<String>,
+    owners: Vec<String>,
+    filters: Vec<Filter>,
+) -> Result<Vec<Image>> {
+    let mut req = ec2.describe_images().include_deprecated(true);
+    if !ids.is_empty() {
+        req = req.set_image_ids(Some(ids));
+    }
+    if !owners.is_empty() {
+        req = req.set_owners(Some(owners));
+    }
+    if !filters.is_empty() {
+        req = req.set_filters(Some(filters));
+    }
+    let out = req.send().await.map_err(|e| sdk_error("DescribeImages", e))?;
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    Ok(out
+        .images()
+        .iter()
+        .filter_map(|i| {
+            Some(Image {
+                id: i.image_id()?.to_string(),
+                name: i.name().map(str::to_string),
+                architecture: i.architecture().map(|a| a.as_str().to_string()).unwrap_or_default(),
+                creation_date: i.creation_date().unwrap_or_default().to_string(),
+                deprecated: i.deprecation_time().is_some_and(|t| t <= now.as_str()),
+            })
+        })
+        .collect())
+}
+
+/// The AMIs the terms select, newest first, with the requirements of the instance types each
+/// can boot. `k8s_version` (`1.34`) picks the alias's SSM parameters.
+pub async fn resolve_amis(
+    ec2: &Ec2Client,
+    ssm: &SsmClient,
+    terms: &[AmiSelectorTerm],
+    k8s_version: &str,
+) -> Result<Vec<AmiStatus>> {
+    let mut out: Vec<(AmiStatus, String)> = Vec::new();
+    for term in terms {
+        if let Some(alias) = &term.alias {
+            let Some((family, version)) = parse_alias(alias) else { continue };
+            let mut resolved = Vec::new();
+            for q in alias_queries(family, &version, k8s_version) {
+                match ssm.get_parameter().name(&q.parameter).send().await {
+                    Ok(p) => {
+                        if let Some(id) = p.parameter().and_then(|p| p.value()) {
+                            resolved.push((id.to_string(), q.requirements));
+                        }
+                    }
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_parameter_not_found()) => {}
+                    Err(e) => return Err(sdk_error("GetParameter", e)),
+                }
+            }
+            let ids: Vec<String> =
+                resolved.iter().map(|(id, _)| id.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+            let images =
+                if ids.is_empty() { vec![] } else { describe_images(ec2, ids, vec![], vec![]).await? };
+            for (id, requirements) in resolved {
+                let Some(image) = images.iter().find(|i| i.id == id) else { continue };
+                out.push((
+                    AmiStatus {
+                        id,
+                        name: image.name.clone(),
+                        requirements,
+                        deprecated: image.deprecated.then_some(true),
+                    },
+                    image.creation_date.clone(),
+                ));
+            }
+            continue;
+        }
+        let mut ids = Vec::new();
+        let mut filters = Vec::new();
+        let mut owners = Vec::new();
+        if let Some(id) = &term.id {
+            ids.push(id.clone());
+        }
+        if let Some(name) = &term.name {
+            filters.push(Filter::builder().name("name").values(name).build());
+        }
+        if let Some(owner) = &term.owner {
+            owners.push(owner.clone());
+        }
+        if let Some(tags) = &term.tags {
+            filters.extend(tag_filters(tags));
+        }
+        if let Some(param) = &term.ssm_parameter {
+            match ssm.get_parameter().name(param).send().await {
+                Ok(p) => ids.extend(p.parameter().and_then(|p| p.value()).map(str::to_string)),
+                Err(e) if e.as_service_error().is_some_and(|s| s.is_parameter_not_found()) => continue,
+                Err(e) => return Err(sdk_error("GetParameter", e)),
+            }
+        }
+        if ids.is_empty() && filters.is_empty() {
+            continue;
+        }
+        if ids.is_empty() && owners.is_empty() && term.tags.is_none() {
+            // A name alone matches images of any account; restrict it as upstream does.
+            owners = vec!["self".to_string(), "amazon".to_string()];
+        }
+        for image in describe_images(ec2, ids, owners, filters).await? {
+            out.push((
+                AmiStatus {
+                    requirements: arch_requirements(&image.architecture),
+                    id: image.id,
+                    name: image.name,
+                    deprecated: image.deprecated.then_some(true),
+                },
+                image.creation_date,
+            ));
+        }
+    }
+    Ok(sort_amis(out))
+}
+
+/// Orders AMIs newest first (non-deprecated before deprecated), keeping the first occurrence of
+/// each `(id, requirements)`.
+pub fn sort_amis(mut amis: Vec<(AmiStatus, String)>) -> Vec<AmiStatus> {
+    amis.sort_by(|(a, ad), (b, bd)| {
+        a.deprecated
+            .unwrap_or(false)
+            .cmp(&b.deprecated.unwrap_or(false))
+            .then(bd.cmp(ad))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut seen = Vec::new();
+    let mut out = Vec::new();
+    for (ami, _) in amis {
+        let key = (ami.id.clone(), format!("{:?}", ami.requirements));
+        if !seen.contains(&key) {
+            seen.push(key);
+            out.push(ami);
+        }
+    }
+    out
+}
+
+/// The name of the instance profile Karpenter manages for a class using `role`.
+pub fn instance_profile_name(cluster: &str, region: &str, class_name: &str) -> String {
+    let digest = Sha256::digest(format!("{region}/{class_name}").as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{cluster}_{hex}")
+}
+
+/// The role name of `role`, which may be a name or an ARN (`arn:aws:iam::1:role/path/name`).
+pub fn role_name(role: &str) -> &str {
+    role.rsplit('/').next().unwrap_or(role)
+}
+
+/// The instance profile of the class: the given one (checked to exist), or one Karpenter
+/// creates for the role (and re-points at the role if needed). `Ok(None)` when it does not exist.
+pub async fn resolve_instance_profile(
+    iam: &IamClient,
+    class: &EC2NodeClass,
+    cluster: &str,
+    region: &str,
+) -> Result<Option<String>> {
+    if let Some(profile) = &class.spec.instance_profile {
+        return match iam.get_instance_profile().instance_profile_name(profile).send().await {
+            Ok(_) => Ok(Some(profile.clone())),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_entity_exception()) => Ok(None),
+            Err(e) => Err(sdk_error("GetInstanceProfile", e)),
+        };
+    }
+    let Some(role) = &class.spec.role else { return Ok(None) };
+    let role = role_name(role);
+    let class_name = class.metadata.name.clone().unwrap_or_default();
+    let name = instance_profile_name(cluster, region, &class_name);
+    let existing = match iam.get_instance_profile().instance_profile_name(&name).send().await {
+        Ok(out) => {
+            out.instance_profile().map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
+        }
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_entity_exception()) => None,
+        Err(e) => return Err(sdk_error("GetInstanceProfile", e)),
+    };
+    let roles: Vec<String> = match existing {
+        Some(roles) => roles,
+        None => {
+            let tag = |k: &str, v: &str| aws_sdk_iam::types::Tag::builder().key(k).value(v).build();
+            let tags = [
+                tag(&format!("kubernetes.io/cluster/{cluster}"), "owned"),
+                tag("karpenter.sh/managed-by", cluster),
+                tag(LABEL_EC2NODECLASS, &class_name),
+                tag("topology.kubernetes.io/region", region),
+            ]
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| CloudProviderError::Config(format!("invalid instance profile tag: {e}")))?;
+            iam.create_instance_profile()
+                .instance_profile_name(&name)
+                .path("/")
+                .set_tags(Some(tags))
+                .send()
+                .await
+                .map_err(|e| sdk_error("CreateInstanceProfile", e))?;
+            Vec::new()
+        }
+    };
+    if roles.iter().any(|r| r == role) {
+        return Ok(Some(name));
+    }
+    for other in &roles {
+        iam.remove_role_from_instance_profile()
+            .instance_profile_name(&name)
+            .role_name(other)
+            .send()
+            .await
+            .map_err(|e| sdk_error("RemoveRoleFromInstanceProfile", e))?;
+    }
+    match iam.add_role_to_instance_profile().instance_profile_name(&name).role_name(role).send().await {
+        Ok(_) => Ok(Some(name)),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_entity_exception()) => Ok(None),
+        Err(e) => Err(sdk_error("AddRoleToInstanceProfile", e)),
+    }
+}
+
+/// What resolving a class found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resolution {
+    /// Selected subnets, most free addresses first.
+    pub subnets: Vec<Subnet>,
+    /// Selected security groups.
+    pub security_groups: Vec<SecurityGroupStatus>,
+    /// Selected AMIs.
+    pub amis: Vec<AmiStatus>,
+    /// The instance profile, when it exists.
+    pub instance_profile: Option<String>,
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason_if_not: &str,
+    message_if_not: String,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: if ok { ConditionStatus::True } else { ConditionStatus::False },
+        observed_generation: generation,
+        last_transition_time: String::new(),
+        reason: if ok { type_.to_string() } else { reason_if_not.to_string() },
+        message: if ok { String::new() } else { message_if_not },
+    }
+}
+
+fn terms_json<T: serde::Serialize>(terms: &[T]) -> String {
+    serde_json::to_string(terms).unwrap_or_default()
+}
+
+/// The status a class gets from `resolution`. Transition times of conditions whose status did
+/// not change are kept from `previous`; new ones get `now`.
+pub fn status(
+    class: &EC2NodeClass,
+    resolution: &Resolution,
+    previous: Option<&EC2NodeClassStatus>,
+    now: &str,
+) -> EC2NodeClassStatus {
+    use conditions::*;
+    let generation = class.metadata.generation;
+    let spec = &class.spec;
+    let profile_message = match (&spec.instance_profile, &spec.role) {
+        (Some(p), _) => format!("instance profile {p} not found"),
+        (None, Some(r)) => format!("role {r} not found; the instance profile cannot use it"),
+        (None, None) => "neither role nor instanceProfile is set".to_string(),
+    };
+    let mut conds = vec![
+        condition(
+            SUBNETS_READY,
+            !resolution.subnets.is_empty(),
+            "SubnetsNotFound",
+            format!("SubnetSelector did not match any Subnets: {}", terms_json(&spec.subnet_selector_terms)),
+            generation,
+        ),
+        condition(
+            SECURITY_GROUPS_READY,
+            !resolution.security_groups.is_empty(),
+            "SecurityGroupsNotFound",
+            format!(
+                "SecurityGroupSelector did not match any SecurityGroups: {}",
+                terms_json(&spec.security_group_selector_terms)
+            ),
+            generation,
+        ),
+        condition(
+            AMIS_READY,
+            !resolution.amis.is_empty(),
+            "AMINotFound",
+            format!("AMISelector did not match any AMIs: {}", terms_json(&spec.ami_selector_terms)),
+            generation,
+        ),
+        condition(
+            INSTANCE_PROFILE_READY,
+            resolution.instance_profile.is_some(),
+            "InstanceProfileNotFound",
+            profile_message,
+            generation,
+        ),
+        condition(VALIDATION_SUCCEEDED, true, "", String::new(), generation),
+    ];
+    let unhealthy: Vec<String> = conds
+        .iter()
+        .filter(|c| c.status != ConditionStatus::True)
+        .map(|c| format!("{}={:?}", c.type_, c.status))
+        .collect();
+    conds.push(condition(
+        READY,
+        unhealthy.is_empty(),
+        "UnhealthyDependents",
+        unhealthy.join(", "),
+        generation,
+    ));
+    for c in &mut conds {
+        let before = previous.and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_));
+        c.last_transition_time = match before {
+            Some(b) if b.status == c.status => b.last_transition_time.clone(),
+            _ => now.to_string(),
+        };
+    }
+    EC2NodeClassStatus {
+        subnets: resolution
+            .subnets
+            .iter()
+            .map(|s| SubnetStatus { id: s.id.clone(), zone: s.zone.clone(), zone_id: s.zone_id.clone() })
+            .collect(),
+        security_groups: resolution.security_groups.clone(),
+        capacity_reservations: Vec::new(),
+        amis: resolution.amis.clone(),
+        instance_profile: resolution.instance_profile.clone(),
+        conditions: conds,
+    }
+}
+
+/// Whether a class's status says it is ready to launch from.
+pub fn is_ready(status: Option<&EC2NodeClassStatus>) -> std::result::Result<&EC2NodeClassStatus, String> {
+    let Some(status) = status else { return Err("the class has not been resolved yet".to_string()) };
+    match status.conditions.iter().find(|c| c.type_ == conditions::READY) {
+        Some(c) if c.status == ConditionStatus::True => Ok(status),
+        Some(c) => Err(format!("{}: {}", c.reason, c.message)),
+        None => Err("the class has no Ready condition yet".to_string()),
+    }
+}
+
+/// The family a class's AMIs boot with (re-exported for callers of this module).
+pub use amifamily::family_of;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subnet(id: &str, zone: &str, ips: i64) -> Subnet {
+        Subnet { id: id.into(), zone: zone.into(), zone_id: None, available_ips: ips }
+    }
+
+    #[test]
+    fn subnets_sort_by_free_addresses() {
+        let got = sort_subnets(vec![
+            subnet("b", "z1", 10),
+            subnet("a", "z2", 10),
+            subnet("c", "z1", 99),
+            subnet("a", "z2", 10),
+        ]);
+        assert_eq!(got.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), vec!["c", "a", "b"]);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(role_name("arn:aws:iam::123456789012:role/path/KarpenterNodeRole"), "KarpenterNodeRole");
+        assert_eq!(role_name("KarpenterNodeRole"), "KarpenterNodeRole");
+        let a = instance_profile_name("demo", "us-west-2", "default");
+        assert!(a.starts_with("demo_") && a.len() == 5 + 16);
+        assert_ne!(a, instance_profile_name("demo", "us-west-2", "other"));
+    }
+
+    #[test]
+    fn amis_sort_newest_first() {
+        let ami = |id: &str, dep: bool| AmiStatus {
+            id: id.into(),
+            deprecated: dep.then_some(true),
+            ..Default::default()
+        };
+        let got = sort_amis(vec![
+            (ami("old", false), "2024".into()),
+            (ami("new", false), "2025".into()),
+            (ami("dep", true), "2026".into()),
+            (ami("new", false), "2025".into()),
+        ]);
+        assert_eq!(got.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), vec!["new", "old", "dep"]);
+    }
+
+    #[test]
+    fn status_conditions() {
+        let class: EC2NodeClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+            "metadata": {"name": "default", "generation": 3},
+            "spec": {
+                "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "nope"}}],
+                "securityGroupSelectorTerms": [{"id": "sg-1"}],
+                "amiSelectorTerms": [{"alias": "al2023@latest"}],
+                "role": "r",
+            }
+        }))
+        .unwrap();
+        let res = Resolution {
+            security_groups: vec![SecurityGroupStatus { id: "sg-1".into(), name: None }],
+            amis: vec![AmiStatus { id: "ami-1".into(), ..Default::default() }],
+            instance_profile: Some("p".into()),
+            ..Default::default()
+        };
+        let st = status(&class, &res, None, "t1");
+        let get =
+            |s: &EC2NodeClassStatus, t: &str| s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap();
+        let subnets = get(&st, conditions::SUBNETS_READY);
+        assert_eq!(subnets.status, ConditionStatus::False);
+        assert_eq!(subnets.reason, "SubnetsNotFound");
+        assert!(subnets.message.contains("karpenter.sh/discovery"), "{}", subnets.message);
+        assert_eq!(subnets.observed_generation, Some(3));
+        let ready = get(&st, conditions::READY);
+        assert_eq!((ready.status, ready.reason.as_str()), (ConditionStatus::False, "UnhealthyDependents"));
+        assert_eq!(ready.message, "SubnetsReady=False");
+        assert!(is_ready(Some(&st)).is_err());
+        assert_eq!(get(&st, conditions::AMIS_READY).reason, "AMIsReady");
+
+        let fixed = Resolution { subnets: vec![subnet("s", "z", 1)], ..res };
+        let st2 = status(&class, &fixed, Some(&st), "t2");
+        assert_eq!(get(&st2, conditions::READY).status, ConditionStatus::True);
+        assert_eq!(get(&st2, conditions::READY).last_transition_time, "t2");
+        assert_eq!(get(&st2, conditions::AMIS_READY).last_transition_time, "t1");
+        assert!(is_ready(Some(&st2)).is_ok());
+        assert_eq!(st2.subnets[0].id, "s");
+    }
+}

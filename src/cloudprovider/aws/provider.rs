@@ -1,0 +1,823 @@
+//! [`AwsCloudProvider`]: the [`CloudProvider`] for EC2, wiring the catalog, prices, node-class
+//! resolution, launch templates and fleets together.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use aws_sdk_ec2::types as ec2;
+use sha2::{Digest, Sha256};
+
+use super::cache::{Clock, SystemClock, TtlCache};
+use super::catalog::Catalog;
+use super::fleet::{self, FleetError, Override};
+use super::instance::{self, Ec2Instance, TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM, cluster_tag};
+use super::instancetype::{self, OfferingInputs, Settings, TypeInfo};
+use super::launchtemplate::{self, CLUSTER_TAG, LaunchTemplate, LaunchTemplates, ec2_tags};
+use super::nodeclass::{self, Resolution};
+use super::pricing::Pricing;
+use super::userdata::{self, Bootstrap, ClusterInfo};
+use super::{amifamily, sdk_error};
+use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
+use crate::apis::labels::*;
+use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
+use crate::cloudprovider::{
+    BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result, provider_id,
+};
+use crate::scheduling::instancetypes::{self as sched, InstanceType};
+use crate::scheduling::requirements::Requirements;
+use crate::scheduling::resources::Resources;
+
+/// How long an offering that ran out of capacity is left out.
+pub const UNAVAILABLE_OFFERING_TTL: Duration = Duration::from_secs(180);
+/// Version of the node-class hash written to NodeClaims.
+pub const NODE_CLASS_HASH_VERSION: &str = "v1";
+
+/// The AWS service clients the provider uses.
+#[derive(Clone, Debug)]
+pub struct AwsClients {
+    /// EC2.
+    pub ec2: aws_sdk_ec2::Client,
+    /// SSM (AMI aliases).
+    pub ssm: aws_sdk_ssm::Client,
+    /// IAM (instance profiles).
+    pub iam: aws_sdk_iam::Client,
+    /// EKS (cluster endpoint and CA).
+    pub eks: aws_sdk_eks::Client,
+    /// Region of the clients.
+    pub region: String,
+}
+
+impl AwsClients {
+    /// Clients configured from the environment (credentials chain, `AWS_REGION`,
+    /// `AWS_ENDPOINT_URL`, ...).
+    pub async fn from_env() -> Result<Self> {
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        Self::from_config(&config)
+    }
+
+    /// Clients for an SDK configuration.
+    pub fn from_config(config: &aws_config::SdkConfig) -> Result<Self> {
+        let region = config.region().map(|r| r.as_ref().to_string()).ok_or_else(|| {
+            CloudProviderError::Config("no AWS region configured (set AWS_REGION)".to_string())
+        })?;
+        Ok(AwsClients {
+            ec2: aws_sdk_ec2::Client::new(config),
+            ssm: aws_sdk_ssm::Client::new(config),
+            iam: aws_sdk_iam::Client::new(config),
+            eks: aws_sdk_eks::Client::new(config),
+            region,
+        })
+    }
+}
+
+/// Operator settings of the provider.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Cluster name.
+    pub cluster_name: String,
+    /// API server endpoint; discovered through EKS when unset.
+    pub cluster_endpoint: Option<String>,
+    /// Network interfaces kept out of the pod-density computation.
+    pub reserved_enis: i64,
+    /// Share of memory the hypervisor keeps.
+    pub vm_memory_overhead_percent: f64,
+    /// How often the instance-type catalog is refreshed.
+    pub catalog_refresh: Duration,
+}
+
+impl Options {
+    /// Defaults for `cluster_name`.
+    pub fn new(cluster_name: impl Into<String>) -> Self {
+        Options {
+            cluster_name: cluster_name.into(),
+            cluster_endpoint: None,
+            reserved_enis: 0,
+            vm_memory_overhead_percent: instancetype::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
+            catalog_refresh: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The EC2NodeClasses the provider knows, fed by the node-class controller (or a watch).
+#[derive(Debug, Default)]
+pub struct NodeClassStore(RwLock<HashMap<String, Arc<EC2NodeClass>>>);
+
+impl NodeClassStore {
+    /// Adds or replaces a class.
+    pub fn upsert(&self, class: EC2NodeClass) {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(name, Arc::new(class));
+    }
+
+    /// Removes a class.
+    pub fn remove(&self, name: &str) {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).remove(name);
+    }
+
+    /// The class named `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<EC2NodeClass>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
+    }
+}
+
+/// The EC2 cloud provider.
+#[derive(Debug)]
+pub struct AwsCloudProvider {
+    clients: AwsClients,
+    options: Options,
+    cluster: ClusterInfo,
+    node_classes: NodeClassStore,
+    catalog: Catalog,
+    pricing: Pricing,
+    unavailable: TtlCache<OfferingKey, ()>,
+    launch_templates: LaunchTemplates,
+}
+
+impl AwsCloudProvider {
+    /// A provider for the cluster of `options`, whose endpoint, CA, service CIDR and version
+    /// come from EKS DescribeCluster.
+    pub async fn new(clients: AwsClients, options: Options) -> Result<Self> {
+        Self::with_clock(clients, options, Arc::new(SystemClock)).await
+    }
+
+    /// As [`AwsCloudProvider::new`], with the clock that times the caches.
+    pub async fn with_clock(clients: AwsClients, options: Options, clock: Arc<dyn Clock>) -> Result<Self> {
+        let out = clients
+            .eks
+            .describe_cluster()
+            .name(&options.cluster_name)
+            .send()
+            .await
+            .map_err(|e| sdk_error("DescribeCluster", e))?;
+        let c = out.cluster().ok_or_else(|| CloudProviderError::UnexpectedResponse {
+            operation: "DescribeCluster",
+            message: "no cluster in the answer".to_string(),
+        })?;
+        let cluster = ClusterInfo {
+            name: options.cluster_name.clone(),
+            endpoint: options
+                .cluster_endpoint
+                .clone()
+                .or_else(|| c.endpoint().map(str::to_string))
+                .unwrap_or_default(),
+            ca_bundle: c.certificate_authority().and_then(|a| a.data()).unwrap_or_default().to_string(),
+            service_cidr: c
+                .kubernetes_network_config()
+                .and_then(|n| n.service_ipv4_cidr())
+                .map(str::to_string),
+            version: c.version().unwrap_or_default().to_string(),
+        };
+        Ok(AwsCloudProvider {
+            catalog: Catalog::new(clients.ec2.clone(), options.catalog_refresh, clock.clone()),
+            launch_templates: LaunchTemplates::new(clients.ec2.clone(), clock.clone()),
+            unavailable: TtlCache::new(UNAVAILABLE_OFFERING_TTL, clock),
+            pricing: Pricing::default(),
+            node_classes: NodeClassStore::default(),
+            clients,
+            options,
+            cluster,
+        })
+    }
+
+    /// The cluster nodes join.
+    pub fn cluster(&self) -> &ClusterInfo {
+        &self.cluster
+    }
+
+    /// The known node classes.
+    pub fn node_classes(&self) -> &NodeClassStore {
+        &self.node_classes
+    }
+
+    /// Known prices.
+    pub fn pricing(&self) -> &Pricing {
+        &self.pricing
+    }
+
+    /// Offerings that recently ran out of capacity.
+    pub fn unavailable_offerings(&self) -> &TtlCache<OfferingKey, ()> {
+        &self.unavailable
+    }
+
+    /// The clients.
+    pub fn clients(&self) -> &AwsClients {
+        &self.clients
+    }
+
+    /// Resolves a class's selectors and returns the status it should get (the node-class
+    /// controller writes it and then [`NodeClassStore::upsert`]s the class).
+    pub async fn resolve_node_class(&self, class: &EC2NodeClass) -> Result<EC2NodeClassStatus> {
+        let spec = &class.spec;
+        let ec2 = &self.clients.ec2;
+        let resolution = Resolution {
+            subnets: nodeclass::resolve_subnets(ec2, &spec.subnet_selector_terms).await?,
+            security_groups: nodeclass::resolve_security_groups(ec2, &spec.security_group_selector_terms)
+                .await?,
+            amis: nodeclass::resolve_amis(
+                ec2,
+                &self.clients.ssm,
+                &spec.ami_selector_terms,
+                &self.cluster.version,
+            )
+            .await?,
+            instance_profile: nodeclass::resolve_instance_profile(
+                &self.clients.iam,
+                class,
+                &self.cluster.name,
+                &self.clients.region,
+            )
+            .await?,
+        };
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        Ok(nodeclass::status(class, &resolution, class.status.as_ref(), &now))
+    }
+
+    fn ready_class(&self, name: &str) -> Result<(Arc<EC2NodeClass>, EC2NodeClassStatus)> {
+        let class = self.node_classes.get(name).ok_or_else(|| CloudProviderError::NodeClassNotReady {
+            name: name.to_string(),
+            reason: "the EC2NodeClass does not exist".to_string(),
+        })?;
+        let status = nodeclass::is_ready(class.status.as_ref())
+            .map_err(|reason| CloudProviderError::NodeClassNotReady { name: name.to_string(), reason })?
+            .clone();
+        Ok((class, status))
+    }
+
+    /// The instance types of a ready class: the catalog's types that one of its AMIs can boot,
+    /// with offerings in the zones of its subnets.
+    pub async fn instance_types_for_class(&self, class: &EC2NodeClass) -> Result<Vec<InstanceType>> {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let status = nodeclass::is_ready(class.status.as_ref())
+            .map_err(|reason| CloudProviderError::NodeClassNotReady { name, reason })?;
+        let catalog = self.catalog.get().await?;
+        let settings = self.settings(&class.spec);
+        let subnet_zones: BTreeSet<String> = status.subnets.iter().map(|s| s.zone.clone()).collect();
+        let ami_reqs: Vec<Requirements> = status
+            .amis
+            .iter()
+            .filter_map(|a| Requirements::from_node_selector(&a.requirements).ok())
+            .collect();
+        let price = |it: &str, zone: &str, ct: &str| self.pricing.price(it, zone, ct);
+        let empty = BTreeSet::new();
+        let mut out = Vec::new();
+        for info in &catalog.types {
+            let offered = catalog.zones.get(&info.name).unwrap_or(&empty);
+            let name = info.name.clone();
+            let price_of = |zone: &str, ct: &str| price(&name, zone, ct);
+            let unavailable_of = |zone: &str, ct: &str| {
+                self.unavailable.contains(&OfferingKey {
+                    instance_type: name.clone(),
+                    zone: zone.to_string(),
+                    capacity_type: ct.to_string(),
+                })
+            };
+            let inputs = OfferingInputs {
+                offered_zones: offered,
+                subnet_zones: &subnet_zones,
+                price: &price_of,
+                unavailable: &unavailable_of,
+            };
+            let offerings = instancetype::offerings(info, &inputs);
+            if offerings.is_empty() {
+                continue;
+            }
+            let it = match instancetype::instance_type(info, &settings, offerings) {
+                Ok(it) => it,
+                Err(e) => {
+                    return Err(CloudProviderError::Config(format!(
+                        "kubelet settings of the node class: {e}"
+                    )));
+                }
+            };
+            if ami_reqs.iter().any(|r| it.requirements.intersects(r).is_ok()) {
+                out.push(it);
+            }
+        }
+        Ok(out)
+    }
+
+    fn settings<'a>(&'a self, spec: &'a EC2NodeClassSpec) -> Settings<'a> {
+        Settings {
+            reserved_enis: self.options.reserved_enis,
+            vm_memory_overhead_percent: self.options.vm_memory_overhead_percent,
+            ..Settings::for_node_class(&self.clients.region, spec)
+        }
+    }
+
+    /// Capacity, allocatable and labels of an instance of type `info` for `class`.
+    fn describe_type(
+        &self,
+        info: &TypeInfo,
+        spec: &EC2NodeClassSpec,
+    ) -> Option<(Resources, Resources, Requirements)> {
+        let it = instancetype::instance_type(info, &self.settings(spec), vec![]).ok()?;
+        Some((it.capacity.clone(), it.allocatable().clone(), it.requirements))
+    }
+
+    async fn to_instance(&self, i: &Ec2Instance) -> Instance {
+        let mut out = Instance {
+            provider_id: provider_id(&i.zone, &i.id),
+            instance_type: i.instance_type.clone(),
+            zone: i.zone.clone(),
+            capacity_type: i.capacity_type.clone(),
+            image_id: i.image_id.clone(),
+            node_claim: i.tags.get(TAG_NODECLAIM).cloned(),
+            node_pool: i.node_pool().map(str::to_string),
+            state: i.state.clone(),
+            launch_time: i.launch_time.clone(),
+            ..Default::default()
+        };
+        let class = i.tags.get(LABEL_EC2NODECLASS).and_then(|n| self.node_classes.get(n));
+        if let (Some(class), Ok(catalog)) = (class, self.catalog.get().await)
+            && let Some(info) = catalog.get(&i.instance_type)
+            && let Some((capacity, allocatable, reqs)) = self.describe_type(info, &class.spec)
+        {
+            out.capacity = capacity.to_list();
+            out.allocatable = allocatable.to_list();
+            out.labels = reqs.single_valued_labels();
+            if let Some(zone_id) = class
+                .status
+                .as_ref()
+                .and_then(|s| s.subnets.iter().find(|s| s.id == i.subnet_id))
+                .and_then(|s| s.zone_id.clone())
+            {
+                out.labels.insert(LABEL_TOPOLOGY_ZONE_ID.to_string(), zone_id);
+            }
+        }
+        out.labels.insert(LABEL_INSTANCE_TYPE.to_string(), i.instance_type.clone());
+        out.labels.insert(LABEL_TOPOLOGY_ZONE.to_string(), i.zone.clone());
+        out.labels.insert(LABEL_CAPACITY_TYPE.to_string(), i.capacity_type.clone());
+        out.labels.insert(LABEL_TOPOLOGY_REGION.to_string(), self.clients.region.clone());
+        out
+    }
+
+    async fn create_impl(&self, node_claim: &NodeClaim) -> Result<Instance> {
+        let claim_name = node_claim.metadata.name.clone().unwrap_or_default();
+        let class_name = node_claim.spec.node_class_ref.name.clone();
+        let (class, status) = self.ready_class(&class_name)?;
+        let ec2 = &self.clients.ec2;
+
+        if let Some(existing) = instance::find_by_node_claim(ec2, &self.cluster.name, &claim_name).await? {
+            tracing::info!(node_claim = %claim_name, instance = %existing.id, "found the instance of a previous launch");
+            return Ok(self.with_annotations(self.to_instance(&existing).await, &class.spec));
+        }
+
+        let no_types = |reason: String| CloudProviderError::NoCompatibleInstanceTypes {
+            node_claim: claim_name.clone(),
+            reason,
+        };
+        let reqs = Requirements::from_nodepool(&node_claim.spec.requirements)
+            .map_err(|e| no_types(e.to_string()))?;
+        let requests = node_claim
+            .spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .map(Resources::from_list)
+            .transpose()
+            .map_err(|e| no_types(e.to_string()))?
+            .unwrap_or_default();
+        let types = self.instance_types_for_class(&class).await?;
+        let candidates: Vec<&InstanceType> = sched::filter(&types, &reqs, &requests).collect();
+        if candidates.is_empty() {
+            // Types that would do but whose offerings all ran out of capacity recently.
+            let exhausted: Vec<OfferingKey> = types
+                .iter()
+                .filter(|it| it.fits(&requests) && it.requirements.intersects(&reqs).is_ok())
+                .flat_map(|it| {
+                    it.offerings.iter().filter(|o| o.is_compatible(&reqs)).map(|o| OfferingKey {
+                        instance_type: it.name.clone(),
+                        zone: o.zone.clone(),
+                        capacity_type: o.capacity_type.clone(),
+                    })
+                })
+                .filter(|key| self.unavailable.contains(key))
+                .collect();
+            if !exhausted.is_empty() {
+                return Err(CloudProviderError::InsufficientCapacity { offerings: exhausted });
+            }
+            return Err(no_types(format!(
+                "none of {} instance types is compatible and fits {requests}",
+                types.len()
+            )));
+        }
+        let capacity_type = fleet::capacity_type(&candidates, &reqs)
+            .ok_or(CloudProviderError::InsufficientCapacity { offerings: vec![] })?;
+        let subnets = fleet::subnets_by_zone(status.subnets.iter().map(|s| (s.zone.as_str(), s.id.as_str())));
+        let overrides = fleet::overrides(&candidates, &reqs, capacity_type, &subnets);
+        if overrides.is_empty() {
+            return Err(CloudProviderError::InsufficientCapacity { offerings: vec![] });
+        }
+
+        // One launch template per (AMI, max pods), in the order of their cheapest override.
+        let mut groups: Vec<(LaunchTemplate, Vec<Override>)> = Vec::new();
+        for o in overrides {
+            let Some(it) = candidates.iter().find(|it| it.name == o.instance_type) else { continue };
+            let Some(ami) = fleet::select_ami(&status.amis, it) else { continue };
+            let lt =
+                self.launch_template(node_claim, &class, &status, &ami.id, capacity_type, it.capacity.pods)?;
+            match groups.iter_mut().find(|(g, _)| *g == lt) {
+                Some((_, list)) => list.push(o),
+                None => groups.push((lt, vec![o])),
+            }
+        }
+        let mut configs = Vec::new();
+        let mut tried = Vec::new();
+        for (lt, list) in &groups {
+            let name = self.launch_templates.ensure(lt).await?;
+            let mut config = ec2::FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
+                ec2::FleetLaunchTemplateSpecificationRequest::builder()
+                    .launch_template_name(&name)
+                    .version("$Latest")
+                    .build(),
+            );
+            for o in list {
+                tried.push(OfferingKey {
+                    instance_type: o.instance_type.clone(),
+                    zone: o.zone.clone(),
+                    capacity_type: capacity_type.to_string(),
+                });
+                config = config.overrides(
+                    ec2::FleetLaunchTemplateOverridesRequest::builder()
+                        .instance_type(ec2::InstanceType::from(o.instance_type.as_str()))
+                        .subnet_id(&o.subnet_id)
+                        .build(),
+                );
+            }
+            configs.push(config.build());
+        }
+
+        let tags = self.instance_tags(node_claim, &class);
+        let target = ec2::TargetCapacitySpecificationRequest::builder()
+            .total_target_capacity(1)
+            .default_target_capacity_type(ec2::DefaultTargetCapacityType::from(capacity_type))
+            .build();
+        let mut request = ec2
+            .create_fleet()
+            .r#type(ec2::FleetType::Instant)
+            .target_capacity_specification(target)
+            .set_launch_template_configs(Some(configs))
+            .tag_specifications(
+                ec2::TagSpecification::builder()
+                    .resource_type(ec2::ResourceType::Instance)
+                    .set_tags(Some(ec2_tags(&tags)))
+                    .build(),
+            )
+            .tag_specifications(
+                ec2::TagSpecification::builder()
+                    .resource_type(ec2::ResourceType::Volume)
+                    .set_tags(Some(ec2_tags(&tags)))
+                    .build(),
+            );
+        request = if capacity_type == CAPACITY_TYPE_SPOT {
+            request.spot_options(
+                ec2::SpotOptionsRequest::builder()
+                    .allocation_strategy(ec2::SpotAllocationStrategy::PriceCapacityOptimized)
+                    .build(),
+            )
+        } else {
+            request.on_demand_options(
+                ec2::OnDemandOptionsRequest::builder()
+                    .allocation_strategy(ec2::FleetOnDemandAllocationStrategy::LowestPrice)
+                    .build(),
+            )
+        };
+        let out = request.send().await.map_err(|e| sdk_error("CreateFleet", e))?;
+
+        let zone_of_subnet: BTreeMap<&str, &str> =
+            status.subnets.iter().map(|s| (s.id.as_str(), s.zone.as_str())).collect();
+        let errors: Vec<FleetError> = out
+            .errors()
+            .iter()
+            .map(|e| {
+                let o = e.launch_template_and_overrides().and_then(|l| l.overrides());
+                FleetError {
+                    code: e.error_code().unwrap_or_default().to_string(),
+                    message: e.error_message().unwrap_or_default().to_string(),
+                    instance_type: o.and_then(|o| o.instance_type()).map(|t| t.as_str().to_string()),
+                    zone: o.and_then(|o| {
+                        o.availability_zone().map(str::to_string).or_else(|| {
+                            o.subnet_id().and_then(|s| zone_of_subnet.get(s)).map(|z| z.to_string())
+                        })
+                    }),
+                }
+            })
+            .collect();
+        for key in fleet::unavailable_offerings(&errors, capacity_type) {
+            tracing::info!(offering = %key, "offering has insufficient capacity; leaving it out for a while");
+            self.unavailable.insert(key, ());
+        }
+        let Some(id) = out.instances().iter().flat_map(|i| i.instance_ids()).next() else {
+            if errors.iter().all(|e| fleet::is_insufficient_capacity(&e.code)) {
+                return Err(CloudProviderError::InsufficientCapacity { offerings: tried });
+            }
+            let message =
+                errors.iter().map(|e| format!("{}: {}", e.code, e.message)).collect::<Vec<_>>().join("; ");
+            if errors.iter().any(|e| e.code.contains("LaunchTemplate")) {
+                for (lt, _) in &groups {
+                    self.launch_templates.invalidate(&lt.name());
+                }
+            }
+            return Err(CloudProviderError::UnexpectedResponse { operation: "CreateFleet", message });
+        };
+        let launched = instance::get(ec2, id).await?;
+        let mut result = self.to_instance(&launched).await;
+        if let Some(it) = types.iter().find(|t| t.name == launched.instance_type) {
+            result.capacity = it.capacity.to_list();
+            result.allocatable = it.allocatable().to_list();
+            for (k, v) in it.requirements.single_valued_labels() {
+                result.labels.entry(k).or_insert(v);
+            }
+        }
+        Ok(self.with_annotations(result, &class.spec))
+    }
+
+    fn with_annotations(&self, mut i: Instance, spec: &EC2NodeClassSpec) -> Instance {
+        i.annotations.insert(ANNOTATION_EC2NODECLASS_HASH.to_string(), node_class_hash(spec));
+        i.annotations
+            .insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.to_string(), NODE_CLASS_HASH_VERSION.to_string());
+        i
+    }
+
+    fn instance_tags(&self, node_claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
+        let mut tags = class.spec.tags.clone();
+        tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
+        tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
+        tags.insert(TAG_NODECLAIM.to_string(), node_claim.metadata.name.clone().unwrap_or_default());
+        tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
+        if let Some(pool) = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) {
+            tags.insert(LABEL_NODEPOOL.to_string(), pool.clone());
+        }
+        tags
+    }
+
+    /// The launch template of `node_claim` for instances booting `ami` with `max_pods` pods.
+    fn launch_template(
+        &self,
+        node_claim: &NodeClaim,
+        class: &EC2NodeClass,
+        status: &EC2NodeClassStatus,
+        ami: &str,
+        capacity_type: &str,
+        max_pods: i64,
+    ) -> Result<LaunchTemplate> {
+        let spec = &class.spec;
+        let family = amifamily::family_of(spec);
+        let mut labels: BTreeMap<String, String> = node_claim.metadata.labels.clone().unwrap_or_default();
+        labels.insert(LABEL_CAPACITY_TYPE.to_string(), capacity_type.to_string());
+        let mut taints: Vec<Taint> = node_claim.spec.taints.clone();
+        taints.extend(node_claim.spec.startup_taints.iter().cloned());
+        if !taints.iter().any(|t| t.key == TAINT_UNREGISTERED) {
+            taints.push(Taint::new(TAINT_UNREGISTERED, TaintEffect::NoExecute));
+        }
+        let user_data = userdata::generate(&Bootstrap {
+            cluster: &self.cluster,
+            family,
+            kubelet: spec.kubelet.as_ref(),
+            max_pods: Some(max_pods),
+            labels: &labels,
+            taints: &taints,
+            custom: spec.user_data.as_deref(),
+        })
+        .map_err(|e| CloudProviderError::Config(format!("user data of EC2NodeClass: {e}")))?;
+        let mut tags = spec.tags.clone();
+        tags.insert(CLUSTER_TAG.to_string(), self.cluster.name.clone());
+        tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
+        let mut sgs: Vec<String> = status.security_groups.iter().map(|g| g.id.clone()).collect();
+        sgs.sort();
+        Ok(LaunchTemplate {
+            image_id: ami.to_string(),
+            instance_profile: status.instance_profile.clone().unwrap_or_default(),
+            security_group_ids: sgs,
+            block_device_mappings: amifamily::block_device_mappings(spec, family),
+            metadata_options: spec.metadata_options.clone(),
+            detailed_monitoring: spec.detailed_monitoring.unwrap_or(false),
+            associate_public_ip_address: spec.associate_public_ip_address,
+            tags,
+            user_data,
+        })
+    }
+
+    /// The prefix of the names of the launch templates the provider creates.
+    pub fn launch_template_name_prefix(&self) -> &'static str {
+        launchtemplate::NAME_PREFIX
+    }
+
+    /// Fetches current spot prices (call periodically; failures keep the last known prices).
+    pub async fn refresh_spot_prices(&self) -> Result<usize> {
+        self.pricing.refresh_spot_prices(&self.clients.ec2).await
+    }
+
+    /// Terminates the instances of this cluster whose NodeClaim no longer exists (see
+    /// [`orphans`]) and returns their provider IDs.
+    pub async fn garbage_collect(
+        &self,
+        node_claims: &BTreeSet<String>,
+        grace: Duration,
+    ) -> Result<Vec<String>> {
+        let instances = instance::list(&self.clients.ec2, &self.cluster.name).await?;
+        let mut collected = Vec::new();
+        for i in orphans(&instances, node_claims, k8s_openapi::jiff::Timestamp::now(), grace) {
+            tracing::info!(instance = %i.id, node_claim = ?i.tags.get(TAG_NODECLAIM), "terminating an instance without NodeClaim");
+            match instance::terminate(&self.clients.ec2, &i.id).await {
+                Ok(()) => collected.push(provider_id(&i.zone, &i.id)),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(collected)
+    }
+
+    async fn is_drifted_impl(&self, node_claim: &NodeClaim) -> Result<Option<DriftReason>> {
+        let Some(pid) = node_claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) else {
+            return Ok(None);
+        };
+        let (_, id) = crate::cloudprovider::parse_provider_id(pid)?;
+        let (class, status) = self.ready_class(&node_claim.spec.node_class_ref.name)?;
+        let inst = instance::get(&self.clients.ec2, &id).await?;
+        let hash = node_claim.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH));
+        Ok(drift(&inst, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
+    }
+}
+
+/// The instances to garbage-collect: those launched at least `grace` before `now` whose NodeClaim
+/// (named by their tag) is not among `node_claims`. The grace period covers launches whose
+/// NodeClaim the caller has not seen yet.
+pub fn orphans<'a>(
+    instances: &'a [Ec2Instance],
+    node_claims: &BTreeSet<String>,
+    now: k8s_openapi::jiff::Timestamp,
+    grace: Duration,
+) -> Vec<&'a Ec2Instance> {
+    let cutoff = now.as_second().saturating_sub(i64::try_from(grace.as_secs()).unwrap_or(i64::MAX));
+    instances
+        .iter()
+        .filter(|i| !i.is_terminated())
+        .filter(|i| i.tags.get(TAG_NODECLAIM).is_none_or(|claim| !node_claims.contains(claim)))
+        .filter(|i| {
+            i.launch_time
+                .as_deref()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|t| t.as_second() <= cutoff)
+        })
+        .collect()
+}
+
+/// Why `inst` drifted from its class's resolved `status`, if it did. `claim_hash` is the class
+/// hash recorded on the NodeClaim at launch.
+pub fn drift(
+    inst: &Ec2Instance,
+    status: &EC2NodeClassStatus,
+    claim_hash: Option<&str>,
+    class_hash: &str,
+) -> Option<DriftReason> {
+    if claim_hash.is_some_and(|h| h != class_hash) {
+        return Some(DriftReason::NodeClass);
+    }
+    if !status.amis.iter().any(|a| a.id == inst.image_id) {
+        return Some(DriftReason::Ami);
+    }
+    if !status.subnets.iter().any(|s| s.id == inst.subnet_id) {
+        return Some(DriftReason::Subnet);
+    }
+    let want: BTreeSet<&str> = status.security_groups.iter().map(|g| g.id.as_str()).collect();
+    let have: BTreeSet<&str> = inst.security_group_ids.iter().map(String::as_str).collect();
+    if want != have {
+        return Some(DriftReason::SecurityGroup);
+    }
+    None
+}
+
+/// Hash of the parts of a class spec whose change makes its nodes drift: everything but the
+/// selector terms (whose effect is checked through the resolved subnets, groups and AMIs).
+pub fn node_class_hash(spec: &EC2NodeClassSpec) -> String {
+    let mut spec = spec.clone();
+    spec.subnet_selector_terms.clear();
+    spec.security_group_selector_terms.clear();
+    spec.ami_selector_terms.clear();
+    spec.capacity_reservation_selector_terms.clear();
+    let json = serde_json::to_vec(&spec).unwrap_or_default();
+    let digest = Sha256::digest(&json);
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+impl CloudProvider for AwsCloudProvider {
+    fn create<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, Result<Instance>> {
+        Box::pin(self.create_impl(node_claim))
+    }
+
+    fn delete<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let claim = node_claim.metadata.name.clone().unwrap_or_default();
+            let id = match node_claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) {
+                Some(pid) => crate::cloudprovider::parse_provider_id(pid)?.1,
+                // Launched but not recorded yet: find the instance by its tag.
+                None => {
+                    match instance::find_by_node_claim(&self.clients.ec2, &self.cluster.name, &claim).await? {
+                        Some(i) => i.id,
+                        None => return Err(CloudProviderError::NotFound(claim)),
+                    }
+                }
+            };
+            instance::terminate(&self.clients.ec2, &id).await
+        })
+    }
+
+    fn get<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Instance>> {
+        Box::pin(async move {
+            let (_, id) = crate::cloudprovider::parse_provider_id(provider_id)?;
+            let inst = instance::get(&self.clients.ec2, &id).await?;
+            Ok(self.to_instance(&inst).await)
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for inst in instance::list(&self.clients.ec2, &self.cluster.name).await? {
+                out.push(self.to_instance(&inst).await);
+            }
+            Ok(out)
+        })
+    }
+
+    fn instance_types<'a>(&'a self, node_pool: &'a NodePool) -> BoxFuture<'a, Result<Vec<InstanceType>>> {
+        Box::pin(async move {
+            let (class, _) = self.ready_class(&node_pool.spec.template.spec.node_class_ref.name)?;
+            self.instance_types_for_class(&class).await
+        })
+    }
+
+    fn is_drifted<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, Result<Option<DriftReason>>> {
+        Box::pin(self.is_drifted_impl(node_claim))
+    }
+
+    fn name(&self) -> &'static str {
+        "aws"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::ec2nodeclass::{AmiStatus, SecurityGroupStatus, SubnetStatus};
+
+    #[test]
+    fn orphans_are_old_instances_without_node_claim() {
+        let inst = |id: &str, claim: Option<&str>, at: &str, state: &str| Ec2Instance {
+            id: id.into(),
+            state: state.into(),
+            launch_time: Some(at.into()),
+            tags: claim.map(|c| (TAG_NODECLAIM.to_string(), c.to_string())).into_iter().collect(),
+            ..Default::default()
+        };
+        let instances = [
+            inst("i-known", Some("a"), "2026-01-01T00:00:00Z", "running"),
+            inst("i-orphan", Some("b"), "2026-01-01T00:00:00Z", "running"),
+            inst("i-young", Some("c"), "2026-01-01T00:00:50Z", "pending"),
+            inst("i-gone", Some("d"), "2026-01-01T00:00:00Z", "terminated"),
+            inst("i-untagged", None, "2026-01-01T00:00:00Z", "running"),
+        ];
+        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let known = BTreeSet::from(["a".to_string()]);
+        let got: Vec<&str> =
+            orphans(&instances, &known, now, Duration::from_secs(30)).iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(got, vec!["i-orphan", "i-untagged"]);
+    }
+
+    #[test]
+    fn drift_reasons() {
+        let status = EC2NodeClassStatus {
+            subnets: vec![SubnetStatus { id: "subnet-1".into(), zone: "a".into(), zone_id: None }],
+            security_groups: vec![SecurityGroupStatus { id: "sg-1".into(), name: None }],
+            amis: vec![AmiStatus { id: "ami-1".into(), ..Default::default() }],
+            ..Default::default()
+        };
+        let inst = Ec2Instance {
+            image_id: "ami-1".into(),
+            subnet_id: "subnet-1".into(),
+            security_group_ids: vec!["sg-1".into()],
+            ..Default::default()
+        };
+        assert_eq!(drift(&inst, &status, Some("h"), "h"), None);
+        assert_eq!(drift(&inst, &status, Some("old"), "h"), Some(DriftReason::NodeClass));
+        assert_eq!(
+            drift(&Ec2Instance { image_id: "ami-0".into(), ..inst.clone() }, &status, None, "h"),
+            Some(DriftReason::Ami)
+        );
+        assert_eq!(
+            drift(&Ec2Instance { subnet_id: "subnet-0".into(), ..inst.clone() }, &status, None, "h"),
+            Some(DriftReason::Subnet)
+        );
+        assert_eq!(
+            drift(
+                &Ec2Instance { security_group_ids: vec!["sg-1".into(), "sg-2".into()], ..inst },
+                &status,
+                None,
+                "h"
+            ),
+            Some(DriftReason::SecurityGroup)
+        );
+    }
+}

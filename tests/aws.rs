@@ -1,0 +1,609 @@
+//! The AWS cloud provider against the AWS emulator (moto): catalog, node-class resolution,
+//! launch, idempotency, lookup, termination, insufficient capacity and drift.
+//!
+//! Every test seeds its own cluster name (its own VPC, subnets, security group, role and EKS
+//! cluster) so tests neither see each other's instances nor need an emulator reset.
+//!
+//! These tests need the emulator (`make test` starts it and runs them); on their own they are
+//! ignored: `eval "$(hack/moto-up.sh)" && cargo test --test aws -- --ignored`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aws_sdk_ec2::types::Filter;
+use base64::Engine;
+use karpenter::apis::labels::*;
+use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool};
+use karpenter::cloudprovider::aws::catalog;
+use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
+use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
+use karpenter::cloudprovider::aws::nodeclass::conditions;
+use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
+use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
+use serde_json::json;
+
+const IGNORE: &str = "needs the AWS emulator: make test";
+
+fn endpoint() -> String {
+    std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| {
+        panic!("AWS_ENDPOINT_URL is not set; start the emulator with `eval \"$(hack/moto-up.sh)\"` or run `make test` ({IGNORE})")
+    })
+}
+
+fn region() -> String {
+    std::env::var("AWS_REGION").unwrap_or_else(|_| "us-west-2".to_string())
+}
+
+/// A cluster name no other test (or earlier run) uses.
+fn unique_cluster(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{prefix}-{}-{nanos:x}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}
+
+/// Seeds `cluster` through the emulator's own endpoint.
+fn seed(cluster: &str) {
+    let url = endpoint();
+    let host = url.trim_start_matches("http://").trim_end_matches('/');
+    let body = json!({"clusters": [cluster], "region": region()}).to_string();
+    let mut stream =
+        TcpStream::connect(host).unwrap_or_else(|e| panic!("cannot reach the emulator at {url}: {e}"));
+    write!(
+        stream,
+        "POST /_karpenter-rs/seed HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"),
+        "seeding failed: {answer}"
+    );
+}
+
+async fn clients() -> AwsClients {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint())
+        .region(aws_config::Region::new(region()))
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))
+        .load()
+        .await;
+    AwsClients::from_config(&config).unwrap()
+}
+
+fn node_class(cluster: &str, alias: &str) -> EC2NodeClass {
+    serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1",
+        "kind": "EC2NodeClass",
+        "metadata": {"name": "default", "generation": 1},
+        "spec": {
+            "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": cluster}}],
+            "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": cluster}}],
+            "amiSelectorTerms": [{"alias": alias}],
+            "role": format!("KarpenterNodeRole-{cluster}"),
+            "tags": {"team": "platform"},
+        }
+    }))
+    .unwrap()
+}
+
+fn node_claim(name: &str, types: &[&str], capacity_type: &str) -> NodeClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name, "labels": {LABEL_NODEPOOL: "default", "team": "a"}},
+        "spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+            "requirements": [
+                {"key": LABEL_INSTANCE_TYPE, "operator": "In", "values": types},
+                {"key": LABEL_CAPACITY_TYPE, "operator": "In", "values": [capacity_type]},
+            ],
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        }
+    }))
+    .unwrap()
+}
+
+/// A provider for a freshly seeded cluster with its resolved, ready `default` node class.
+async fn provider(prefix: &str) -> (AwsCloudProvider, String) {
+    let (p, cluster, _) = provider_with_faults(prefix).await;
+    (p, cluster)
+}
+
+/// As [`provider`], with a fault injector (which also records CreateFleet requests) on EC2.
+async fn provider_with_faults(prefix: &str) -> (AwsCloudProvider, String, FaultInjector) {
+    let cluster = unique_cluster(prefix);
+    seed(&cluster);
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint())
+        .region(aws_config::Region::new(region()))
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))
+        .load()
+        .await;
+    let faults = FaultInjector::new();
+    let mut clients = AwsClients::from_config(&config).unwrap();
+    clients.ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
+    );
+    let p = AwsCloudProvider::new(clients, Options::new(&cluster)).await.unwrap();
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    p.node_classes().upsert(class);
+    (p, cluster, faults)
+}
+
+async fn instances_tagged(p: &AwsCloudProvider, claim: &str) -> Vec<String> {
+    let out = p
+        .clients()
+        .ec2
+        .describe_instances()
+        .filters(Filter::builder().name("tag:eks:eks-cluster-name").values(&p.cluster().name).build())
+        .filters(Filter::builder().name("tag:karpenter.sh/nodeclaim").values(claim).build())
+        .filters(Filter::builder().name("instance-state-name").values("pending").values("running").build())
+        .send()
+        .await
+        .unwrap();
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .filter_map(|i| i.instance_id().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn sdk_reads_the_endpoint_from_the_environment() {
+    let _ = endpoint();
+    let cluster = unique_cluster("env");
+    seed(&cluster);
+    // No explicit endpoint: aws-config reads AWS_ENDPOINT_URL (and the region and credentials).
+    let clients = AwsClients::from_env().await.unwrap();
+    let out = clients.eks.describe_cluster().name(&cluster).send().await.unwrap();
+    assert_eq!(out.cluster().and_then(|c| c.name()), Some(cluster.as_str()));
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn catalog_has_the_common_types_with_their_labels() {
+    let clients = clients().await;
+    let data = catalog::fetch(&clients.ec2).await.unwrap();
+    assert!(data.types.len() > 500, "only {} types", data.types.len());
+    let spec = node_class("x", "al2023@latest").spec;
+    let settings = Settings::for_node_class("us-west-2", &spec);
+    let labels = |info: &TypeInfo| {
+        instancetype::instance_type(info, &settings, vec![]).unwrap().requirements.single_valued_labels()
+    };
+    let want: [(&str, &[(&str, &str)]); 4] = [
+        (
+            "m5.large",
+            &[
+                (LABEL_ARCH, "amd64"),
+                (LABEL_INSTANCE_CPU, "2"),
+                (LABEL_INSTANCE_MEMORY, "8192"),
+                (LABEL_INSTANCE_FAMILY, "m5"),
+                (LABEL_INSTANCE_GENERATION, "5"),
+                (LABEL_INSTANCE_CPU_MANUFACTURER, "intel"),
+                (LABEL_INSTANCE_HYPERVISOR, "nitro"),
+                (LABEL_INSTANCE_NETWORK_BANDWIDTH, "750"),
+                (LABEL_INSTANCE_EBS_BANDWIDTH, "4750"),
+            ],
+        ),
+        ("c6g.xlarge", &[(LABEL_ARCH, "arm64"), (LABEL_INSTANCE_CPU, "4"), (LABEL_INSTANCE_CATEGORY, "c")]),
+        (
+            "g4dn.xlarge",
+            &[
+                (LABEL_INSTANCE_GPU_NAME, "t4"),
+                (LABEL_INSTANCE_GPU_MANUFACTURER, "nvidia"),
+                (LABEL_INSTANCE_GPU_COUNT, "1"),
+                (LABEL_INSTANCE_GPU_MEMORY, "16384"),
+                (LABEL_INSTANCE_LOCAL_NVME, "125"),
+            ],
+        ),
+        (
+            "t3.medium",
+            &[(LABEL_INSTANCE_CPU, "2"), (LABEL_INSTANCE_MEMORY, "4096"), (LABEL_INSTANCE_SIZE, "medium")],
+        ),
+    ];
+    for (name, expected) in want {
+        let info = data.get(name).unwrap_or_else(|| panic!("{name} missing from the catalog"));
+        let got = labels(info);
+        for (k, v) in expected {
+            assert_eq!(got.get(*k).map(String::as_str), Some(*v), "{name} {k}");
+        }
+        assert!(data.zones[name].contains("us-west-2a"), "{name} not offered in us-west-2a");
+    }
+    let g4dn = instancetype::instance_type(data.get("g4dn.xlarge").unwrap(), &settings, vec![]).unwrap();
+    assert_eq!(g4dn.capacity.get(RESOURCE_NVIDIA_GPU), 1);
+    assert_eq!(g4dn.capacity.pods, 29);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn node_class_resolves_to_a_ready_status() {
+    let cluster = unique_cluster("nc");
+    seed(&cluster);
+    let p = AwsCloudProvider::new(clients().await, Options::new(&cluster)).await.unwrap();
+    let class = node_class(&cluster, "al2023@latest");
+    let status = p.resolve_node_class(&class).await.unwrap();
+    assert_eq!(status.subnets.len(), 3);
+    let zones: BTreeSet<&str> = status.subnets.iter().map(|s| s.zone.as_str()).collect();
+    assert_eq!(zones, BTreeSet::from(["us-west-2a", "us-west-2b", "us-west-2c"]));
+    assert_eq!(status.security_groups.len(), 1);
+    assert_eq!(status.security_groups[0].name.as_deref(), Some(format!("{cluster}-node").as_str()));
+    assert_eq!(status.amis.len(), 5, "{:?}", status.amis);
+    assert!(status.amis.iter().all(|a| a.name.as_deref().is_some_and(|n| n.contains("al2023"))));
+    let profile = status.instance_profile.clone().unwrap();
+    let roles = p.clients().iam.get_instance_profile().instance_profile_name(&profile).send().await.unwrap();
+    assert_eq!(
+        roles.instance_profile().unwrap().roles()[0].role_name(),
+        format!("KarpenterNodeRole-{cluster}")
+    );
+    let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert_eq!(format!("{:?}", ready.status), "True", "{ready:?}");
+
+    // Resolving again reuses the profile.
+    assert_eq!(p.resolve_node_class(&class).await.unwrap().instance_profile, Some(profile));
+
+    // Pinned Bottlerocket alias.
+    let br = p.resolve_node_class(&node_class(&cluster, "bottlerocket@v1.49.0")).await.unwrap();
+    assert_eq!(br.amis.len(), 4);
+    assert!(br.amis.iter().all(|a| a.name.as_deref().is_some_and(|n| n.contains("1.49.0"))), "{:?}", br.amis);
+
+    // Selectors that match nothing.
+    let mut bad = node_class(&cluster, "al2023@v19990101");
+    bad.spec.subnet_selector_terms[0].tags =
+        Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
+    let status = p.resolve_node_class(&bad).await.unwrap();
+    let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
+    assert_eq!(get(conditions::SUBNETS_READY).reason, "SubnetsNotFound");
+    assert!(get(conditions::SUBNETS_READY).message.contains("nobody"));
+    assert_eq!(get(conditions::AMIS_READY).reason, "AMINotFound");
+    assert!(get(conditions::AMIS_READY).message.contains("al2023@v19990101"));
+    assert_eq!(get(conditions::SECURITY_GROUPS_READY).reason, "SecurityGroupsReady");
+    assert_eq!(get(conditions::READY).message, "SubnetsReady=False, AMIsReady=False");
+
+    // AMIs by name and owner; security groups by name.
+    let mut by_name = node_class(&cluster, "al2023@latest");
+    by_name.spec.ami_family = Some(karpenter::apis::ec2nodeclass::AmiFamily::AL2023);
+    by_name.spec.ami_selector_terms = vec![
+        serde_json::from_value(
+            json!({"name": "amazon-eks-node-al2023-arm64-standard-1.33-*", "owner": "602401143452"}),
+        )
+        .unwrap(),
+    ];
+    by_name.spec.security_group_selector_terms =
+        vec![serde_json::from_value(json!({"name": format!("{cluster}-node")})).unwrap()];
+    let status = p.resolve_node_class(&by_name).await.unwrap();
+    assert_eq!(status.amis.len(), 2, "{:?}", status.amis);
+    assert!(
+        status.amis[0].name.as_deref().unwrap().ends_with("v20251101"),
+        "newest first: {:?}",
+        status.amis
+    );
+    assert_eq!(status.security_groups.len(), 1);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn instance_types_of_a_node_pool() {
+    let (p, _) = provider("types").await;
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+        "spec": {"template": {"spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+            "requirements": [],
+        }}}
+    }))
+    .unwrap();
+    let types = p.instance_types(&pool).await.unwrap();
+    let m5 = types.iter().find(|t| t.name == "m5.large").expect("m5.large");
+    let od: Vec<_> = m5.offerings.iter().filter(|o| o.capacity_type == CAPACITY_TYPE_ON_DEMAND).collect();
+    assert!(od.iter().all(|o| o.price == 0.096));
+    assert!(od.iter().any(|o| o.zone == "us-west-2a" && o.available));
+    // us-west-2d has no subnet of the class.
+    assert!(od.iter().filter(|o| o.zone == "us-west-2d").all(|o| !o.available));
+    // Spot prices are unknown until fetched.
+    assert!(m5.offerings.iter().all(|o| o.capacity_type != CAPACITY_TYPE_SPOT));
+    assert!(p.pricing().refresh_spot_prices(&p.clients().ec2).await.unwrap() > 0);
+    let types = p.instance_types(&pool).await.unwrap();
+    let m5 = types.iter().find(|t| t.name == "m5.large").unwrap();
+    assert!(m5.offerings.iter().any(|o| o.capacity_type == CAPACITY_TYPE_SPOT && o.available));
+    // Every type has an AMI: GPU types through the nvidia variant.
+    assert!(types.iter().any(|t| t.name == "g4dn.xlarge"));
+    // A class that is not ready has no instance types.
+    p.node_classes().remove("default");
+    assert!(matches!(p.instance_types(&pool).await, Err(CloudProviderError::NodeClassNotReady { .. })));
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn create_is_idempotent_and_delete_terminates() {
+    let (p, cluster) = provider("launch").await;
+    let claim = node_claim("default-abcde", &["m5.large", "c5.large", "m5.xlarge"], CAPACITY_TYPE_ON_DEMAND);
+    let launched = p.create(&claim).await.unwrap();
+    // c5.large is the cheapest on-demand type allowed.
+    assert_eq!(launched.instance_type, "c5.large");
+    assert_eq!(launched.capacity_type, CAPACITY_TYPE_ON_DEMAND);
+    assert!(
+        launched.provider_id.starts_with(&format!("aws:///{}/i-", launched.zone)),
+        "{}",
+        launched.provider_id
+    );
+    assert_eq!(launched.labels[LABEL_INSTANCE_TYPE], "c5.large");
+    assert_eq!(launched.labels[LABEL_ARCH], "amd64");
+    assert_eq!(launched.labels[LABEL_TOPOLOGY_ZONE], launched.zone);
+    assert_eq!(launched.capacity["cpu"].0, "2");
+    assert_eq!(launched.capacity["pods"].0, "29");
+    assert!(launched.allocatable.contains_key("memory"));
+    assert!(launched.annotations.contains_key(ANNOTATION_EC2NODECLASS_HASH));
+    assert_eq!(launched.node_claim.as_deref(), Some("default-abcde"));
+    assert_eq!(launched.node_pool.as_deref(), Some("default"));
+    let class = p.node_classes().get("default").unwrap();
+    let status = class.status.as_ref().unwrap();
+    assert!(status.amis.iter().any(|a| a.id == launched.image_id));
+
+    // The instance's tags.
+    let ec2 = &p.clients().ec2;
+    let id = launched.provider_id.rsplit('/').next().unwrap().to_string();
+    let described = ec2.describe_instances().instance_ids(&id).send().await.unwrap();
+    let inst = &described.reservations()[0].instances()[0];
+    let tags: std::collections::BTreeMap<&str, &str> =
+        inst.tags().iter().map(|t| (t.key().unwrap(), t.value().unwrap())).collect();
+    assert_eq!(tags.get(format!("kubernetes.io/cluster/{cluster}").as_str()), Some(&"owned"));
+    assert_eq!(tags.get("eks:eks-cluster-name"), Some(&cluster.as_str()));
+    assert_eq!(tags.get("karpenter.sh/nodepool"), Some(&"default"));
+    assert_eq!(tags.get("karpenter.sh/nodeclaim"), Some(&"default-abcde"));
+    assert_eq!(tags.get("karpenter.k8s.aws/ec2nodeclass"), Some(&"default"));
+    assert_eq!(tags.get("team"), Some(&"platform"));
+
+    // The launch template carries what the instance needs.
+    let lt_name = inst
+        .tags()
+        .iter()
+        .find(|t| t.key() == Some("aws:ec2launchtemplate:name"))
+        .and_then(|t| t.value())
+        .map(str::to_string);
+    let templates = ec2
+        .describe_launch_templates()
+        .filters(Filter::builder().name("tag:karpenter.k8s.aws/cluster").values(&cluster).build())
+        .send()
+        .await
+        .unwrap();
+    // One template per (AMI, max pods): c5.large and m5.large hold 29 pods, m5.xlarge 58.
+    assert_eq!(templates.launch_templates().len(), 2);
+    let mut used = None;
+    for t in templates.launch_templates() {
+        let name = t.launch_template_name().unwrap().to_string();
+        assert!(name.starts_with("karpenter.k8s.aws/"));
+        let versions =
+            ec2.describe_launch_template_versions().launch_template_name(&name).send().await.unwrap();
+        let data = versions.launch_template_versions()[0].launch_template_data().unwrap().clone();
+        let text = String::from_utf8(
+            base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap(),
+        )
+        .unwrap();
+        if text.contains("maxPods: 29") {
+            used = Some((name, data));
+        }
+    }
+    let (name, data) = used.expect("a template for 29 pods");
+    if let Some(lt_name) = lt_name {
+        assert_eq!(lt_name, name);
+    }
+    assert_eq!(data.image_id(), Some(launched.image_id.as_str()));
+    assert_eq!(data.security_group_ids(), [status.security_groups[0].id.clone()]);
+    assert_eq!(data.iam_instance_profile().and_then(|p| p.name()), status.instance_profile.as_deref());
+    assert_eq!(data.metadata_options().and_then(|m| m.http_tokens()).map(|t| t.as_str()), Some("required"));
+    assert_eq!(data.metadata_options().and_then(|m| m.http_put_response_hop_limit()), Some(1));
+    let bdm = &data.block_device_mappings()[0];
+    assert_eq!(bdm.device_name(), Some("/dev/xvda"));
+    assert_eq!(bdm.ebs().and_then(|e| e.volume_size()), Some(20));
+    let user_data = String::from_utf8(
+        base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap(),
+    )
+    .unwrap();
+    assert!(user_data.contains("kind: NodeConfig"), "{user_data}");
+    assert!(user_data.contains(&format!("name: {cluster}")), "{user_data}");
+    assert!(user_data.contains("cidr: 172.20.0.0/16"), "{user_data}");
+    assert!(user_data.contains("- \"172.20.0.10\""), "{user_data}");
+    assert!(user_data.contains("maxPods: 29"), "{user_data}");
+    assert!(user_data.contains("karpenter.sh/nodepool=default"), "{user_data}");
+    assert!(user_data.contains("karpenter.sh/capacity-type=on-demand"), "{user_data}");
+    assert!(user_data.contains("key: karpenter.sh/unregistered"), "{user_data}");
+
+    // A retried create finds the instance instead of launching another.
+    let again = p.create(&claim).await.unwrap();
+    assert_eq!(again.provider_id, launched.provider_id);
+    assert_eq!(instances_tagged(&p, "default-abcde").await, vec![id.clone()]);
+
+    // Get and list.
+    let got = p.get(&launched.provider_id).await.unwrap();
+    assert_eq!((got.instance_type.as_str(), got.image_id.as_str()), ("c5.large", launched.image_id.as_str()));
+    assert_eq!(got.capacity, launched.capacity);
+    let listed = p.list().await.unwrap();
+    assert_eq!(
+        listed.iter().map(|i| i.provider_id.as_str()).collect::<Vec<_>>(),
+        vec![launched.provider_id.as_str()]
+    );
+
+    // Not drifted; then the class stops selecting the AMI.
+    let mut claimed = claim.clone();
+    claimed.status = Some(karpenter::apis::NodeClaimStatus {
+        provider_id: Some(launched.provider_id.clone()),
+        ..Default::default()
+    });
+    claimed.metadata.annotations = Some(launched.annotations.clone());
+    // The emulator does not apply the launch template's security groups to the instance (EC2
+    // does): apply them as EC2 would before checking drift.
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::SecurityGroup));
+    ec2.modify_instance_attribute()
+        .instance_id(&id)
+        .groups(&status.security_groups[0].id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
+    let mut drifted = (*class).clone();
+    drifted.status.as_mut().unwrap().amis.retain(|a| a.id != launched.image_id);
+    p.node_classes().upsert(drifted);
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::Ami));
+    let mut changed = (*class).clone();
+    changed.spec.detailed_monitoring = Some(true);
+    p.node_classes().upsert(changed);
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::NodeClass));
+    p.node_classes().upsert((*class).clone());
+
+    // Delete terminates once, then reports NotFound.
+    p.delete(&claimed).await.unwrap();
+    assert!(p.delete(&claimed).await.unwrap_err().is_not_found());
+    assert!(p.get(&launched.provider_id).await.unwrap_err().is_not_found());
+    assert!(p.list().await.unwrap().is_empty());
+    assert!(matches!(
+        p.get("aws:///us-west-2a/i-00000000000000000").await,
+        Err(CloudProviderError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn spot_launches_the_cheapest_offering_and_skips_exhausted_ones() {
+    let (p, _, faults) = provider_with_faults("spot").await;
+    // Prices of the emulator are all equal: set our own.
+    for zone in ["us-west-2a", "us-west-2b", "us-west-2c"] {
+        p.pricing().update_spot_prices([
+            (("m5.large".to_string(), zone.to_string()), 0.05),
+            (("c5.large".to_string(), zone.to_string()), if zone == "us-west-2b" { 0.02 } else { 0.03 }),
+        ]);
+    }
+    let first = p.create(&node_claim("spot-1", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
+    assert_eq!((first.instance_type.as_str(), first.zone.as_str()), ("c5.large", "us-west-2b"));
+    assert_eq!(first.capacity_type, CAPACITY_TYPE_SPOT);
+    let request = faults.create_fleet_requests().pop().unwrap();
+    for expected in [
+        "TargetCapacitySpecification.DefaultTargetCapacityType=spot",
+        "SpotOptions.AllocationStrategy=price-capacity-optimized",
+    ] {
+        assert!(request.split('&').any(|p| p == expected), "{expected} missing from {request}");
+    }
+    let order: Vec<(String, String)> =
+        requested_overrides(&request).into_iter().map(|o| (o.instance_type, o.subnet_id)).collect();
+    assert_eq!(order.len(), 6);
+    assert_eq!(order[0].0, "c5.large");
+    assert_eq!(order[3].0, "m5.large");
+
+    // c5.large in us-west-2b runs out: the next launch takes the next cheapest offering.
+    let ice = |zone: &str, it: &str| OfferingKey {
+        instance_type: it.into(),
+        zone: zone.into(),
+        capacity_type: CAPACITY_TYPE_SPOT.into(),
+    };
+    p.unavailable_offerings().insert(ice("us-west-2b", "c5.large"), ());
+    let second =
+        p.create(&node_claim("spot-2", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
+    assert_eq!((second.instance_type.as_str(), second.zone.as_str()), ("c5.large", "us-west-2a"));
+
+    for zone in ["us-west-2a", "us-west-2c"] {
+        p.unavailable_offerings().insert(ice(zone, "c5.large"), ());
+    }
+    let third = p.create(&node_claim("spot-3", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
+    assert_eq!(third.instance_type, "m5.large");
+
+    for zone in ["us-west-2a", "us-west-2b", "us-west-2c"] {
+        p.unavailable_offerings().insert(ice(zone, "m5.large"), ());
+    }
+    let err =
+        p.create(&node_claim("spot-4", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap_err();
+    assert!(matches!(err, CloudProviderError::InsufficientCapacity { .. }), "{err}");
+    assert!(instances_tagged(&p, "spot-4").await.is_empty());
+
+    // Requirements nothing satisfies.
+    let err = p.create(&node_claim("none", &["no-such.type"], CAPACITY_TYPE_SPOT)).await.unwrap_err();
+    assert!(matches!(err, CloudProviderError::NoCompatibleInstanceTypes { .. }), "{err}");
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn create_needs_a_ready_node_class() {
+    let cluster = unique_cluster("notready");
+    seed(&cluster);
+    let p = AwsCloudProvider::new(clients().await, Options::new(&cluster)).await.unwrap();
+    let claim = node_claim("c", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    assert!(matches!(p.create(&claim).await, Err(CloudProviderError::NodeClassNotReady { .. })));
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.subnet_selector_terms[0].tags =
+        Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
+    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    p.node_classes().upsert(class);
+    let err = p.create(&claim).await.unwrap_err();
+    assert!(err.to_string().contains("SubnetsReady=False"), "{err}");
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn insufficient_capacity_moves_on_to_the_next_offering() {
+    let (p, _, faults) = provider_with_faults("ice").await;
+
+    // c5.large is the cheapest, but EC2 has none.
+    faults.fail_instance_type("c5.large");
+    let claim = node_claim("ice-1", &["m5.large", "c5.large"], CAPACITY_TYPE_ON_DEMAND);
+    let err = p.create(&claim).await.unwrap_err();
+    let CloudProviderError::InsufficientCapacity { offerings } = &err else { panic!("{err}") };
+    assert_eq!(offerings.iter().filter(|o| o.instance_type == "c5.large").count(), 3, "{err}");
+    assert_eq!(faults.injected(), 1);
+    assert!(instances_tagged(&p, "ice-1").await.is_empty(), "nothing was launched");
+    for zone in ["us-west-2a", "us-west-2b", "us-west-2c"] {
+        assert!(p.unavailable_offerings().contains(&OfferingKey {
+            instance_type: "c5.large".into(),
+            zone: zone.into(),
+            capacity_type: CAPACITY_TYPE_ON_DEMAND.into(),
+        }));
+    }
+
+    // The retry (as the lifecycle controller would) launches the next cheapest type.
+    let launched = p.create(&claim).await.unwrap();
+    assert_eq!(launched.instance_type, "m5.large");
+    assert_eq!(faults.injected(), 1);
+    assert_eq!(instances_tagged(&p, "ice-1").await.len(), 1);
+
+    // What was asked of EC2: cheapest first, one override per (type, zone subnet).
+    let requests = faults.create_fleet_requests();
+    assert_eq!(requests.len(), 2);
+    let first = requested_overrides(&requests[0]);
+    let types: Vec<&str> = first.iter().map(|o| o.instance_type.as_str()).collect();
+    assert_eq!(types, vec!["c5.large", "c5.large", "c5.large", "m5.large", "m5.large", "m5.large"]);
+    let subnets: BTreeSet<&str> = first.iter().map(|o| o.subnet_id.as_str()).collect();
+    assert_eq!(subnets.len(), 3);
+    assert!(first.iter().all(|o| o.launch_template.starts_with("karpenter.k8s.aws/")));
+    let second = requested_overrides(&requests[1]);
+    assert!(second.iter().all(|o| o.instance_type == "m5.large") && second.len() == 3, "{second:?}");
+    for expected in [
+        "Type=instant",
+        "TargetCapacitySpecification.TotalTargetCapacity=1",
+        "TargetCapacitySpecification.DefaultTargetCapacityType=on-demand",
+        "OnDemandOptions.AllocationStrategy=lowest-price",
+        "TagSpecification.1.ResourceType=instance",
+        "TagSpecification.2.ResourceType=volume",
+    ] {
+        assert!(requests[1].split('&').any(|p| p == expected), "{expected} missing from {}", requests[1]);
+    }
+    assert!(requests[1].contains("karpenter.sh%2Fnodeclaim"), "{}", requests[1]);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn garbage_collection_terminates_instances_without_node_claim() {
+    let (p, _) = provider("gc").await;
+    let keep = p.create(&node_claim("gc-keep", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let lost = p.create(&node_claim("gc-lost", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let known = BTreeSet::from(["gc-keep".to_string()]);
+    // Within the grace period nothing is collected.
+    assert!(p.garbage_collect(&known, std::time::Duration::from_secs(3600)).await.unwrap().is_empty());
+    let collected = p.garbage_collect(&known, std::time::Duration::ZERO).await.unwrap();
+    assert_eq!(collected, vec![lost.provider_id.clone()]);
+    assert!(p.get(&lost.provider_id).await.unwrap_err().is_not_found());
+    assert!(p.get(&keep.provider_id).await.is_ok());
+}
