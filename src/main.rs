@@ -36,7 +36,7 @@ enum Command {
         /// A YAML file or a directory of them (NodePools, workloads, nodes); repeatable.
         #[arg(long = "file", short = 'f', value_name = "PATH", required = true)]
         files: Vec<PathBuf>,
-        /// Instance-type catalog: `kwok` (generated), `aws` (not available in this build) or a
+        /// Instance-type catalog: `kwok` (generated), `aws` (not available in simulate yet) or a
         /// catalog file.
         #[arg(long, value_name = "kwok|FILE", default_value = "kwok")]
         instance_types: simulate::Catalog,

@@ -88,15 +88,26 @@ fn assert_mentions(message: &str, needles: &[&str]) {
 async fn every_example_applies_with_kubectl() {
     client().await;
     let output = Command::new("kubectl")
-        .args(["apply", "--dry-run=server", "-f"])
+        .args(["apply", "--dry-run=server", "--recursive", "-f"])
         .arg(repo().join("examples"))
         .output()
         .expect("kubectl on PATH");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "kubectl apply failed:\n{stderr}");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let files = std::fs::read_dir(repo().join("examples")).unwrap().count();
+    let files = yaml_files(&repo().join("examples"));
+    assert!(files >= 6, "the examples are there ({files} files)");
     assert!(stdout.lines().count() >= files, "one object per example file at least:\n{stdout}");
+}
+
+fn yaml_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            if p.is_dir() { yaml_files(&p) } else { usize::from(p.extension().is_some_and(|x| x == "yaml")) }
+        })
+        .sum()
 }
 
 #[tokio::test]

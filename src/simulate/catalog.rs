@@ -80,7 +80,7 @@ const GIB: i64 = 1 << 30;
 pub enum Catalog {
     /// The generated kwok catalog.
     Kwok,
-    /// The AWS catalog (not available in this build).
+    /// The AWS catalog (not available in simulate yet).
     Aws,
     /// A catalog file.
     File(String),

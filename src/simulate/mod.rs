@@ -64,7 +64,7 @@ pub enum SimulateError {
     },
     /// The AWS catalog was asked for.
     #[error(
-        "the aws instance-type catalog is not available in this build: it arrives with the AWS cloud provider; use --instance-types kwok or a catalog file"
+        "the aws instance-type catalog is not available in simulate yet; use --instance-types kwok or a catalog file"
     )]
     AwsCatalogUnavailable,
     /// A NodePool cannot be turned into scheduler input.
