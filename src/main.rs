@@ -47,6 +47,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    operator::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {
         None => controller(&cli.settings),
