@@ -6,7 +6,7 @@
 #   karpenter --version
 #
 # Like the image build, it sees only what .dockerignore lets into the build
-# context (Cargo.toml, Cargo.lock, src/): those are copied into a scratch
+# context (Cargo.toml, Cargo.lock, src/, benches/): those are copied into a scratch
 # directory and built there. The target directory is the repository's own
 # (target/), so dependencies compiled before are reused.
 #
@@ -19,13 +19,13 @@ log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 context=$(mktemp -d "${TMPDIR:-/tmp}/karpenter-image-context.XXXXXX")
 trap 'rm -rf "$context"' EXIT
-for needed in Cargo.toml Cargo.lock src; do
+for needed in Cargo.toml Cargo.lock src benches; do
   [[ -e "$REPO_ROOT/$needed" ]] || { log "ERROR: $needed is missing"; exit 1; }
   cp -R "$REPO_ROOT/$needed" "$context/"
 done
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
-log "cargo build --release --locked --bin karpenter (context: Cargo.toml Cargo.lock src/)"
+log "cargo build --release --locked --bin karpenter (context: Cargo.toml Cargo.lock src/ benches/)"
 (cd "$context" && cargo build --release --locked --bin karpenter)
 
 binary=$CARGO_TARGET_DIR/release/karpenter

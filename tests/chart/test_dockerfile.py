@@ -100,4 +100,4 @@ def test_dockerignore_lets_in_only_the_build_inputs() -> None:
         if line.strip() and not line.startswith("#")
     ]
     assert lines[0] == "*", "the build context starts from nothing"
-    assert set(lines[1:]) == {"!Cargo.toml", "!Cargo.lock", "!src/"}
+    assert set(lines[1:]) == {"!Cargo.toml", "!Cargo.lock", "!src/", "!benches/"}
