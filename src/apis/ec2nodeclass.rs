@@ -8,6 +8,7 @@ use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 
 use super::common::*;
+use super::labels;
 
 /// AMI families whose alias `family@version` resolves through SSM.
 pub const ALIAS_FAMILIES: &[&str] =
@@ -15,10 +16,10 @@ pub const ALIAS_FAMILIES: &[&str] =
 
 /// Tag keys Karpenter sets itself on everything it launches; users may not set them.
 pub const RESTRICTED_TAG_KEYS: &[&str] = &[
-    "eks:eks-cluster-name",
-    "karpenter.sh/nodepool",
-    "karpenter.sh/nodeclaim",
-    "karpenter.k8s.aws/ec2nodeclass",
+    labels::TAG_EKS_CLUSTER_NAME,
+    labels::LABEL_NODEPOOL,
+    labels::TAG_NODECLAIM,
+    labels::LABEL_EC2NODECLASS,
 ];
 
 /// Specification of an EC2NodeClass.

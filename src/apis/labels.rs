@@ -140,6 +140,13 @@ pub const ANNOTATION_EC2NODECLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-h
 /// Version of the EC2NodeClass hashing scheme.
 pub const ANNOTATION_EC2NODECLASS_HASH_VERSION: &str = "karpenter.k8s.aws/ec2nodeclass-hash-version";
 
+// --- EC2 tags ---------------------------------------------------------------------------------
+
+/// Tag naming the NodeClaim an instance was launched for.
+pub const TAG_NODECLAIM: &str = "karpenter.sh/nodeclaim";
+/// Tag naming the EKS cluster an instance belongs to.
+pub const TAG_EKS_CLUSTER_NAME: &str = "eks:eks-cluster-name";
+
 // --- extended resources -------------------------------------------------------------------------
 
 /// NVIDIA GPUs.

@@ -10,10 +10,7 @@ use super::sdk_error;
 use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, LABEL_NODEPOOL};
 use crate::cloudprovider::{CloudProviderError, Result};
 
-/// Tag naming the NodeClaim an instance was launched for.
-pub const TAG_NODECLAIM: &str = "karpenter.sh/nodeclaim";
-/// Tag naming the EKS cluster an instance belongs to.
-pub const TAG_EKS_CLUSTER_NAME: &str = "eks:eks-cluster-name";
+pub use crate::apis::labels::{TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM};
 
 /// The `kubernetes.io/cluster/<name>` tag key.
 pub fn cluster_tag(cluster: &str) -> String {
