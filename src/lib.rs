@@ -10,6 +10,7 @@
 
 pub mod apis;
 pub mod cloudprovider;
+pub mod controllers;
 pub mod operator;
 pub mod scheduling;
 pub mod simulate;

@@ -2,6 +2,7 @@
 //! endpoints, logging.
 
 pub mod leader;
+pub mod metrics;
 pub mod server;
 pub mod settings;
 

@@ -1,0 +1,38 @@
+//! The controllers: thin reconcilers that observe the cluster, ask the pure parts
+//! ([`crate::scheduling`]) or the cloud provider what to do, and apply the answer.
+//!
+//! Every controller receives the shared [`Context`]: the Kubernetes client, the one
+//! [`CloudProvider`], the settings, the metrics and the event recorder.
+
+pub mod events;
+
+use std::sync::Arc;
+
+use kube::Client;
+
+use crate::cloudprovider::CloudProvider;
+use crate::operator::Settings;
+use crate::operator::metrics::Metrics;
+
+pub use events::Events;
+
+/// What every controller shares.
+#[derive(Clone)]
+pub struct Context {
+    /// The API server.
+    pub client: Client,
+    /// The cloud, through its one trait.
+    pub cloud: Arc<dyn CloudProvider>,
+    /// The controller's settings.
+    pub settings: Arc<Settings>,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Kubernetes events.
+    pub events: Events,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("cloud", &self.cloud.name()).finish_non_exhaustive()
+    }
+}

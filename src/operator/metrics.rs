@@ -1,0 +1,301 @@
+//! The controller's Prometheus metrics, with upstream Karpenter's names and labels so that
+//! existing dashboards and alerts keep working.
+//!
+//! Counters are registered without their `_total` suffix: the OpenMetrics encoder adds it.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label set of a metric: `(name, value)` pairs in a fixed order.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// A float gauge family.
+pub type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
+/// A counter family.
+pub type CounterFamily = Family<Labels, Counter>;
+/// A histogram family with upstream's duration buckets.
+pub type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Upstream's duration buckets (seconds), from 5 ms to 10 min.
+pub const DURATION_BUCKETS: [f64; 22] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.75, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0, 600.0,
+];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+fn histogram_family() -> HistogramFamily {
+    Family::new_with_constructor(duration_histogram as fn() -> Histogram)
+}
+
+/// Every metric the controllers export.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `karpenter_build_info{version}`: constant 1.
+    pub build_info: GaugeFamily,
+    /// `karpenter_nodeclaims_created_total{reason, nodepool, min_values_relaxed}`.
+    pub nodeclaims_created: CounterFamily,
+    /// `karpenter_nodeclaims_launched_total{nodepool}`.
+    pub nodeclaims_launched: CounterFamily,
+    /// `karpenter_nodeclaims_registered_total{nodepool}`.
+    pub nodeclaims_registered: CounterFamily,
+    /// `karpenter_nodeclaims_initialized_total{nodepool}`.
+    pub nodeclaims_initialized: CounterFamily,
+    /// `karpenter_nodeclaims_terminated_total{nodepool, capacity_type, zone}`.
+    pub nodeclaims_terminated: CounterFamily,
+    /// `karpenter_nodeclaims_disrupted_total{reason, nodepool}`.
+    pub nodeclaims_disrupted: CounterFamily,
+    /// `karpenter_nodeclaims_termination_duration_seconds{nodepool}`.
+    pub nodeclaims_termination_duration: HistogramFamily,
+    /// `karpenter_nodeclaims_instance_termination_duration_seconds{nodepool}`.
+    pub nodeclaims_instance_termination_duration: HistogramFamily,
+    /// `karpenter_nodes_created_total{nodepool}`.
+    pub nodes_created: CounterFamily,
+    /// `karpenter_nodes_terminated_total{nodepool}`.
+    pub nodes_terminated: CounterFamily,
+    /// `karpenter_nodes_termination_duration_seconds{nodepool}`.
+    pub nodes_termination_duration: HistogramFamily,
+    /// `karpenter_nodes_drained_total{nodepool}`.
+    pub nodes_drained: CounterFamily,
+    /// `karpenter_pods_state{name, namespace, owner, node, nodepool, zone, arch, capacity_type,
+    /// instance_type, phase}`.
+    pub pods_state: GaugeFamily,
+    /// `karpenter_pods_startup_duration_seconds`: from creation to Running.
+    pub pods_startup_duration: HistogramFamily,
+    /// `karpenter_pods_bound_duration_seconds`: from creation to bound.
+    pub pods_bound_duration: HistogramFamily,
+    /// `karpenter_scheduler_scheduling_duration_seconds{controller}`.
+    pub scheduler_scheduling_duration: HistogramFamily,
+    /// `karpenter_scheduler_queue_depth{controller, scheduling_id}`.
+    pub scheduler_queue_depth: GaugeFamily,
+    /// `karpenter_provisioner_scheduling_duration_seconds`: a whole provisioning pass.
+    pub provisioner_scheduling_duration: HistogramFamily,
+    /// `karpenter_provisioner_batch_size`: pods in each closed batch.
+    pub provisioner_batch_size: GaugeFamily,
+    /// `karpenter_provisioner_batch_window_duration_seconds`: how long each batch stayed open.
+    pub provisioner_batch_window_duration: HistogramFamily,
+    /// `karpenter_cloudprovider_duration_seconds{controller, method, provider}`.
+    pub cloudprovider_duration: HistogramFamily,
+    /// `karpenter_cloudprovider_errors_total{controller, method, provider, error}`.
+    pub cloudprovider_errors: CounterFamily,
+    /// `karpenter_nodepools_usage{nodepool, resource_type}`.
+    pub nodepools_usage: GaugeFamily,
+    /// `karpenter_nodepools_limit{nodepool, resource_type}`.
+    pub nodepools_limit: GaugeFamily,
+    /// `karpenter_cluster_state_node_count`.
+    pub cluster_state_node_count: GaugeFamily,
+    /// `karpenter_cluster_state_synced`: 1 once every watch has listed.
+    pub cluster_state_synced: GaugeFamily,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            build_info: GaugeFamily::default(),
+            nodeclaims_created: CounterFamily::default(),
+            nodeclaims_launched: CounterFamily::default(),
+            nodeclaims_registered: CounterFamily::default(),
+            nodeclaims_initialized: CounterFamily::default(),
+            nodeclaims_terminated: CounterFamily::default(),
+            nodeclaims_disrupted: CounterFamily::default(),
+            nodeclaims_termination_duration: histogram_family(),
+            nodeclaims_instance_termination_duration: histogram_family(),
+            nodes_created: CounterFamily::default(),
+            nodes_terminated: CounterFamily::default(),
+            nodes_termination_duration: histogram_family(),
+            nodes_drained: CounterFamily::default(),
+            pods_state: GaugeFamily::default(),
+            pods_startup_duration: histogram_family(),
+            pods_bound_duration: histogram_family(),
+            scheduler_scheduling_duration: histogram_family(),
+            scheduler_queue_depth: GaugeFamily::default(),
+            provisioner_scheduling_duration: histogram_family(),
+            provisioner_batch_size: GaugeFamily::default(),
+            provisioner_batch_window_duration: histogram_family(),
+            cloudprovider_duration: histogram_family(),
+            cloudprovider_errors: CounterFamily::default(),
+            nodepools_usage: GaugeFamily::default(),
+            nodepools_limit: GaugeFamily::default(),
+            cluster_state_node_count: GaugeFamily::default(),
+            cluster_state_synced: GaugeFamily::default(),
+        };
+        let r = registry;
+        r.register(
+            "karpenter_build_info",
+            "A metric with a constant '1' value labeled by the version karpenter was built from.",
+            m.build_info.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_created",
+            "Number of nodeclaims created, by the reason they were created and their nodepool.",
+            m.nodeclaims_created.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_launched",
+            "Number of nodeclaims launched, by nodepool.",
+            m.nodeclaims_launched.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_registered",
+            "Number of nodeclaims registered, by nodepool.",
+            m.nodeclaims_registered.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_initialized",
+            "Number of nodeclaims initialized, by nodepool.",
+            m.nodeclaims_initialized.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_terminated",
+            "Number of nodeclaims terminated, by nodepool, capacity type and zone.",
+            m.nodeclaims_terminated.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_disrupted",
+            "Number of nodeclaims disrupted, by reason and nodepool.",
+            m.nodeclaims_disrupted.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_termination_duration_seconds",
+            "Time from a nodeclaim's deletion request to the removal of its finalizer.",
+            m.nodeclaims_termination_duration.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_instance_termination_duration_seconds",
+            "Time the cloud provider took to terminate a nodeclaim's instance.",
+            m.nodeclaims_instance_termination_duration.clone(),
+        );
+        r.register("karpenter_nodes_created", "Number of nodes created, by nodepool.", m.nodes_created.clone());
+        r.register(
+            "karpenter_nodes_terminated",
+            "Number of nodes terminated, by nodepool.",
+            m.nodes_terminated.clone(),
+        );
+        r.register(
+            "karpenter_nodes_termination_duration_seconds",
+            "Time from a node's deletion request to the removal of its finalizer.",
+            m.nodes_termination_duration.clone(),
+        );
+        r.register("karpenter_nodes_drained", "Number of nodes drained, by nodepool.", m.nodes_drained.clone());
+        r.register(
+            "karpenter_pods_state",
+            "Pod state: one series per pod, labeled by its node, nodepool, zone, type and phase.",
+            m.pods_state.clone(),
+        );
+        r.register(
+            "karpenter_pods_startup_duration_seconds",
+            "Time from a pod's creation until it is running.",
+            m.pods_startup_duration.clone(),
+        );
+        r.register(
+            "karpenter_pods_bound_duration_seconds",
+            "Time from a pod's creation until it is bound to a node.",
+            m.pods_bound_duration.clone(),
+        );
+        r.register(
+            "karpenter_scheduler_scheduling_duration_seconds",
+            "Duration of scheduling simulations, by the controller that ran them.",
+            m.scheduler_scheduling_duration.clone(),
+        );
+        r.register(
+            "karpenter_scheduler_queue_depth",
+            "Pods waiting to be placed by the running scheduling simulation.",
+            m.scheduler_queue_depth.clone(),
+        );
+        r.register(
+            "karpenter_provisioner_scheduling_duration_seconds",
+            "Duration of a whole provisioning pass: snapshot, simulation and nodeclaim creation.",
+            m.provisioner_scheduling_duration.clone(),
+        );
+        r.register(
+            "karpenter_provisioner_batch_size",
+            "Number of pending pods in the last provisioning batch.",
+            m.provisioner_batch_size.clone(),
+        );
+        r.register(
+            "karpenter_provisioner_batch_window_duration_seconds",
+            "How long provisioning batches stayed open.",
+            m.provisioner_batch_window_duration.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_duration_seconds",
+            "Duration of cloud provider calls, by controller, method and provider.",
+            m.cloudprovider_duration.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_errors",
+            "Number of failed cloud provider calls, by controller, method, provider and error.",
+            m.cloudprovider_errors.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_usage",
+            "Resources the nodes of a nodepool provide, by nodepool and resource type.",
+            m.nodepools_usage.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_limit",
+            "Limits of a nodepool, by nodepool and resource type.",
+            m.nodepools_limit.clone(),
+        );
+        r.register(
+            "karpenter_cluster_state_node_count",
+            "Nodes and nodeclaims in the controller's cluster state.",
+            m.cluster_state_node_count.clone(),
+        );
+        r.register(
+            "karpenter_cluster_state_synced",
+            "1 when the controller's cluster state has listed every watched kind, else 0.",
+            m.cluster_state_synced.clone(),
+        );
+        m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1.0);
+        m
+    }
+
+    /// Metrics registered in a throw-away registry, for tests.
+    pub fn unregistered() -> Self {
+        Metrics::new(&mut Registry::default())
+    }
+}
+
+/// Observes `elapsed` in the histogram of `family` with `labels`.
+pub fn observe(family: &HistogramFamily, labels: Labels, elapsed: Duration) {
+    family.get_or_create(&labels).observe(elapsed.as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_upstreams() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        m.nodeclaims_created
+            .get_or_create(&vec![
+                ("reason", "provisioning".into()),
+                ("nodepool", "default".into()),
+                ("min_values_relaxed", "false".into()),
+            ])
+            .inc();
+        observe(&m.scheduler_scheduling_duration, vec![("controller", "provisioner".into())], Duration::ZERO);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(
+                "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\",min_values_relaxed=\"false\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("karpenter_scheduler_scheduling_duration_seconds_bucket"), "{text}");
+        assert!(text.contains("karpenter_build_info{version="), "{text}");
+    }
+}
