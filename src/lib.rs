@@ -14,3 +14,4 @@ pub mod controllers;
 pub mod operator;
 pub mod scheduling;
 pub mod simulate;
+pub mod state;

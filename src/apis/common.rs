@@ -177,6 +177,17 @@ impl Taint {
         Taint { key: key.into(), value: None, effect, time_added: None }
     }
 
+    /// Converts from the Kubernetes core type; `None` for an effect Kubernetes does not define.
+    pub fn from_k8s(t: &k8s_openapi::api::core::v1::Taint) -> Option<Self> {
+        let effect = match t.effect.as_str() {
+            "NoSchedule" => TaintEffect::NoSchedule,
+            "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
+            "NoExecute" => TaintEffect::NoExecute,
+            _ => return None,
+        };
+        Some(Taint { key: t.key.clone(), value: t.value.clone(), effect, time_added: None })
+    }
+
     /// Converts to the Kubernetes core type.
     pub fn to_k8s(&self) -> k8s_openapi::api::core::v1::Taint {
         k8s_openapi::api::core::v1::Taint {

@@ -255,9 +255,35 @@ fn add_template_label_rules(schema: &mut Schema) {
     }
 }
 
+/// Version of the NodePool hash scheme, written next to the hash so that a change of scheme is
+/// not mistaken for drift.
+pub const NODEPOOL_HASH_VERSION: &str = "v3";
+
 impl NodePool {
     /// The pool's weight, 0 when unset.
     pub fn weight(&self) -> i32 {
         self.spec.weight.unwrap_or(0)
+    }
+
+    /// Hash of the template fields whose change makes existing nodes drift: labels,
+    /// annotations, taints, startup taints, expireAfter, terminationGracePeriod and the node
+    /// class reference (requirements are compared on their own). A decimal number, as upstream
+    /// writes it in the `karpenter.sh/nodepool-hash` annotation.
+    pub fn hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let t = &self.spec.template;
+        let hashed = serde_json::json!({
+            "labels": t.metadata.as_ref().map(|m| &m.labels),
+            "annotations": t.metadata.as_ref().map(|m| &m.annotations),
+            "taints": t.spec.taints,
+            "startupTaints": t.spec.startup_taints,
+            "expireAfter": t.spec.expire_after,
+            "terminationGracePeriod": t.spec.termination_grace_period,
+            "nodeClassRef": t.spec.node_class_ref,
+        });
+        let digest = Sha256::digest(hashed.to_string().as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        u64::from_be_bytes(first).to_string()
     }
 }

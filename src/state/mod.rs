@@ -1,0 +1,281 @@
+//! Cluster state: in-memory caches of the objects the decisions look at, fed by watches
+//! (kube-runtime reflectors), and the snapshot the pure parts are given.
+//!
+//! One watch per kind, shared by every controller that reads through [`ClusterState`]. The
+//! Karpenter custom resources are watched untyped and converted object by object, so a single
+//! object that does not parse is logged (with its name) and skipped instead of stalling its
+//! watch. Managed fields and the `kubectl.kubernetes.io/last-applied-configuration` annotation
+//! are dropped before caching, which keeps memory proportional to what the decisions use.
+
+pub mod snapshot;
+
+use std::fmt::Debug;
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, ObjectMeta};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, watcher::Config};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
+
+pub use snapshot::Snapshot;
+
+/// What changed, for the controllers that react to changes (the provisioner).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A provisionable pod was added or updated.
+    Pod,
+    /// A NodeClaim was deleted.
+    NodeClaimDeleted,
+    /// A NodePool was added, updated or deleted.
+    NodePool,
+    /// A node was deleted.
+    NodeDeleted,
+}
+
+/// The caches.
+#[derive(Clone)]
+pub struct ClusterState {
+    /// Pods of every namespace.
+    pub pods: Store<Pod>,
+    /// Nodes.
+    pub nodes: Store<Node>,
+    /// NodeClaims.
+    pub nodeclaims: Store<NodeClaim>,
+    /// NodePools.
+    pub nodepools: Store<NodePool>,
+    /// EC2NodeClasses.
+    pub nodeclasses: Store<EC2NodeClass>,
+    /// DaemonSets.
+    pub daemonsets: Store<DaemonSet>,
+    /// PodDisruptionBudgets.
+    pub pdbs: Store<PodDisruptionBudget>,
+    /// Namespaces (their labels, for affinity namespace selectors).
+    pub namespaces: Store<Namespace>,
+}
+
+impl Debug for ClusterState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterState")
+            .field("pods", &self.pods.len())
+            .field("nodes", &self.nodes.len())
+            .field("nodeclaims", &self.nodeclaims.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Drops what no decision reads, before an object is cached.
+fn trim<K: Resource>(obj: &mut K) {
+    let meta: &mut ObjectMeta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+impl ClusterState {
+    /// Starts one watch per kind. Returns the caches, and the future that drives the watches
+    /// (spawn it; it runs until dropped). Changes are reported on `changes`.
+    pub fn start(
+        client: Client,
+        changes: mpsc::UnboundedSender<Change>,
+    ) -> (ClusterState, impl Future<Output = ()> + Send + 'static) {
+        let (pods, pods_w) = reflector::store();
+        let (nodes, nodes_w) = reflector::store();
+        let (nodeclaims, nodeclaims_w) = reflector::store();
+        let (nodepools, nodepools_w) = reflector::store();
+        let (nodeclasses, nodeclasses_w) = reflector::store();
+        let (daemonsets, daemonsets_w) = reflector::store();
+        let (pdbs, pdbs_w) = reflector::store();
+        let (namespaces, namespaces_w) = reflector::store();
+
+        let pod_changes = changes.clone();
+        let pods_f = drive(
+            "pods",
+            reflector::reflector(pods_w, watch_typed(Api::<Pod>::all(client.clone()))),
+            move |ev: &Event<Pod>| {
+                if let Event::Apply(pod) = ev
+                    && snapshot::is_provisionable(pod)
+                {
+                    let _ = pod_changes.send(Change::Pod);
+                }
+            },
+        );
+        let node_changes = changes.clone();
+        let nodes_f = drive(
+            "nodes",
+            reflector::reflector(nodes_w, watch_typed(Api::<Node>::all(client.clone()))),
+            move |ev: &Event<Node>| {
+                if matches!(ev, Event::Delete(_)) {
+                    let _ = node_changes.send(Change::NodeDeleted);
+                }
+            },
+        );
+        let nc_changes = changes.clone();
+        let nodeclaims_f = drive(
+            "nodeclaims",
+            reflector::reflector(nodeclaims_w, watch_lenient::<NodeClaim>(client.clone())),
+            move |ev: &Event<NodeClaim>| {
+                if matches!(ev, Event::Delete(_)) {
+                    let _ = nc_changes.send(Change::NodeClaimDeleted);
+                }
+            },
+        );
+        let np_changes = changes;
+        let nodepools_f = drive(
+            "nodepools",
+            reflector::reflector(nodepools_w, watch_lenient::<NodePool>(client.clone())),
+            move |ev: &Event<NodePool>| {
+                if matches!(ev, Event::Apply(_) | Event::Delete(_)) {
+                    let _ = np_changes.send(Change::NodePool);
+                }
+            },
+        );
+        let nodeclasses_f = drive(
+            "ec2nodeclasses",
+            reflector::reflector(nodeclasses_w, watch_lenient::<EC2NodeClass>(client.clone())),
+            |_: &Event<EC2NodeClass>| {},
+        );
+        let daemonsets_f = drive(
+            "daemonsets",
+            reflector::reflector(daemonsets_w, watch_typed(Api::<DaemonSet>::all(client.clone()))),
+            |_: &Event<DaemonSet>| {},
+        );
+        let pdbs_f = drive(
+            "poddisruptionbudgets",
+            reflector::reflector(pdbs_w, watch_typed(Api::<PodDisruptionBudget>::all(client.clone()))),
+            |_: &Event<PodDisruptionBudget>| {},
+        );
+        let namespaces_f = drive(
+            "namespaces",
+            reflector::reflector(namespaces_w, watch_typed(Api::<Namespace>::all(client))),
+            |_: &Event<Namespace>| {},
+        );
+        let state =
+            ClusterState { pods, nodes, nodeclaims, nodepools, nodeclasses, daemonsets, pdbs, namespaces };
+        let fut = async move {
+            tokio::join!(
+                pods_f,
+                nodes_f,
+                nodeclaims_f,
+                nodepools_f,
+                nodeclasses_f,
+                daemonsets_f,
+                pdbs_f,
+                namespaces_f
+            );
+        };
+        (state, fut)
+    }
+
+    /// Waits until every cache has listed its kind once.
+    pub async fn wait_synced(&self) {
+        // A store only fails to become ready when its writer is dropped, i.e. on shutdown.
+        let _ = tokio::join!(
+            self.pods.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+            self.nodeclaims.wait_until_ready(),
+            self.nodepools.wait_until_ready(),
+            self.nodeclasses.wait_until_ready(),
+            self.daemonsets.wait_until_ready(),
+            self.pdbs.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+        );
+    }
+
+    /// A consistent-enough copy of the caches for one decision.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            pods: self.pods.state(),
+            nodes: self.nodes.state(),
+            nodeclaims: self.nodeclaims.state(),
+            nodepools: self.nodepools.state(),
+            nodeclasses: self.nodeclasses.state(),
+            daemonsets: self.daemonsets.state(),
+            namespaces: self.namespaces.state(),
+        }
+    }
+}
+
+/// A watch of a built-in kind (validated by the API server, so always parsable).
+fn watch_typed<K>(api: Api<K>) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher::watcher(api, Config::default()).default_backoff().modify(trim)
+}
+
+/// A watch of a custom resource that converts each object on its own: an object that does not
+/// parse as `K` is logged and left out instead of failing the whole list.
+fn watch_lenient<K>(client: Client) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + 'static,
+{
+    let ar = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    watcher::watcher(api, Config::default()).default_backoff().filter_map(move |ev| {
+        let kind = ar.kind.clone();
+        async move {
+            match ev {
+                Err(e) => Some(Err(e)),
+                Ok(ev) => convert_event::<K>(ev, &kind).map(Ok),
+            }
+        }
+    })
+}
+
+fn convert<K: DeserializeOwned + Resource>(obj: DynamicObject, kind: &str) -> Option<K> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let value = match serde_json::to_value(&obj) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(kind, name, error = %e, "skipping object that cannot be encoded");
+            return None;
+        }
+    };
+    match serde_json::from_value::<K>(value) {
+        Ok(mut k) => {
+            trim(&mut k);
+            Some(k)
+        }
+        Err(e) => {
+            tracing::error!(kind, name, error = %e, "skipping malformed object");
+            None
+        }
+    }
+}
+
+fn convert_event<K: DeserializeOwned + Resource>(ev: Event<DynamicObject>, kind: &str) -> Option<Event<K>> {
+    Some(match ev {
+        Event::Apply(o) => Event::Apply(convert(o, kind)?),
+        Event::Delete(o) => Event::Delete(convert(o, kind)?),
+        Event::InitApply(o) => Event::InitApply(convert(o, kind)?),
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
+    })
+}
+
+/// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
+/// (the watcher retries with backoff on its own).
+async fn drive<K, S, F>(kind: &'static str, stream: S, on_event: F)
+where
+    S: Stream<Item = watcher::Result<Event<K>>> + Send,
+    F: Fn(&Event<K>) + Send,
+{
+    let stream = stream.inspect_ok(|ev| on_event(ev));
+    futures::pin_mut!(stream);
+    while let Some(item) = stream.next().await {
+        if let Err(error) = item {
+            tracing::warn!(kind, error = %error, "watch failed, retrying");
+        }
+    }
+}
