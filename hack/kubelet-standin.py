@@ -554,12 +554,12 @@ class Kube:
             token = Path(user["tokenFile"]).read_text().strip()
         return cls(server, context, token)
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Accept", "application/json")
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            req.add_header("Content-Type", content_type)
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
@@ -800,11 +800,19 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.set())
+    failure = ""
     while not stop.is_set():
         try:
             standin.reconcile()
         except Exception as exc:  # the API server or the emulator is down: try again later
-            log("error", f"pass failed: {type(exc).__name__}: {exc}")
+            message = f"pass failed: {type(exc).__name__}: {exc}"
+            if message != failure:  # once, not every pass
+                log("error", message)
+            failure = message
+        else:
+            if failure:
+                log("info", "passes succeed again")
+            failure = ""
         stop.wait(args.interval)
     log("info", "kubelet stand-in stopped")
     return 0
