@@ -101,7 +101,7 @@ def log(level: str, msg: str, **fields: Any) -> None:
         line = json.dumps({"time": now, "level": level, "msg": msg, **fields}, default=str)
     else:
         extra = " ".join(f"{k}={v}" for k, v in fields.items())
-        line = f"{now} {level.upper()} {msg}" + (f" {extra}" if extra else "")
+        line = " ".join(f"{now} {level.upper()} {msg} {extra}".split())  # one line, always
     print(line, file=sys.stderr, flush=True)
 
 
@@ -792,7 +792,11 @@ def main(argv: list[str] | None = None) -> int:
 
     options = Options(cluster=args.cluster, region=args.region, ephemeral_storage=args.ephemeral_storage,
                       delete_nodes=not args.no_delete)
-    standin = StandIn(ec2_client(args.region), Kube.from_kubeconfig(args.kubeconfig), options)
+    try:
+        standin = StandIn(ec2_client(args.region), Kube.from_kubeconfig(args.kubeconfig), options)
+    except Exception as exc:  # a configuration error: nothing to retry
+        log("error", f"cannot start: {type(exc).__name__}: {exc}")
+        return 2
     log("info", "kubelet stand-in started", **dataclasses.asdict(options), interval=args.interval)
     if args.once:
         return 1 if standin.reconcile().errors else 0
