@@ -779,7 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--cluster", default=os.environ.get("CLUSTER_NAME", "karpenter-demo"),
                         help="only instances tagged for this cluster ('' for all); default $CLUSTER_NAME")
-    parser.add_argument("--region", default=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-west-2")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-west-2"
+    parser.add_argument("--region", default=region)
     parser.add_argument("--kubeconfig", default=None, help="default: first file of $KUBECONFIG")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
     parser.add_argument("--once", action="store_true", help="one pass, then exit (status 1 on errors)")

@@ -168,7 +168,10 @@ def test_al2023_with_the_classs_parts_first() -> None:
 
 
 def test_later_node_configs_override_earlier_ones() -> None:
-    custom = "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  kubelet:\n    config:\n      maxPods: 8\n    flags:\n    - --node-labels=team=a\n"
+    custom = (
+        "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  kubelet:\n"
+        "    config:\n      maxPods: 8\n    flags:\n    - --node-labels=team=a\n"
+    )
     text = AL2023.replace(
         "--//\nContent-Type: application/node.eks.aws",
         f"--//\nContent-Type: application/node.eks.aws\n\n{custom}\n--//\nContent-Type: application/node.eks.aws",
@@ -184,8 +187,18 @@ def test_later_node_configs_override_earlier_ones() -> None:
     [
         ("", "Custom", {}, None),
         ("#!/bin/sh\necho x\n", "Custom", {}, None),
-        ("#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--node-labels a=b --max-pods 7'\n", "AL2", {"a": "b"}, 7),
-        ("apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  kubelet:\n    flags: [--node-labels=x=y]\n", "AL2023", {"x": "y"}, None),
+        (
+            "#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--node-labels a=b --max-pods 7'\n",
+            "AL2",
+            {"a": "b"},
+            7,
+        ),
+        (
+            "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  kubelet:\n    flags: [--node-labels=x=y]\n",
+            "AL2023",
+            {"x": "y"},
+            None,
+        ),
         ('[settings.host-containers.admin]\nenabled = true\n', "Bottlerocket", {}, None),
         ('[settings.kubernetes]\nnode-taints = { a = "b:NoSchedule" }\n', "Bottlerocket", {}, None),
         ("just some text\n", "Custom", {}, None),
@@ -202,7 +215,9 @@ def test_custom_user_data(text: str, family: str, labels: dict[str, str], pods: 
         "[settings.kubernetes\nmax-pods = 1\n",  # TOML that does not parse
         '[settings.kubernetes.node-taints]\na = ["b:Sometimes"]\n',
         "MIME-Version: 1.0\nContent-Type: multipart/mixed\n\n--x\n",  # no boundary
-        "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"//\"\n\n--//\nContent-Type: application/node.eks.aws\n\nkind: NodeConfig\n  bad: [\n--//--\n",
+        # a NodeConfig part that is not YAML
+        "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"//\"\n\n"
+        "--//\nContent-Type: application/node.eks.aws\n\nkind: NodeConfig\n  bad: [\n--//--\n",
         "#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--register-with-taints=novalue'\n",
         "#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--max-pods=many'\n",
         "#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--node-labels=\n",
