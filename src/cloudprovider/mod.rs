@@ -4,6 +4,7 @@
 //! [`aws`] implements it for EC2.
 
 pub mod aws;
+pub mod metered;
 
 use std::collections::BTreeMap;
 use std::fmt;
