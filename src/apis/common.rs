@@ -305,3 +305,61 @@ pub fn push_rule(schema: &mut Schema, rule: &str, message: &str) {
 pub fn default_expire_after() -> String {
     "720h".to_string()
 }
+
+/// Sets the condition `type_` in `conditions`, keeping its `lastTransitionTime` when its status
+/// does not change. Returns whether anything changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: &str,
+) -> bool {
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            let changed = c.status != status
+                || c.reason != reason
+                || c.message != message
+                || c.observed_generation != observed_generation;
+            if c.status != status {
+                c.last_transition_time = now.to_string();
+            }
+            c.status = status;
+            c.reason = reason.to_string();
+            c.message = message.to_string();
+            c.observed_generation = observed_generation;
+            changed
+        }
+        None => {
+            conditions.push(Condition {
+                type_: type_.to_string(),
+                status,
+                observed_generation,
+                last_transition_time: now.to_string(),
+                reason: reason.to_string(),
+                message: message.to_string(),
+            });
+            true
+        }
+    }
+}
+
+#[cfg(test)]
+mod condition_tests {
+    use super::*;
+
+    #[test]
+    fn transitions_keep_their_time_until_the_status_changes() {
+        let mut cs = vec![];
+        assert!(set_condition(&mut cs, "Ready", ConditionStatus::False, "NotReady", "m", Some(1), "t1"));
+        assert!(!set_condition(&mut cs, "Ready", ConditionStatus::False, "NotReady", "m", Some(1), "t2"));
+        assert_eq!(cs[0].last_transition_time, "t1");
+        assert!(set_condition(&mut cs, "Ready", ConditionStatus::False, "Other", "m", Some(1), "t3"));
+        assert_eq!(cs[0].last_transition_time, "t1");
+        assert!(set_condition(&mut cs, "Ready", ConditionStatus::True, "Ready", "", Some(1), "t4"));
+        assert_eq!(cs[0].last_transition_time, "t4");
+        assert_eq!(cs.len(), 1);
+    }
+}

@@ -231,12 +231,7 @@ impl Provisioner {
         })
     }
 
-    async fn apply(
-        &mut self,
-        snapshot: &Snapshot,
-        input: &SchedulingInput,
-        results: SchedulingResults,
-    ) {
+    async fn apply(&mut self, snapshot: &Snapshot, input: &SchedulingInput, results: SchedulingResults) {
         let nodepools: BTreeMap<String, Arc<NodePool>> = snapshot
             .nodepools
             .iter()
@@ -316,7 +311,12 @@ impl Provisioner {
         let mut events: Vec<(Pod, bool, &'static str, String)> = Vec::new();
         for (index, target) in nominations {
             if let Some(pod) = input.pods.get(index) {
-                events.push((pod.clone(), false, reasons::NOMINATED, format!("Pod should schedule on: {target}")));
+                events.push((
+                    pod.clone(),
+                    false,
+                    reasons::NOMINATED,
+                    format!("Pod should schedule on: {target}"),
+                ));
             }
         }
         for error in &results.errors {
@@ -369,37 +369,39 @@ fn format_requests(r: &crate::scheduling::Resources) -> String {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
+    // Real time, scaled down: an idle window of 100 ms and a maximum of 1 s.
+    #[tokio::test]
     async fn a_batch_closes_when_idle() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         tx.send(Change::Pod).unwrap();
         let sender = tokio::spawn(async move {
             for _ in 0..3 {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 tx.send(Change::Pod).unwrap();
             }
             // Keep the channel open.
             tokio::time::sleep(Duration::from_secs(60)).await;
         });
-        let window = next_batch(&mut rx, Duration::from_secs(1), Duration::from_secs(10)).await.unwrap();
-        assert_eq!(window.as_millis() / 100, 25, "{window:?}");
+        let window = next_batch(&mut rx, Duration::from_millis(100), Duration::from_secs(1)).await.unwrap();
+        // Three more pods kept it open past the first idle window, then it closed when idle.
+        assert!(window >= Duration::from_millis(240) && window < Duration::from_millis(900), "{window:?}");
         sender.abort();
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_busy_batch_closes_at_the_maximum() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         tx.send(Change::Pod).unwrap();
         let sender = tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                tokio::time::sleep(Duration::from_millis(30)).await;
                 if tx.send(Change::Pod).is_err() {
                     break;
                 }
             }
         });
-        let window = next_batch(&mut rx, Duration::from_secs(1), Duration::from_secs(10)).await.unwrap();
-        assert_eq!(window.as_secs(), 10, "{window:?}");
+        let window = next_batch(&mut rx, Duration::from_millis(100), Duration::from_secs(1)).await.unwrap();
+        assert!(window >= Duration::from_secs(1) && window < Duration::from_millis(1500), "{window:?}");
         sender.abort();
     }
 

@@ -1,0 +1,329 @@
+//! NodePool status: the resources and node count of each pool (what `kubectl get nodepools`
+//! shows), the conditions NodeClassReady, ValidationSucceeded and Ready, the
+//! `karpenter.sh/nodepool-hash` annotation, and the `karpenter_nodepools_usage` / `_limit`
+//! metrics.
+//!
+//! It runs on a short period over the cluster state rather than per event: the numbers change
+//! with every node, and a pass over a few pools is cheap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::sync::watch;
+
+use crate::apis::labels::{
+    ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, AWS_GROUP, LABEL_NODEPOOL,
+};
+use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
+use crate::apis::{ConditionStatus, EC2NodeClass, NodePool, NodePoolStatus, common::set_condition};
+use crate::controllers::Context;
+use crate::operator::settings::CloudProviderKind;
+use crate::scheduling::resources::{NODES, parse_quantity_for};
+use crate::scheduling::{Requirements, Resources};
+use crate::state::{ClusterState, Snapshot};
+
+/// How often the statuses are recomputed.
+const PERIOD: Duration = Duration::from_secs(5);
+
+/// Condition: the pool's node class exists and is ready.
+pub const NODE_CLASS_READY: &str = "NodeClassReady";
+/// Condition: the pool passed the checks the API server cannot make.
+pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
+/// Condition: the pool can launch nodes.
+pub const READY: &str = "Ready";
+
+/// Runs until `stop` turns true.
+pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
+    state.wait_synced().await;
+    loop {
+        reconcile(&ctx, &state).await;
+        tokio::select! {
+            _ = tokio::time::sleep(PERIOD) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            break;
+        }
+    }
+}
+
+async fn reconcile(ctx: &Context, state: &ClusterState) {
+    let snapshot = state.snapshot();
+    let api: Api<NodePool> = Api::all(ctx.client.clone());
+    let now = Timestamp::now().to_string();
+    let usage = usage(&snapshot);
+    ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
+    for np in &snapshot.nodepools {
+        if np.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = np.metadata.name.clone().unwrap_or_default();
+        let class_ready = node_class_ready(np, &snapshot, ctx.settings.cloud_provider);
+        let status = desired_status(np, usage.get(&name), class_ready, &now);
+        record_metrics(ctx, np, &status);
+        if np.status.as_ref() != Some(&status) {
+            let patch = serde_json::json!({ "status": status });
+            if let Err(error) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
+            {
+                tracing::warn!(controller = "nodepool.status", NodePool = %name, error = %error, "updating nodepool status");
+            }
+        }
+        let hash = np.hash();
+        let annotations = np.metadata.annotations.as_ref();
+        if annotations.and_then(|a| a.get(ANNOTATION_NODEPOOL_HASH)) != Some(&hash)
+            || annotations.and_then(|a| a.get(ANNOTATION_NODEPOOL_HASH_VERSION)).map(String::as_str)
+                != Some(NODEPOOL_HASH_VERSION)
+        {
+            let patch = serde_json::json!({ "metadata": { "annotations": {
+                ANNOTATION_NODEPOOL_HASH: hash,
+                ANNOTATION_NODEPOOL_HASH_VERSION: NODEPOOL_HASH_VERSION,
+            }}});
+            if let Err(error) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                tracing::warn!(controller = "nodepool.hash", NodePool = %name, error = %error, "updating nodepool hash");
+            }
+        }
+    }
+}
+
+fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
+    let name = np.metadata.name.clone().unwrap_or_default();
+    for (resource, q) in status.resources.iter().flatten() {
+        if let Ok(v) = parse_quantity_for(resource, q) {
+            ctx.metrics
+                .nodepools_usage
+                .get_or_create(&vec![("nodepool", name.clone()), ("resource_type", resource.clone())])
+                .set(display_value(resource, v));
+        }
+    }
+    for (resource, q) in np.spec.limits.iter().flatten() {
+        if let Ok(v) = parse_quantity_for(resource, q) {
+            ctx.metrics
+                .nodepools_limit
+                .get_or_create(&vec![("nodepool", name.clone()), ("resource_type", resource.clone())])
+                .set(display_value(resource, v));
+        }
+    }
+}
+
+/// Quantities are kept in milli-units for CPU; the metrics report whole units, as upstream.
+fn display_value(resource: &str, v: i64) -> f64 {
+    if resource == "cpu" { v as f64 / 1000.0 } else { v as f64 }
+}
+
+/// Resources of the nodes of each pool: the capacity of its registered nodes, or of its
+/// NodeClaims that launched but have not registered yet; `nodes` counts them.
+pub fn usage(snapshot: &Snapshot) -> BTreeMap<String, Resources> {
+    let mut out: BTreeMap<String, Resources> = BTreeMap::new();
+    let mut with_node: HashMap<&str, ()> = HashMap::new();
+    for node in &snapshot.nodes {
+        let Some(np) = node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) else { continue };
+        if let Some(pid) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
+            with_node.insert(pid, ());
+        }
+        let used = out.entry(np.clone()).or_default();
+        let cap = node.status.as_ref().and_then(|s| s.capacity.clone()).unwrap_or_default();
+        used.add_assign(&Resources::from_list(&cap).unwrap_or_default());
+        used.set(NODES, used.get(NODES) + 1);
+    }
+    for claim in &snapshot.nodeclaims {
+        let Some(np) = claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) else { continue };
+        let status = claim.status.as_ref();
+        let Some(pid) = status.and_then(|s| s.provider_id.as_deref()) else { continue };
+        if with_node.contains_key(pid) {
+            continue;
+        }
+        let used = out.entry(np.clone()).or_default();
+        let cap = status.and_then(|s| s.capacity.clone()).unwrap_or_default();
+        used.add_assign(&Resources::from_list(&cap).unwrap_or_default());
+        used.set(NODES, used.get(NODES) + 1);
+    }
+    out
+}
+
+/// Whether the pool's node class is ready, and why not.
+fn node_class_ready(np: &NodePool, snapshot: &Snapshot, provider: CloudProviderKind) -> Result<(), String> {
+    let r = &np.spec.template.spec.node_class_ref;
+    if provider == CloudProviderKind::Kwok {
+        // The kwok provider serves every pool whatever its class.
+        return Ok(());
+    }
+    if r.group != AWS_GROUP || r.kind != "EC2NodeClass" {
+        return Err(format!("node class {}/{} is not an EC2NodeClass of {AWS_GROUP}", r.kind, r.group));
+    }
+    let class: Option<&EC2NodeClass> =
+        snapshot.nodeclasses.iter().map(AsRef::as_ref).find(|c| c.metadata.name.as_deref() == Some(&r.name));
+    let Some(class) = class else { return Err(format!("EC2NodeClass {:?} not found", r.name)) };
+    let ready = class.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    match ready {
+        Some(c) if c.status == ConditionStatus::True => Ok(()),
+        Some(c) => Err(format!("EC2NodeClass {:?} is not ready: {}", r.name, c.message)),
+        None => Err(format!("EC2NodeClass {:?} has not been resolved yet", r.name)),
+    }
+}
+
+/// The status a pool should have.
+pub fn desired_status(
+    np: &NodePool,
+    usage: Option<&Resources>,
+    class_ready: Result<(), String>,
+    now: &str,
+) -> NodePoolStatus {
+    let mut status = np.status.clone().unwrap_or_default();
+    let generation = np.metadata.generation;
+    let used = usage.cloned().unwrap_or_default();
+    status.nodes = used.get(NODES);
+    let mut resources = used.to_list();
+    resources.remove(NODES);
+    resources.insert(
+        NODES.to_string(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity(used.get(NODES).to_string()),
+    );
+    status.resources = Some(resources);
+
+    let class_ok = class_ready.is_ok();
+    match &class_ready {
+        Ok(()) => set_condition(
+            &mut status.conditions,
+            NODE_CLASS_READY,
+            ConditionStatus::True,
+            NODE_CLASS_READY,
+            "",
+            generation,
+            now,
+        ),
+        Err(message) => set_condition(
+            &mut status.conditions,
+            NODE_CLASS_READY,
+            ConditionStatus::False,
+            "NodeClassNotReady",
+            message,
+            generation,
+            now,
+        ),
+    };
+    let validation = Requirements::from_nodepool(&np.spec.template.spec.requirements);
+    let valid = validation.is_ok();
+    match validation {
+        Ok(_) => set_condition(
+            &mut status.conditions,
+            VALIDATION_SUCCEEDED,
+            ConditionStatus::True,
+            VALIDATION_SUCCEEDED,
+            "",
+            generation,
+            now,
+        ),
+        Err(e) => set_condition(
+            &mut status.conditions,
+            VALIDATION_SUCCEEDED,
+            ConditionStatus::False,
+            "NodePoolValidationFailed",
+            &e.to_string(),
+            generation,
+            now,
+        ),
+    };
+    if class_ok && valid {
+        set_condition(&mut status.conditions, READY, ConditionStatus::True, READY, "", generation, now);
+    } else {
+        let missing: Vec<&str> =
+            [(!class_ok).then_some(NODE_CLASS_READY), (!valid).then_some(VALIDATION_SUCCEEDED)]
+                .into_iter()
+                .flatten()
+                .collect();
+        set_condition(
+            &mut status.conditions,
+            READY,
+            ConditionStatus::False,
+            "UnhealthyDependents",
+            &format!("{} {} False", missing.join(", "), if missing.len() > 1 { "are" } else { "is" }),
+            generation,
+            now,
+        );
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::{Node, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+
+    fn nodepool(requirement_op: &str) -> NodePool {
+        serde_saphyr::from_str(&format!(
+            r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: general, generation: 3}}
+spec:
+  template:
+    spec:
+      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}}
+      requirements:
+        - {{key: karpenter.k8s.aws/instance-generation, operator: {requirement_op}, values: ["5"]}}
+"#
+        ))
+        .unwrap()
+    }
+
+    fn node(name: &str, pool: &str, cpu: &str) -> Arc<Node> {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.labels = Some([(LABEL_NODEPOOL.to_string(), pool.to_string())].into());
+        n.status = Some(NodeStatus {
+            capacity: Some([("cpu".to_string(), Quantity(cpu.into()))].into()),
+            ..Default::default()
+        });
+        Arc::new(n)
+    }
+
+    #[test]
+    fn counts_nodes_and_resources() {
+        let snapshot = Snapshot {
+            nodes: vec![node("a", "general", "2"), node("b", "general", "4"), node("c", "other", "8")],
+            ..Default::default()
+        };
+        let u = usage(&snapshot);
+        assert_eq!(u["general"].get("cpu"), 6000);
+        assert_eq!(u["general"].get(NODES), 2);
+        let np = nodepool("Gt");
+        let status = desired_status(&np, u.get("general"), Ok(()), "t");
+        assert_eq!(status.nodes, 2);
+        let resources = status.resources.unwrap();
+        assert_eq!(resources["cpu"].0, "6");
+        assert_eq!(resources["nodes"].0, "2");
+        let ready = status.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!(ready.status, ConditionStatus::True);
+        assert_eq!(ready.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn a_missing_class_makes_the_pool_not_ready() {
+        let np = nodepool("Gt");
+        let snapshot = Snapshot::default();
+        let class = node_class_ready(&np, &snapshot, CloudProviderKind::Aws);
+        assert_eq!(class.clone().unwrap_err(), "EC2NodeClass \"default\" not found");
+        let status = desired_status(&np, None, class, "t");
+        let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
+        assert_eq!(get(NODE_CLASS_READY).status, ConditionStatus::False);
+        assert_eq!(get(READY).status, ConditionStatus::False);
+        assert_eq!(get(READY).message, "NodeClassReady is False");
+        assert_eq!(status.nodes, 0);
+        assert!(node_class_ready(&np, &snapshot, CloudProviderKind::Kwok).is_ok());
+    }
+
+    #[test]
+    fn an_unchanged_pool_keeps_its_status() {
+        let mut np = nodepool("Gt");
+        let first = desired_status(&np, None, Ok(()), "t1");
+        np.status = Some(first.clone());
+        assert_eq!(desired_status(&np, None, Ok(()), "t2"), first);
+    }
+}

@@ -1,0 +1,220 @@
+//! `karpenter controller`: starts the endpoints, the cluster-state watches and the cloud
+//! provider, campaigns for the leader-election Lease, runs the controllers while leading, and
+//! shuts down cleanly on SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::leader::{LEASE_NAME, LeaderElector, Timing};
+use super::metrics::Metrics;
+use super::server::{self, Readiness};
+use super::settings::{CloudProviderKind, Settings};
+use super::error_chain;
+use crate::cloudprovider::CloudProvider;
+use crate::cloudprovider::aws::provider::{AwsCloudProvider, AwsClients, Options};
+use crate::cloudprovider::metered::Metered;
+use crate::controllers::{self, Context, Events};
+use crate::state::ClusterState;
+
+/// Errors that stop the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("connecting to the Kubernetes API server")]
+    Kube(#[source] kube::Error),
+    /// An endpoint could not be served.
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+    /// The cloud provider could not be set up.
+    #[error("starting the {provider} cloud provider")]
+    CloudProvider {
+        /// Which provider.
+        provider: &'static str,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Leadership was lost while the controllers ran; the process exits so that its
+    /// replacement starts from a clean state.
+    #[error("leader election lost")]
+    LeadershipLost,
+}
+
+/// How long the controllers get to finish after a stop signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the controller until SIGTERM/Ctrl-C (`Ok`) or a fatal error.
+pub async fn run(settings: Settings) -> Result<(), RunError> {
+    let settings = Arc::new(settings);
+    tracing::info!(settings = ?settings.summary(), version = env!("CARGO_PKG_VERSION"), "starting karpenter");
+    let client = kube::Client::try_default().await.map_err(RunError::Kube)?;
+
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let readiness = Readiness::default();
+    let (stop_tx, stop) = watch::channel(false);
+
+    let mut servers = JoinSet::new();
+    let (health_listener, health_addr) =
+        server::bind(SocketAddr::from(([0, 0, 0, 0], settings.health_probe_port))).await?;
+    let (metrics_listener, metrics_addr) =
+        server::bind(SocketAddr::from(([0, 0, 0, 0], settings.metrics_port))).await?;
+    servers.spawn(server::serve(health_listener, server::health_router(readiness.clone()), stop.clone()));
+    servers.spawn(server::serve(metrics_listener, server::metrics_router(Arc::new(registry)), stop.clone()));
+    tracing::info!(health = %health_addr, metrics = %metrics_addr, "serving health probes and metrics");
+
+    tokio::spawn(signals(stop_tx.clone()));
+
+    let (cloud, aws) = cloud_provider(&settings, &client).await?;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
+    let identity = identity();
+    let events = Events::new(client.clone(), Some(identity.clone()));
+    let ctx = Context { client: client.clone(), cloud, settings: settings.clone(), metrics: metrics.clone(), events };
+
+    let (changes_tx, changes) = mpsc::unbounded_channel();
+    let (state, watches) = ClusterState::start(client.clone(), changes_tx);
+    let watches = tokio::spawn(watches);
+    {
+        let state = state.clone();
+        let readiness = readiness.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            state.wait_synced().await;
+            metrics.cluster_state_synced.get_or_create(&vec![]).set(1.0);
+            readiness.set(true);
+            tracing::info!("cluster state synced");
+        });
+    }
+
+    // Leadership.
+    let (elector_stop_tx, elector_stop) = watch::channel(false);
+    let (leading_tx, mut leading) = watch::channel(settings.disable_leader_election);
+    let elector = if settings.disable_leader_election {
+        None
+    } else {
+        let elector =
+            LeaderElector::new(client.clone(), &settings.system_namespace, LEASE_NAME, &identity, Timing::default());
+        tracing::info!(lease = LEASE_NAME, namespace = %settings.system_namespace, identity = %identity, "attempting to acquire leader lease");
+        Some(tokio::spawn(elector.run(leading_tx, elector_stop)))
+    };
+    let mut waiting = stop.clone();
+    while !*leading.borrow() {
+        tokio::select! {
+            r = leading.changed() => if r.is_err() { break },
+            _ = waiting.changed() => {}
+        }
+        if *waiting.borrow() {
+            break;
+        }
+    }
+
+    let mut outcome = Ok(());
+    if !*stop.borrow() {
+        tracing::info!("starting controllers");
+        let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        tasks.spawn(controllers::provisioning::run(ctx.clone(), state.clone(), changes, ctrl_stop.clone()));
+        tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
+        let _ = &aws;
+        let mut stopping = stop.clone();
+        loop {
+            tokio::select! {
+                _ = stopping.changed() => if *stopping.borrow() { break },
+                r = leading.changed() => {
+                    if r.is_err() || !*leading.borrow() {
+                        outcome = Err(RunError::LeadershipLost);
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::info!("stopping controllers");
+        ctrl_stop_tx.send_replace(true);
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("controllers did not stop within {SHUTDOWN_GRACE:?}; aborting them");
+            tasks.abort_all();
+        }
+    }
+    elector_stop_tx.send_replace(true);
+    if let Some(elector) = elector {
+        let _ = elector.await;
+    }
+    stop_tx.send_replace(true);
+    watches.abort();
+    while servers.join_next().await.is_some() {}
+    tracing::info!("stopped");
+    outcome
+}
+
+/// The identity in the Lease and in events: the pod name in a cluster, else host and process.
+fn identity() -> String {
+    if let Ok(pod) = std::env::var("POD_NAME")
+        && !pod.is_empty()
+    {
+        return pod;
+    }
+    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "karpenter".into());
+    format!("{host}_{}", std::process::id())
+}
+
+/// Turns SIGTERM or Ctrl-C into `stop`.
+async fn signals(stop: watch::Sender<bool>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("received SIGTERM, shutting down"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("received interrupt, shutting down"),
+                }
+            }
+            Err(error) => {
+                tracing::warn!(error = %error, "cannot listen for SIGTERM");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    stop.send_replace(true);
+}
+
+/// The cloud provider the settings ask for; for `aws`, also the concrete provider (the
+/// node-class controller feeds it).
+async fn cloud_provider(
+    settings: &Settings,
+    client: &kube::Client,
+) -> Result<(Arc<dyn CloudProvider>, Option<Arc<AwsCloudProvider>>), RunError> {
+    match settings.cloud_provider {
+        CloudProviderKind::Kwok => {
+            let provider = crate::cloudprovider::kwok::from_settings(client.clone(), settings)
+                .map_err(|e| RunError::CloudProvider { provider: "kwok", source: Box::new(e) })?;
+            Ok((Arc::new(provider), None))
+        }
+        CloudProviderKind::Aws => {
+            let fail = |e: crate::cloudprovider::CloudProviderError| {
+                tracing::error!(error = %error_chain(&e), "starting the aws cloud provider");
+                RunError::CloudProvider { provider: "aws", source: Box::new(e) }
+            };
+            let clients = AwsClients::from_env().await.map_err(fail)?;
+            let mut options = Options::new(settings.cluster_name.clone().unwrap_or_default());
+            options.cluster_endpoint = settings.cluster_endpoint.clone();
+            options.reserved_enis = i64::from(settings.reserved_enis);
+            options.vm_memory_overhead_percent = settings.vm_memory_overhead_percent;
+            let provider = Arc::new(AwsCloudProvider::new(clients, options).await.map_err(fail)?);
+            Ok((provider.clone(), Some(provider)))
+        }
+    }
+}
