@@ -369,7 +369,7 @@ fn format_requests(r: &crate::scheduling::Resources) -> String {
 mod tests {
     use super::*;
 
-    // Real time, scaled down: an idle window of 100 ms and a maximum of 1 s.
+    // Real time, scaled down; only bounds that cannot depend on the machine's speed are asserted.
     #[tokio::test]
     async fn a_batch_closes_when_idle() {
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -382,9 +382,10 @@ mod tests {
             // Keep the channel open.
             tokio::time::sleep(Duration::from_secs(60)).await;
         });
-        let window = next_batch(&mut rx, Duration::from_millis(100), Duration::from_secs(1)).await.unwrap();
-        // Three more pods kept it open past the first idle window, then it closed when idle.
-        assert!(window >= Duration::from_millis(240) && window < Duration::from_millis(900), "{window:?}");
+        let window = next_batch(&mut rx, Duration::from_millis(100), Duration::from_secs(30)).await.unwrap();
+        // Three more pods kept it open past the first idle window; then it closed for being idle,
+        // long before the maximum.
+        assert!(window >= Duration::from_millis(250) && window < Duration::from_secs(30), "{window:?}");
         sender.abort();
     }
 
@@ -401,7 +402,8 @@ mod tests {
             }
         });
         let window = next_batch(&mut rx, Duration::from_millis(100), Duration::from_secs(1)).await.unwrap();
-        assert!(window >= Duration::from_secs(1) && window < Duration::from_millis(1500), "{window:?}");
+        // Pods kept coming faster than the idle window: only the maximum closed it.
+        assert!(window >= Duration::from_secs(1), "{window:?}");
         sender.abort();
     }
 
