@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The demo: a local control plane and AWS emulator, the Karpenter CRDs, and the example
-# NodePools and EC2NodeClass applied to it.
+# The demo, the getting-started journey on a local control plane: the Karpenter CRDs, the
+# controller (kwok cloud provider by default; DEMO_CLOUD_PROVIDER=aws for the AWS emulator), the
+# example NodePools, EC2NodeClass and inflate Deployment; then inflate is scaled to 6 replicas
+# and the NodeClaims launched for them are shown.
 set -euo pipefail
 
 # shellcheck source=hack/lib.sh
@@ -19,11 +21,23 @@ cargo run --quiet --locked --bin karpenter -- crds | kubectl apply --server-side
 kubectl wait --for condition=established --timeout=60s \
   crd/nodepools.karpenter.sh crd/nodeclaims.karpenter.sh crd/ec2nodeclasses.karpenter.k8s.aws >&2
 
+log "starting the controller"
+"$HACK_DIR/controller-up.sh" "${DEMO_CLOUD_PROVIDER:-kwok}" >&2
+
 log "applying examples/"
 kubectl apply -f examples/ >&2
 
+log "kubectl scale deployment karpenter-inflate --replicas 6"
+kubectl scale deployment karpenter-inflate --replicas 6 >&2
+kubectl rollout status deployment karpenter-inflate --timeout=180s >&2 || {
+  tail -n 30 "$KRS_HOME/controller/$CLUSTER_NAME.log" >&2
+  die "inflate did not become available; controller log: $KRS_HOME/controller/$CLUSTER_NAME.log"
+}
+kubectl wait nodeclaim -l karpenter.sh/nodepool=default --for=condition=Ready --timeout=60s >&2
+
 log "demo ready in $(elapsed "$start"); to use this cluster from your shell:"
 log "  eval \"\$(make -s cluster-up)\""
+log "controller log: $KRS_HOME/controller/$CLUSTER_NAME.log; stop everything with: make cluster-down"
 echo
 kubectl get nodepools,ec2nodeclasses
 echo

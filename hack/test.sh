@@ -31,7 +31,10 @@ cargo test --locked --no-run
 step "local control plane and AWS emulator"
 eval "$("$HACK_DIR/cluster-up.sh")"
 
-step "Rust tests (unit, CRD drift, API server validation, leader election)"
+# The end-to-end tests run their own controllers; the demo's must not act alongside them.
+"$HACK_DIR/controller-down.sh" >&2
+
+step "Rust tests (unit, CRD drift, API server validation, leader election, end to end)"
 cargo test --locked -- --include-ignored
 
 step "AWS emulator, Helm chart and Dockerfile tests"

@@ -1,0 +1,191 @@
+//! End-to-end journeys: the `karpenter` binary against the local control plane (real
+//! kube-apiserver, kube-scheduler and kube-controller-manager; kwok keeps nodes Ready and runs
+//! their pods).
+//!
+//! These tests need the control plane (`make test` starts it and runs them); on their own they
+//! are ignored: `eval "$(make -s cluster-up)" && cargo test --test e2e -- --ignored`. Each test
+//! runs its own controller; they take a process-wide lock so that only one runs at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use support::*;
+
+/// The getting-started journey, with the kwok cloud provider: scale up, every column of
+/// `kubectl get nodeclaim -o wide` filled, a pod nothing can host, a PodDisruptionBudget holding
+/// a node, `kubectl delete nodeclaim --all`, and a NodePool limit.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn getting_started_with_kwok() {
+    let _serial = serial().await;
+    let f = Fixture::new("kwok").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(100).await;
+    f.apply_inflate().await;
+
+    // 1. Scale to 6: six NodeClaims, six Nodes, six pods Running on them.
+    let start = Instant::now();
+    f.scale(6).await;
+    f.wait_running(6, Duration::from_secs(120), &controller).await;
+    eprintln!("6 pods running after {:?}", start.elapsed());
+    wait_for("6 Ready NodeClaims", Duration::from_secs(60), &controller, || async {
+        let claims = f.claims().await;
+        claims.len() == 6 && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.claims().await.len(), 6, "no duplicate NodeClaims\n{}", controller.log_tail());
+    assert_eq!(f.nodes().await.len(), 6);
+    f.assert_wide_columns_filled();
+    for message in [
+        "found provisionable pod(s)",
+        "computed new nodeclaim(s) to fit pod(s)",
+        "created nodeclaim",
+        "launched nodeclaim",
+        "registered nodeclaim",
+        "initialized nodeclaim",
+    ] {
+        assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
+    }
+    let metrics = controller.metrics().await;
+    let created = format!("karpenter_nodeclaims_created_total{{reason=\"provisioning\",nodepool=\"{}\"", f.pool);
+    assert!(metrics.contains(&created), "{created} in\n{metrics}");
+    for name in [
+        "karpenter_nodeclaims_launched_total",
+        "karpenter_nodeclaims_registered_total",
+        "karpenter_nodeclaims_initialized_total",
+        "karpenter_nodes_created_total",
+        "karpenter_scheduler_scheduling_duration_seconds_bucket",
+        "karpenter_provisioner_scheduling_duration_seconds_bucket",
+        "karpenter_cloudprovider_duration_seconds_bucket",
+        "karpenter_nodepools_usage",
+        "karpenter_nodepools_limit",
+    ] {
+        assert!(metrics.contains(name), "{name} in /metrics");
+    }
+
+    // 3. A pod nothing can host: FailedScheduling naming the reason, no NodeClaim.
+    let claims_before = f.all_claim_names().await;
+    let huge = f.create_pod("huge", "500", true).await;
+    let event = f.wait_event(&huge, "FailedScheduling", Duration::from_secs(60), &controller).await;
+    assert!(event.contains("cpu"), "the reason names the resource: {event}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.all_claim_names().await, claims_before, "no NodeClaim for a pod nothing can host");
+    f.delete_pod("huge").await;
+
+    // 7. A PodDisruptionBudget with maxUnavailable 0 holds the node of a deleted NodeClaim.
+    f.create_pdb(0).await;
+    let victim = f.claims().await.into_iter().next().unwrap();
+    let victim_name = victim.metadata.name.clone().unwrap();
+    let victim_node = victim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let pod_on_victim = f.pods_on(&victim_node).await;
+    assert_eq!(pod_on_victim.len(), 1);
+    f.claims_api().delete(&victim_name, &DeleteParams::default()).await.unwrap();
+    f.wait_node_event(&victim_node, "FailedDraining", Duration::from_secs(60), &controller).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(f.node_exists(&victim_node).await, "the node stays while the PDB blocks");
+    assert_eq!(f.pods_on(&victim_node).await, pod_on_victim, "no pod is lost");
+    f.delete_pdb().await;
+    wait_for("the held node to go", Duration::from_secs(90), &controller, || async {
+        !f.node_exists(&victim_node).await && !f.all_claim_names().await.contains(&victim_name)
+    })
+    .await;
+    f.wait_running(6, Duration::from_secs(120), &controller).await;
+
+    // 5. `kubectl delete nodeclaim --all` (here: all of this pool) after scaling down: pods
+    // evicted, nodes gone, no finalizer left behind.
+    f.scale(0).await;
+    f.delete_all_claims().await;
+    wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(120), &controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty() && f.pods().await.is_empty()
+    })
+    .await;
+
+    // 2. A limit of 10 vCPUs: scaling to 6 stops at the limit, never above it, and the pods left
+    // pending are told why.
+    f.set_cpu_limit(10).await;
+    f.scale(6).await;
+    let mut max_cpu = 0;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < deadline {
+        let cpu = f.claimed_cpu_millis().await;
+        max_cpu = max_cpu.max(cpu);
+        assert!(cpu <= 10_000, "claims hold {cpu}m CPU, over the limit of 10\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(max_cpu > 0, "some capacity was launched under the limit");
+    let pending: Vec<Pod> = f.pods().await.into_iter().filter(|p| !is_running(p)).collect();
+    assert!(!pending.is_empty(), "the limit leaves pods pending");
+    let event = f.wait_event(&pending[0], "FailedScheduling", Duration::from_secs(30), &controller).await;
+    assert!(event.contains("limit"), "the event names the limit: {event}");
+
+    f.cleanup().await;
+    controller.stop_and_check();
+}
+
+/// Many pods at once (upstream's scale test: two Deployments of 500): all run, and the time from
+/// the scale command to the last pod bound and the controller's peak memory are printed for
+/// docs/benchmarks.md.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn a_thousand_pods_with_kwok() {
+    let _serial = serial().await;
+    let f = Fixture::new("scale").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(100_000).await;
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    for name in ["scale-a", "scale-b"] {
+        let d: Deployment = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": f.ns},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 0,
+                        "nodeSelector": {"karpenter.sh/nodepool": f.pool},
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
+                    }
+                }
+            }
+        }))
+        .unwrap();
+        deployments.create(&PostParams::default(), &d).await.unwrap();
+    }
+    let start = Instant::now();
+    for name in ["scale-a", "scale-b"] {
+        deployments
+            .patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 500}})))
+            .await
+            .unwrap();
+    }
+    wait_for("1000 pods bound", Duration::from_secs(600), &controller, || async {
+        f.pods().await.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()).count()
+            == 1000
+    })
+    .await;
+    let bound = start.elapsed();
+    f.wait_running(1000, Duration::from_secs(300), &controller).await;
+    let claims = f.claims().await.len();
+    let rss = controller.peak_rss_kib();
+    eprintln!(
+        "SCALE RESULT: 1000 pods bound {:.1} s after the scale commands; {claims} NodeClaims; controller peak RSS {:.1} MiB",
+        bound.as_secs_f64(),
+        rss as f64 / 1024.0
+    );
+    for name in ["scale-a", "scale-b"] {
+        deployments.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    f.cleanup().await;
+    controller.stop_and_check();
+}

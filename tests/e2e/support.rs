@@ -1,0 +1,458 @@
+//! What the journeys share: the controller process, a fixture of uniquely named objects, and
+//! waiting helpers.
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool, crds};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Only one controller may act on the cluster at a time.
+pub async fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
+
+static CRDS: OnceCell<()> = OnceCell::const_new();
+
+pub async fn client() -> Client {
+    karpenter::operator::install_crypto_provider();
+    let client = Client::try_default()
+        .await
+        .expect("a kubeconfig for the local control plane (run through `make test`, or eval \"$(make -s cluster-up)\")");
+    CRDS.get_or_init(|| async {
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let params = PatchParams::apply("karpenter-rs-tests").force();
+        for crd in crds::all() {
+            let name = crd.metadata.name.clone().unwrap();
+            api.patch(&name, &params, &Patch::Apply(&crd)).await.expect("apply CRD");
+            let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+            tokio::time::timeout(Duration::from_secs(30), established).await.unwrap().unwrap();
+        }
+    })
+    .await;
+    client
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `karpenter controller` process, logging to a file.
+pub struct Controller {
+    child: Child,
+    log: PathBuf,
+    metrics_port: u16,
+}
+
+impl Controller {
+    /// Starts the controller with `--cloud-provider <provider>` and leader election off.
+    pub fn start(provider: &str, env: &[(&str, &str)]) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = repo().join("target").join("e2e-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(format!(
+            "controller-{provider}-{}-{}.log",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let file = std::fs::File::create(&log).unwrap();
+        let metrics_port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_karpenter"));
+        cmd.args(["controller", "--cloud-provider", provider])
+            .env("DISABLE_LEADER_ELECTION", "true")
+            .env("METRICS_PORT", metrics_port.to_string())
+            .env("HEALTH_PROBE_PORT", free_port().to_string())
+            .env("LOG_LEVEL", "info")
+            .stdout(Stdio::null())
+            .stderr(file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start the karpenter binary");
+        Controller { child, log, metrics_port }
+    }
+
+    /// The whole log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log().contains(needle)
+    }
+
+    /// The last lines of the log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let from = lines.len().saturating_sub(40);
+        format!("--- controller log ({}) ---\n{}", self.log.display(), lines[from..].join("\n"))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident memory of the process so far (KiB).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let port = self.metrics_port;
+        tokio::task::spawn_blocking(move || {
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            stream
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut out = String::new();
+            stream.read_to_string(&mut out).unwrap();
+            out
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Sends SIGTERM and checks the process exits cleanly and promptly.
+    pub fn stop_and_check(mut self) {
+        let status = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "clean exit on SIGTERM, got {status}\n{}", self.log_tail());
+                assert!(self.log_contains("received SIGTERM"), "{}", self.log_tail());
+                return;
+            }
+            assert!(Instant::now() < deadline, "the controller exits within 20 s of SIGTERM\n{}", self.log_tail());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash would.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `check` holds, failing with the controller's log after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, controller: &Controller, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The status of condition `type_` of a NodeClaim.
+pub fn condition(claim: &NodeClaim, type_: &str) -> Option<String> {
+    claim
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| serde_json::to_value(&c.status).unwrap().as_str().unwrap_or_default().to_string())
+}
+
+pub fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+}
+
+fn read_example<K: DeserializeOwned>(file: &str) -> K {
+    let text = std::fs::read_to_string(repo().join("examples").join(file)).unwrap();
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("examples/{file}: {e}"))
+}
+
+/// Uniquely named objects of one journey: a namespace, an EC2NodeClass, a NodePool (from the
+/// examples) and the inflate Deployment pinned to that NodePool.
+pub struct Fixture {
+    pub client: Client,
+    pub ns: String,
+    pub pool: String,
+    pub class: String,
+}
+
+impl Fixture {
+    pub async fn new(tag: &str) -> Self {
+        let client = client().await;
+        let id = format!("e2e-{tag}-{}", std::process::id());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": id}})).unwrap();
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
+        Fixture { client, ns: id.clone(), pool: id.clone(), class: id }
+    }
+
+    pub fn claims_api(&self) -> Api<NodeClaim> {
+        Api::all(self.client.clone())
+    }
+
+    fn pool_selector(&self) -> ListParams {
+        ListParams::default().labels(&format!("karpenter.sh/nodepool={}", self.pool))
+    }
+
+    pub async fn apply_class_and_pool(&self, cpu_limit: i64) {
+        let mut class: EC2NodeClass = read_example("ec2nodeclass.yaml");
+        class.metadata.name = Some(self.class.clone());
+        Api::<EC2NodeClass>::all(self.client.clone()).create(&PostParams::default(), &class).await.unwrap();
+        let mut pool: NodePool = read_example("nodepool-general-purpose.yaml");
+        pool.metadata.name = Some(self.pool.clone());
+        pool.spec.template.spec.node_class_ref.name = self.class.clone();
+        pool.spec.limits = Some(
+            [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu_limit.to_string()))]
+                .into(),
+        );
+        Api::<NodePool>::all(self.client.clone()).create(&PostParams::default(), &pool).await.unwrap();
+    }
+
+    pub async fn set_cpu_limit(&self, cpu: i64) {
+        Api::<NodePool>::all(self.client.clone())
+            .patch(
+                &self.pool,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"limits": {"cpu": cpu.to_string()}}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// The inflate Deployment of the examples, in the fixture's namespace and pinned to its pool.
+    pub async fn apply_inflate(&self) {
+        let mut d: Deployment = read_example("inflate.yaml");
+        d.metadata.namespace = Some(self.ns.clone());
+        let mut value = serde_json::to_value(&d).unwrap();
+        value["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = json!([self.pool]);
+        let d: Deployment = serde_json::from_value(value).unwrap();
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &d).await.unwrap();
+    }
+
+    /// `kubectl scale deployment karpenter-inflate --replicas n`.
+    pub async fn scale(&self, replicas: i32) {
+        let out = Command::new("kubectl")
+            .args(["scale", "deployment", "karpenter-inflate", "-n", &self.ns, "--replicas", &replicas.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    pub async fn pods(&self) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns).list(&ListParams::default()).await.unwrap().items
+    }
+
+    pub async fn pods_on(&self, node: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .pods()
+            .await
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .map(|p| p.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    pub async fn wait_running(&self, n: usize, timeout: Duration, controller: &Controller) {
+        wait_for(&format!("{n} pods Running"), timeout, controller, || async {
+            let pods = self.pods().await;
+            let live: Vec<&Pod> = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+            live.len() == n && live.iter().all(|p| is_running(p))
+        })
+        .await;
+    }
+
+    pub async fn claims(&self) -> Vec<NodeClaim> {
+        self.claims_api().list(&self.pool_selector()).await.unwrap().items
+    }
+
+    pub async fn all_claim_names(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.claims_api().list(&ListParams::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+        names.sort();
+        names
+    }
+
+    /// CPU the pool's NodeClaims hold (launched capacity), in milli-cores.
+    pub async fn claimed_cpu_millis(&self) -> i64 {
+        self.claims()
+            .await
+            .iter()
+            .filter_map(|c| c.status.as_ref()?.capacity.as_ref()?.get("cpu").cloned())
+            .map(|q| {
+                karpenter::scheduling::resources::parse_quantity_for("cpu", &q).unwrap_or(0)
+            })
+            .sum()
+    }
+
+    pub async fn nodes(&self) -> Vec<Node> {
+        Api::<Node>::all(self.client.clone()).list(&self.pool_selector()).await.unwrap().items
+    }
+
+    pub async fn node_exists(&self, name: &str) -> bool {
+        Api::<Node>::all(self.client.clone()).get_opt(name).await.unwrap().is_some()
+    }
+
+    /// Every column of `kubectl get nodeclaim -o wide` up to NODECLASS has a value.
+    pub fn assert_wide_columns_filled(&self) {
+        let out = Command::new("kubectl")
+            .args(["get", "nodeclaim", "-o", "wide", "-l", &format!("karpenter.sh/nodepool={}", self.pool)])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            header,
+            ["NAME", "TYPE", "CAPACITY", "ZONE", "NODE", "READY", "AGE", "IMAGEID", "ID", "NODEPOOL", "NODECLASS", "DRIFTED"],
+            "{text}"
+        );
+        for line in lines {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            assert!(cols.len() >= 11, "{text}");
+            assert!(cols[..11].iter().all(|c| *c != "<none>"), "every column filled:\n{text}");
+            assert_eq!(cols[5], "True", "{text}");
+            assert_eq!(cols[9], self.pool, "{text}");
+            assert_eq!(cols[10], self.class, "{text}");
+        }
+    }
+
+    /// A pod of the fixture's namespace requesting `cpu`, optionally pinned to its pool.
+    pub async fn create_pod(&self, name: &str, cpu: &str, pinned: bool) -> Pod {
+        let mut spec = json!({
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": cpu}}}]
+        });
+        if pinned {
+            spec["nodeSelector"] = json!({"karpenter.sh/nodepool": self.pool});
+        }
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "namespace": self.ns}, "spec": spec})).unwrap();
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &pod).await.unwrap()
+    }
+
+    pub async fn delete_pod(&self, name: &str) {
+        let _ = Api::<Pod>::namespaced(self.client.clone(), &self.ns).delete(name, &DeleteParams::default()).await;
+    }
+
+    async fn events_about(&self, namespace: &str, kind: &str, name: &str, reason: &str) -> Vec<String> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let lp = ListParams::default().fields(&format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}"));
+        api.list(&lp).await.map(|l| l.items).unwrap_or_default().into_iter().filter_map(|e| e.message).collect()
+    }
+
+    /// Waits for an event with `reason` about `pod`; returns its message.
+    pub async fn wait_event(&self, pod: &Pod, reason: &str, timeout: Duration, controller: &Controller) -> String {
+        let name = pod.name_any();
+        let mut found = String::new();
+        wait_for(&format!("a {reason} event on pod {name}"), timeout, controller, || {
+            let f = &mut found;
+            let name = name.clone();
+            async move {
+                let messages = self.events_about(&self.ns, "Pod", &name, reason).await;
+                // The kube-scheduler writes FailedScheduling too; take Karpenter's.
+                match messages.into_iter().find(|m| !m.starts_with("0/")) {
+                    Some(m) => {
+                        *f = m;
+                        true
+                    }
+                    None => false,
+                }
+            }
+        })
+        .await;
+        found
+    }
+
+    /// Waits for an event with `reason` about the node `name`.
+    pub async fn wait_node_event(&self, name: &str, reason: &str, timeout: Duration, controller: &Controller) {
+        wait_for(&format!("a {reason} event on node {name}"), timeout, controller, || async {
+            !self.events_about("default", "Node", name, reason).await.is_empty()
+        })
+        .await;
+    }
+
+    pub async fn create_pdb(&self, max_unavailable: i32) {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": "inflate", "namespace": self.ns},
+            "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": "karpenter-inflate"}}}
+        }))
+        .unwrap();
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &pdb)
+            .await
+            .unwrap();
+    }
+
+    pub async fn delete_pdb(&self) {
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), &self.ns)
+            .delete("inflate", &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// `kubectl delete nodeclaim` of every claim of the pool.
+    pub async fn delete_all_claims(&self) {
+        let out = Command::new("kubectl")
+            .args(["delete", "nodeclaim", "-l", &format!("karpenter.sh/nodepool={}", self.pool), "--wait=false"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Removes what the journey created; NodeClaims go through the controller, which must still
+    /// be running.
+    pub async fn cleanup(&self) {
+        let _ = Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .delete("karpenter-inflate", &DeleteParams::default())
+            .await;
+        self.delete_all_claims().await;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.claims().await.is_empty() || !self.nodes().await.is_empty() {
+            assert!(Instant::now() < deadline, "NodeClaims and Nodes of {} removed", self.pool);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let _ = Api::<NodePool>::all(self.client.clone()).delete(&self.pool, &DeleteParams::default()).await;
+        let _ = Api::<EC2NodeClass>::all(self.client.clone()).delete(&self.class, &DeleteParams::default()).await;
+        let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
+    }
+}
