@@ -106,6 +106,16 @@ impl std::str::FromStr for Catalog {
     }
 }
 
+impl std::fmt::Display for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Catalog::Kwok => f.write_str("kwok"),
+            Catalog::Aws => f.write_str("aws"),
+            Catalog::File(path) => f.write_str(path),
+        }
+    }
+}
+
 impl Catalog {
     /// The catalog's instance types.
     pub fn load(&self) -> Result<Vec<Arc<InstanceType>>, SimulateError> {
