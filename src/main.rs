@@ -36,9 +36,9 @@ enum Command {
         /// A YAML file or a directory of them (NodePools, workloads, nodes); repeatable.
         #[arg(long = "file", short = 'f', value_name = "PATH", required = true)]
         files: Vec<PathBuf>,
-        /// Instance-type catalog: `kwok` (generated), `aws` (not available in simulate yet) or a
-        /// catalog file.
-        #[arg(long, value_name = "kwok|FILE", default_value = "kwok")]
+        /// Instance-type catalog: `kwok` (generated), `aws` (the EC2 types of us-east-1, built
+        /// in) or a catalog file.
+        #[arg(long, value_name = "kwok|aws|FILE", default_value = "kwok")]
         instance_types: simulate::Catalog,
         /// Output format.
         #[arg(long, short = 'o', value_enum, default_value_t = simulate::OutputFormat::Table)]

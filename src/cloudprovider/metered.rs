@@ -62,6 +62,7 @@ fn error_kind(error: &CloudProviderError) -> &'static str {
         CloudProviderError::Api { .. } => "APIError",
         CloudProviderError::UnexpectedResponse { .. } => "UnexpectedResponse",
         CloudProviderError::Config(_) => "Config",
+        CloudProviderError::InvalidNodeClaim { .. } => "InvalidNodeClaim",
     }
 }
 

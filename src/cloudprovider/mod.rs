@@ -1,9 +1,10 @@
 //! The cloud provider: what the controllers ask of the cloud (launch, find, terminate instances,
 //! list the instance types a NodePool may use, detect drift), behind one trait.
 //!
-//! [`aws`] implements it for EC2.
+//! [`aws`] implements it for EC2, [`kwok`] with Node objects that kwok keeps alive.
 
 pub mod aws;
+pub mod kwok;
 pub mod metered;
 
 use std::collections::BTreeMap;
@@ -159,7 +160,17 @@ pub enum CloudProviderError {
         /// Details.
         reason: String,
     },
-    /// A provider ID that is not of the form `aws:///<zone>/<instance-id>`.
+    /// The NodeClaim handed to the provider is malformed (no provider ID where one is needed,
+    /// requirements or requests that do not parse, ...).
+    #[error("node claim {name:?} is malformed: {reason}")]
+    InvalidNodeClaim {
+        /// Name of the NodeClaim.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A provider ID that is not of the provider's form (`aws:///<zone>/<instance-id>`,
+    /// `kwok://<node name>`).
     #[error("invalid provider ID {0:?}")]
     InvalidProviderId(String),
     /// A cloud API call failed.

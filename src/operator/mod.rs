@@ -3,6 +3,7 @@
 
 pub mod leader;
 pub mod metrics;
+pub mod run;
 pub mod server;
 pub mod settings;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 
 use crate::scheduling::MinValuesPolicy;
+use crate::simulate::Catalog;
 
 /// Which cloud provider the controller drives.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +185,13 @@ pub struct Settings {
     /// Cloud provider: aws or kwok.
     #[arg(long, env = "CLOUD_PROVIDER", value_enum, default_value = "aws")]
     pub cloud_provider: CloudProviderKind,
+    /// Instance types of the kwok provider: `aws` (the built-in us-east-1 EC2 catalog), `kwok`
+    /// (the generated family) or the path of a catalog file.
+    #[arg(long, env = "KWOK_INSTANCE_TYPES", value_name = "aws|kwok|FILE", default_value = "aws")]
+    pub kwok_instance_types: Catalog,
+    /// How long after a launch the kwok provider creates the Node.
+    #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub kwok_registration_delay: Duration,
 }
 
 /// Settings that cannot work together.
@@ -234,6 +242,8 @@ impl Settings {
             ("cloudProvider", format!("{:?}", self.cloud_provider).to_lowercase()),
             ("featureGates", format!("{:?}", self.feature_gates)),
             ("leaderElection", (!self.disable_leader_election).to_string()),
+            ("kwokInstanceTypes", self.kwok_instance_types.to_string()),
+            ("kwokRegistrationDelay", format!("{:?}", self.kwok_registration_delay)),
         ])
     }
 }
@@ -291,6 +301,8 @@ mod tests {
         assert_eq!(s.feature_gates, FeatureGates::default());
         assert_eq!(s.cloud_provider, CloudProviderKind::Aws);
         assert!(!s.disable_leader_election && !s.isolated_vpc);
+        assert_eq!(s.kwok_instance_types, Catalog::Aws);
+        assert_eq!(s.kwok_registration_delay, Duration::ZERO);
         assert_eq!(s.validate(), Ok(()));
     }
 
@@ -314,6 +326,22 @@ mod tests {
         assert!(s.feature_gates.reserved_capacity, "untouched gates keep their defaults");
         assert!(s.isolated_vpc);
         assert_eq!(s.cloud_provider, CloudProviderKind::Kwok);
+    }
+
+    #[test]
+    fn kwok_settings() {
+        let s = parse(&[
+            "--cloud-provider=kwok",
+            "--kwok-instance-types=kwok",
+            "--kwok-registration-delay=1m30s",
+        ])
+        .unwrap();
+        assert_eq!(s.kwok_instance_types, Catalog::Kwok);
+        assert_eq!(s.kwok_registration_delay, Duration::from_secs(90));
+        let s = parse(&["--kwok-instance-types=/etc/types.yaml"]).unwrap();
+        assert_eq!(s.kwok_instance_types, Catalog::File("/etc/types.yaml".into()));
+        assert!(parse(&["--kwok-registration-delay=soon"]).is_err());
+        assert_eq!(s.summary()["kwokInstanceTypes"], "/etc/types.yaml");
     }
 
     #[test]

@@ -13,6 +13,12 @@
 //! kubelet. It is offered in [`KWOK_ZONES`] as on-demand at [`KWOK_PRICE_PER_VCPU_HOUR`] per vCPU
 //! plus [`KWOK_PRICE_PER_GIB_HOUR`] per GiB an hour, and as spot at [`KWOK_SPOT_FRACTION`] of that.
 //!
+//! # `aws`
+//!
+//! The EC2 instance types of us-east-1 embedded in the binary, with the capacity, overhead and
+//! labels the EC2 provider computes for a default EC2NodeClass (see
+//! [`crate::cloudprovider::aws::embedded`]).
+//!
 //! # A catalog file
 //!
 //! A YAML list of instance types:
@@ -46,6 +52,7 @@ use crate::apis::labels::{
     ARCH_AMD64, ARCH_ARM64, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, LABEL_ARCH, LABEL_INSTANCE_CATEGORY,
     LABEL_INSTANCE_CPU, LABEL_INSTANCE_FAMILY, LABEL_INSTANCE_MEMORY, LABEL_INSTANCE_SIZE, LABEL_OS,
 };
+use crate::cloudprovider::aws::embedded;
 use crate::scheduling::resources::{CPU, MEMORY, PODS, parse_quantity_for};
 use crate::scheduling::{InstanceType, Offering, Overhead, Requirements, Resources};
 
@@ -80,7 +87,8 @@ const GIB: i64 = 1 << 30;
 pub enum Catalog {
     /// The generated kwok catalog.
     Kwok,
-    /// The AWS catalog (not available in simulate yet).
+    /// The EC2 catalog embedded in the binary (us-east-1, see
+    /// [`crate::cloudprovider::aws::embedded`]).
     Aws,
     /// A catalog file.
     File(String),
@@ -98,12 +106,22 @@ impl std::str::FromStr for Catalog {
     }
 }
 
+impl std::fmt::Display for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Catalog::Kwok => f.write_str("kwok"),
+            Catalog::Aws => f.write_str("aws"),
+            Catalog::File(path) => f.write_str(path),
+        }
+    }
+}
+
 impl Catalog {
     /// The catalog's instance types.
     pub fn load(&self) -> Result<Vec<Arc<InstanceType>>, SimulateError> {
         match self {
             Catalog::Kwok => Ok(kwok_instance_types()),
-            Catalog::Aws => Err(SimulateError::AwsCatalogUnavailable),
+            Catalog::Aws => embedded::instance_types().map_err(SimulateError::AwsCatalog),
             Catalog::File(path) => load_file(Path::new(path)),
         }
     }
@@ -323,8 +341,9 @@ mod tests {
     }
 
     #[test]
-    fn aws_catalog_is_not_available() {
-        let err = "aws".parse::<Catalog>().map(|c| c.load().err().map(|e| e.to_string()));
-        assert!(matches!(err, Ok(Some(m)) if m.contains("not available")));
+    fn aws_catalog_is_the_embedded_one() {
+        let types = "aws".parse::<Catalog>().unwrap().load().unwrap();
+        assert_eq!(types, embedded::instance_types().unwrap());
+        assert!(types.iter().any(|t| t.name == "m5.large"));
     }
 }

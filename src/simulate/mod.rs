@@ -62,11 +62,9 @@ pub enum SimulateError {
         /// What is wrong.
         message: String,
     },
-    /// The AWS catalog was asked for.
-    #[error(
-        "the aws instance-type catalog is not available in simulate yet; use --instance-types kwok or a catalog file"
-    )]
-    AwsCatalogUnavailable,
+    /// The embedded AWS catalog cannot be used.
+    #[error("loading the aws instance-type catalog")]
+    AwsCatalog(#[source] crate::cloudprovider::aws::embedded::EmbeddedCatalogError),
     /// A NodePool cannot be turned into scheduler input.
     #[error("invalid NodePool")]
     NodePool(#[from] SchedulingError),

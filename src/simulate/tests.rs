@@ -146,7 +146,18 @@ fn runs_the_example_directory() {
 }
 
 #[test]
-fn aws_catalog_fails_clearly() {
-    let err = run(&[], &Catalog::Aws, OutputFormat::Table).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(err.contains("aws") && err.contains("not available"), "{err}");
+fn the_aws_catalog_schedules_on_ec2_types() {
+    let m = manifests(&[NODEPOOL, DEPLOYMENT]);
+    let types = Catalog::Aws.load().expect("the embedded catalog loads");
+    let (report, warnings) = simulate(&m, &types).expect("simulates");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(report.node_claims.len(), 3);
+    assert!(report.unschedulable.is_empty());
+    for c in &report.node_claims {
+        assert!(crate::cloudprovider::aws::embedded::ZONES.contains(&c.zone.as_str()), "{}", c.zone);
+        assert_eq!(c.capacity_type, "spot");
+        let it = types.iter().find(|t| t.name == c.instance_type).expect("a catalog type");
+        assert!(it.name.contains('.') && it.allocatable().cpu >= 1000, "{}", it.name);
+        assert!(c.price_per_hour > 0.0);
+    }
 }

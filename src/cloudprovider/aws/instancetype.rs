@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use aws_sdk_ec2::types as ec2;
+use serde::Deserialize;
 
 use crate::apis::ec2nodeclass::{AmiFamily, EC2NodeClassSpec, InstanceStorePolicy, KubeletConfiguration};
 use crate::apis::labels::*;
@@ -26,7 +27,7 @@ const MI: i64 = 1 << 20;
 const GI: i64 = 1 << 30;
 
 /// A GPU model of an instance type.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Gpu {
     /// Model (`T4`).
     pub name: String,
@@ -39,7 +40,7 @@ pub struct Gpu {
 }
 
 /// An ML accelerator (Inferentia, Trainium) of an instance type.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Accelerator {
     /// Model (`Inferentia`).
     pub name: String,
@@ -50,7 +51,11 @@ pub struct Accelerator {
 }
 
 /// What Karpenter needs to know about an EC2 instance type, independent of the SDK.
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// It deserializes from an object with the field names below, missing fields taking their
+/// default (the embedded catalog's format, see [`super::embedded`]).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
 pub struct TypeInfo {
     /// Name (`m5.large`).
     pub name: String,

@@ -4,6 +4,7 @@
 pub mod amifamily;
 pub mod cache;
 pub mod catalog;
+pub mod embedded;
 pub mod faults;
 pub mod fleet;
 pub mod instance;
