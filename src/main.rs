@@ -93,11 +93,20 @@ fn controller(settings: &Settings) -> ExitCode {
         tracing::error!(error = %error, "invalid settings");
         return ExitCode::FAILURE;
     }
-    tracing::error!(
-        settings = ?settings.summary(),
-        "the controllers are not implemented in this release; only `karpenter crds` is available (see README)"
-    );
-    ExitCode::FAILURE
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(error) => {
+            tracing::error!(error = %error, "starting the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(operator::run::run(settings.clone())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = %error_chain(&error), "controller stopped");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn write_crds(output_dir: Option<PathBuf>) -> Result<(), String> {

@@ -23,7 +23,7 @@ use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
 
@@ -61,6 +61,8 @@ pub struct ClusterState {
     pub pdbs: Store<PodDisruptionBudget>,
     /// Namespaces (their labels, for affinity namespace selectors).
     pub namespaces: Store<Namespace>,
+    /// Turns true once every cache has listed its kind.
+    synced: watch::Receiver<bool>,
 }
 
 impl Debug for ClusterState {
@@ -160,10 +162,30 @@ impl ClusterState {
             reflector::reflector(namespaces_w, watch_typed(Api::<Namespace>::all(client))),
             |_: &Event<Namespace>| {},
         );
-        let state =
-            ClusterState { pods, nodes, nodeclaims, nodepools, nodeclasses, daemonsets, pdbs, namespaces };
+        let (synced_tx, synced) = watch::channel(false);
+        let state = ClusterState {
+            pods,
+            nodes,
+            nodeclaims,
+            nodepools,
+            nodeclasses,
+            daemonsets,
+            pdbs,
+            namespaces,
+            synced,
+        };
+        // A store wakes only one task waiting for it to be ready, so one task waits for all of
+        // them and announces it to everyone else.
+        let sync = {
+            let state = state.clone();
+            async move {
+                state.wait_stores_ready().await;
+                synced_tx.send_replace(true);
+            }
+        };
         let fut = async move {
             tokio::join!(
+                sync,
                 pods_f,
                 nodes_f,
                 nodeclaims_f,
@@ -177,18 +199,38 @@ impl ClusterState {
         (state, fut)
     }
 
-    /// Waits until every cache has listed its kind once.
+    /// Waits until every cache has listed its kind once. Any number of tasks may wait.
     pub async fn wait_synced(&self) {
-        // A store only fails to become ready when its writer is dropped, i.e. on shutdown.
-        let _ = tokio::join!(
-            self.pods.wait_until_ready(),
-            self.nodes.wait_until_ready(),
-            self.nodeclaims.wait_until_ready(),
-            self.nodepools.wait_until_ready(),
-            self.nodeclasses.wait_until_ready(),
-            self.daemonsets.wait_until_ready(),
-            self.pdbs.wait_until_ready(),
-            self.namespaces.wait_until_ready(),
+        let mut synced = self.synced.clone();
+        // An error means the watches were dropped: shutting down.
+        let _ = synced.wait_for(|s| *s).await;
+    }
+
+    /// Whether every cache has listed its kind once.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    async fn wait_stores_ready(&self) {
+        async fn ready<K>(kind: &'static str, store: &Store<K>)
+        where
+            K: Resource + Clone + 'static,
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            // A store only fails to become ready when its writer is dropped, i.e. on shutdown.
+            if store.wait_until_ready().await.is_ok() {
+                tracing::debug!(kind, objects = store.len(), "cache synced");
+            }
+        }
+        tokio::join!(
+            ready("pods", &self.pods),
+            ready("nodes", &self.nodes),
+            ready("nodeclaims", &self.nodeclaims),
+            ready("nodepools", &self.nodepools),
+            ready("ec2nodeclasses", &self.nodeclasses),
+            ready("daemonsets", &self.daemonsets),
+            ready("poddisruptionbudgets", &self.pdbs),
+            ready("namespaces", &self.namespaces),
         );
     }
 

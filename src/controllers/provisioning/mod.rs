@@ -241,19 +241,22 @@ impl Provisioner {
         let mut nominations: Vec<(usize, String)> = Vec::new();
 
         // New NodeClaims.
-        let creations = results.new_node_claims.iter().filter_map(|new| {
-            let np = nodepools.get(&new.nodepool)?;
-            Some((new, nodeclaim::build(new, np)))
-        });
-        let created: Vec<_> = futures::stream::iter(creations)
-            .map(|(new, claim)| {
+        let creations: Vec<(usize, NodeClaim)> = results
+            .new_node_claims
+            .iter()
+            .enumerate()
+            .filter_map(|(i, new)| Some((i, nodeclaim::build(new, nodepools.get(&new.nodepool)?))))
+            .collect();
+        let created: Vec<(usize, Result<NodeClaim, kube::Error>)> = futures::stream::iter(creations)
+            .map(|(i, claim)| {
                 let api = api.clone();
-                async move { (new, api.create(&PostParams::default(), &claim).await) }
+                async move { (i, api.create(&PostParams::default(), &claim).await) }
             })
             .buffered(CREATE_CONCURRENCY)
             .collect()
             .await;
-        for (new, result) in created {
+        for (i, result) in created {
+            let Some(new) = results.new_node_claims.get(i) else { continue };
             match result {
                 Ok(claim) => {
                     let name = claim.metadata.name.clone().unwrap_or_default();
@@ -340,13 +343,16 @@ impl Provisioner {
             .collect();
         let live: HashSet<String> = input.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         self.told.retain(|uid, _| live.contains(uid));
-        let recorder = &self.ctx.events;
+        let recorder = self.ctx.events.clone();
         futures::stream::iter(events)
-            .for_each_concurrent(EVENT_CONCURRENCY, |(pod, warning, reason, message)| async move {
-                if warning {
-                    recorder.warning(&pod, reason, message).await;
-                } else {
-                    recorder.normal(&pod, reason, message).await;
+            .for_each_concurrent(EVENT_CONCURRENCY, move |(pod, warning, reason, message)| {
+                let recorder = recorder.clone();
+                async move {
+                    if warning {
+                        recorder.warning(&pod, reason, message).await;
+                    } else {
+                        recorder.normal(&pod, reason, message).await;
+                    }
                 }
             })
             .await;
