@@ -10,9 +10,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use crate::apis::labels::{
-    FINALIZER_TERMINATION, LABEL_CAPACITY_TYPE, LABEL_INITIALIZED, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL,
-    LABEL_REGISTERED, LABEL_TOPOLOGY_ZONE, TAINT_EXTERNAL_CLOUD_PROVIDER, TAINT_NODE_NOT_READY,
-    TAINT_NODE_UNREACHABLE, TAINT_UNREGISTERED, is_restricted_label,
+    FINALIZER_TERMINATION, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_REGISTERED,
+    LABEL_TOPOLOGY_ZONE, TAINT_EXTERNAL_CLOUD_PROVIDER, TAINT_NODE_NOT_READY, TAINT_NODE_UNREACHABLE,
+    TAINT_UNREGISTERED, is_restricted_label,
 };
 use crate::apis::nodeclaim::conditions::{INITIALIZED, LAUNCHED, READY, REGISTERED};
 use crate::apis::{Condition, ConditionStatus, NodeClaim, Taint};
@@ -430,16 +430,6 @@ pub fn owner_reference(claim: &NodeClaim) -> Option<OwnerReference> {
         block_owner_deletion: Some(true),
         controller: None,
     })
-}
-
-/// The Node once initialized: labelled `karpenter.sh/initialized=true`.
-pub fn initialized_node(node: &Node) -> Node {
-    let mut out = node.clone();
-    out.metadata
-        .labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(LABEL_INITIALIZED.to_string(), "true".to_string());
-    out
 }
 
 /// The NodePool label of a claim (`""` when missing), for metrics.
