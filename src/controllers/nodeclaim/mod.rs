@@ -58,6 +58,8 @@ pub const CONTROLLER: &str = "nodeclaim.lifecycle";
 
 /// How often a claim waiting on its Node's deletion or its instance's termination is checked.
 const TERMINATION_POLL: Duration = Duration::from_secs(5);
+/// How often a launched claim checks for its Node while it is not initialized.
+const NODE_POLL: Duration = Duration::from_secs(30);
 /// How often a claim whose node class is not ready retries its launch.
 const NODE_CLASS_RETRY: Duration = Duration::from_secs(15);
 /// Longest wait for the Node cache before a reconcile gives up (and retries).
@@ -271,7 +273,11 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Err
         Liveness::Alive(after) => after,
         Liveness::Expired { .. } => Some(Duration::from_secs(1)),
     };
-    Ok(match [retry, deadline].into_iter().flatten().min() {
+    // Node events trigger reconciles, but one that arrives before the claim's provider ID is in the
+    // cache maps to no claim: poll as a safety net while waiting for the Node.
+    let conditions = logic::conditions(&claim);
+    let waiting = (is_true(conditions, LAUNCHED) && !is_true(conditions, INITIALIZED)).then_some(NODE_POLL);
+    Ok(match [retry, deadline, waiting].into_iter().flatten().min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
