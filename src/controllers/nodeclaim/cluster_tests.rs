@@ -180,6 +180,7 @@ fn unique(prefix: &str) -> String {
 }
 
 async fn client() -> Client {
+    let _ = tracing_subscriber::fmt().json().with_test_writer().with_env_filter("karpenter=debug").try_init();
     crate::operator::install_crypto_provider();
     Client::try_default().await.expect("a kubeconfig for the local control plane")
 }
@@ -219,6 +220,7 @@ fn claim(name: &str, run: &str) -> NodeClaim {
             ],
             "taints": [{ "key": "dedicated", "value": "blue", "effect": "NoSchedule" }],
             "startupTaints": [{ "key": "example.com/agent-not-ready", "effect": "NoSchedule" }],
+            "terminationGracePeriod": "1h",
         },
     }))
     .unwrap()
@@ -336,6 +338,11 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
     })
     .await;
     assert!(cloud.deletes.lock().unwrap().is_empty(), "the instance outlived its node");
+    let deleting = claims.get(&name).await.unwrap();
+    let deleted_at = deleting.metadata.deletion_timestamp.clone().unwrap().0;
+    let deadline = deleting.annotations().get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP).cloned();
+    let expected = logic::timestamp(deleted_at.checked_add(Duration::from_secs(3600)).unwrap());
+    assert_eq!(deadline, Some(expected));
     let patch = json!({ "metadata": { "finalizers": null } });
     nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     eventually("the claim to go", Duration::from_secs(60), || async {

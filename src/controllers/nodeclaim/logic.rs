@@ -10,13 +10,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
 use crate::apis::labels::{
-    FINALIZER_TERMINATION, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_REGISTERED,
-    LABEL_TOPOLOGY_ZONE, TAINT_EXTERNAL_CLOUD_PROVIDER, TAINT_NODE_NOT_READY, TAINT_NODE_UNREACHABLE,
-    TAINT_UNREGISTERED, is_restricted_label,
+    ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, FINALIZER_TERMINATION, LABEL_CAPACITY_TYPE,
+    LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_REGISTERED, LABEL_TOPOLOGY_ZONE,
+    TAINT_EXTERNAL_CLOUD_PROVIDER, TAINT_NODE_NOT_READY, TAINT_NODE_UNREACHABLE, TAINT_UNREGISTERED,
+    is_restricted_label,
 };
 use crate::apis::nodeclaim::conditions::{INITIALIZED, LAUNCHED, READY, REGISTERED};
 use crate::apis::{Condition, ConditionStatus, NodeClaim, Taint};
 use crate::cloudprovider::Instance;
+use crate::operator::settings::parse_duration;
 use crate::scheduling::requirements::Requirements;
 use crate::scheduling::resources::parse_quantity;
 
@@ -257,6 +259,8 @@ pub enum Liveness {
     Expired {
         /// Event reason.
         reason: &'static str,
+        /// The `reason` label of `nodeclaims_disrupted`.
+        metric_reason: &'static str,
         /// Why, for the event and the log.
         message: String,
     },
@@ -274,6 +278,7 @@ pub fn liveness(claim: &NodeClaim, now: Timestamp) -> Liveness {
             Some(left) if !left.is_zero() => Liveness::Alive(Some(left)),
             _ => Liveness::Expired {
                 reason: crate::controllers::events::reasons::LAUNCH_FAILED,
+                metric_reason: "launch_timeout",
                 message: format!("NodeClaim did not launch within {}s of its creation", LAUNCH_TTL.as_secs()),
             },
         };
@@ -289,12 +294,38 @@ pub fn liveness(claim: &NodeClaim, now: Timestamp) -> Liveness {
         Some(left) if !left.is_zero() => Liveness::Alive(Some(left)),
         _ => Liveness::Expired {
             reason: crate::controllers::events::reasons::REGISTRATION_TIMEOUT,
+            metric_reason: "registration_timeout",
             message: format!(
                 "Node did not register within {}s of the NodeClaim's launch",
                 REGISTRATION_TTL.as_secs()
             ),
         },
     }
+}
+
+/// The time by which a deleted claim's node must be gone, `deletionTimestamp +
+/// spec.terminationGracePeriod` (RFC 3339), when it is not yet recorded in the
+/// `karpenter.sh/nodeclaim-termination-timestamp` annotation the node termination controller reads.
+pub fn termination_deadline(claim: &NodeClaim) -> Option<String> {
+    if claim.annotations().contains_key(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP) {
+        return None;
+    }
+    let deleted = claim.metadata.deletion_timestamp.as_ref()?.0;
+    let grace = parse_duration(claim.spec.termination_grace_period.as_deref()?).ok()?;
+    deleted.checked_add(grace).ok().map(timestamp)
+}
+
+/// Shortens a cloud provider's error message for a condition, as upstream does.
+pub fn launch_failure_message(message: &str) -> String {
+    const MAX: usize = 300;
+    if message.len() <= MAX {
+        return message.to_string();
+    }
+    let mut end = MAX;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &message[..end])
 }
 
 /// The claim's conditions (none without a status).

@@ -35,7 +35,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Error as ControllerError};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, applier, watcher};
 use kube::{Resource, ResourceExt};
@@ -44,9 +44,11 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 use crate::apis::NodeClaim;
-use crate::apis::labels::{FINALIZER_TERMINATION, LABEL_INITIALIZED};
+use crate::apis::labels::{
+    ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, FINALIZER_TERMINATION, LABEL_INITIALIZED,
+};
 use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUNCHED, REGISTERED};
-use crate::cloudprovider::CloudProviderError;
+use crate::cloudprovider::{CloudProviderError, Instance};
 use crate::controllers::Context;
 use crate::controllers::events::reasons as event_reasons;
 use crate::operator::error_chain;
@@ -163,9 +165,18 @@ pub(crate) async fn run_with(
         ControllerConfig::default().concurrency(10),
     )
     .for_each(|result| async move {
-        if let Err(error) = result {
-            // Reconcile errors are logged by the error policy; these are watch and queue errors.
-            tracing::debug!(controller = CONTROLLER, error = %error_chain(&error), "controller event");
+        match result {
+            // Logged by the error policy.
+            Ok(_) | Err(ControllerError::ReconcilerFailed(..)) => {}
+            // A claim deleted between its event and its reconcile.
+            Err(error @ ControllerError::ObjectNotFound(_)) => {
+                tracing::debug!(controller = CONTROLLER, error = %error_chain(&error), "skipped reconcile");
+            }
+            // Watch errors (the API server unreachable, an object that does not deserialize):
+            // the watchers retry with backoff.
+            Err(error) => {
+                tracing::warn!(controller = CONTROLLER, error = %error_chain(&error), "watch failed");
+            }
         }
     })
     .await;
@@ -233,8 +244,8 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Err
     }
     let claim = ensure_finalizer(claim, state).await?;
 
-    if let Liveness::Expired { reason, message } = logic::liveness(&claim, now) {
-        expire(&claim, state, reason, message).await?;
+    if let Liveness::Expired { reason, metric_reason, message } = logic::liveness(&claim, now) {
+        expire(&claim, state, reason, metric_reason, message).await?;
         return Ok(Action::await_change());
     }
 
@@ -249,23 +260,41 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Err
 
     let mut failure = None;
     let mut retry = None;
+    let mut transitions = Vec::new();
     if !is_true(logic::conditions(&claim), LAUNCHED) {
         match launch(&mut claim, state, now).await {
-            Launch::Launched => {}
+            Launch::Launched(instance) => transitions.push(Transition::Launched(instance)),
             Launch::Deleted => return Ok(Action::await_change()),
             Launch::Retry(after) => retry = Some(after),
             Launch::Failed(error) => failure = Some(error),
         }
     }
-    if is_true(logic::conditions(&claim), LAUNCHED)
-        && let Some(node) = register(&mut claim, state, now).await?
-    {
-        initialize(&mut claim, &node, state, now).await?;
+    // A failure to sync the Node must not lose the launch: the status is written regardless.
+    if is_true(logic::conditions(&claim), LAUNCHED) {
+        match register(&mut claim, state, now).await {
+            Ok(None) => {}
+            Ok(Some((node, registered))) => {
+                if registered {
+                    transitions.push(Transition::Registered(node.clone()));
+                }
+                match initialize(&mut claim, &node, state, now).await {
+                    Ok(true) => transitions.push(Transition::Initialized(node)),
+                    Ok(false) => {}
+                    Err(error) => failure = failure.or(Some(error)),
+                }
+            }
+            Err(error) => failure = failure.or(Some(error)),
+        }
     }
     let status = claim.status.get_or_insert_with(Default::default);
     logic::update_ready(&mut status.conditions, generation, now);
 
     let claim = write(&stored, &claim, state).await?;
+    // Only now, with the status written (and conditional on the version read), is each transition
+    // reported: a reconcile of a stale copy fails its write instead of reporting twice.
+    for transition in transitions {
+        report(&claim, &transition, state);
+    }
     if let Some(error) = failure {
         return Err(error);
     }
@@ -320,6 +349,7 @@ async fn expire(
     claim: &NodeClaim,
     state: &State,
     reason: &'static str,
+    metric_reason: &'static str,
     message: String,
 ) -> Result<(), Error> {
     tracing::info!(
@@ -332,18 +362,76 @@ async fn expire(
     );
     state.ctx.events.warning(claim, reason, message).await;
     delete_claim(claim, state).await?;
-    state
-        .ctx
-        .metrics
-        .nodeclaims_disrupted
-        .get_or_create(&vec![("reason", "liveness".to_string()), ("nodepool", logic::nodepool(claim))])
-        .inc();
+    count_disruption(claim, state, metric_reason);
     Ok(())
+}
+
+fn count_disruption(claim: &NodeClaim, state: &State, reason: &str) {
+    let labels = vec![("reason", reason.to_string()), ("nodepool", logic::nodepool(claim))];
+    state.ctx.metrics.nodeclaims_disrupted.get_or_create(&labels).inc();
+}
+
+/// A lifecycle step a reconcile completed, reported once the claim's status is written.
+enum Transition {
+    Launched(Box<Instance>),
+    Registered(Node),
+    Initialized(Node),
+}
+
+/// Logs and counts `transition` of `claim`, with upstream's messages and metrics.
+fn report(claim: &NodeClaim, transition: &Transition, state: &State) {
+    let name = claim.name_any();
+    let nodepool = logic::nodepool(claim);
+    let by_nodepool = vec![("nodepool", nodepool.clone())];
+    let metrics = &state.ctx.metrics;
+    let provider_id =
+        |node: &Node| node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    match transition {
+        Transition::Launched(instance) => {
+            tracing::info!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                nodepool = %nodepool,
+                "provider-id" = %instance.provider_id,
+                "instance-type" = %instance.instance_type,
+                zone = %instance.zone,
+                "capacity-type" = %instance.capacity_type,
+                allocatable = %describe_resources(&instance.allocatable),
+                "launched nodeclaim"
+            );
+            metrics.nodeclaims_launched.get_or_create(&by_nodepool).inc();
+        }
+        Transition::Registered(node) => {
+            tracing::info!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                nodepool = %nodepool,
+                "provider-id" = %provider_id(node),
+                node = %node.name_any(),
+                "registered nodeclaim"
+            );
+            metrics.nodeclaims_registered.get_or_create(&by_nodepool).inc();
+            metrics.nodes_created.get_or_create(&by_nodepool).inc();
+        }
+        Transition::Initialized(node) => {
+            let allocatable = node.status.as_ref().and_then(|s| s.allocatable.clone()).unwrap_or_default();
+            tracing::info!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                nodepool = %nodepool,
+                "provider-id" = %provider_id(node),
+                node = %node.name_any(),
+                allocatable = %describe_resources(&allocatable),
+                "initialized nodeclaim"
+            );
+            metrics.nodeclaims_initialized.get_or_create(&by_nodepool).inc();
+        }
+    }
 }
 
 /// Outcome of the launch step.
 enum Launch {
-    Launched,
+    Launched(Box<Instance>),
     Deleted,
     Retry(Duration),
     Failed(Error),
@@ -356,27 +444,9 @@ async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch 
     match result {
         Ok(instance) => {
             logic::apply_instance(claim, &instance);
-            set_condition(
-                conditions_mut(claim),
-                LAUNCHED,
-                ConditionUpdate::true_(reasons::LAUNCHED),
-                generation,
-                now,
-            );
-            let nodepool = logic::nodepool(claim);
-            tracing::info!(
-                controller = CONTROLLER,
-                nodeclaim = %name,
-                nodepool = %nodepool,
-                "provider-id" = %instance.provider_id,
-                "instance-type" = %instance.instance_type,
-                zone = %instance.zone,
-                "capacity-type" = %instance.capacity_type,
-                allocatable = %describe_resources(&instance.allocatable),
-                "launched nodeclaim"
-            );
-            state.ctx.metrics.nodeclaims_launched.get_or_create(&vec![("nodepool", nodepool)]).inc();
-            Launch::Launched
+            let update = ConditionUpdate::true_(reasons::LAUNCHED);
+            set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
+            Launch::Launched(Box::new(instance))
         }
         Err(error @ CloudProviderError::InsufficientCapacity { .. }) => {
             let message = error.to_string();
@@ -388,7 +458,10 @@ async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch 
             );
             state.ctx.events.warning(&*claim, event_reasons::INSUFFICIENT_CAPACITY_ERROR, message).await;
             match delete_claim(claim, state).await {
-                Ok(()) => Launch::Deleted,
+                Ok(()) => {
+                    count_disruption(claim, state, "insufficient_capacity");
+                    Launch::Deleted
+                }
                 Err(error) => Launch::Failed(error),
             }
         }
@@ -401,7 +474,8 @@ async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch 
             Launch::Retry(NODE_CLASS_RETRY)
         }
         Err(error) => {
-            let update = ConditionUpdate::false_(reasons::LAUNCH_FAILED, error_chain(&error));
+            let message = logic::launch_failure_message(&error_chain(&error));
+            let update = ConditionUpdate::false_(reasons::LAUNCH_FAILED, message);
             set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
             Launch::Failed(Error::Cloud { method: "create", source: error })
         }
@@ -417,7 +491,11 @@ fn describe_resources(resources: &crate::apis::ResourceList) -> String {
 }
 
 /// Finds the claim's Node and, on first registration, syncs the claim onto it. Returns the Node.
-async fn register(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Result<Option<Node>, Error> {
+async fn register(
+    claim: &mut NodeClaim,
+    state: &State,
+    now: Timestamp,
+) -> Result<Option<(Node, bool)>, Error> {
     let generation = claim.metadata.generation;
     let found = state.node_cache.state_filter(|n| logic::is_claims_node(claim, n));
     let registered = is_true(logic::conditions(claim), REGISTERED);
@@ -448,21 +526,10 @@ async fn register(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Resul
         }
     };
     if registered {
-        return Ok(Some((*node).clone()));
+        return Ok(Some(((*node).clone(), false)));
     }
     let desired = logic::registered_node(claim, &node);
     let node = if desired == *node { desired } else { patch_node(&node, &desired, state).await? };
-    let nodepool = logic::nodepool(claim);
-    tracing::info!(
-        controller = CONTROLLER,
-        nodeclaim = %claim.name_any(),
-        nodepool = %nodepool,
-        "provider-id" = %node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).unwrap_or_default(),
-        node = %node.name_any(),
-        "registered nodeclaim"
-    );
-    state.ctx.metrics.nodeclaims_registered.get_or_create(&vec![("nodepool", nodepool.clone())]).inc();
-    state.ctx.metrics.nodes_created.get_or_create(&vec![("nodepool", nodepool)]).inc();
     let status = claim.status.get_or_insert_with(Default::default);
     status.node_name = Some(node.name_any());
     set_condition(
@@ -472,7 +539,7 @@ async fn register(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Resul
         generation,
         now,
     );
-    Ok(Some(node))
+    Ok(Some((node, true)))
 }
 
 /// Writes the metadata and taints `after` adds to `before`, conditional on `before`'s resource
@@ -503,15 +570,21 @@ async fn patch_node(before: &Node, after: &Node, state: &State) -> Result<Node, 
         .map_err(Error::kube(format!("syncing node {name}")))
 }
 
-async fn initialize(claim: &mut NodeClaim, node: &Node, state: &State, now: Timestamp) -> Result<(), Error> {
+/// Checks the claim's Node and marks both initialized once it is; true when that happened now.
+async fn initialize(
+    claim: &mut NodeClaim,
+    node: &Node,
+    state: &State,
+    now: Timestamp,
+) -> Result<bool, Error> {
     let generation = claim.metadata.generation;
     if is_true(logic::conditions(claim), INITIALIZED) {
-        return Ok(());
+        return Ok(false);
     }
     if let Err(update) = logic::initialization(claim, node) {
         let status = claim.status.get_or_insert_with(Default::default);
         set_condition(&mut status.conditions, INITIALIZED, update, generation, now);
-        return Ok(());
+        return Ok(false);
     }
     if node.labels().get(LABEL_INITIALIZED).map(String::as_str) != Some("true") {
         let patch = json!({ "metadata": { "labels": { LABEL_INITIALIZED: "true" } } });
@@ -522,18 +595,6 @@ async fn initialize(claim: &mut NodeClaim, node: &Node, state: &State, now: Time
             .await
             .map_err(Error::kube(format!("labelling node {name} initialized")))?;
     }
-    let nodepool = logic::nodepool(claim);
-    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.clone()).unwrap_or_default();
-    tracing::info!(
-        controller = CONTROLLER,
-        nodeclaim = %claim.name_any(),
-        nodepool = %nodepool,
-        "provider-id" = %node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).unwrap_or_default(),
-        node = %node.name_any(),
-        allocatable = %describe_resources(&allocatable),
-        "initialized nodeclaim"
-    );
-    state.ctx.metrics.nodeclaims_initialized.get_or_create(&vec![("nodepool", nodepool)]).inc();
     let status = claim.status.get_or_insert_with(Default::default);
     set_condition(
         &mut status.conditions,
@@ -542,7 +603,7 @@ async fn initialize(claim: &mut NodeClaim, node: &Node, state: &State, now: Time
         generation,
         now,
     );
-    Ok(())
+    Ok(true)
 }
 
 /// Writes what changed from `stored` to `claim`: labels and annotations first (so that a launch
@@ -578,6 +639,7 @@ async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Ac
     if !has_finalizer(claim) {
         return Ok(Action::await_change());
     }
+    let claim = &annotate_termination_deadline(claim, state).await?;
     let name = claim.name_any();
     let nodes = state.node_cache.state_filter(|n| logic::is_claims_node(claim, n));
     if !nodes.is_empty() {
@@ -648,6 +710,34 @@ async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Ac
         observe(&state.ctx.metrics.nodeclaims_termination_duration, vec![("nodepool", nodepool)], elapsed);
     }
     Ok(Action::await_change())
+}
+
+/// Records by when the claim's node must be gone, for the node termination controller.
+async fn annotate_termination_deadline(claim: &NodeClaim, state: &State) -> Result<NodeClaim, Error> {
+    let Some(deadline) = logic::termination_deadline(claim) else {
+        return Ok(claim.clone());
+    };
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": claim.resource_version(),
+            "annotations": { ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP: deadline },
+        }
+    });
+    let name = claim.name_any();
+    let updated = state
+        .claims
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube("annotating the termination deadline"))?;
+    tracing::info!(
+        controller = CONTROLLER,
+        nodeclaim = %name,
+        "karpenter.sh/nodeclaim-termination-timestamp" = %deadline,
+        "annotated nodeclaim"
+    );
+    let message = format!("All pods will be deleted by {deadline}");
+    state.ctx.events.warning(claim, event_reasons::TERMINATION_GRACE_PERIOD_EXPIRING, message).await;
+    Ok(updated)
 }
 
 /// Asks the cloud provider to terminate the claim's instance; true once it reports the instance

@@ -153,10 +153,10 @@ fn ready_follows_its_dependents(
 #[rstest]
 #[case::just_created(&[], "2026-01-01T00:01:00Z", Liveness::Alive(Some(Duration::from_secs(240))))]
 #[case::launch_failing_within_ttl(&[(LAUNCHED, F, T0)], "2026-01-01T00:04:59Z", Liveness::Alive(Some(Duration::from_secs(1))))]
-#[case::launch_timed_out(&[(LAUNCHED, F, T0)], "2026-01-01T00:05:00Z", expired(event_reasons::LAUNCH_FAILED))]
+#[case::launch_timed_out(&[(LAUNCHED, F, T0)], "2026-01-01T00:05:00Z", expired(event_reasons::LAUNCH_FAILED, "launch_timeout"))]
 #[case::clock_behind_creation(&[], "2025-12-31T23:59:00Z", Liveness::Alive(Some(Duration::from_secs(300))))]
 #[case::awaiting_node(&[(LAUNCHED, T, "2026-01-01T00:01:00Z")], "2026-01-01T00:11:00Z", Liveness::Alive(Some(Duration::from_secs(300))))]
-#[case::registration_timed_out(&[(LAUNCHED, T, "2026-01-01T00:01:00Z"), (REGISTERED, U, T0)], "2026-01-01T00:16:00Z", expired(event_reasons::REGISTRATION_TIMEOUT))]
+#[case::registration_timed_out(&[(LAUNCHED, T, "2026-01-01T00:01:00Z"), (REGISTERED, U, T0)], "2026-01-01T00:16:00Z", expired(event_reasons::REGISTRATION_TIMEOUT, "registration_timeout"))]
 #[case::registered(&[(LAUNCHED, T, T0), (REGISTERED, T, T0)], "2026-02-01T00:00:00Z", Liveness::Alive(None))]
 fn liveness_deadlines(
     #[case] conditions: &[(&str, ConditionStatus, &str)],
@@ -166,13 +166,19 @@ fn liveness_deadlines(
     let claim = with_conditions(claim(), conditions);
     let got = liveness(&claim, at(now));
     match (&got, &expected) {
-        (Liveness::Expired { reason: a, .. }, Liveness::Expired { reason: b, .. }) => assert_eq!(a, b),
+        (
+            Liveness::Expired { reason: a, metric_reason: ma, message },
+            Liveness::Expired { reason: b, metric_reason: mb, .. },
+        ) => {
+            assert_eq!((a, ma), (b, mb));
+            assert!(!message.is_empty());
+        }
         _ => assert_eq!(got, expected),
     }
 }
 
-fn expired(reason: &'static str) -> Liveness {
-    Liveness::Expired { reason, message: String::new() }
+fn expired(reason: &'static str, metric_reason: &'static str) -> Liveness {
+    Liveness::Expired { reason, metric_reason, message: String::new() }
 }
 
 #[test]
@@ -398,4 +404,34 @@ fn a_node_event_maps_to_the_claim_with_its_provider_id() {
     assert_eq!(super::claim_of_node(&store, &node), Some(ObjectRef::new("default-abcde")));
     let stranger: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "spec": {}})).unwrap();
     assert_eq!(super::claim_of_node(&store, &stranger), None);
+}
+
+#[rstest]
+#[case::no_grace_period(None, Some(T0), None, None)]
+#[case::not_deleted(Some("1h"), None, None, None)]
+#[case::deleted(Some("1h30m"), Some(T0), None, Some("2026-01-01T01:30:00Z"))]
+#[case::already_annotated(Some("1h"), Some(T0), Some("2026-01-01T00:30:00Z"), None)]
+#[case::malformed_grace_period(Some("soon"), Some(T0), None, None)]
+fn termination_deadlines(
+    #[case] grace: Option<&str>,
+    #[case] deleted: Option<&str>,
+    #[case] annotated: Option<&str>,
+    #[case] expected: Option<&str>,
+) {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut claim = claim();
+    claim.spec.termination_grace_period = grace.map(String::from);
+    claim.metadata.deletion_timestamp = deleted.map(|t| Time(at(t)));
+    if let Some(a) = annotated {
+        claim.annotations_mut().insert(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP.into(), a.into());
+    }
+    assert_eq!(termination_deadline(&claim).as_deref(), expected);
+}
+
+#[test]
+fn long_launch_failures_are_shortened() {
+    assert_eq!(launch_failure_message("short"), "short");
+    let long = "é".repeat(200);
+    let cut = launch_failure_message(&long);
+    assert!(cut.ends_with("...") && cut.len() <= 303, "{}", cut.len());
 }
