@@ -40,28 +40,39 @@ enum Phase {
     ShuttingDown,
 }
 
+/// How the fake cloud answers `create`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Launch an instance and create its Node.
+    Normal,
+    /// Fail with insufficient capacity.
+    InsufficientCapacity,
+    /// Launch an instance (whose Node never comes) but fail every call, as if the answers were lost.
+    LostResponse,
+}
+
 /// A cloud whose instances are Nodes it creates itself (kwok keeps them Ready).
 struct FakeCloud {
     client: Client,
     run: String,
-    insufficient_capacity: bool,
+    mode: Mode,
     instances: Mutex<HashMap<String, (Instance, Phase)>>,
     deletes: Mutex<Vec<String>>,
 }
 
 impl FakeCloud {
-    fn new(client: Client, run: &str, insufficient_capacity: bool) -> Self {
+    fn new(client: Client, run: &str, mode: Mode) -> Self {
         FakeCloud {
             client,
             run: run.to_string(),
-            insufficient_capacity,
+            mode,
             instances: Mutex::new(HashMap::new()),
             deletes: Mutex::new(Vec::new()),
         }
     }
 
     async fn launch(&self, claim: &NodeClaim) -> CloudResult<Instance> {
-        if self.insufficient_capacity {
+        if self.mode == Mode::InsufficientCapacity {
             return Err(CloudProviderError::InsufficientCapacity {
                 offerings: vec![OfferingKey {
                     instance_type: "m5.large".into(),
@@ -71,10 +82,23 @@ impl FakeCloud {
             });
         }
         let name = claim.name_any();
+        let provider_id = format!("aws:///us-west-2a/i-{}", name.replace('-', ""));
+        if self.mode == Mode::LostResponse {
+            let instance = Instance {
+                provider_id,
+                node_claim: Some(name.clone()),
+                state: "pending".into(),
+                ..Instance::default()
+            };
+            self.instances.lock().unwrap().entry(name).or_insert((instance, Phase::Running));
+            return Err(CloudProviderError::UnexpectedResponse {
+                operation: "CreateFleet",
+                message: "connection reset".into(),
+            });
+        }
         if let Some((instance, _)) = self.instances.lock().unwrap().get(&name) {
             return Ok(instance.clone());
         }
-        let provider_id = format!("aws:///us-west-2a/i-{}", name.replace('-', ""));
         let node: Node = serde_json::from_value(json!({
             "metadata": {
                 "name": name,
@@ -256,7 +280,7 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
     let client = client().await;
     let run = unique("lc");
     let name = format!("{run}-a");
-    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, false));
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::Normal));
     let (stop, task) = start(&client, cloud.clone(), &run);
     let claims: Api<NodeClaim> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
@@ -364,7 +388,7 @@ async fn insufficient_capacity_deletes_the_claim_with_an_event() {
     let client = client().await;
     let run = unique("lc-ice");
     let name = format!("{run}-a");
-    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, true));
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::InsufficientCapacity));
     let (stop, task) = start(&client, cloud.clone(), &run);
     let claims: Api<NodeClaim> = Api::all(client.clone());
     let created = claims.create(&PostParams::default(), &claim(&name, &run)).await.unwrap();
@@ -385,6 +409,39 @@ async fn insufficient_capacity_deletes_the_claim_with_an_event() {
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(event.message.unwrap_or_default().contains("insufficient capacity"));
     assert_eq!(event.involved_object.uid, created.uid());
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn an_instance_whose_launch_answer_was_lost_is_terminated_with_its_claim() {
+    let client = client().await;
+    let run = unique("lc-lost");
+    let name = format!("{run}-a");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::LostResponse));
+    let (stop, task) = start(&client, cloud.clone(), &run);
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    claims.create(&PostParams::default(), &claim(&name, &run)).await.unwrap();
+
+    let failed = eventually("the launch failure", Duration::from_secs(30), || async {
+        let c = claims.get(&name).await.ok()?;
+        condition_is(&c, LAUNCHED, "False").then_some(c)
+    })
+    .await;
+    let launched = logic::condition(logic::conditions(&failed), LAUNCHED).unwrap();
+    assert_eq!(launched.reason, reasons::LAUNCH_FAILED);
+    assert!(launched.message.contains("connection reset"), "{}", launched.message);
+    assert!(condition_is(&failed, READY, "False"));
+    assert_eq!(cloud.instances.lock().unwrap().len(), 1);
+
+    claims.delete(&name, &Default::default()).await.unwrap();
+    eventually("the claim to go", Duration::from_secs(30), || async {
+        claims.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(cloud.instances.lock().unwrap().is_empty(), "the instance was found by the claim's name");
 
     stop.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
