@@ -68,7 +68,8 @@ pub mod reasons {
 /// The conditions Ready depends on, in lifecycle order.
 pub const DEPENDENTS: [&str; 3] = [LAUNCHED, REGISTERED, INITIALIZED];
 
-/// Taints the node's own components place and remove while it starts; a node carrying one is not
+/// Taints that the kubelet, the node lifecycle controller, a cloud controller manager or
+/// registration place on a starting node and remove once it is usable; a node carrying one is not
 /// initialized.
 pub const KNOWN_EPHEMERAL_TAINTS: [&str; 4] =
     [TAINT_NODE_NOT_READY, TAINT_NODE_UNREACHABLE, TAINT_EXTERNAL_CLOUD_PROVIDER, TAINT_UNREGISTERED];
