@@ -69,6 +69,12 @@ pub const ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED: &str = "karpenter.sh/nodeclai
 pub const TAINT_UNREGISTERED: &str = "karpenter.sh/unregistered";
 /// Taint placed on a node that is being disrupted (effect NoSchedule).
 pub const TAINT_DISRUPTED: &str = "karpenter.sh/disrupted";
+/// Taint the node lifecycle controller places on a node whose Ready condition is not True.
+pub const TAINT_NODE_NOT_READY: &str = "node.kubernetes.io/not-ready";
+/// Taint the node lifecycle controller places on a node it cannot reach.
+pub const TAINT_NODE_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+/// Taint the kubelet places on a node until an external cloud provider initializes it.
+pub const TAINT_EXTERNAL_CLOUD_PROVIDER: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 /// Finalizer on NodeClaims and Nodes that Karpenter terminates.
 pub const FINALIZER_TERMINATION: &str = "karpenter.sh/termination";
 /// Finalizer on EC2NodeClasses, removed once nothing uses the class.

@@ -1,0 +1,448 @@
+//! The lifecycle against a real API server, with a cloud provider that creates the Node itself.
+//!
+//! Needs the local control plane (`eval "$(make -s cluster-up)"`, CRDs installed); ignored by a
+//! plain `cargo test`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::apis::labels::*;
+use crate::apis::nodeclaim::conditions::{INITIALIZED, LAUNCHED, READY, REGISTERED};
+use crate::apis::{NodeClaim, NodePool};
+use crate::cloudprovider::{
+    BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result as CloudResult,
+};
+use crate::controllers::events::reasons as event_reasons;
+use crate::controllers::{Context, Events};
+use crate::operator::Settings;
+use crate::operator::metrics::Metrics;
+use crate::scheduling::instancetypes::InstanceType;
+
+use super::logic::{self, reasons};
+
+const RUN_LABEL: &str = "lifecycle-test.karpenter.sh/run";
+
+/// Instance states of the fake cloud.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Running,
+    ShuttingDown,
+}
+
+/// How the fake cloud answers `create`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Launch an instance and create its Node.
+    Normal,
+    /// Fail with insufficient capacity.
+    InsufficientCapacity,
+    /// Launch an instance (whose Node never comes) but fail every call, as if the answers were lost.
+    LostResponse,
+}
+
+/// A cloud whose instances are Nodes it creates itself (kwok keeps them Ready).
+struct FakeCloud {
+    client: Client,
+    run: String,
+    mode: Mode,
+    instances: Mutex<HashMap<String, (Instance, Phase)>>,
+    deletes: Mutex<Vec<String>>,
+}
+
+impl FakeCloud {
+    fn new(client: Client, run: &str, mode: Mode) -> Self {
+        FakeCloud {
+            client,
+            run: run.to_string(),
+            mode,
+            instances: Mutex::new(HashMap::new()),
+            deletes: Mutex::new(Vec::new()),
+        }
+    }
+
+    async fn launch(&self, claim: &NodeClaim) -> CloudResult<Instance> {
+        if self.mode == Mode::InsufficientCapacity {
+            return Err(CloudProviderError::InsufficientCapacity {
+                offerings: vec![OfferingKey {
+                    instance_type: "m5.large".into(),
+                    zone: "us-west-2a".into(),
+                    capacity_type: "spot".into(),
+                }],
+            });
+        }
+        let name = claim.name_any();
+        let provider_id = format!("aws:///us-west-2a/i-{}", name.replace('-', ""));
+        if self.mode == Mode::LostResponse {
+            let instance = Instance {
+                provider_id,
+                node_claim: Some(name.clone()),
+                state: "pending".into(),
+                ..Instance::default()
+            };
+            self.instances.lock().unwrap().entry(name).or_insert((instance, Phase::Running));
+            return Err(CloudProviderError::UnexpectedResponse {
+                operation: "CreateFleet",
+                message: "connection reset".into(),
+            });
+        }
+        if let Some((instance, _)) = self.instances.lock().unwrap().get(&name) {
+            return Ok(instance.clone());
+        }
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "labels": { RUN_LABEL: self.run, LABEL_HOSTNAME: name },
+            },
+            "spec": {
+                "providerID": provider_id,
+                "taints": [{ "key": TAINT_UNREGISTERED, "effect": "NoExecute" }],
+            },
+        }))
+        .map_err(|e| CloudProviderError::Config(e.to_string()))?;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(CloudProviderError::Config(e.to_string())),
+        }
+        let quantity = |s: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.into());
+        let instance = Instance {
+            provider_id,
+            instance_type: "m5.large".into(),
+            zone: "us-west-2a".into(),
+            capacity_type: CAPACITY_TYPE_SPOT.into(),
+            image_id: "ami-0123".into(),
+            node_claim: Some(name.clone()),
+            state: "running".into(),
+            capacity: BTreeMap::from([("cpu".into(), quantity("2")), ("memory".into(), quantity("8Gi"))]),
+            allocatable: BTreeMap::from([("cpu".into(), quantity("1930m"))]),
+            labels: BTreeMap::from([(LABEL_ARCH.into(), ARCH_AMD64.into())]),
+            annotations: BTreeMap::from([(ANNOTATION_EC2NODECLASS_HASH.into(), "42".into())]),
+            ..Instance::default()
+        };
+        self.instances.lock().unwrap().insert(name, (instance.clone(), Phase::Running));
+        Ok(instance)
+    }
+}
+
+impl CloudProvider for FakeCloud {
+    fn create<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, CloudResult<Instance>> {
+        Box::pin(self.launch(node_claim))
+    }
+
+    fn delete<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, CloudResult<()>> {
+        Box::pin(async move {
+            let provider_id =
+                node_claim.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+            self.deletes.lock().unwrap().push(provider_id.clone());
+            let mut instances = self.instances.lock().unwrap();
+            let entry = instances.iter_mut().find(|(_, (i, _))| i.provider_id == provider_id);
+            match entry {
+                Some((_, (_, phase))) if *phase == Phase::Running => {
+                    *phase = Phase::ShuttingDown;
+                    Ok(())
+                }
+                Some((name, _)) => {
+                    let name = name.clone();
+                    instances.remove(&name);
+                    Err(CloudProviderError::NotFound(provider_id))
+                }
+                None => Err(CloudProviderError::NotFound(provider_id)),
+            }
+        })
+    }
+
+    fn get<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, CloudResult<Instance>> {
+        Box::pin(async move {
+            let instances = self.instances.lock().unwrap();
+            instances
+                .values()
+                .find(|(i, _)| i.provider_id == provider_id)
+                .map(|(i, _)| i.clone())
+                .ok_or_else(|| CloudProviderError::NotFound(provider_id.to_string()))
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, CloudResult<Vec<Instance>>> {
+        Box::pin(async move { Ok(self.instances.lock().unwrap().values().map(|(i, _)| i.clone()).collect()) })
+    }
+
+    fn instance_types<'a>(&'a self, _: &'a NodePool) -> BoxFuture<'a, CloudResult<Vec<InstanceType>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn is_drifted<'a>(&'a self, _: &'a NodeClaim) -> BoxFuture<'a, CloudResult<Option<DriftReason>>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    settings: Settings,
+}
+
+/// A unique lower-case id for this test's objects.
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{:x}{:x}", std::process::id(), nanos % 0xffff_ffff)
+}
+
+async fn client() -> Client {
+    let _ = tracing_subscriber::fmt().json().with_test_writer().with_env_filter("karpenter=debug").try_init();
+    crate::operator::install_crypto_provider();
+    Client::try_default().await.expect("a kubeconfig for the local control plane")
+}
+
+/// Starts the controller, restricted to this run's claims and nodes.
+fn start(client: &Client, cloud: Arc<FakeCloud>, run: &str) -> (watch::Sender<bool>, JoinHandle<()>) {
+    let ctx = Context {
+        client: client.clone(),
+        cloud,
+        settings: Arc::new(Cli::parse_from(["karpenter"]).settings),
+        metrics: Arc::new(Metrics::unregistered()),
+        events: Events::new(client.clone(), Some("lifecycle-test".into())),
+    };
+    let selector = format!("{RUN_LABEL}={run}");
+    let (stop, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(super::run_with(
+        ctx,
+        stop_rx,
+        watcher::Config::default().labels(&selector),
+        watcher::Config::default().labels(&selector),
+    ));
+    (stop, task)
+}
+
+fn claim(name: &str, run: &str) -> NodeClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {
+            "name": name,
+            "labels": { RUN_LABEL: run, LABEL_NODEPOOL: format!("{run}-pool"), "team": "blue" },
+        },
+        "spec": {
+            "nodeClassRef": { "group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default" },
+            "requirements": [
+                { "key": LABEL_INSTANCE_TYPE, "operator": "In", "values": ["m5.large"] },
+            ],
+            "taints": [{ "key": "dedicated", "value": "blue", "effect": "NoSchedule" }],
+            "startupTaints": [{ "key": "example.com/agent-not-ready", "effect": "NoSchedule" }],
+            "terminationGracePeriod": "1h",
+        },
+    }))
+    .unwrap()
+}
+
+/// Polls `check` until it returns `Some`, for at most `limit`.
+async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what} did not happen within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn condition_is(claim: &NodeClaim, type_: &str, status: &str) -> bool {
+    logic::condition(logic::conditions(claim), type_).is_some_and(|c| format!("{:?}", c.status) == status)
+}
+
+fn taint_keys(node: &Node) -> Vec<String> {
+    node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| t.key).collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_claim_launches_registers_initializes_and_terminates() {
+    let client = client().await;
+    let run = unique("lc");
+    let name = format!("{run}-a");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::Normal));
+    let (stop, task) = start(&client, cloud.clone(), &run);
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    claims.create(&PostParams::default(), &claim(&name, &run)).await.unwrap();
+    let limit = Duration::from_secs(30);
+
+    // Finalizer, launch and the instance's labels on the claim.
+    let launched = eventually("launch", limit, || async {
+        let c = claims.get(&name).await.ok()?;
+        condition_is(&c, LAUNCHED, "True").then_some(c)
+    })
+    .await;
+    assert!(launched.finalizers().contains(&FINALIZER_TERMINATION.to_string()));
+    let labels = launched.labels();
+    assert_eq!(labels.get(LABEL_INSTANCE_TYPE).map(String::as_str), Some("m5.large"));
+    assert_eq!(labels.get(LABEL_CAPACITY_TYPE).map(String::as_str), Some("spot"));
+    assert_eq!(labels.get(LABEL_TOPOLOGY_ZONE).map(String::as_str), Some("us-west-2a"));
+    assert_eq!(labels.get(LABEL_ARCH).map(String::as_str), Some("amd64"));
+    assert_eq!(launched.annotations().get(ANNOTATION_EC2NODECLASS_HASH).map(String::as_str), Some("42"));
+    let status = launched.status.clone().unwrap();
+    assert_eq!(status.image_id.as_deref(), Some("ami-0123"));
+    assert!(status.provider_id.as_deref().is_some_and(|p| p.starts_with("aws:///us-west-2a/i-")));
+    assert!(status.capacity.is_some_and(|c| c.contains_key("memory")));
+
+    // Registration syncs the claim onto the Node.
+    let registered = eventually("registration", limit, || async {
+        let c = claims.get(&name).await.ok()?;
+        condition_is(&c, REGISTERED, "True").then_some(c)
+    })
+    .await;
+    assert_eq!(registered.status.as_ref().and_then(|s| s.node_name.as_deref()), Some(name.as_str()));
+    let node = nodes.get(&name).await.unwrap();
+    assert_eq!(node.labels().get(LABEL_REGISTERED).map(String::as_str), Some("true"));
+    assert_eq!(node.labels().get("team").map(String::as_str), Some("blue"));
+    assert_eq!(node.labels().get(LABEL_INSTANCE_TYPE).map(String::as_str), Some("m5.large"));
+    assert_eq!(node.annotations().get(ANNOTATION_EC2NODECLASS_HASH).map(String::as_str), Some("42"));
+    assert!(node.finalizers().contains(&FINALIZER_TERMINATION.to_string()));
+    let owner = &node.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("NodeClaim", name.as_str()));
+    assert_eq!(owner.uid, registered.uid().unwrap());
+    let taints = taint_keys(&node);
+    assert!(!taints.contains(&TAINT_UNREGISTERED.to_string()), "{taints:?}");
+    assert!(taints.contains(&"dedicated".to_string()), "{taints:?}");
+    assert!(taints.contains(&"example.com/agent-not-ready".to_string()), "{taints:?}");
+
+    // The startup taint holds initialization back until its agent removes it.
+    eventually("the startup taint to block initialization", limit, || async {
+        let c = claims.get(&name).await.ok()?;
+        let initialized = logic::condition(logic::conditions(&c), INITIALIZED)?;
+        (initialized.reason == reasons::STARTUP_TAINTS_EXIST).then_some(())
+    })
+    .await;
+    let node = nodes.get(&name).await.unwrap();
+    let kept: Vec<_> = node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != "example.com/agent-not-ready")
+        .collect();
+    let patch = json!({ "metadata": { "resourceVersion": node.metadata.resource_version }, "spec": { "taints": kept } });
+    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+
+    let ready = eventually("initialization", limit, || async {
+        let c = claims.get(&name).await.ok()?;
+        (condition_is(&c, INITIALIZED, "True") && condition_is(&c, READY, "True")).then_some(c)
+    })
+    .await;
+    assert!(condition_is(&ready, LAUNCHED, "True") && condition_is(&ready, REGISTERED, "True"));
+    let node = nodes.get(&name).await.unwrap();
+    assert_eq!(node.labels().get(LABEL_INITIALIZED).map(String::as_str), Some("true"));
+
+    // Deletion: the Node goes first (we stand in for the node termination controller), then the
+    // instance, then the claim's finalizer.
+    claims.delete(&name, &Default::default()).await.unwrap();
+    eventually("node deletion", limit, || async {
+        let n = nodes.get(&name).await.ok()?;
+        n.metadata.deletion_timestamp.is_some().then_some(())
+    })
+    .await;
+    assert!(cloud.deletes.lock().unwrap().is_empty(), "the instance outlived its node");
+    let deleting = claims.get(&name).await.unwrap();
+    let deleted_at = deleting.metadata.deletion_timestamp.clone().unwrap().0;
+    let deadline = deleting.annotations().get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP).cloned();
+    let expected = logic::timestamp(deleted_at.checked_add(Duration::from_secs(3600)).unwrap());
+    assert_eq!(deadline, Some(expected));
+    let patch = json!({ "metadata": { "finalizers": null } });
+    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    eventually("the claim to go", Duration::from_secs(60), || async {
+        claims.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(nodes.get_opt(&name).await.unwrap().is_none());
+    let deletes = cloud.deletes.lock().unwrap().clone();
+    assert!(deletes.len() >= 2, "terminated, then confirmed gone: {deletes:?}");
+    assert!(cloud.instances.lock().unwrap().is_empty());
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn insufficient_capacity_deletes_the_claim_with_an_event() {
+    let client = client().await;
+    let run = unique("lc-ice");
+    let name = format!("{run}-a");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::InsufficientCapacity));
+    let (stop, task) = start(&client, cloud.clone(), &run);
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let created = claims.create(&PostParams::default(), &claim(&name, &run)).await.unwrap();
+
+    eventually("the claim to go", Duration::from_secs(30), || async {
+        claims.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let events: Api<Event> = Api::all(client.clone());
+    let params = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    let event = eventually("the event", Duration::from_secs(10), || async {
+        let list = events.list(&params).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(event_reasons::INSUFFICIENT_CAPACITY_ERROR))
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(event.message.unwrap_or_default().contains("insufficient capacity"));
+    assert_eq!(event.involved_object.uid, created.uid());
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn an_instance_whose_launch_answer_was_lost_is_terminated_with_its_claim() {
+    let client = client().await;
+    let run = unique("lc-lost");
+    let name = format!("{run}-a");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::LostResponse));
+    let (stop, task) = start(&client, cloud.clone(), &run);
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    claims.create(&PostParams::default(), &claim(&name, &run)).await.unwrap();
+
+    let failed = eventually("the launch failure", Duration::from_secs(30), || async {
+        let c = claims.get(&name).await.ok()?;
+        condition_is(&c, LAUNCHED, "False").then_some(c)
+    })
+    .await;
+    let launched = logic::condition(logic::conditions(&failed), LAUNCHED).unwrap();
+    assert_eq!(launched.reason, reasons::LAUNCH_FAILED);
+    assert!(launched.message.contains("connection reset"), "{}", launched.message);
+    assert!(condition_is(&failed, READY, "False"));
+    assert_eq!(cloud.instances.lock().unwrap().len(), 1);
+
+    claims.delete(&name, &Default::default()).await.unwrap();
+    eventually("the claim to go", Duration::from_secs(30), || async {
+        claims.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(cloud.instances.lock().unwrap().is_empty(), "the instance was found by the claim's name");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+}
