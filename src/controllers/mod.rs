@@ -5,6 +5,7 @@
 //! [`CloudProvider`], the settings, the metrics and the event recorder.
 
 pub mod events;
+pub mod termination;
 
 use std::sync::Arc;
 
