@@ -196,7 +196,8 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
     let claim_name = node_claim.as_ref().map(|c| c.name_any()).unwrap_or_default();
     let nodepool = node_pool(&node, node_claim.as_ref());
 
-    taint(ctx, &node).await?;
+    // Later patches are guarded by the resource version: go on with the tainted node.
+    let node = taint(ctx, &node).await?.map(Arc::new).unwrap_or(node);
 
     let deadline = match drain::termination_deadline(Some(deleted_at), node_claim.as_ref()) {
         Ok(deadline) => deadline,
@@ -367,22 +368,23 @@ fn without_finalizer(finalizers: &[String]) -> Option<Vec<String>> {
         .then(|| finalizers.iter().filter(|f| *f != FINALIZER_TERMINATION).cloned().collect())
 }
 
-/// Taints the node as disrupted. The patch carries the resource version the taints were read at,
-/// so a concurrent change makes it fail (and the reconcile retry) instead of being overwritten.
-async fn taint(ctx: &Context, node: &Node) -> Result<(), Error> {
+/// Taints the node as disrupted, and returns the patched node (`None` when the taint was there).
+/// The patch carries the resource version the taints were read at, so a concurrent change makes
+/// it fail (and the reconcile retry) instead of being overwritten.
+async fn taint(ctx: &Context, node: &Node) -> Result<Option<Node>, Error> {
     let current = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
-    let Some(taints) = with_disrupted_taint(current) else { return Ok(()) };
+    let Some(taints) = with_disrupted_taint(current) else { return Ok(None) };
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let patch = json!({
         "metadata": { "resourceVersion": node.resource_version() },
         "spec": { "taints": taints },
     });
-    nodes
+    let patched = nodes
         .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(kube_error(format!("taint node {}", node.name_any())))?;
     tracing::info!(node = %node.name_any(), taint = TAINT_DISRUPTED, "tainted node");
-    Ok(())
+    Ok(Some(patched))
 }
 
 /// Removes our finalizer, guarded by the resource version the finalizers were read at.

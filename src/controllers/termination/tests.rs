@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use k8s_openapi::api::core::v1::{Container, Event, Namespace, NodeSpec, PodSpec, Taint as K8sTaint};
+use k8s_openapi::api::core::v1::{
+    Container, Event, Namespace, NodeSpec, PodSpec, Taint as K8sTaint, Toleration,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -210,6 +212,10 @@ impl Harness {
     }
 
     async fn create_pod(&self, name: &str, app: &str, grace: i64) {
+        self.create_pod_tolerating(name, app, grace, None).await;
+    }
+
+    async fn create_pod_tolerating(&self, name: &str, app: &str, grace: i64, toleration: Option<Toleration>) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.name);
         let pod = Pod {
             metadata: ObjectMeta {
@@ -220,6 +226,7 @@ impl Harness {
             spec: Some(PodSpec {
                 node_name: Some(self.name.clone()),
                 termination_grace_period_seconds: Some(grace),
+                tolerations: toleration.map(|t| vec![t]),
                 containers: vec![Container {
                     name: "c".into(),
                     image: Some("fake".into()),
@@ -419,6 +426,30 @@ async fn a_node_without_nodeclaim_is_drained_and_released() {
         })
         .await;
         assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 0, "no instance to terminate");
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn pods_tolerating_the_disrupted_taint_do_not_hold_the_node() {
+    with_harness("term-tolerating", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        let toleration = Toleration {
+            key: Some(TAINT_DISRUPTED.into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        };
+        h.create_pod_tolerating("stays", "stays", 1, Some(toleration)).await;
+        h.wait_for_running(1).await;
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+
+        eventually("the node to be gone", Duration::from_secs(60), || async { h.node().await.is_none() })
+            .await;
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2);
+        assert!(!h.has_event("stays", reasons::EVICTED).await, "the tolerating pod was not evicted");
     })
     .await;
 }
