@@ -142,18 +142,22 @@ async fn run_watching(ctx: Context, mut stop: watch::Receiver<bool>, config: wat
         .graceful_shutdown_on(async move {
             let _ = stopped.await;
         })
-        .run(reconcile, error_policy, terminator)
-        .for_each(|result| async move {
+        .run(reconcile, error_policy, terminator.clone())
+        .for_each(|result| {
+            let terminator = terminator.clone();
+            async move {
             match result {
                 Ok(_) => {}
                 // Already logged by the error policy.
                 Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
                 Err(kube::runtime::controller::Error::ObjectNotFound(object)) => {
+                    terminator.forget(&object.name);
                     tracing::debug!(controller = "node.termination", node = %object.name, "node is gone");
                 }
                 Err(error) => {
                     tracing::warn!(controller = "node.termination", error = %error_chain(&error), "watch failed");
                 }
+            }
             }
         })
         .await;
