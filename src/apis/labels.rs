@@ -28,6 +28,13 @@ pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 /// Windows build of a node (`node.kubernetes.io/windows-build`).
 pub const LABEL_WINDOWS_BUILD: &str = "node.kubernetes.io/windows-build";
 
+/// Annotation the kubelet puts on the mirror pod of a static pod.
+pub const ANNOTATION_MIRROR_POD: &str = "kubernetes.io/config.mirror";
+/// Priority class of pods the whole cluster depends on.
+pub const PRIORITY_CLASS_SYSTEM_CLUSTER_CRITICAL: &str = "system-cluster-critical";
+/// Priority class of pods their node depends on.
+pub const PRIORITY_CLASS_SYSTEM_NODE_CRITICAL: &str = "system-node-critical";
+
 // --- karpenter.sh labels ---------------------------------------------------------------------
 
 /// The NodePool a node or NodeClaim belongs to.

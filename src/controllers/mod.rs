@@ -8,6 +8,7 @@ pub mod events;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod provisioning;
+pub mod termination;
 
 use std::sync::Arc;
 

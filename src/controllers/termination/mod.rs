@@ -1,0 +1,569 @@
+//! Node termination: the controller that holds the `karpenter.sh/termination` finalizer of the
+//! nodes Karpenter launched, and releases it only once the node has been drained and its
+//! instance terminated.
+//!
+//! When such a node is being deleted, each reconcile moves it forward one step at a time:
+//!
+//! 1. find its NodeClaim (the one whose `status.providerID` is the node's `spec.providerID`);
+//! 2. taint it `karpenter.sh/disrupted:NoSchedule` so that nothing new lands on it;
+//! 3. drain it through the Eviction API, honouring PodDisruptionBudgets, in the order of
+//!    [`drain::DrainGroup`]; pods that would outlive the NodeClaim's termination grace period are
+//!    deleted with a grace period that ends at the deadline (see [`drain`]);
+//! 4. wait for its VolumeAttachments to be gone (except those of pods that stay on the node);
+//! 5. terminate its instance through the cloud provider, until the provider reports it gone;
+//! 6. delete the NodeClaim if nobody has yet, and remove the finalizer.
+//!
+//! Steps 3 and 4 end early once the termination deadline has passed. A node without NodeClaim is
+//! still drained before its finalizer goes. Errors are logged with the node's name and retried
+//! with backoff; they never stop the controller.
+
+pub mod drain;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use thiserror::Error;
+use tokio::sync::watch;
+
+use super::Context;
+use super::events::reasons;
+use crate::apis::NodeClaim;
+use crate::apis::labels::{FINALIZER_TERMINATION, LABEL_NODEPOOL, TAINT_DISRUPTED};
+use crate::cloudprovider::CloudProviderError;
+use crate::operator::leader::error_chain;
+use crate::operator::metrics::observe;
+
+/// First delay before looking at a node again while its drain or volume detachment is pending.
+const WAIT_BASE: Duration = Duration::from_secs(1);
+/// Longest delay between two looks at a node whose drain is pending.
+const WAIT_CAP: Duration = Duration::from_secs(10);
+/// Longest delay before retrying a node whose reconcile failed.
+const ERROR_CAP: Duration = Duration::from_secs(300);
+/// How long one eviction request may take. The client retries `429 Too Many Requests` by itself,
+/// with a backoff that can run for minutes, and a disruption budget answers every eviction it
+/// refuses with a 429: past this time the pod counts as blocked and the node is looked at again
+/// later, like after any refused eviction.
+const EVICTION_WAIT: Duration = Duration::from_secs(5);
+/// Delay between two checks of an instance that is shutting down.
+const INSTANCE_POLL: Duration = Duration::from_secs(5);
+
+/// Errors of one reconcile of a node.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("failed to {action}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The cloud provider could not terminate the instance.
+    #[error("failed to terminate the instance of nodeclaim {node_claim}")]
+    Cloud {
+        /// Name of the NodeClaim.
+        node_claim: String,
+        /// The provider's error.
+        #[source]
+        source: CloudProviderError,
+    },
+}
+
+fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// What the controller remembers about a node between reconciles. Losing it (a restart) only
+/// costs a metric sample or a shorter backoff.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Consecutive reconciles that ended waiting or failing.
+    attempts: u32,
+    /// The drain has been counted in `nodes_drained`.
+    drained: bool,
+    /// When the controller first asked the cloud provider to terminate the instance.
+    instance_termination_started: Option<Instant>,
+}
+
+/// The controller's state: the shared context and the per-node progress.
+struct Terminator {
+    ctx: Context,
+    progress: Mutex<HashMap<String, Progress>>,
+}
+
+impl Terminator {
+    fn with_progress<T>(&self, node: &str, f: impl FnOnce(&mut Progress) -> T) -> T {
+        let mut progress = self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(progress.entry(node.to_string()).or_default())
+    }
+
+    fn forget(&self, node: &str) {
+        self.progress.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(node);
+    }
+
+    /// The delay before the next look at a node that is waiting, with one more attempt counted.
+    fn wait(&self, node: &str, cap: Duration) -> Duration {
+        self.with_progress(node, |p| {
+            let delay = drain::backoff(p.attempts, WAIT_BASE, cap);
+            p.attempts = p.attempts.saturating_add(1);
+            delay
+        })
+    }
+}
+
+/// Runs the node termination controller until `stop` turns `true` (or its sender goes away).
+pub async fn run(ctx: Context, stop: watch::Receiver<bool>) {
+    run_watching(ctx, stop, watcher::Config::default()).await;
+}
+
+/// Runs the controller on the nodes `config` selects.
+async fn run_watching(ctx: Context, mut stop: watch::Receiver<bool>, config: watcher::Config) {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let terminator = Arc::new(Terminator { ctx, progress: Mutex::new(HashMap::new()) });
+    let stopped = tokio::spawn(async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    });
+    tracing::info!(controller = "node.termination", "starting controller");
+    Controller::new(nodes, config)
+        .graceful_shutdown_on(async move {
+            let _ = stopped.await;
+        })
+        .run(reconcile, error_policy, terminator.clone())
+        .for_each(|result| {
+            let terminator = terminator.clone();
+            async move {
+            match result {
+                Ok(_) => {}
+                // Already logged by the error policy.
+                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                Err(kube::runtime::controller::Error::ObjectNotFound(object)) => {
+                    terminator.forget(&object.name);
+                    tracing::debug!(controller = "node.termination", node = %object.name, "node is gone");
+                }
+                Err(error) => {
+                    tracing::warn!(controller = "node.termination", error = %error_chain(&error), "watch failed");
+                }
+            }
+            }
+        })
+        .await;
+    tracing::info!(controller = "node.termination", "stopped controller");
+}
+
+fn error_policy(node: Arc<Node>, error: &Error, terminator: Arc<Terminator>) -> Action {
+    let name = node.name_any();
+    let delay = terminator.with_progress(&name, |p| {
+        let delay = drain::backoff(p.attempts, WAIT_BASE, ERROR_CAP);
+        p.attempts = p.attempts.saturating_add(1);
+        delay
+    });
+    tracing::error!(
+        controller = "node.termination",
+        node = %name,
+        error = %error_chain(error),
+        retry_in = ?delay,
+        "failed to terminate node"
+    );
+    Action::requeue(delay)
+}
+
+fn has_finalizer(node: &Node) -> bool {
+    node.finalizers().iter().any(|f| f == FINALIZER_TERMINATION)
+}
+
+async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Action, Error> {
+    let name = node.name_any();
+    if !has_finalizer(&node) {
+        terminator.forget(&name);
+        return Ok(Action::await_change());
+    }
+    let Some(deleted_at) = node.metadata.deletion_timestamp.as_ref().map(|t| t.0) else {
+        return Ok(Action::await_change());
+    };
+    let t = &*terminator;
+    let ctx = &t.ctx;
+    let node_claim = find_node_claim(ctx, &node).await?;
+    let claim_name = node_claim.as_ref().map(|c| c.name_any()).unwrap_or_default();
+    let nodepool = node_pool(&node, node_claim.as_ref());
+
+    // Later patches are guarded by the resource version: go on with the tainted node.
+    let node = taint(ctx, &node).await?.map(Arc::new).unwrap_or(node);
+
+    let deadline = match drain::termination_deadline(Some(deleted_at), node_claim.as_ref()) {
+        Ok(deadline) => deadline,
+        Err(error) => {
+            tracing::warn!(node = %name, nodeclaim = %claim_name, error = %error, "ignoring termination deadline");
+            None
+        }
+    };
+
+    // Drain.
+    let pods = node_pods(ctx, &name).await?;
+    let now = Timestamp::now();
+    let plan = drain::plan(&pods, now, deadline);
+    if !plan.is_drained() {
+        let outcome = execute(ctx, &node, &plan, deadline).await;
+        let waiting = plan.remaining.len();
+        if outcome.evicted + outcome.deleted > 0 {
+            tracing::info!(
+                node = %name,
+                nodeclaim = %claim_name,
+                pods = waiting,
+                evicted = outcome.evicted,
+                deleted = outcome.deleted,
+                "draining node"
+            );
+        } else {
+            tracing::debug!(
+                node = %name,
+                nodeclaim = %claim_name,
+                pods = waiting,
+                blocked = outcome.blocked,
+                "waiting for pods to leave the node"
+            );
+        }
+        ctx.events
+            .warning(
+                &*node,
+                reasons::FAILED_DRAINING,
+                format!("Draining is not finished yet: {waiting} pods still have to leave the node"),
+            )
+            .await;
+        if outcome.evicted + outcome.deleted > 0 {
+            t.with_progress(&name, |p| p.attempts = 0);
+        }
+        return Ok(Action::requeue(t.wait(&name, WAIT_CAP)));
+    }
+    let expired = plan.expired;
+    let first_drain = t.with_progress(&name, |p| !std::mem::replace(&mut p.drained, true));
+    if first_drain {
+        if expired && !plan.remaining.is_empty() {
+            tracing::info!(node = %name, nodeclaim = %claim_name, pods = plan.remaining.len(),
+                "termination grace period expired, leaving the remaining pods");
+        } else {
+            tracing::info!(node = %name, nodeclaim = %claim_name, pods = 0, "drained node");
+        }
+        ctx.metrics.nodes_drained.get_or_create(&vec![("nodepool", nodepool.clone())]).inc();
+        t.with_progress(&name, |p| p.attempts = 0);
+    }
+
+    // Volumes.
+    if !expired {
+        let pending = pending_volume_attachments(ctx, &name, &pods, now).await?;
+        if !pending.is_empty() {
+            tracing::info!(
+                node = %name,
+                nodeclaim = %claim_name,
+                volumeattachments = ?pending,
+                "waiting for volume attachments to be deleted"
+            );
+            return Ok(Action::requeue(t.wait(&name, WAIT_CAP)));
+        }
+    }
+
+    // Instance.
+    if let Some(claim) = &node_claim {
+        t.with_progress(&name, |p| {
+            p.instance_termination_started.get_or_insert_with(Instant::now);
+        });
+        match ctx.cloud.delete(claim).await {
+            Ok(()) => {
+                tracing::info!(node = %name, nodeclaim = %claim_name, "terminating instance");
+                return Ok(Action::requeue(INSTANCE_POLL));
+            }
+            Err(error) if error.is_not_found() => {
+                if let Some(started) = t.with_progress(&name, |p| p.instance_termination_started.take()) {
+                    observe(
+                        &ctx.metrics.nodeclaims_instance_termination_duration,
+                        vec![("nodepool", nodepool.clone())],
+                        started.elapsed(),
+                    );
+                }
+            }
+            Err(source) => return Err(Error::Cloud { node_claim: claim_name, source }),
+        }
+        if claim.metadata.deletion_timestamp.is_none() {
+            let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
+            let params = DeleteParams { preconditions: uid_precondition(claim.uid()), ..Default::default() };
+            match claims.delete(&claim_name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+                Err(source) => {
+                    return Err(Error::Kube { action: format!("delete nodeclaim {claim_name}"), source });
+                }
+            }
+        }
+    }
+
+    // Finalizer.
+    remove_finalizer(ctx, &node).await?;
+    tracing::info!(node = %name, nodeclaim = %claim_name, "deleted node");
+    ctx.metrics.nodes_terminated.get_or_create(&vec![("nodepool", nodepool.clone())]).inc();
+    let elapsed = now.duration_since(deleted_at);
+    observe(
+        &ctx.metrics.nodes_termination_duration,
+        vec![("nodepool", nodepool)],
+        Duration::try_from(elapsed).unwrap_or_default(),
+    );
+    t.forget(&name);
+    Ok(Action::await_change())
+}
+
+/// The NodeClaim whose `status.providerID` is the node's `spec.providerID`.
+async fn find_node_claim(ctx: &Context, node: &Node) -> Result<Option<NodeClaim>, Error> {
+    let Some(provider_id) =
+        node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|p| !p.is_empty())
+    else {
+        return Ok(None);
+    };
+    let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
+    let list = claims.list(&ListParams::default()).await.map_err(kube_error("list nodeclaims"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id)))
+}
+
+/// The NodePool label value for metrics: the node's, else its NodeClaim's.
+fn node_pool(node: &Node, node_claim: Option<&NodeClaim>) -> String {
+    node.labels()
+        .get(LABEL_NODEPOOL)
+        .or_else(|| node_claim.and_then(|c| c.labels().get(LABEL_NODEPOOL)))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The node's taints with `karpenter.sh/disrupted:NoSchedule` added, or `None` when it is there.
+fn with_disrupted_taint(
+    taints: &[k8s_openapi::api::core::v1::Taint],
+) -> Option<Vec<k8s_openapi::api::core::v1::Taint>> {
+    if taints.iter().any(|t| t.key == TAINT_DISRUPTED && t.effect == "NoSchedule") {
+        return None;
+    }
+    let mut taints = taints.to_vec();
+    taints.push(k8s_openapi::api::core::v1::Taint {
+        key: TAINT_DISRUPTED.into(),
+        effect: "NoSchedule".into(),
+        value: None,
+        time_added: None,
+    });
+    Some(taints)
+}
+
+/// Finalizers without ours, or `None` when ours is not among them.
+fn without_finalizer(finalizers: &[String]) -> Option<Vec<String>> {
+    finalizers
+        .iter()
+        .any(|f| f == FINALIZER_TERMINATION)
+        .then(|| finalizers.iter().filter(|f| *f != FINALIZER_TERMINATION).cloned().collect())
+}
+
+/// Taints the node as disrupted, and returns the patched node (`None` when the taint was there).
+/// The patch carries the resource version the taints were read at, so a concurrent change makes
+/// it fail (and the reconcile retry) instead of being overwritten.
+async fn taint(ctx: &Context, node: &Node) -> Result<Option<Node>, Error> {
+    let current = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    let Some(taints) = with_disrupted_taint(current) else { return Ok(None) };
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let patch = json!({
+        "metadata": { "resourceVersion": node.resource_version() },
+        "spec": { "taints": taints },
+    });
+    let patched = nodes
+        .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_error(format!("taint node {}", node.name_any())))?;
+    tracing::info!(node = %node.name_any(), taint = TAINT_DISRUPTED, "tainted node");
+    Ok(Some(patched))
+}
+
+/// Removes our finalizer, guarded by the resource version the finalizers were read at.
+async fn remove_finalizer(ctx: &Context, node: &Node) -> Result<(), Error> {
+    let Some(finalizers) = without_finalizer(node.finalizers()) else { return Ok(()) };
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let patch = json!({
+        "metadata": { "resourceVersion": node.resource_version(), "finalizers": finalizers },
+    });
+    match nodes.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => {
+            Err(Error::Kube { action: format!("remove finalizer of node {}", node.name_any()), source })
+        }
+    }
+}
+
+/// The pods bound to `node`.
+async fn node_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(pods.list(&params).await.map_err(kube_error(format!("list pods of node {node}")))?.items)
+}
+
+fn uid_precondition(uid: Option<String>) -> Option<Preconditions> {
+    uid.map(|uid| Preconditions { uid: Some(uid), resource_version: None })
+}
+
+/// What one drain step did.
+#[derive(Debug, Default)]
+struct Outcome {
+    evicted: usize,
+    blocked: usize,
+    deleted: usize,
+}
+
+/// Deletes the expiring pods and evicts the current group of `plan`.
+async fn execute(
+    ctx: &Context,
+    node: &Node,
+    plan: &drain::DrainPlan<'_>,
+    deadline: Option<Timestamp>,
+) -> Outcome {
+    let node_name = node.name_any();
+    let deletions = plan.delete.iter().map(|(pod, grace)| delete_pod(ctx, &node_name, pod, *grace, deadline));
+    let deleted = futures::future::join_all(deletions).await.into_iter().filter(|ok| *ok).count();
+    let evictions = plan.evict.iter().map(|pod| evict(ctx, &node_name, pod));
+    let mut outcome = Outcome { deleted, ..Outcome::default() };
+    for result in futures::future::join_all(evictions).await {
+        match result {
+            Eviction::Evicted => outcome.evicted += 1,
+            Eviction::Gone => {}
+            Eviction::Blocked => outcome.blocked += 1,
+        }
+    }
+    outcome
+}
+
+enum Eviction {
+    Evicted,
+    Gone,
+    Blocked,
+}
+
+async fn evict(ctx: &Context, node: &str, pod: &Pod) -> Eviction {
+    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = EvictParams {
+        delete_options: Some(DeleteParams {
+            preconditions: uid_precondition(pod.uid()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let Ok(result) = tokio::time::timeout(EVICTION_WAIT, pods.evict(&name, &params)).await else {
+        tracing::debug!(node, pod = %format!("{namespace}/{name}"), "eviction still refused, retrying later");
+        return Eviction::Blocked;
+    };
+    match result {
+        Ok(_) => {
+            tracing::info!(node, pod = %format!("{namespace}/{name}"), "evicted pod");
+            ctx.events.normal(pod, reasons::EVICTED, format!("Evicted pod to drain node {node}")).await;
+            Eviction::Evicted
+        }
+        // Gone already, or replaced by a pod of the same name.
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Eviction::Gone,
+        Err(kube::Error::Api(status)) if status.code == 429 => {
+            tracing::debug!(
+                node,
+                pod = %format!("{namespace}/{name}"),
+                message = %status.message,
+                "eviction blocked by a disruption budget"
+            );
+            Eviction::Blocked
+        }
+        Err(error) => {
+            tracing::warn!(
+                node,
+                pod = %format!("{namespace}/{name}"),
+                error = %error_chain(&error),
+                "failed to evict pod"
+            );
+            Eviction::Blocked
+        }
+    }
+}
+
+/// Deletes a pod that would outlive the node's termination deadline. Returns whether it was
+/// deleted.
+async fn delete_pod(ctx: &Context, node: &str, pod: &Pod, grace: i64, deadline: Option<Timestamp>) -> bool {
+    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = DeleteParams {
+        grace_period_seconds: Some(u32::try_from(grace).unwrap_or(0)),
+        preconditions: uid_precondition(pod.uid()),
+        ..Default::default()
+    };
+    let deadline = deadline.map(|d| d.to_string()).unwrap_or_default();
+    match pods.delete(&name, &params).await {
+        Ok(_) => {
+            tracing::info!(
+                node,
+                pod = %format!("{namespace}/{name}"),
+                grace_period_seconds = grace,
+                deadline = %deadline,
+                "deleting pod before the node's termination grace period expires"
+            );
+            ctx.events
+                .warning(
+                    pod,
+                    reasons::TERMINATION_GRACE_PERIOD_EXPIRING,
+                    format!("Deleting pod: the termination grace period of node {node} ends at {deadline}"),
+                )
+                .await;
+            true
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => false,
+        Err(error) => {
+            tracing::warn!(
+                node,
+                pod = %format!("{namespace}/{name}"),
+                error = %error_chain(&error),
+                "failed to delete pod"
+            );
+            false
+        }
+    }
+}
+
+/// Names of the node's VolumeAttachments that must still go: see
+/// [`drain::pending_volume_attachments`]. Volumes are ignored when they back a
+/// PersistentVolumeClaim of a pod that stays on the node (see [`drain::claims_of_undrained_pods`]).
+async fn pending_volume_attachments(
+    ctx: &Context,
+    node: &str,
+    pods: &[Pod],
+    now: Timestamp,
+) -> Result<Vec<String>, Error> {
+    let attachments: Api<VolumeAttachment> = Api::all(ctx.client.clone());
+    let attachments =
+        attachments.list(&ListParams::default()).await.map_err(kube_error("list volumeattachments"))?;
+    if !attachments.items.iter().any(|va| va.spec.node_name == node) {
+        return Ok(Vec::new());
+    }
+    let mut ignored = BTreeSet::new();
+    for (namespace, claim) in drain::claims_of_undrained_pods(pods, now) {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        let found = claims
+            .get_opt(&claim)
+            .await
+            .map_err(kube_error(format!("get persistentvolumeclaim {namespace}/{claim}")))?;
+        if let Some(volume) = found.and_then(|c| c.spec).and_then(|s| s.volume_name) {
+            ignored.insert(volume);
+        }
+    }
+    Ok(drain::pending_volume_attachments(&attachments.items, node, &ignored))
+}

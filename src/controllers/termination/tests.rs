@@ -1,0 +1,455 @@
+//! Tests of the controller's small helpers, and of the whole controller against the local control
+//! plane.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use k8s_openapi::api::core::v1::{
+    Container, Event, Namespace, NodeSpec, PodSpec, Taint as K8sTaint, Toleration,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Client;
+use kube::api::PostParams;
+
+use super::*;
+use crate::apis::NodePool;
+use crate::cloudprovider::{BoxFuture, CloudProvider, DriftReason, Instance};
+use crate::controllers::Events;
+use crate::operator::Settings;
+use crate::operator::metrics::Metrics;
+use crate::scheduling::instancetypes::InstanceType;
+
+fn k8s_taint(key: &str, effect: &str) -> K8sTaint {
+    K8sTaint { key: key.into(), effect: effect.into(), value: None, time_added: None }
+}
+
+#[test]
+fn the_disrupted_taint_is_added_once() {
+    let added = with_disrupted_taint(&[k8s_taint("other", "NoExecute")]).unwrap();
+    assert_eq!(added, [k8s_taint("other", "NoExecute"), k8s_taint(TAINT_DISRUPTED, "NoSchedule")]);
+    assert_eq!(with_disrupted_taint(&added), None);
+    assert_eq!(with_disrupted_taint(&[]).unwrap(), [k8s_taint(TAINT_DISRUPTED, "NoSchedule")]);
+    // Another effect of the same key is not ours.
+    let other_effect = [k8s_taint(TAINT_DISRUPTED, "NoExecute")];
+    assert_eq!(with_disrupted_taint(&other_effect).unwrap().len(), 2);
+}
+
+#[test]
+fn only_our_finalizer_is_removed() {
+    let ours = FINALIZER_TERMINATION.to_string();
+    assert_eq!(without_finalizer(&[]), None);
+    assert_eq!(without_finalizer(&["other".into()]), None);
+    assert_eq!(without_finalizer(std::slice::from_ref(&ours)), Some(vec![]));
+    assert_eq!(
+        without_finalizer(&["a".into(), ours.clone(), "b".into()]),
+        Some(vec!["a".into(), "b".into()])
+    );
+}
+
+#[test]
+fn the_nodepool_of_a_node() {
+    let mut node = Node::default();
+    assert_eq!(node_pool(&node, None), "");
+    let mut claim = test_claim("c");
+    claim.metadata.labels = Some([(LABEL_NODEPOOL.to_string(), "from-claim".to_string())].into());
+    assert_eq!(node_pool(&node, Some(&claim)), "from-claim");
+    node.metadata.labels = Some([(LABEL_NODEPOOL.to_string(), "from-node".to_string())].into());
+    assert_eq!(node_pool(&node, Some(&claim)), "from-node");
+}
+
+#[test]
+fn errors_name_what_failed() {
+    let error = Error::Cloud { node_claim: "c".into(), source: CloudProviderError::Config("bad".into()) };
+    assert_eq!(
+        error_chain(&error),
+        "failed to terminate the instance of nodeclaim c: invalid configuration: bad"
+    );
+}
+
+fn test_claim(name: &str) -> NodeClaim {
+    let value = json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "requirements": [],
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+        },
+    });
+    serde_json::from_value(value).unwrap()
+}
+
+// --- against the local control plane --------------------------------------------------------------
+
+/// A cloud whose instances are gone on the second termination request.
+#[derive(Default)]
+struct FakeCloud {
+    deletes: AtomicUsize,
+}
+
+impl CloudProvider for FakeCloud {
+    fn create<'a>(&'a self, _: &'a NodeClaim) -> BoxFuture<'a, crate::cloudprovider::Result<Instance>> {
+        Box::pin(async { Err(CloudProviderError::Config("not supported".into())) })
+    }
+
+    fn delete<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, crate::cloudprovider::Result<()>> {
+        Box::pin(async move {
+            if self.deletes.fetch_add(1, Ordering::SeqCst) == 0 {
+                Ok(())
+            } else {
+                Err(CloudProviderError::NotFound(node_claim.name_any()))
+            }
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, crate::cloudprovider::Result<Instance>> {
+        Box::pin(async move { Err(CloudProviderError::NotFound(id.into())) })
+    }
+
+    fn list(&self) -> BoxFuture<'_, crate::cloudprovider::Result<Vec<Instance>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn instance_types<'a>(
+        &'a self,
+        _: &'a NodePool,
+    ) -> BoxFuture<'a, crate::cloudprovider::Result<Vec<InstanceType>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn is_drifted<'a>(
+        &'a self,
+        _: &'a NodeClaim,
+    ) -> BoxFuture<'a, crate::cloudprovider::Result<Option<DriftReason>>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+}
+
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    settings: Settings,
+}
+
+/// Label that scopes a test's controller to the test's own nodes.
+const TEST_LABEL: &str = "karpenter-rs.test/termination";
+
+struct Harness {
+    client: Client,
+    name: String,
+    cloud: Arc<FakeCloud>,
+    metrics: Arc<Metrics>,
+    stop: watch::Sender<bool>,
+    controller: tokio::task::JoinHandle<()>,
+}
+
+impl Harness {
+    /// Starts a controller that watches only the nodes labelled for this test.
+    async fn start(prefix: &str) -> Harness {
+        use clap::Parser;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("karpenter=debug,kube=warn"))
+            .try_init();
+        let client = Client::try_default().await.unwrap();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let name = format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000);
+        let cloud = Arc::new(FakeCloud::default());
+        let metrics = Arc::new(Metrics::unregistered());
+        let settings = Cli::try_parse_from(["karpenter", "--cluster-name", "test"]).unwrap().settings;
+        let ctx = Context {
+            client: client.clone(),
+            cloud: cloud.clone(),
+            settings: Arc::new(settings),
+            metrics: metrics.clone(),
+            events: Events::new(client.clone(), Some(name.clone())),
+        };
+        let (stop, stop_rx) = watch::channel(false);
+        let config = watcher::Config::default().labels(&format!("{TEST_LABEL}={name}"));
+        let controller = tokio::spawn(run_watching(ctx, stop_rx, config));
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let namespace = Namespace {
+            metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            ..Default::default()
+        };
+        namespaces.create(&PostParams::default(), &namespace).await.unwrap();
+        Harness { client, name, cloud, metrics, stop, controller }
+    }
+
+    /// A fake node managed by kwok, with our finalizer and provider ID `kwok://<name>`.
+    async fn create_node(&self) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                labels: Some([(TEST_LABEL.to_string(), self.name.clone())].into()),
+                annotations: Some([("kwok.x-k8s.io/node".to_string(), "fake".to_string())].into()),
+                finalizers: Some(vec![FINALIZER_TERMINATION.into()]),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec { provider_id: Some(format!("kwok://{}", self.name)), ..Default::default() }),
+            status: None,
+        };
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+
+    /// A NodeClaim for the node, with `termination_grace_period`.
+    async fn create_claim(&self, termination_grace_period: Option<&str>) {
+        let claims: Api<NodeClaim> = Api::all(self.client.clone());
+        let mut claim = test_claim(&self.name);
+        claim.metadata.labels = Some([(TEST_LABEL.to_string(), self.name.clone())].into());
+        claim.spec.termination_grace_period = termination_grace_period.map(Into::into);
+        claims.create(&PostParams::default(), &claim).await.unwrap();
+        let status =
+            json!({"status": {"providerID": format!("kwok://{}", self.name), "nodeName": self.name}});
+        claims.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    }
+
+    async fn create_pod(&self, name: &str, app: &str, grace: i64) {
+        self.create_pod_tolerating(name, app, grace, None).await;
+    }
+
+    async fn create_pod_tolerating(&self, name: &str, app: &str, grace: i64, toleration: Option<Toleration>) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.name);
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some([("app".to_string(), app.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(self.name.clone()),
+                termination_grace_period_seconds: Some(grace),
+                tolerations: toleration.map(|t| vec![t]),
+                containers: vec![Container {
+                    name: "c".into(),
+                    image: Some("fake".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: None,
+        };
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+
+    async fn create_pdb(&self, app: &str) {
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.name);
+        let pdb = PodDisruptionBudget {
+            metadata: ObjectMeta { name: Some(app.into()), ..Default::default() },
+            spec: Some(PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString::Int(0)),
+                selector: Some(LabelSelector {
+                    match_labels: Some([("app".to_string(), app.to_string())].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    }
+
+    async fn pod_names(&self) -> Vec<String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.name);
+        let mut names: Vec<String> =
+            pods.list(&ListParams::default()).await.unwrap().items.iter().map(|p| p.name_any()).collect();
+        names.sort();
+        names
+    }
+
+    async fn node(&self) -> Option<Node> {
+        Api::<Node>::all(self.client.clone()).get_opt(&self.name).await.unwrap()
+    }
+
+    async fn wait_for_running(&self, count: usize) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.name);
+        eventually("pods running", Duration::from_secs(60), || async {
+            let list = pods.list(&ListParams::default()).await.unwrap();
+            list.items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count()
+                == count
+        })
+        .await;
+    }
+
+    async fn has_event(&self, object: &str, reason: &str) -> bool {
+        let events: Api<Event> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&format!("involvedObject.name={object},reason={reason}"));
+        !events.list(&params).await.unwrap().items.is_empty()
+    }
+
+    /// Stops the controller and removes what the test left behind.
+    async fn cleanup(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.controller).await;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let release = json!({"metadata": {"finalizers": null}});
+        let _ = nodes.patch(&self.name, &PatchParams::default(), &Patch::Merge(&release)).await;
+        let _ = nodes.delete(&self.name, &DeleteParams::default()).await;
+        let claims: Api<NodeClaim> = Api::all(self.client.clone());
+        let _ = claims.patch(&self.name, &PatchParams::default(), &Patch::Merge(&release)).await;
+        let _ = claims.delete(&self.name, &DeleteParams::default()).await;
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces.delete(&self.name, &DeleteParams::default()).await;
+    }
+}
+
+async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Runs `body` with a harness, cleaning up even when it fails.
+async fn with_harness<F, Fut>(prefix: &str, body: F)
+where
+    F: FnOnce(Arc<Harness>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let harness = Arc::new(Harness::start(prefix).await);
+    let result = tokio::spawn(body(harness.clone())).await;
+    if let Ok(harness) = Arc::try_unwrap(harness) {
+        harness.cleanup().await;
+    }
+    if let Err(error) = result {
+        std::panic::resume_unwind(error.into_panic());
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn drains_through_evictions_and_waits_for_disruption_budgets() {
+    with_harness("term-pdb", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        h.create_pod("free-1", "free", 1).await;
+        h.create_pod("free-2", "free", 1).await;
+        h.create_pod("protected", "protected", 1).await;
+        h.create_pdb("protected").await;
+        h.wait_for_running(3).await;
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+
+        eventually("the disrupted taint", Duration::from_secs(30), || async {
+            h.node().await.and_then(|n| n.spec).and_then(|s| s.taints).is_some_and(|taints| {
+                taints.iter().any(|t| t.key == TAINT_DISRUPTED && t.effect == "NoSchedule")
+            })
+        })
+        .await;
+        eventually("the unprotected pods to be evicted", Duration::from_secs(60), || async {
+            h.pod_names().await == ["protected"]
+        })
+        .await;
+        eventually("a FailedDraining event", Duration::from_secs(30), || async {
+            h.has_event(&h.name, reasons::FAILED_DRAINING).await
+        })
+        .await;
+        // The budget keeps the pod, and the pod keeps the node.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(h.pod_names().await, ["protected"]);
+        let node = h.node().await.expect("the node is still there");
+        assert!(has_finalizer(&node));
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 0, "no instance termination before the drain");
+        assert!(h.has_event("free-1", reasons::EVICTED).await);
+
+        Api::<PodDisruptionBudget>::namespaced(h.client.clone(), &h.name)
+            .delete("protected", &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually("the protected pod to be evicted", Duration::from_secs(60), || async {
+            h.pod_names().await.is_empty()
+        })
+        .await;
+        eventually("the node to be gone", Duration::from_secs(60), || async { h.node().await.is_none() })
+            .await;
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2, "terminated until the instance was gone");
+        let claim = Api::<NodeClaim>::all(h.client.clone()).get_opt(&h.name).await.unwrap();
+        assert!(claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()), "the nodeclaim is deleted");
+        let terminated = h.metrics.nodes_terminated.get_or_create(&vec![("nodepool", String::new())]).get();
+        assert_eq!(terminated, 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn the_termination_grace_period_overrides_disruption_budgets() {
+    with_harness("term-tgp", |h| async move {
+        h.create_node().await;
+        h.create_claim(Some("5s")).await;
+        h.create_pod("protected", "protected", 30).await;
+        h.create_pdb("protected").await;
+        h.wait_for_running(1).await;
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+
+        eventually("the protected pod to be deleted", Duration::from_secs(60), || async {
+            h.pod_names().await.is_empty()
+        })
+        .await;
+        eventually("the node to be gone", Duration::from_secs(60), || async { h.node().await.is_none() })
+            .await;
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_node_without_nodeclaim_is_drained_and_released() {
+    with_harness("term-orphan", |h| async move {
+        h.create_node().await;
+        h.create_pod("free", "free", 1).await;
+        h.wait_for_running(1).await;
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+
+        eventually("the node to be gone", Duration::from_secs(60), || async {
+            let gone = h.node().await.is_none();
+            assert!(!gone || h.pod_names().await.is_empty(), "the node went before its pod");
+            gone
+        })
+        .await;
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 0, "no instance to terminate");
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn pods_tolerating_the_disrupted_taint_do_not_hold_the_node() {
+    with_harness("term-tolerating", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        let toleration = Toleration {
+            key: Some(TAINT_DISRUPTED.into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        };
+        h.create_pod_tolerating("stays", "stays", 1, Some(toleration)).await;
+        h.wait_for_running(1).await;
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+
+        eventually("the node to be gone", Duration::from_secs(60), || async { h.node().await.is_none() })
+            .await;
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2);
+        assert!(!h.has_event("stays", reasons::EVICTED).await, "the tolerating pod was not evicted");
+    })
+    .await;
+}
