@@ -116,7 +116,7 @@ impl Provisioner {
         if pods.is_empty() {
             return;
         }
-        pods.sort_by(|a, b| pod_key(a).cmp(&pod_key(b)));
+        pods.sort_by_key(pod_key);
         self.ctx.metrics.provisioner_batch_size.get_or_create(&vec![]).set(pods.len() as f64);
         tracing::info!(
             controller = "provisioner",
@@ -231,12 +231,7 @@ impl Provisioner {
         })
     }
 
-    async fn apply(
-        &mut self,
-        snapshot: &Snapshot,
-        input: &SchedulingInput,
-        results: SchedulingResults,
-    ) {
+    async fn apply(&mut self, snapshot: &Snapshot, input: &SchedulingInput, results: SchedulingResults) {
         let nodepools: BTreeMap<String, Arc<NodePool>> = snapshot
             .nodepools
             .iter()
@@ -316,7 +311,12 @@ impl Provisioner {
         let mut events: Vec<(Pod, bool, &'static str, String)> = Vec::new();
         for (index, target) in nominations {
             if let Some(pod) = input.pods.get(index) {
-                events.push((pod.clone(), false, reasons::NOMINATED, format!("Pod should schedule on: {target}")));
+                events.push((
+                    pod.clone(),
+                    false,
+                    reasons::NOMINATED,
+                    format!("Pod should schedule on: {target}"),
+                ));
             }
         }
         for error in &results.errors {
