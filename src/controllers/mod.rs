@@ -5,6 +5,7 @@
 //! [`CloudProvider`], the settings, the metrics and the event recorder.
 
 pub mod events;
+pub mod nodeclass;
 pub mod provisioning;
 
 use std::sync::Arc;
