@@ -27,7 +27,11 @@ impl Metered {
         let provider = self.inner.name().to_string();
         observe(
             &self.metrics.cloudprovider_duration,
-            vec![("controller", String::new()), ("method", method.to_string()), ("provider", provider.clone())],
+            vec![
+                ("controller", String::new()),
+                ("method", method.to_string()),
+                ("provider", provider.clone()),
+            ],
             start.elapsed(),
         );
         if let Err(error) = &result

@@ -174,7 +174,11 @@ impl Metrics {
             "Time the cloud provider took to terminate a nodeclaim's instance.",
             m.nodeclaims_instance_termination_duration.clone(),
         );
-        r.register("karpenter_nodes_created", "Number of nodes created, by nodepool.", m.nodes_created.clone());
+        r.register(
+            "karpenter_nodes_created",
+            "Number of nodes created, by nodepool.",
+            m.nodes_created.clone(),
+        );
         r.register(
             "karpenter_nodes_terminated",
             "Number of nodes terminated, by nodepool.",
@@ -185,7 +189,11 @@ impl Metrics {
             "Time from a node's deletion request to the removal of its finalizer.",
             m.nodes_termination_duration.clone(),
         );
-        r.register("karpenter_nodes_drained", "Number of nodes drained, by nodepool.", m.nodes_drained.clone());
+        r.register(
+            "karpenter_nodes_drained",
+            "Number of nodes drained, by nodepool.",
+            m.nodes_drained.clone(),
+        );
         r.register(
             "karpenter_pods_state",
             "Pod state: one series per pod, labeled by its node, nodepool, zone, type and phase.",

@@ -59,12 +59,9 @@ pub fn is_provisionable(pod: &Pod) -> bool {
     if is_finished(pod) || is_owned_by_daemonset_or_node(pod) {
         return false;
     }
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+    pod.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten().any(|c| {
+        c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+    })
 }
 
 /// Whether the pod has terminated for good.
@@ -90,7 +87,10 @@ fn taints_of(taints: Option<&Vec<k8s_openapi::api::core::v1::Taint>>) -> Vec<Tai
 /// The usage of every NodePool: the capacity of its nodes and NodeClaims (`nodes` counts them).
 /// A NodeClaim that has not launched yet counts the largest instance type it may still become
 /// (from `catalog`, by name), so that limits hold whichever type the cloud picks.
-pub fn nodepool_usage(snapshot: &Snapshot, catalog: &HashMap<String, Arc<InstanceType>>) -> BTreeMap<String, Resources> {
+pub fn nodepool_usage(
+    snapshot: &Snapshot,
+    catalog: &HashMap<String, Arc<InstanceType>>,
+) -> BTreeMap<String, Resources> {
     let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
     let mut counted_providers: BTreeSet<String> = BTreeSet::new();
     for claim in &snapshot.nodeclaims {
@@ -129,7 +129,8 @@ pub fn claim_capacity(claim: &NodeClaim, catalog: &HashMap<String, Arc<InstanceT
         return r;
     }
     let mut max = Resources::default();
-    let types = claim.spec.requirements.iter().find(|r| r.key == LABEL_INSTANCE_TYPE && r.operator == Operator::In);
+    let types =
+        claim.spec.requirements.iter().find(|r| r.key == LABEL_INSTANCE_TYPE && r.operator == Operator::In);
     if let Some(req) = types {
         for name in &req.values {
             if let Some(it) = catalog.get(name) {
@@ -213,10 +214,8 @@ pub fn existing_nodes(snapshot: &Snapshot) -> Vec<ExistingNode> {
         }
         let launched = claim.status.as_ref().and_then(|s| s.allocatable.as_ref());
         let requests = claim.spec.resources.as_ref().and_then(|r| r.requests.as_ref());
-        let allocatable = launched
-            .or(requests)
-            .and_then(|l| Resources::from_list(l).ok())
-            .unwrap_or_default();
+        let allocatable =
+            launched.or(requests).and_then(|l| Resources::from_list(l).ok()).unwrap_or_default();
         out.push(ExistingNode {
             name: name_of(&claim.metadata),
             labels,
@@ -263,11 +262,17 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
     use super::*;
-    use crate::apis::{NodeClaimSpec, NodeClaimStatus, NodeClassReference, NodeSelectorRequirementWithMinValues};
+    use crate::apis::{
+        NodeClaimSpec, NodeClaimStatus, NodeClassReference, NodeSelectorRequirementWithMinValues,
+    };
 
     fn pending(name: &str, cpu: &str) -> Pod {
         Pod {
-            metadata: ObjectMeta { name: Some(name.into()), namespace: Some("default".into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
             spec: Some(PodSpec {
                 containers: vec![Container {
                     name: "c".into(),
@@ -303,7 +308,8 @@ mod tests {
             Some(vec![OwnerReference { kind: "DaemonSet".into(), name: "d".into(), ..Default::default() }]);
         assert!(!is_provisionable(&ds));
         let mut gated = pending("d", "1");
-        gated.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason = Some("SchedulingGated".into());
+        gated.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason =
+            Some("SchedulingGated".into());
         assert!(!is_provisionable(&gated));
         let mut deleting = pending("e", "1");
         deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
@@ -353,7 +359,10 @@ mod tests {
         let catalog: HashMap<String, Arc<InstanceType>> =
             [("small".to_string(), it("small", 2)), ("big".to_string(), it("big", 8))].into();
         let snapshot = Snapshot {
-            nodeclaims: vec![Arc::new(claim("a", "p", &["small", "big"], None)), Arc::new(claim("b", "p", &["small"], None))],
+            nodeclaims: vec![
+                Arc::new(claim("a", "p", &["small", "big"], None)),
+                Arc::new(claim("b", "p", &["small"], None)),
+            ],
             ..Default::default()
         };
         let usage = nodepool_usage(&snapshot, &catalog);
@@ -363,7 +372,8 @@ mod tests {
 
     #[test]
     fn in_flight_claims_are_capacity_for_the_pods_they_were_made_for() {
-        let snapshot = Snapshot { nodeclaims: vec![Arc::new(claim("a", "p", &["small"], None))], ..Default::default() };
+        let snapshot =
+            Snapshot { nodeclaims: vec![Arc::new(claim("a", "p", &["small"], None))], ..Default::default() };
         let nodes = existing_nodes(&snapshot);
         assert_eq!(nodes.len(), 1);
         assert_eq!(nodes[0].name, "a");
@@ -377,7 +387,10 @@ mod tests {
         let mut node = Node::default();
         node.metadata.name = Some("n1".into());
         node.metadata.labels = Some([(LABEL_NODEPOOL.to_string(), "p".to_string())].into());
-        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec { provider_id: Some("kwok://n1".into()), ..Default::default() });
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: Some("kwok://n1".into()),
+            ..Default::default()
+        });
         let mut pod = pending("x", "250m");
         pod.spec.as_mut().unwrap().node_name = Some("n1".into());
         let snapshot = Snapshot {

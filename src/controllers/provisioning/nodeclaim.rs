@@ -149,7 +149,9 @@ spec:
         b.spec.template.spec.expire_after = "24h".into();
         assert_ne!(a.hash(), b.hash());
         let mut c = nodepool();
-        c.spec.limits = Some([("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("5".into()))].into());
+        c.spec.limits = Some(
+            [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("5".into()))].into(),
+        );
         assert_eq!(a.hash(), c.hash(), "limits do not make nodes drift");
     }
 
