@@ -246,6 +246,7 @@ async fn templates_of(ec2: &aws_sdk_ec2::Client, cluster: &str, class: &str) -> 
 #[tokio::test]
 #[ignore = "needs the local control plane and AWS emulator"]
 async fn resolves_waits_for_nodeclaims_and_cleans_up() {
+    crate::operator::install_crypto_provider();
     let cluster = std::env::var("CLUSTER_NAME").unwrap_or_else(|_| "karpenter-demo".to_string());
     let client = Client::try_default().await.unwrap();
     let provider = Arc::new(
@@ -345,6 +346,17 @@ async fn resolves_waits_for_nodeclaims_and_cleans_up() {
     assert!(held.metadata.deletion_timestamp.is_some());
     assert!(held.finalizers().iter().any(|f| f == FINALIZER_EC2NODECLASS_TERMINATION));
     assert!(profile_exists(&provider.clients().iam, &profile).await);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), "default");
+    let waiting = eventually("the waiting event", Duration::from_secs(10), || async {
+        let params = ListParams::default().fields(&format!("regarding.name={good}"));
+        let list = events.list(&params).await.unwrap();
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reasons::WAITING_ON_NODECLAIM_TERMINATION))
+    })
+    .await;
+    assert_eq!(waiting.type_.as_deref(), Some("Normal"));
+    assert_eq!(waiting.note, Some(format!("Waiting on NodeClaim termination for {claim_name}")));
 
     // Once the NodeClaim is gone, the class's AWS resources and then the class itself go.
     claims.delete(&claim_name, &DeleteParams::default()).await.unwrap();
