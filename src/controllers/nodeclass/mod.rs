@@ -313,7 +313,7 @@ async fn reconcile(class: Arc<EC2NodeClass>, reconciler: Arc<Reconciler>) -> Res
 }
 
 /// Patches the class's finalizers (guarded by its resourceVersion, so a concurrent change of the
-/// list fails the patch instead of being overwritten).
+/// list fails the patch instead of being overwritten). Returns whether the patch was applied.
 async fn patch_finalizers(
     class: &EC2NodeClass,
     finalizers: Vec<String>,
@@ -326,7 +326,11 @@ async fn patch_finalizers(
     });
     match reconciler.classes().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => Ok(true),
-        Err(e) if is_status(&e, 404) => Ok(false),
+        // Gone, or changed since it was read: the watch delivers the newer state.
+        Err(e) if is_status(&e, 404) || is_status(&e, 409) => {
+            tracing::debug!(ec2nodeclass = %name, action, "the class changed meanwhile");
+            Ok(false)
+        }
         Err(source) => Err(Error::Kube { name, action, source }),
     }
 }
@@ -425,8 +429,9 @@ async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Actio
         return Err(error);
     }
     provider.node_classes().remove(&name);
-    if let Some(finalizers) = without_finalizer(class.finalizers()) {
-        patch_finalizers(class, finalizers, reconciler, "remove the finalizer").await?;
+    if let Some(finalizers) = without_finalizer(class.finalizers())
+        && patch_finalizers(class, finalizers, reconciler, "remove the finalizer").await?
+    {
         tracing::info!(ec2nodeclass = %name, "deleted ec2nodeclass");
     }
     Ok(Action::await_change())
