@@ -6,6 +6,7 @@
 
 pub mod events;
 pub mod nodeclaim;
+pub mod nodeclass;
 pub mod nodepool;
 pub mod provisioning;
 pub mod termination;

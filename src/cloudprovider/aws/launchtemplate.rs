@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use super::cache::{Clock, TtlCache};
 use super::sdk_error;
 use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
+use crate::apis::labels::LABEL_EC2NODECLASS;
 use crate::cloudprovider::{CloudProviderError, Result};
 use crate::scheduling::resources::parse_quantity;
 
@@ -143,6 +144,44 @@ fn block_device(m: &BlockDeviceMapping) -> Result<ec2::LaunchTemplateBlockDevice
 
 pub(crate) fn ec2_tags(tags: &BTreeMap<String, String>) -> Vec<ec2::Tag> {
     tags.iter().map(|(k, v)| ec2::Tag::builder().key(k).value(v).build()).collect()
+}
+
+fn is_not_found<E: aws_sdk_ec2::error::ProvideErrorMetadata>(e: &E) -> bool {
+    e.code().is_some_and(|c| c.contains("NotFound"))
+}
+
+/// Deletes the launch templates Karpenter created for the class `class` of `cluster` (found by
+/// their cluster and class tags) and returns their names. Templates that are already gone are
+/// skipped.
+pub async fn delete_for_class(ec2: &Ec2Client, cluster: &str, class: &str) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let out = ec2
+            .describe_launch_templates()
+            .filters(ec2::Filter::builder().name(format!("tag:{CLUSTER_TAG}")).values(cluster).build())
+            .filters(ec2::Filter::builder().name(format!("tag:{LABEL_EC2NODECLASS}")).values(class).build())
+            .set_next_token(token.take())
+            .send()
+            .await
+            .map_err(|e| sdk_error("DescribeLaunchTemplates", e))?;
+        names.extend(
+            out.launch_templates().iter().filter_map(|t| t.launch_template_name()).map(str::to_string),
+        );
+        match out.next_token() {
+            Some(next) if !next.is_empty() => token = Some(next.to_string()),
+            _ => break,
+        }
+    }
+    let mut deleted = Vec::new();
+    for name in names {
+        match ec2.delete_launch_template().launch_template_name(&name).send().await {
+            Ok(_) => deleted.push(name),
+            Err(e) if e.as_service_error().is_some_and(is_not_found) => {}
+            Err(e) => return Err(sdk_error("DeleteLaunchTemplate", e)),
+        }
+    }
+    Ok(deleted)
 }
 
 /// Creates launch templates on demand and remembers which exist.

@@ -371,6 +371,36 @@ pub async fn resolve_instance_profile(
     }
 }
 
+fn no_such_entity<E: aws_sdk_iam::error::ProvideErrorMetadata>(e: &E) -> bool {
+    e.code() == Some("NoSuchEntity")
+}
+
+/// Deletes the instance profile `name`: detaches its roles, then deletes it. Returns whether it
+/// existed; a profile (or role attachment) that is already gone is not an error.
+pub async fn delete_instance_profile(iam: &IamClient, name: &str) -> Result<bool> {
+    let roles: Vec<String> = match iam.get_instance_profile().instance_profile_name(name).send().await {
+        Ok(out) => out
+            .instance_profile()
+            .map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect())
+            .unwrap_or_default(),
+        Err(e) if e.as_service_error().is_some_and(no_such_entity) => return Ok(false),
+        Err(e) => return Err(sdk_error("GetInstanceProfile", e)),
+    };
+    for role in &roles {
+        match iam.remove_role_from_instance_profile().instance_profile_name(name).role_name(role).send().await
+        {
+            Ok(_) => {}
+            Err(e) if e.as_service_error().is_some_and(no_such_entity) => {}
+            Err(e) => return Err(sdk_error("RemoveRoleFromInstanceProfile", e)),
+        }
+    }
+    match iam.delete_instance_profile().instance_profile_name(name).send().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.as_service_error().is_some_and(no_such_entity) => Ok(false),
+        Err(e) => Err(sdk_error("DeleteInstanceProfile", e)),
+    }
+}
+
 /// What resolving a class found.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Resolution {

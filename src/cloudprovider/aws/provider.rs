@@ -233,6 +233,35 @@ impl AwsCloudProvider {
         Ok(nodeclass::status(class, &resolution, class.status.as_ref(), &now))
     }
 
+    /// Deletes the launch templates created for the class named `class_name` (and forgets them),
+    /// returning their names. The node-class controller calls this when the class is deleted.
+    pub async fn delete_launch_templates(&self, class_name: &str) -> Result<Vec<String>> {
+        let deleted =
+            launchtemplate::delete_for_class(&self.clients.ec2, &self.cluster.name, class_name).await?;
+        for name in &deleted {
+            self.launch_templates.invalidate(name);
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the instance profile Karpenter manages for `class` (only for a class that names a
+    /// `role`; a profile given by `instanceProfile` belongs to the user). Returns the profile's
+    /// name when it existed.
+    pub async fn delete_instance_profile(&self, class: &EC2NodeClass) -> Result<Option<String>> {
+        if class.spec.role.is_none() {
+            return Ok(None);
+        }
+        let name = self.managed_instance_profile_name(class);
+        let existed = nodeclass::delete_instance_profile(&self.clients.iam, &name).await?;
+        Ok(existed.then_some(name))
+    }
+
+    /// The name of the instance profile Karpenter manages for `class` when it names a `role`.
+    pub fn managed_instance_profile_name(&self, class: &EC2NodeClass) -> String {
+        let class_name = class.metadata.name.clone().unwrap_or_default();
+        nodeclass::instance_profile_name(&self.cluster.name, &self.clients.region, &class_name)
+    }
+
     fn ready_class(&self, name: &str) -> Result<(Arc<EC2NodeClass>, EC2NodeClassStatus)> {
         let class = self.node_classes.get(name).ok_or_else(|| CloudProviderError::NodeClassNotReady {
             name: name.to_string(),

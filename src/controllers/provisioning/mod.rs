@@ -116,7 +116,7 @@ impl Provisioner {
         if pods.is_empty() {
             return;
         }
-        pods.sort_by(|a, b| pod_key(a).cmp(&pod_key(b)));
+        pods.sort_by_key(pod_key);
         self.ctx.metrics.provisioner_batch_size.get_or_create(&vec![]).set(pods.len() as f64);
         tracing::info!(
             controller = "provisioner",
