@@ -120,7 +120,16 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         let mut tasks = JoinSet::new();
         tasks.spawn(controllers::provisioning::run(ctx.clone(), state.clone(), changes, ctrl_stop.clone()));
         tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
-        let _ = &aws;
+        tasks.spawn(controllers::nodeclaim::run(ctx.clone(), ctrl_stop.clone()));
+        tasks.spawn(controllers::termination::run(ctx.clone(), ctrl_stop.clone()));
+        if let Some(aws) = &aws {
+            tasks.spawn(controllers::nodeclass::run(
+                client.clone(),
+                aws.clone(),
+                ctx.events.clone(),
+                ctrl_stop.clone(),
+            ));
+        }
         let mut stopping = stop.clone();
         loop {
             tokio::select! {
