@@ -380,27 +380,23 @@ impl Fixture {
         api.list(&lp).await.map(|l| l.items).unwrap_or_default().into_iter().filter_map(|e| e.message).collect()
     }
 
-    /// Waits for an event with `reason` about `pod`; returns its message.
+    /// Waits for an event with `reason` about `pod` written by Karpenter; returns its message.
     pub async fn wait_event(&self, pod: &Pod, reason: &str, timeout: Duration, controller: &Controller) -> String {
         let name = pod.name_any();
-        let mut found = String::new();
-        wait_for(&format!("a {reason} event on pod {name}"), timeout, controller, || {
-            let f = &mut found;
-            let name = name.clone();
-            async move {
-                let messages = self.events_about(&self.ns, "Pod", &name, reason).await;
-                // The kube-scheduler writes FailedScheduling too; take Karpenter's.
-                match messages.into_iter().find(|m| !m.starts_with("0/")) {
-                    Some(m) => {
-                        *f = m;
-                        true
-                    }
-                    None => false,
-                }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let messages = self.events_about(&self.ns, "Pod", &name, reason).await;
+            // The kube-scheduler writes FailedScheduling too ("0/3 nodes are available: ..").
+            if let Some(m) = messages.into_iter().find(|m| !m.starts_with("0/")) {
+                return m;
             }
-        })
-        .await;
-        found
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for a {reason} event on pod {name}\n{}",
+                controller.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// Waits for an event with `reason` about the node `name`.

@@ -211,8 +211,10 @@ impl KwokCloudProvider {
                 None => Err(CloudProviderError::NotFound(provider_id)),
             };
         };
+        // A kwok instance is its Node: once the Node's deletion has been accepted the instance is
+        // gone, even while finalizers (the node termination controller's) keep the object.
         if node.metadata.deletion_timestamp.is_some() {
-            return Ok(());
+            return Err(CloudProviderError::NotFound(provider_id));
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions { uid: node.metadata.uid.clone(), resource_version: None }),
