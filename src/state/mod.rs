@@ -36,6 +36,8 @@ pub enum Change {
     Pod,
     /// A NodeClaim was deleted.
     NodeClaimDeleted,
+    /// A NodeClaim was created or changed.
+    NodeClaimUpdated,
     /// A NodePool was added, updated or deleted.
     NodePool,
     /// A node was deleted.
@@ -126,10 +128,16 @@ impl ClusterState {
         let nodeclaims_f = drive(
             "nodeclaims",
             reflector::reflector(nodeclaims_w, watch_lenient::<NodeClaim>(client.clone())),
-            move |ev: &Event<NodeClaim>| {
-                if matches!(ev, Event::Delete(_)) {
+            move |ev: &Event<NodeClaim>| match ev {
+                Event::Delete(_) => {
                     let _ = nc_changes.send(Change::NodeClaimDeleted);
                 }
+                // A launch turns a claim's reserved capacity into its real one, which may free
+                // room under a NodePool limit.
+                Event::Apply(_) => {
+                    let _ = nc_changes.send(Change::NodeClaimUpdated);
+                }
+                _ => {}
             },
         );
         let np_changes = changes;

@@ -72,7 +72,9 @@ pub async fn run(
     }
 }
 
-/// Waits for a batch: returns how long it stayed open, or `None` when the channel closed.
+/// Waits for a batch: returns how long it stayed open, or `None` when the channel closed. Any
+/// change opens a batch; only new pods keep it open (NodeClaim updates come in bursts while
+/// nodes launch and would otherwise delay the pass).
 async fn next_batch(
     changes: &mut mpsc::UnboundedReceiver<Change>,
     idle: Duration,
@@ -85,6 +87,7 @@ async fn next_batch(
         let deadline = (last + idle).min(start + max);
         tokio::select! {
             msg = changes.recv() => match msg {
+                Some(Change::NodeClaimUpdated) => {}
                 Some(_) => last = tokio::time::Instant::now(),
                 None => break,
             },
