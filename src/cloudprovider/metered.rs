@@ -83,7 +83,10 @@ impl CloudProvider for Metered {
         Box::pin(self.timed("List", self.inner.list()))
     }
 
-    fn instance_types<'a>(&'a self, node_pool: &'a NodePool) -> BoxFuture<'a, Result<Vec<InstanceType>>> {
+    fn instance_types<'a>(
+        &'a self,
+        node_pool: &'a NodePool,
+    ) -> BoxFuture<'a, Result<Vec<Arc<InstanceType>>>> {
         Box::pin(self.timed("GetInstanceTypes", self.inner.instance_types(node_pool)))
     }
 

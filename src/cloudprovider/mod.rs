@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -44,7 +45,8 @@ pub trait CloudProvider: Send + Sync {
     fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>>>;
 
     /// The instance types `node_pool` may launch, with their offerings and current availability.
-    fn instance_types<'a>(&'a self, node_pool: &'a NodePool) -> BoxFuture<'a, Result<Vec<InstanceType>>>;
+    fn instance_types<'a>(&'a self, node_pool: &'a NodePool)
+    -> BoxFuture<'a, Result<Vec<Arc<InstanceType>>>>;
 
     /// Whether the instance of `node_claim` no longer matches its node class, and why.
     fn is_drifted<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, Result<Option<DriftReason>>>;

@@ -55,7 +55,8 @@ async fn getting_started_with_kwok() {
         assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
     }
     let metrics = controller.metrics().await;
-    let created = format!("karpenter_nodeclaims_created_total{{reason=\"provisioning\",nodepool=\"{}\"", f.pool);
+    let created =
+        format!("karpenter_nodeclaims_created_total{{reason=\"provisioning\",nodepool=\"{}\"", f.pool);
     assert!(metrics.contains(&created), "{created} in\n{metrics}");
     for name in [
         "karpenter_nodeclaims_launched_total",

@@ -150,15 +150,13 @@ impl Controller {
                 assert!(self.log_contains("received SIGTERM"), "{}", self.log_tail());
                 return;
             }
-            assert!(Instant::now() < deadline, "the controller exits within 20 s of SIGTERM\n{}", self.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "the controller exits within 20 s of SIGTERM\n{}",
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-
-    /// Kills the process at once (SIGKILL), as a crash would.
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -180,7 +178,11 @@ where
         if check().await {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}\n{}", controller.log_tail());
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            controller.log_tail()
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -240,8 +242,11 @@ impl Fixture {
         pool.metadata.name = Some(self.pool.clone());
         pool.spec.template.spec.node_class_ref.name = self.class.clone();
         pool.spec.limits = Some(
-            [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu_limit.to_string()))]
-                .into(),
+            [(
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu_limit.to_string()),
+            )]
+            .into(),
         );
         Api::<NodePool>::all(self.client.clone()).create(&PostParams::default(), &pool).await.unwrap();
     }
@@ -265,20 +270,35 @@ impl Fixture {
         value["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = json!([self.pool]);
         let d: Deployment = serde_json::from_value(value).unwrap();
-        Api::<Deployment>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &d).await.unwrap();
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
     }
 
     /// `kubectl scale deployment karpenter-inflate --replicas n`.
     pub async fn scale(&self, replicas: i32) {
         let out = Command::new("kubectl")
-            .args(["scale", "deployment", "karpenter-inflate", "-n", &self.ns, "--replicas", &replicas.to_string()])
+            .args([
+                "scale",
+                "deployment",
+                "karpenter-inflate",
+                "-n",
+                &self.ns,
+                "--replicas",
+                &replicas.to_string(),
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
     pub async fn pods(&self) -> Vec<Pod> {
-        Api::<Pod>::namespaced(self.client.clone(), &self.ns).list(&ListParams::default()).await.unwrap().items
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
     }
 
     pub async fn pods_on(&self, node: &str) -> Vec<String> {
@@ -307,8 +327,15 @@ impl Fixture {
     }
 
     pub async fn all_claim_names(&self) -> Vec<String> {
-        let mut names: Vec<String> =
-            self.claims_api().list(&ListParams::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+        let mut names: Vec<String> = self
+            .claims_api()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .collect();
         names.sort();
         names
     }
@@ -319,9 +346,7 @@ impl Fixture {
             .await
             .iter()
             .filter_map(|c| c.status.as_ref()?.capacity.as_ref()?.get("cpu").cloned())
-            .map(|q| {
-                karpenter::scheduling::resources::parse_quantity_for("cpu", &q).unwrap_or(0)
-            })
+            .map(|q| karpenter::scheduling::resources::parse_quantity_for("cpu", &q).unwrap_or(0))
             .sum()
     }
 
@@ -344,7 +369,20 @@ impl Fixture {
         let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
         assert_eq!(
             header,
-            ["NAME", "TYPE", "CAPACITY", "ZONE", "NODE", "READY", "AGE", "IMAGEID", "ID", "NODEPOOL", "NODECLASS", "DRIFTED"],
+            [
+                "NAME",
+                "TYPE",
+                "CAPACITY",
+                "ZONE",
+                "NODE",
+                "READY",
+                "AGE",
+                "IMAGEID",
+                "ID",
+                "NODEPOOL",
+                "NODECLASS",
+                "DRIFTED"
+            ],
             "{text}"
         );
         for line in lines {
@@ -366,22 +404,42 @@ impl Fixture {
         if pinned {
             spec["nodeSelector"] = json!({"karpenter.sh/nodepool": self.pool});
         }
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "namespace": self.ns}, "spec": spec})).unwrap();
-        Api::<Pod>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &pod).await.unwrap()
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": self.ns}, "spec": spec}))
+                .unwrap();
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
     }
 
     pub async fn delete_pod(&self, name: &str) {
-        let _ = Api::<Pod>::namespaced(self.client.clone(), &self.ns).delete(name, &DeleteParams::default()).await;
+        let _ = Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .delete(name, &DeleteParams::default())
+            .await;
     }
 
     async fn events_about(&self, namespace: &str, kind: &str, name: &str, reason: &str) -> Vec<String> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
-        let lp = ListParams::default().fields(&format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}"));
-        api.list(&lp).await.map(|l| l.items).unwrap_or_default().into_iter().filter_map(|e| e.message).collect()
+        let lp = ListParams::default()
+            .fields(&format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}"));
+        api.list(&lp)
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| e.message)
+            .collect()
     }
 
     /// Waits for an event with `reason` about `pod` written by Karpenter; returns its message.
-    pub async fn wait_event(&self, pod: &Pod, reason: &str, timeout: Duration, controller: &Controller) -> String {
+    pub async fn wait_event(
+        &self,
+        pod: &Pod,
+        reason: &str,
+        timeout: Duration,
+        controller: &Controller,
+    ) -> String {
         let name = pod.name_any();
         let deadline = Instant::now() + timeout;
         loop {
@@ -400,7 +458,13 @@ impl Fixture {
     }
 
     /// Waits for an event with `reason` about the node `name`.
-    pub async fn wait_node_event(&self, name: &str, reason: &str, timeout: Duration, controller: &Controller) {
+    pub async fn wait_node_event(
+        &self,
+        name: &str,
+        reason: &str,
+        timeout: Duration,
+        controller: &Controller,
+    ) {
         wait_for(&format!("a {reason} event on node {name}"), timeout, controller, || async {
             !self.events_about("default", "Node", name, reason).await.is_empty()
         })
@@ -429,7 +493,13 @@ impl Fixture {
     /// `kubectl delete nodeclaim` of every claim of the pool.
     pub async fn delete_all_claims(&self) {
         let out = Command::new("kubectl")
-            .args(["delete", "nodeclaim", "-l", &format!("karpenter.sh/nodepool={}", self.pool), "--wait=false"])
+            .args([
+                "delete",
+                "nodeclaim",
+                "-l",
+                &format!("karpenter.sh/nodepool={}", self.pool),
+                "--wait=false",
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -448,7 +518,8 @@ impl Fixture {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let _ = Api::<NodePool>::all(self.client.clone()).delete(&self.pool, &DeleteParams::default()).await;
-        let _ = Api::<EC2NodeClass>::all(self.client.clone()).delete(&self.class, &DeleteParams::default()).await;
+        let _ =
+            Api::<EC2NodeClass>::all(self.client.clone()).delete(&self.class, &DeleteParams::default()).await;
         let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
     }
 }

@@ -771,10 +771,13 @@ impl CloudProvider for AwsCloudProvider {
         })
     }
 
-    fn instance_types<'a>(&'a self, node_pool: &'a NodePool) -> BoxFuture<'a, Result<Vec<InstanceType>>> {
+    fn instance_types<'a>(
+        &'a self,
+        node_pool: &'a NodePool,
+    ) -> BoxFuture<'a, Result<Vec<Arc<InstanceType>>>> {
         Box::pin(async move {
             let (class, _) = self.ready_class(&node_pool.spec.template.spec.node_class_ref.name)?;
-            self.instance_types_for_class(&class).await
+            Ok(self.instance_types_for_class(&class).await?.into_iter().map(Arc::new).collect())
         })
     }
 

@@ -285,8 +285,11 @@ impl CloudProvider for KwokCloudProvider {
         Box::pin(self.list_impl())
     }
 
-    fn instance_types<'a>(&'a self, _node_pool: &'a NodePool) -> BoxFuture<'a, Result<Vec<InstanceType>>> {
-        let types = self.instance_types.iter().map(|it| InstanceType::clone(it)).collect();
+    fn instance_types<'a>(
+        &'a self,
+        _node_pool: &'a NodePool,
+    ) -> BoxFuture<'a, Result<Vec<Arc<InstanceType>>>> {
+        let types = self.instance_types.as_ref().clone();
         Box::pin(std::future::ready(Ok(types)))
     }
 

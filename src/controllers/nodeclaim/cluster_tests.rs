@@ -178,7 +178,10 @@ impl CloudProvider for FakeCloud {
         Box::pin(async move { Ok(self.instances.lock().unwrap().values().map(|(i, _)| i.clone()).collect()) })
     }
 
-    fn instance_types<'a>(&'a self, _: &'a NodePool) -> BoxFuture<'a, CloudResult<Vec<InstanceType>>> {
+    fn instance_types<'a>(
+        &'a self,
+        _: &'a NodePool,
+    ) -> BoxFuture<'a, CloudResult<Vec<std::sync::Arc<InstanceType>>>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 

@@ -182,7 +182,6 @@ impl Provisioner {
             let name = np.metadata.name.clone().unwrap_or_default();
             match self.ctx.cloud.instance_types(np).await {
                 Ok(types) => {
-                    let types: Vec<Arc<InstanceType>> = types.into_iter().map(Arc::new).collect();
                     for t in &types {
                         catalog.entry(t.name.clone()).or_insert_with(|| t.clone());
                     }

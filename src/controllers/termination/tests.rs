@@ -114,7 +114,7 @@ impl CloudProvider for FakeCloud {
     fn instance_types<'a>(
         &'a self,
         _: &'a NodePool,
-    ) -> BoxFuture<'a, crate::cloudprovider::Result<Vec<InstanceType>>> {
+    ) -> BoxFuture<'a, crate::cloudprovider::Result<Vec<std::sync::Arc<InstanceType>>>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 
