@@ -138,6 +138,44 @@ async fn getting_started_with_kwok() {
     controller.stop_and_check();
 }
 
+/// Two controllers with leader election: exactly one acts; killing it (no Lease release) hands
+/// over within 30 s, and no NodeClaim is duplicated across the handover.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn leader_handover_with_kwok() {
+    let _serial = serial().await;
+    let f = Fixture::new("leader").await;
+    let env = [("DISABLE_LEADER_ELECTION", "false"), ("SYSTEM_NAMESPACE", f.ns.as_str())];
+    let first = Controller::start("kwok", &env);
+    wait_for("the first controller to lead", Duration::from_secs(30), &first, || async {
+        first.log_contains("starting controllers")
+    })
+    .await;
+    let second = Controller::start("kwok", &env);
+    f.apply_class_and_pool(100).await;
+    f.apply_inflate().await;
+    f.scale(3).await;
+    f.wait_running(3, Duration::from_secs(120), &first).await;
+    assert_eq!(f.claims().await.len(), 3);
+    assert!(second.log_contains("attempting to acquire leader lease"), "{}", second.log_tail());
+    assert!(!second.log_contains("starting controllers"), "only the leader acts\n{}", second.log_tail());
+
+    first.kill();
+    let killed = Instant::now();
+    wait_for("the standby to take over", Duration::from_secs(30), &second, || async {
+        second.log_contains("starting controllers")
+    })
+    .await;
+    eprintln!("handover after {:?}", killed.elapsed());
+    f.scale(5).await;
+    f.wait_running(5, Duration::from_secs(120), &second).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.claims().await.len(), 5, "no duplicate NodeClaims across the handover\n{}", second.log_tail());
+
+    f.cleanup().await;
+    second.stop_and_check();
+}
+
 /// Many pods at once (upstream's scale test: two Deployments of 500): all run, and the time from
 /// the scale command to the last pod bound and the controller's peak memory are printed for
 /// docs/benchmarks.md.

@@ -160,6 +160,14 @@ impl Controller {
     }
 }
 
+impl Controller {
+    /// Kills the process at once (SIGKILL), as a crash would: no Lease release, no cleanup.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.child.kill();
