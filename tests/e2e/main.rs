@@ -170,10 +170,60 @@ async fn leader_handover_with_kwok() {
     f.scale(5).await;
     f.wait_running(5, Duration::from_secs(120), &second).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(f.claims().await.len(), 5, "no duplicate NodeClaims across the handover\n{}", second.log_tail());
+    assert_eq!(
+        f.claims().await.len(),
+        5,
+        "no duplicate NodeClaims across the handover\n{}",
+        second.log_tail()
+    );
 
     f.cleanup().await;
     second.stop_and_check();
+}
+
+/// The chart's RBAC is enough: `helm install` into kube-system, then the controller runs out of
+/// cluster as the chart's ServiceAccount (a token from the TokenRequest API), with leader
+/// election in kube-system, through scale-up and `kubectl delete nodeclaim`, and the API server
+/// never answers 403.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn runs_as_the_chart_service_account() {
+    let _serial = serial().await;
+    let f = Fixture::new("rbac").await;
+    let release = format!("karpenter-e2e-{}", std::process::id());
+    let _uninstall = HelmRelease::install(
+        &release,
+        "kube-system",
+        &["--set", "replicas=0", "--set", "settings.clusterName=e2e"],
+    );
+    let kubeconfig = service_account_kubeconfig(&release, "kube-system");
+    let kubeconfig_path = kubeconfig.to_string_lossy().to_string();
+    let env = [
+        ("KUBECONFIG", kubeconfig_path.as_str()),
+        ("DISABLE_LEADER_ELECTION", "false"),
+        ("SYSTEM_NAMESPACE", "kube-system"),
+    ];
+    let controller = Controller::start("kwok", &env);
+    f.apply_class_and_pool(100).await;
+    f.apply_inflate().await;
+    f.scale(3).await;
+    f.wait_running(3, Duration::from_secs(120), &controller).await;
+    wait_for("3 Ready NodeClaims", Duration::from_secs(60), &controller, || async {
+        let claims = f.claims().await;
+        claims.len() == 3 && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+    })
+    .await;
+    f.scale(0).await;
+    f.cleanup().await;
+    let log = controller.log();
+    for needle in ["403", "forbidden", "Forbidden"] {
+        assert!(
+            !log.contains(needle),
+            "the ServiceAccount lacks a permission ({needle}):\n{}",
+            controller.log_tail()
+        );
+    }
+    controller.stop_and_check();
 }
 
 /// Many pods at once (upstream's scale test: two Deployments of 500): all run, and the time from

@@ -531,3 +531,57 @@ impl Fixture {
         let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
     }
 }
+
+/// A Helm release of charts/karpenter, uninstalled on drop.
+pub struct HelmRelease {
+    name: String,
+    namespace: String,
+}
+
+impl HelmRelease {
+    pub fn install(name: &str, namespace: &str, args: &[&str]) -> Self {
+        let out = Command::new("helm")
+            .args(["upgrade", "--install", name])
+            .arg(repo().join("charts").join("karpenter"))
+            .args(["--namespace", namespace, "--skip-crds"])
+            .args(args)
+            .output()
+            .expect("helm on PATH (eval \"$(make -s cluster-up)\")");
+        assert!(out.status.success(), "helm install: {}", String::from_utf8_lossy(&out.stderr));
+        HelmRelease { name: name.to_string(), namespace: namespace.to_string() }
+    }
+}
+
+impl Drop for HelmRelease {
+    fn drop(&mut self) {
+        let _ = Command::new("helm").args(["uninstall", &self.name, "--namespace", &self.namespace]).output();
+    }
+}
+
+/// A kubeconfig for the ServiceAccount `name` in `namespace`: the current cluster's server and
+/// CA, and a token from the TokenRequest API (`kubectl create token`).
+pub fn service_account_kubeconfig(name: &str, namespace: &str) -> PathBuf {
+    let out = Command::new("kubectl")
+        .args(["create", "token", name, "-n", namespace, "--duration", "2h"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kubectl create token: {}", String::from_utf8_lossy(&out.stderr));
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let out =
+        Command::new("kubectl").args(["config", "view", "--raw", "--minify", "-o", "json"]).output().unwrap();
+    let current: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cluster = current["clusters"][0]["cluster"].clone();
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": name}}],
+        "current-context": "sa",
+    });
+    let dir = repo().join("target").join("e2e-logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("kubeconfig-{name}"));
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    path
+}
