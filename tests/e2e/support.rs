@@ -77,7 +77,10 @@ impl Controller {
         ));
         let file = std::fs::File::create(&log).unwrap();
         let metrics_port = free_port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_karpenter"));
+        // KARPENTER_BIN runs another build (e.g. the release binary, for measurements).
+        let bin =
+            std::env::var("KARPENTER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_karpenter").to_string());
+        let mut cmd = Command::new(bin);
         cmd.args(["controller", "--cloud-provider", provider])
             .env("DISABLE_LEADER_ELECTION", "true")
             .env("METRICS_PORT", metrics_port.to_string())
