@@ -10,13 +10,13 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::error_chain;
 use super::leader::{LEASE_NAME, LeaderElector, Timing};
 use super::metrics::Metrics;
 use super::server::{self, Readiness};
 use super::settings::{CloudProviderKind, Settings};
-use super::error_chain;
 use crate::cloudprovider::CloudProvider;
-use crate::cloudprovider::aws::provider::{AwsCloudProvider, AwsClients, Options};
+use crate::cloudprovider::aws::provider::{AwsClients, AwsCloudProvider, Options};
 use crate::cloudprovider::metered::Metered;
 use crate::controllers::{self, Context, Events};
 use crate::state::ClusterState;
@@ -74,7 +74,13 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
     let identity = identity();
     let events = Events::new(client.clone(), Some(identity.clone()));
-    let ctx = Context { client: client.clone(), cloud, settings: settings.clone(), metrics: metrics.clone(), events };
+    let ctx = Context {
+        client: client.clone(),
+        cloud,
+        settings: settings.clone(),
+        metrics: metrics.clone(),
+        events,
+    };
 
     let (changes_tx, changes) = mpsc::unbounded_channel();
     let (state, watches) = ClusterState::start(client.clone(), changes_tx);
@@ -97,8 +103,13 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let elector = if settings.disable_leader_election {
         None
     } else {
-        let elector =
-            LeaderElector::new(client.clone(), &settings.system_namespace, LEASE_NAME, &identity, Timing::default());
+        let elector = LeaderElector::new(
+            client.clone(),
+            &settings.system_namespace,
+            LEASE_NAME,
+            &identity,
+            Timing::default(),
+        );
         tracing::info!(lease = LEASE_NAME, namespace = %settings.system_namespace, identity = %identity, "attempting to acquire leader lease");
         Some(tokio::spawn(elector.run(leading_tx, elector_stop)))
     };
@@ -152,10 +163,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         }
         tracing::info!("stopping controllers");
         ctrl_stop_tx.send_replace(true);
-        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
+        let drained =
+            tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::warn!("controllers did not stop within {SHUTDOWN_GRACE:?}; aborting them");
             tasks.abort_all();

@@ -55,7 +55,8 @@ async fn getting_started_with_kwok() {
         assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
     }
     let metrics = controller.metrics().await;
-    let created = format!("karpenter_nodeclaims_created_total{{reason=\"provisioning\",nodepool=\"{}\"", f.pool);
+    let created =
+        format!("karpenter_nodeclaims_created_total{{reason=\"provisioning\",nodepool=\"{}\"", f.pool);
     assert!(metrics.contains(&created), "{created} in\n{metrics}");
     for name in [
         "karpenter_nodeclaims_launched_total",
@@ -222,7 +223,8 @@ async fn getting_started_with_aws() {
     assert_eq!(claims.len(), 6, "no duplicate NodeClaims\n{}", controller.log_tail());
     assert_eq!(f.nodes().await.len(), 6);
     f.assert_wide_columns_filled();
-    let instances: Vec<Ec2Instance> = pool_instances(&ec2, &f.pool).await.into_iter().filter(|i| i.is_live()).collect();
+    let instances: Vec<Ec2Instance> =
+        pool_instances(&ec2, &f.pool).await.into_iter().filter(|i| i.is_live()).collect();
     assert_eq!(instances.len(), 6, "one instance per NodeClaim: {instances:?}");
     for claim in &claims {
         let name = claim.metadata.name.clone().unwrap();
@@ -250,13 +252,21 @@ async fn getting_started_with_aws() {
     let instances = pool_instances(&ec2, &f.pool).await;
     assert_eq!(instances.len(), 6, "{instances:?}");
     assert!(instances.iter().all(|i| i.state == "terminated"), "every instance terminated: {instances:?}");
-    for message in ["launched nodeclaim", "registered nodeclaim", "initialized nodeclaim", "deleted nodeclaim"] {
+    for message in
+        ["launched nodeclaim", "registered nodeclaim", "initialized nodeclaim", "deleted nodeclaim"]
+    {
         assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
     }
-    assert!(!launch_templates_of(&ec2, &f.class).await.is_empty(), "launch templates were made for the class");
+    assert!(
+        !launch_templates_of(&ec2, &f.class).await.is_empty(),
+        "launch templates were made for the class"
+    );
 
     f.cleanup().await;
-    assert!(launch_templates_of(&ec2, &f.class).await.is_empty(), "the class's launch templates are deleted with it");
+    assert!(
+        launch_templates_of(&ec2, &f.class).await.is_empty(),
+        "the class's launch templates are deleted with it"
+    );
     controller.stop_and_check();
     drop(standin);
 }
@@ -321,7 +331,8 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     f.scale(2).await;
     trap.wait_fired(controller.pid(), Duration::from_secs(60), &controller).await;
     controller.kill();
-    let second = f.all_claim_names().await.into_iter().find(|n| *n != first && n.starts_with(&f.pool)).unwrap();
+    let second =
+        f.all_claim_names().await.into_iter().find(|n| *n != first && n.starts_with(&f.pool)).unwrap();
     let orphan = pool_instances(&ec2, &f.pool)
         .await
         .into_iter()

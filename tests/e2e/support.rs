@@ -150,7 +150,11 @@ impl Controller {
                 assert!(self.log_contains("received SIGTERM"), "{}", self.log_tail());
                 return;
             }
-            assert!(Instant::now() < deadline, "the controller exits within 20 s of SIGTERM\n{}", self.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "the controller exits within 20 s of SIGTERM\n{}",
+                self.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -180,7 +184,11 @@ where
         if check().await {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}\n{}", controller.log_tail());
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            controller.log_tail()
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -193,7 +201,7 @@ pub fn condition(claim: &NodeClaim, type_: &str) -> Option<String> {
         .conditions
         .iter()
         .find(|c| c.type_ == type_)
-        .map(|c| serde_json::to_value(&c.status).unwrap().as_str().unwrap_or_default().to_string())
+        .map(|c| serde_json::to_value(c.status).unwrap().as_str().unwrap_or_default().to_string())
 }
 
 pub fn is_running(pod: &Pod) -> bool {
@@ -248,8 +256,11 @@ impl Fixture {
         pool.metadata.name = Some(self.pool.clone());
         pool.spec.template.spec.node_class_ref.name = self.class.clone();
         pool.spec.limits = Some(
-            [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu_limit.to_string()))]
-                .into(),
+            [(
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu_limit.to_string()),
+            )]
+            .into(),
         );
         Api::<NodePool>::all(self.client.clone()).create(&PostParams::default(), &pool).await.unwrap();
     }
@@ -273,20 +284,35 @@ impl Fixture {
         value["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
             ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = json!([self.pool]);
         let d: Deployment = serde_json::from_value(value).unwrap();
-        Api::<Deployment>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &d).await.unwrap();
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
     }
 
     /// `kubectl scale deployment karpenter-inflate --replicas n`.
     pub async fn scale(&self, replicas: i32) {
         let out = Command::new("kubectl")
-            .args(["scale", "deployment", "karpenter-inflate", "-n", &self.ns, "--replicas", &replicas.to_string()])
+            .args([
+                "scale",
+                "deployment",
+                "karpenter-inflate",
+                "-n",
+                &self.ns,
+                "--replicas",
+                &replicas.to_string(),
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
     pub async fn pods(&self) -> Vec<Pod> {
-        Api::<Pod>::namespaced(self.client.clone(), &self.ns).list(&ListParams::default()).await.unwrap().items
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
     }
 
     pub async fn pods_on(&self, node: &str) -> Vec<String> {
@@ -315,8 +341,15 @@ impl Fixture {
     }
 
     pub async fn all_claim_names(&self) -> Vec<String> {
-        let mut names: Vec<String> =
-            self.claims_api().list(&ListParams::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+        let mut names: Vec<String> = self
+            .claims_api()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .collect();
         names.sort();
         names
     }
@@ -327,9 +360,7 @@ impl Fixture {
             .await
             .iter()
             .filter_map(|c| c.status.as_ref()?.capacity.as_ref()?.get("cpu").cloned())
-            .map(|q| {
-                karpenter::scheduling::resources::parse_quantity_for("cpu", &q).unwrap_or(0)
-            })
+            .map(|q| karpenter::scheduling::resources::parse_quantity_for("cpu", &q).unwrap_or(0))
             .sum()
     }
 
@@ -352,7 +383,20 @@ impl Fixture {
         let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
         assert_eq!(
             header,
-            ["NAME", "TYPE", "CAPACITY", "ZONE", "NODE", "READY", "AGE", "IMAGEID", "ID", "NODEPOOL", "NODECLASS", "DRIFTED"],
+            [
+                "NAME",
+                "TYPE",
+                "CAPACITY",
+                "ZONE",
+                "NODE",
+                "READY",
+                "AGE",
+                "IMAGEID",
+                "ID",
+                "NODEPOOL",
+                "NODECLASS",
+                "DRIFTED"
+            ],
             "{text}"
         );
         for line in lines {
@@ -374,22 +418,42 @@ impl Fixture {
         if pinned {
             spec["nodeSelector"] = json!({"karpenter.sh/nodepool": self.pool});
         }
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "namespace": self.ns}, "spec": spec})).unwrap();
-        Api::<Pod>::namespaced(self.client.clone(), &self.ns).create(&PostParams::default(), &pod).await.unwrap()
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": self.ns}, "spec": spec}))
+                .unwrap();
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
     }
 
     pub async fn delete_pod(&self, name: &str) {
-        let _ = Api::<Pod>::namespaced(self.client.clone(), &self.ns).delete(name, &DeleteParams::default()).await;
+        let _ = Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .delete(name, &DeleteParams::default())
+            .await;
     }
 
     async fn events_about(&self, namespace: &str, kind: &str, name: &str, reason: &str) -> Vec<String> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
-        let lp = ListParams::default().fields(&format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}"));
-        api.list(&lp).await.map(|l| l.items).unwrap_or_default().into_iter().filter_map(|e| e.message).collect()
+        let lp = ListParams::default()
+            .fields(&format!("involvedObject.kind={kind},involvedObject.name={name},reason={reason}"));
+        api.list(&lp)
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| e.message)
+            .collect()
     }
 
     /// Waits for an event with `reason` about `pod` written by Karpenter; returns its message.
-    pub async fn wait_event(&self, pod: &Pod, reason: &str, timeout: Duration, controller: &Controller) -> String {
+    pub async fn wait_event(
+        &self,
+        pod: &Pod,
+        reason: &str,
+        timeout: Duration,
+        controller: &Controller,
+    ) -> String {
         let name = pod.name_any();
         let deadline = Instant::now() + timeout;
         loop {
@@ -408,7 +472,13 @@ impl Fixture {
     }
 
     /// Waits for an event with `reason` about the node `name`.
-    pub async fn wait_node_event(&self, name: &str, reason: &str, timeout: Duration, controller: &Controller) {
+    pub async fn wait_node_event(
+        &self,
+        name: &str,
+        reason: &str,
+        timeout: Duration,
+        controller: &Controller,
+    ) {
         wait_for(&format!("a {reason} event on node {name}"), timeout, controller, || async {
             !self.events_about("default", "Node", name, reason).await.is_empty()
         })
@@ -437,7 +507,13 @@ impl Fixture {
     /// `kubectl delete nodeclaim` of every claim of the pool.
     pub async fn delete_all_claims(&self) {
         let out = Command::new("kubectl")
-            .args(["delete", "nodeclaim", "-l", &format!("karpenter.sh/nodepool={}", self.pool), "--wait=false"])
+            .args([
+                "delete",
+                "nodeclaim",
+                "-l",
+                &format!("karpenter.sh/nodepool={}", self.pool),
+                "--wait=false",
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -475,7 +551,7 @@ impl Fixture {
             let class = api.get(&self.class).await.unwrap();
             class.status.as_ref().is_some_and(|s| {
                 s.conditions.iter().any(|c| {
-                    c.type_ == "Ready" && serde_json::to_value(&c.status).unwrap().as_str() == Some("True")
+                    c.type_ == "Ready" && serde_json::to_value(c.status).unwrap().as_str() == Some("True")
                 })
             })
         })
@@ -557,7 +633,12 @@ pub async fn pool_instances(ec2: &aws_sdk_ec2::Client, pool: &str) -> Vec<Ec2Ins
     use aws_sdk_ec2::types::Filter;
     let out = ec2
         .describe_instances()
-        .filters(Filter::builder().name(format!("tag:kubernetes.io/cluster/{}", cluster_name())).values("owned").build())
+        .filters(
+            Filter::builder()
+                .name(format!("tag:kubernetes.io/cluster/{}", cluster_name()))
+                .values("owned")
+                .build(),
+        )
         .filters(Filter::builder().name("tag:karpenter.sh/nodepool").values(pool).build())
         .send()
         .await
