@@ -1,10 +1,12 @@
 //! End-to-end journeys: the `karpenter` binary against the local control plane (real
 //! kube-apiserver, kube-scheduler and kube-controller-manager; kwok keeps nodes Ready and runs
-//! their pods).
+//! their pods). The `*_with_aws` journeys run the aws cloud provider against the AWS emulator and
+//! start the kubelet stand-in (`hack/standin-up.sh`) for the instances it launches.
 //!
-//! These tests need the control plane (`make test` starts it and runs them); on their own they
-//! are ignored: `eval "$(make -s cluster-up)" && cargo test --test e2e -- --ignored`. Each test
-//! runs its own controller; they take a process-wide lock so that only one runs at a time.
+//! These tests need the control plane and the emulator (`make test` starts them and runs the
+//! tests); on their own they are ignored: `eval "$(make -s cluster-up)" && cargo test --test e2e --
+//! --ignored`. Each test runs its own controller; they take a process-wide lock so that only one
+//! runs at a time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
