@@ -25,7 +25,11 @@ log "starting the controller"
 "$HACK_DIR/controller-up.sh" "${DEMO_CLOUD_PROVIDER:-kwok}" >&2
 
 log "applying examples/"
-kubectl apply -f examples/ >&2
+# The examples name the cluster karpenter-demo (discovery tags, node role): use ours.
+for f in examples/*.yaml; do
+  sed "s/karpenter-demo/$CLUSTER_NAME/g" "$f"
+  echo "---"
+done | kubectl apply -f - >&2
 
 log "kubectl scale deployment karpenter-inflate --replicas 6"
 kubectl scale deployment karpenter-inflate --replicas 6 >&2

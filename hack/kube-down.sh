@@ -3,7 +3,7 @@
 #
 # Usage: hack/kube-down.sh [--keep]
 #   (default)  stop every component and delete the cluster (PKI, etcd data,
-#              logs) and $KRS_HOME/kubeconfig (if it is this cluster's)
+#              logs) and its kubeconfig (see hack/kube-up.sh)
 #   --keep     only stop the processes; data and kubeconfig are kept and the
 #              next hack/kube-up.sh starts the same cluster again
 #

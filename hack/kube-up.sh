@@ -11,13 +11,14 @@
 # are; if it is stopped or half-dead it is restarted; if the pinned versions
 # changed it is recreated.
 #
-#   kubeconfig   $KRS_HOME/kubeconfig (stable path, certificates embedded)
+#   kubeconfig   $KRS_HOME/kubeconfig (stable path, certificates embedded; for a
+#                CLUSTER_NAME other than karpenter-demo: $KRS_HOME/kubeconfig-$CLUSTER_NAME)
 #   cluster dir  $KRS_HOME/kwok/clusters/$CLUSTER_NAME (pki, etcd data)
 #   logs         $KRS_HOME/kwok/clusters/$CLUSTER_NAME/logs/<component>.log
 #
 # Environment: CLUSTER_NAME (default karpenter-demo), KARPENTER_RS_HOME.
-# Several clusters (different CLUSTER_NAME) can run at once, but the one
-# kubeconfig path belongs to the cluster brought up last.
+# Several clusters (different CLUSTER_NAME) can run at once, each with its own
+# kubeconfig.
 # All output goes to stderr.
 set -euo pipefail
 

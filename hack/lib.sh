@@ -15,11 +15,17 @@ source "$HACK_DIR/versions.env"
 KRS_HOME=${KARPENTER_RS_HOME:-$HOME/.cache/karpenter-rs}
 KRS_BIN=$KRS_HOME/bin
 KRS_VERSIONS=$KRS_HOME/versions
-# Stable kubeconfig path for the local cluster.
-KRS_KUBECONFIG=$KRS_HOME/kubeconfig
 # kwokctl keeps clusters, PKI, etcd data and component logs here.
 KRS_KWOK_WORKDIR=$KRS_HOME/kwok
 CLUSTER_NAME=${CLUSTER_NAME:-karpenter-demo}
+# Stable kubeconfig path for the local cluster: $KRS_HOME/kubeconfig for the default
+# cluster, $KRS_HOME/kubeconfig-$CLUSTER_NAME for any other, so that a second cluster never
+# takes over the kubeconfig of the first.
+if [[ $CLUSTER_NAME == karpenter-demo ]]; then
+  KRS_KUBECONFIG=$KRS_HOME/kubeconfig
+else
+  KRS_KUBECONFIG=$KRS_HOME/kubeconfig-$CLUSTER_NAME
+fi
 export KARPENTER_RS_HOME=$KRS_HOME CLUSTER_NAME
 
 log() {

@@ -128,6 +128,14 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     if !*stop.borrow() {
         tracing::info!("starting controllers");
         let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
+        if let Some(aws) = &aws {
+            // Launches after a restart must not wait for the node-class controller to resolve
+            // the classes again: the provisioner and the NodeClaim lifecycle start from the
+            // status a previous run resolved.
+            state.wait_synced().await;
+            let seeded = aws.node_classes().seed(state.nodeclasses.state().iter().map(|c| (**c).clone()));
+            tracing::debug!(count = seeded, "node classes known from the API");
+        }
         let mut tasks = JoinSet::new();
         tasks.spawn(controllers::provisioning::run(ctx.clone(), state.clone(), changes, ctrl_stop.clone()));
         tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));

@@ -1,10 +1,12 @@
 //! End-to-end journeys: the `karpenter` binary against the local control plane (real
 //! kube-apiserver, kube-scheduler and kube-controller-manager; kwok keeps nodes Ready and runs
-//! their pods).
+//! their pods). The `*_with_aws` journeys run the aws cloud provider against the AWS emulator and
+//! start the kubelet stand-in (`hack/standin-up.sh`) for the instances it launches.
 //!
-//! These tests need the control plane (`make test` starts it and runs them); on their own they
-//! are ignored: `eval "$(make -s cluster-up)" && cargo test --test e2e -- --ignored`. Each test
-//! runs its own controller; they take a process-wide lock so that only one runs at a time.
+//! These tests need the control plane and the emulator (`make test` starts them and runs the
+//! tests); on their own they are ignored: `eval "$(make -s cluster-up)" && cargo test --test e2e --
+//! --ignored`. Each test runs its own controller; they take a process-wide lock so that only one
+//! runs at a time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -284,4 +286,182 @@ async fn a_thousand_pods_with_kwok() {
     }
     f.cleanup().await;
     controller.stop_and_check();
+}
+
+/// The getting-started journey with the aws cloud provider against the AWS emulator, the kubelet
+/// stand-in registering a Node for each instance: the EC2NodeClass resolves, six instances launch
+/// for six pods, `kubectl get nodeclaim -o wide` shows their AMIs and instance ids, and deleting
+/// the NodeClaims terminates every instance and releases every finalizer.
+#[tokio::test]
+#[ignore = "needs the local control plane and the AWS emulator: make test"]
+async fn getting_started_with_aws() {
+    let _serial = serial().await;
+    let f = Fixture::new("aws").await;
+    let ec2 = ec2().await;
+    let standin = Standin::start();
+    let env = aws_controller_env(None);
+    let controller = Controller::start("aws", &env_refs(&env));
+    f.apply_class_and_pool(100).await;
+    f.wait_class_ready(Duration::from_secs(60), &controller).await;
+    f.apply_inflate().await;
+
+    // Scale to 6: six NodeClaims Ready, six Nodes, six pods Running, six instances.
+    let start = Instant::now();
+    f.scale(6).await;
+    f.wait_running(6, Duration::from_secs(180), &controller).await;
+    eprintln!("6 pods running after {:?}", start.elapsed());
+    wait_for("6 Ready NodeClaims", Duration::from_secs(60), &controller, || async {
+        let claims = f.claims().await;
+        claims.len() == 6 && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = f.claims().await;
+    assert_eq!(claims.len(), 6, "no duplicate NodeClaims\n{}", controller.log_tail());
+    assert_eq!(f.nodes().await.len(), 6);
+    f.assert_wide_columns_filled();
+    let instances: Vec<Ec2Instance> =
+        pool_instances(&ec2, &f.pool).await.into_iter().filter(|i| i.is_live()).collect();
+    assert_eq!(instances.len(), 6, "one instance per NodeClaim: {instances:?}");
+    for claim in &claims {
+        let name = claim.metadata.name.clone().unwrap();
+        let status = claim.status.as_ref().unwrap();
+        let provider_id = status.provider_id.clone().unwrap_or_default();
+        let image_id = status.image_id.clone().unwrap_or_default();
+        assert!(provider_id.starts_with("aws:///"), "{name}: provider id {provider_id}");
+        assert!(image_id.starts_with("ami-"), "{name}: image id {image_id}");
+        let instance = instances
+            .iter()
+            .find(|i| provider_id.ends_with(&format!("/{}", i.id)))
+            .unwrap_or_else(|| panic!("{name}: an instance {provider_id} in {instances:?}"));
+        assert_eq!(instance.claim.as_deref(), Some(name.as_str()), "the instance is tagged for its claim");
+        assert_eq!(instance.image_id, image_id);
+    }
+
+    // Scale to 0 and delete the pool's NodeClaims: Nodes gone, instances terminated, no finalizer
+    // left (the claims and nodes are gone only once their finalizers are released).
+    f.scale(0).await;
+    f.delete_all_claims().await;
+    wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(120), &controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty() && f.pods().await.is_empty()
+    })
+    .await;
+    let instances = pool_instances(&ec2, &f.pool).await;
+    assert_eq!(instances.len(), 6, "{instances:?}");
+    assert!(instances.iter().all(|i| i.state == "terminated"), "every instance terminated: {instances:?}");
+    for message in
+        ["launched nodeclaim", "registered nodeclaim", "initialized nodeclaim", "deleted nodeclaim"]
+    {
+        assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
+    }
+    assert!(
+        !launch_templates_of(&ec2, &f.class).await.is_empty(),
+        "launch templates were made for the class"
+    );
+
+    f.cleanup().await;
+    assert!(
+        launch_templates_of(&ec2, &f.class).await.is_empty(),
+        "the class's launch templates are deleted with it"
+    );
+    controller.stop_and_check();
+    drop(standin);
+}
+
+/// A crash between CreateFleet and the NodeClaim's status write (the controller is killed while
+/// the CreateFleet answer is on its way): the restarted controller adopts the instance instead of
+/// launching a second one; and when the claim is deleted while the controller is down, the
+/// instance it never recorded is still terminated.
+#[tokio::test]
+#[ignore = "needs the local control plane and the AWS emulator: make test"]
+async fn no_duplicate_or_leak_across_a_crash_with_aws() {
+    let _serial = serial().await;
+    let f = Fixture::new("crash").await;
+    let ec2 = ec2().await;
+    let standin = Standin::start();
+    let trap = CreateFleetTrap::start(&aws_var("AWS_ENDPOINT_URL")).await;
+    let trapped_env = aws_controller_env(Some(&trap.url));
+    let direct_env = aws_controller_env(None);
+
+    // 1. The first launch: killed once the instance exists, before anything is written.
+    let controller = Controller::start("aws", &env_refs(&trapped_env));
+    trap.arm(controller.pid());
+    f.apply_class_and_pool(100).await;
+    f.wait_class_ready(Duration::from_secs(60), &controller).await;
+    f.apply_inflate().await;
+    f.scale(1).await;
+    trap.wait_fired(controller.pid(), Duration::from_secs(60), &controller).await;
+    controller.kill();
+    let claims = f.claims().await;
+    assert_eq!(claims.len(), 1);
+    let first = claims[0].metadata.name.clone().unwrap();
+    assert!(
+        claims[0].status.as_ref().and_then(|s| s.provider_id.as_ref()).is_none(),
+        "the crash came before the status write: {:?}",
+        claims[0].status
+    );
+    let launched: Vec<Ec2Instance> = pool_instances(&ec2, &f.pool).await;
+    assert_eq!(launched.len(), 1, "CreateFleet ran: {launched:?}");
+    assert_eq!(launched[0].claim.as_deref(), Some(first.as_str()));
+    let first_instance = launched[0].id.clone();
+
+    // 2. Restarted: the claim gets the instance of the lost launch; nothing else is launched.
+    let controller = Controller::start("aws", &env_refs(&direct_env));
+    f.wait_running(1, Duration::from_secs(120), &controller).await;
+    wait_for("the NodeClaim Ready", Duration::from_secs(60), &controller, || async {
+        f.claims().await.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = f.claims().await;
+    assert_eq!(claims.len(), 1, "no second NodeClaim\n{}", controller.log_tail());
+    let provider_id = claims[0].status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    assert!(provider_id.ends_with(&format!("/{first_instance}")), "{provider_id} is {first_instance}");
+    let instances = pool_instances(&ec2, &f.pool).await;
+    assert_eq!(instances.len(), 1, "no duplicate instance: {instances:?}");
+    assert!(controller.log_contains("found the instance of a previous launch"), "{}", controller.log_tail());
+    controller.stop_and_check();
+
+    // 3. A second lost launch, and its claim deleted while the controller is down.
+    let controller = Controller::start("aws", &env_refs(&trapped_env));
+    trap.arm(controller.pid());
+    f.scale(2).await;
+    trap.wait_fired(controller.pid(), Duration::from_secs(60), &controller).await;
+    controller.kill();
+    let second =
+        f.all_claim_names().await.into_iter().find(|n| *n != first && n.starts_with(&f.pool)).unwrap();
+    let orphan = pool_instances(&ec2, &f.pool)
+        .await
+        .into_iter()
+        .find(|i| i.claim.as_deref() == Some(second.as_str()))
+        .expect("the instance of the second launch");
+    f.scale(1).await;
+    let out = std::process::Command::new("kubectl")
+        .args(["delete", "nodeclaim", &second, "--wait=false"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let controller = Controller::start("aws", &env_refs(&direct_env));
+    wait_for("the deleted NodeClaim gone", Duration::from_secs(60), &controller, || async {
+        !f.all_claim_names().await.contains(&second)
+    })
+    .await;
+    let instances = pool_instances(&ec2, &f.pool).await;
+    let state = |id: &str| instances.iter().find(|i| i.id == id).map(|i| i.state.clone()).unwrap_or_default();
+    assert_eq!(state(&orphan.id), "terminated", "the unrecorded instance does not leak: {instances:?}");
+    assert_eq!(state(&first_instance), "running", "{instances:?}");
+    assert_eq!(instances.iter().filter(|i| i.is_live()).count(), 1, "{instances:?}");
+
+    // 4. Deleting the rest leaves no instance behind.
+    f.scale(0).await;
+    f.delete_all_claims().await;
+    wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(120), &controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+    let instances = pool_instances(&ec2, &f.pool).await;
+    assert!(instances.iter().all(|i| i.state == "terminated"), "no instance left running: {instances:?}");
+    f.cleanup().await;
+    controller.stop_and_check();
+    drop(standin);
 }

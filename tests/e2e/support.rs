@@ -206,7 +206,7 @@ pub fn condition(claim: &NodeClaim, type_: &str) -> Option<String> {
         .conditions
         .iter()
         .find(|c| c.type_ == type_)
-        .map(|c| serde_json::to_value(&c.status).unwrap().as_str().unwrap_or_default().to_string())
+        .map(|c| serde_json::to_value(c.status).unwrap().as_str().unwrap_or_default().to_string())
 }
 
 pub fn is_running(pod: &Pod) -> bool {
@@ -214,8 +214,16 @@ pub fn is_running(pod: &Pod) -> bool {
         && pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
 }
 
+/// The cluster the journeys run against: `CLUSTER_NAME` as exported by `hack/cluster-up.sh`.
+pub fn cluster_name() -> String {
+    std::env::var("CLUSTER_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| "karpenter-demo".into())
+}
+
+/// An example manifest; the examples name the cluster `karpenter-demo` (discovery tags, node
+/// role), which becomes the cluster of the journeys.
 fn read_example<K: DeserializeOwned>(file: &str) -> K {
     let text = std::fs::read_to_string(repo().join("examples").join(file)).unwrap();
+    let text = text.replace("karpenter-demo", &cluster_name());
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("examples/{file}: {e}"))
 }
 
@@ -529,9 +537,30 @@ impl Fixture {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let _ = Api::<NodePool>::all(self.client.clone()).delete(&self.pool, &DeleteParams::default()).await;
-        let _ =
-            Api::<EC2NodeClass>::all(self.client.clone()).delete(&self.class, &DeleteParams::default()).await;
+        let classes = Api::<EC2NodeClass>::all(self.client.clone());
+        let _ = classes.delete(&self.class, &DeleteParams::default()).await;
         let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
+        // With the aws provider the class carries a finalizer the controller removes once it has
+        // cleaned up after the class: the controller must not stop before.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while classes.get_opt(&self.class).await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "EC2NodeClass {} removed (finalizer released)", self.class);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Waits until the fixture's EC2NodeClass reports `Ready=True`.
+    pub async fn wait_class_ready(&self, timeout: Duration, controller: &Controller) {
+        let api = Api::<EC2NodeClass>::all(self.client.clone());
+        wait_for(&format!("EC2NodeClass {} Ready", self.class), timeout, controller, || async {
+            let class = api.get(&self.class).await.unwrap();
+            class.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Ready" && serde_json::to_value(c.status).unwrap().as_str() == Some("True")
+                })
+            })
+        })
+        .await;
     }
 }
 
@@ -587,4 +616,261 @@ pub fn service_account_kubeconfig(name: &str, namespace: &str) -> PathBuf {
     let path = dir.join(format!("kubeconfig-{name}"));
     std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
     path
+}
+
+/// Where the AWS emulator answers and how to sign for it: the environment `hack/cluster-up.sh`
+/// exports, else the emulator's defaults. Also the `CLUSTER_NAME` the aws provider needs.
+pub fn aws_env() -> Vec<(String, String)> {
+    let var = |name: &str, default: String| (name.to_string(), std::env::var(name).unwrap_or(default));
+    let port = std::env::var("MOTO_PORT").unwrap_or_else(|_| "14566".into());
+    vec![
+        var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
+        var("AWS_REGION", "us-west-2".into()),
+        var("AWS_ACCESS_KEY_ID", "testing".into()),
+        var("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("CLUSTER_NAME".to_string(), cluster_name()),
+    ]
+}
+
+/// The value of `name` in [`aws_env`].
+pub fn aws_var(name: &str) -> String {
+    aws_env().into_iter().find(|(k, _)| k == name).map(|(_, v)| v).unwrap_or_default()
+}
+
+/// [`aws_env`] in the shape [`Controller::start`] takes, with `AWS_ENDPOINT_URL` replaced by
+/// `endpoint` when given.
+pub fn aws_controller_env(endpoint: Option<&str>) -> Vec<(String, String)> {
+    aws_env()
+        .into_iter()
+        .map(|(k, v)| match endpoint {
+            Some(e) if k == "AWS_ENDPOINT_URL" => (k, e.to_string()),
+            _ => (k, v),
+        })
+        .collect()
+}
+
+/// Borrows an owned environment as the `&[(&str, &str)]` of [`Controller::start`].
+pub fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// An EC2 instance as the journeys look at it.
+#[derive(Clone, Debug)]
+pub struct Ec2Instance {
+    pub id: String,
+    pub state: String,
+    pub image_id: String,
+    /// The `karpenter.sh/nodeclaim` tag.
+    pub claim: Option<String>,
+}
+
+impl Ec2Instance {
+    pub fn is_live(&self) -> bool {
+        !matches!(self.state.as_str(), "terminated" | "shutting-down")
+    }
+}
+
+/// An EC2 client for the emulator.
+pub async fn ec2() -> aws_sdk_ec2::Client {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(aws_var("AWS_ENDPOINT_URL"))
+        .region(aws_config::Region::new(aws_var("AWS_REGION")))
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+            aws_var("AWS_ACCESS_KEY_ID"),
+            aws_var("AWS_SECRET_ACCESS_KEY"),
+            None,
+            None,
+            "e2e",
+        ))
+        .load()
+        .await;
+    aws_sdk_ec2::Client::new(&config)
+}
+
+/// Every instance (in any state) of the cluster tagged for `pool`.
+pub async fn pool_instances(ec2: &aws_sdk_ec2::Client, pool: &str) -> Vec<Ec2Instance> {
+    use aws_sdk_ec2::types::Filter;
+    let out = ec2
+        .describe_instances()
+        .filters(
+            Filter::builder()
+                .name(format!("tag:kubernetes.io/cluster/{}", cluster_name()))
+                .values("owned")
+                .build(),
+        )
+        .filters(Filter::builder().name("tag:karpenter.sh/nodepool").values(pool).build())
+        .send()
+        .await
+        .unwrap();
+    out.reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .map(|i| Ec2Instance {
+            id: i.instance_id().unwrap_or_default().to_string(),
+            state: i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default(),
+            image_id: i.image_id().unwrap_or_default().to_string(),
+            claim: i
+                .tags()
+                .iter()
+                .find(|t| t.key() == Some("karpenter.sh/nodeclaim"))
+                .and_then(|t| t.value())
+                .map(str::to_string),
+        })
+        .collect()
+}
+
+/// Names of the launch templates Karpenter made for the EC2NodeClass `class` of this cluster.
+pub async fn launch_templates_of(ec2: &aws_sdk_ec2::Client, class: &str) -> Vec<String> {
+    use aws_sdk_ec2::types::Filter;
+    let out = ec2
+        .describe_launch_templates()
+        .filters(Filter::builder().name("tag:karpenter.k8s.aws/cluster").values(cluster_name()).build())
+        .filters(Filter::builder().name("tag:karpenter.k8s.aws/ec2nodeclass").values(class).build())
+        .send()
+        .await
+        .unwrap();
+    out.launch_templates().iter().filter_map(|t| t.launch_template_name()).map(str::to_string).collect()
+}
+
+/// The kubelet stand-in (`hack/standin-up.sh`): a Node for every running emulator instance of the
+/// cluster. Stopped on drop, unless it was running already.
+pub struct Standin {
+    started: bool,
+}
+
+impl Standin {
+    pub fn start() -> Self {
+        let out = Command::new(repo().join("hack/standin-up.sh"))
+            .args(["--interval", "0.5"])
+            .envs(aws_env())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "hack/standin-up.sh:\n{stderr}");
+        Standin { started: !stderr.contains("already running") }
+    }
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        if self.started {
+            let _ = Command::new(repo().join("hack/standin-down.sh")).envs(aws_env()).output();
+        }
+    }
+}
+
+/// A TCP relay in front of the AWS emulator that crashes the controller at the worst moment of
+/// a launch: once armed with the controller's pid, the answer to the next CreateFleet request
+/// that passes through is held back, the controller is killed with SIGKILL and the answer is
+/// dropped. The instance exists in EC2, but the controller never learned its id and wrote
+/// nothing to the NodeClaim.
+pub struct CreateFleetTrap {
+    pub url: String,
+    pid: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    fired: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CreateFleetTrap {
+    /// Starts the relay in front of `upstream` (an `http://host:port` URL).
+    pub async fn start(upstream: &str) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicU32;
+        let upstream = upstream.trim_start_matches("http://").trim_end_matches('/').to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let pid = Arc::new(AtomicU32::new(0));
+        let fired = Arc::new(AtomicU32::new(0));
+        let (pid2, fired2) = (pid.clone(), fired.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { continue };
+                tokio::spawn(relay(client, server, pid2.clone(), fired2.clone()));
+            }
+        });
+        CreateFleetTrap { url, pid, fired, task }
+    }
+
+    /// Kills `pid` at the next CreateFleet answer.
+    pub fn arm(&self, pid: u32) {
+        self.pid.store(pid, Ordering::SeqCst);
+    }
+
+    /// The pid killed so far (0: none yet).
+    pub fn fired(&self) -> u32 {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the trap has fired on `pid`.
+    pub async fn wait_fired(&self, pid: u32, timeout: Duration, controller: &Controller) {
+        wait_for("the controller killed at a CreateFleet answer", timeout, controller, || async {
+            self.fired() == pid
+        })
+        .await;
+    }
+}
+
+impl Drop for CreateFleetTrap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Relays one connection; see [`CreateFleetTrap`]. HTTP/1.1 answers come in the order of the
+/// requests, so the first bytes upstream sends after a CreateFleet request are its answer.
+async fn relay(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    pid: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    fired: std::sync::Arc<std::sync::atomic::AtomicU32>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const NEEDLE: &[u8] = b"Action=CreateFleet";
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let create_fleet = Arc::new(AtomicBool::new(false));
+    let seen = create_fleet.clone();
+    let upstream = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        // The end of the previous read, so that a needle split across reads is found too.
+        let mut tail: Vec<u8> = Vec::new();
+        loop {
+            let n = match client_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            tail.extend_from_slice(&buf[..n]);
+            if tail.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+                seen.store(true, Ordering::SeqCst);
+            }
+            let keep = tail.len().saturating_sub(NEEDLE.len());
+            tail.drain(..keep);
+            if server_tx.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = server_tx.shutdown().await;
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match server_rx.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if create_fleet.swap(false, Ordering::SeqCst) {
+            let target = pid.swap(0, Ordering::SeqCst);
+            if target != 0 {
+                let status = Command::new("kill").args(["-KILL", &target.to_string()]).status().unwrap();
+                assert!(status.success(), "kill -KILL {target}");
+                fired.store(target, Ordering::SeqCst);
+                break;
+            }
+        }
+        if client_tx.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    upstream.abort();
 }

@@ -110,6 +110,24 @@ impl NodeClassStore {
         self.0.write().unwrap_or_else(PoisonError::into_inner).insert(name, Arc::new(class));
     }
 
+    /// Adds the classes it does not know yet, as stored in the API (with the status resolved
+    /// before), leaving the ones it knows alone; returns how many were added. At start, before
+    /// the node-class controller has resolved anything, this lets launches use the status
+    /// resolved by a previous run, as upstream does.
+    pub fn seed(&self, classes: impl IntoIterator<Item = EC2NodeClass>) -> usize {
+        let mut known = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        let mut added = 0;
+        for class in classes {
+            let Some(name) = class.metadata.name.clone() else { continue };
+            if class.metadata.deletion_timestamp.is_some() || known.contains_key(&name) {
+                continue;
+            }
+            known.insert(name, Arc::new(class));
+            added += 1;
+        }
+        added
+    }
+
     /// Removes a class.
     pub fn remove(&self, name: &str) {
         self.0.write().unwrap_or_else(PoisonError::into_inner).remove(name);
@@ -794,6 +812,47 @@ impl CloudProvider for AwsCloudProvider {
 mod tests {
     use super::*;
     use crate::apis::ec2nodeclass::{AmiStatus, SecurityGroupStatus, SubnetStatus};
+
+    #[test]
+    fn seeding_the_store_keeps_what_the_controller_resolved() {
+        let class = |name: &str, subnet: &str, deleted: bool| {
+            let mut c: EC2NodeClass = serde_json::from_value(serde_json::json!({
+                "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+                "metadata": {"name": name},
+                "spec": {
+                    "amiSelectorTerms": [{"alias": "al2023@latest"}],
+                    "subnetSelectorTerms": [{"id": "subnet-x"}],
+                    "securityGroupSelectorTerms": [{"id": "sg-x"}],
+                    "role": "node-role"
+                }
+            }))
+            .unwrap();
+            c.status = Some(EC2NodeClassStatus {
+                subnets: vec![SubnetStatus { id: subnet.into(), zone: "us-west-2a".into(), zone_id: None }],
+                ..Default::default()
+            });
+            if deleted {
+                c.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    "2026-01-01T00:00:00Z".parse().unwrap(),
+                ));
+            }
+            c
+        };
+        let subnet = |store: &NodeClassStore, name: &str| {
+            store.get(name).and_then(|c| c.status.as_ref()?.subnets.first().map(|s| s.id.clone()))
+        };
+        let store = NodeClassStore::default();
+        store.upsert(class("resolved", "subnet-new", false));
+        let added = store.seed([
+            class("resolved", "subnet-old", false),
+            class("persisted", "subnet-p", false),
+            class("going", "subnet-g", true),
+        ]);
+        assert_eq!(added, 1);
+        assert_eq!(subnet(&store, "resolved").as_deref(), Some("subnet-new"), "the controller's copy wins");
+        assert_eq!(subnet(&store, "persisted").as_deref(), Some("subnet-p"), "the API's status is used");
+        assert!(store.get("going").is_none(), "a class being deleted launches nothing");
+    }
 
     #[test]
     fn orphans_are_old_instances_without_node_claim() {
