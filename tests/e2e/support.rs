@@ -463,8 +463,10 @@ impl Fixture {
         let deadline = Instant::now() + timeout;
         loop {
             let messages = self.events_about(&self.ns, "Pod", &name, reason).await;
-            // The kube-scheduler writes FailedScheduling too ("0/3 nodes are available: ..").
-            if let Some(m) = messages.into_iter().find(|m| !m.starts_with("0/")) {
+            // The kube-scheduler writes FailedScheduling too ("0/3 nodes are available: ..", "no
+            // nodes available to schedule pods"); Karpenter's start as upstream's do.
+            let ours = |m: &String| reason != "FailedScheduling" || m.starts_with("Failed to schedule pod");
+            if let Some(m) = messages.into_iter().find(ours) {
                 return m;
             }
             assert!(
