@@ -132,30 +132,15 @@ pub fn set_condition(
     now: Timestamp,
 ) -> bool {
     let message = truncate(update.message, 32768);
-    match conditions.iter_mut().find(|c| c.type_ == type_) {
-        Some(c) => {
-            let before = c.clone();
-            if c.status != update.status {
-                c.last_transition_time = timestamp(now);
-            }
-            c.status = update.status;
-            c.reason = update.reason;
-            c.message = message;
-            c.observed_generation = generation;
-            *c != before
-        }
-        None => {
-            conditions.push(Condition {
-                type_: type_.to_string(),
-                status: update.status,
-                observed_generation: generation,
-                last_transition_time: timestamp(now),
-                reason: update.reason,
-                message,
-            });
-            true
-        }
-    }
+    crate::apis::common::set_condition(
+        conditions,
+        type_,
+        update.status,
+        &update.reason,
+        &message,
+        generation,
+        &timestamp(now),
+    )
 }
 
 fn truncate(mut s: String, max: usize) -> String {
