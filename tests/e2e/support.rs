@@ -236,9 +236,39 @@ pub struct Fixture {
     pub class: String,
 }
 
+static SWEPT: OnceCell<()> = OnceCell::const_new();
+
+/// Deletes what earlier, failed runs left behind (their namespaces, NodePools and EC2NodeClasses
+/// are named `e2e-<tag>-<pid>`); their NodeClaims follow their NodePools through the garbage
+/// collector and are terminated by the next controller that runs.
+async fn sweep_leftovers(client: &Client) {
+    let mine = format!("-{}", std::process::id());
+    let stale = |name: &str| name.starts_with("e2e-") && !name.ends_with(&mine);
+    let dp = DeleteParams::default();
+    let pools = Api::<NodePool>::all(client.clone());
+    for p in pools.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+        if stale(&p.name_any()) {
+            let _ = pools.delete(&p.name_any(), &dp).await;
+        }
+    }
+    let classes = Api::<EC2NodeClass>::all(client.clone());
+    for c in classes.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+        if stale(&c.name_any()) {
+            let _ = classes.delete(&c.name_any(), &dp).await;
+        }
+    }
+    let namespaces = Api::<Namespace>::all(client.clone());
+    for n in namespaces.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+        if stale(&n.name_any()) {
+            let _ = namespaces.delete(&n.name_any(), &dp).await;
+        }
+    }
+}
+
 impl Fixture {
     pub async fn new(tag: &str) -> Self {
         let client = client().await;
+        SWEPT.get_or_init(|| sweep_leftovers(&client)).await;
         let id = format!("e2e-{tag}-{}", std::process::id());
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": id}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
