@@ -15,7 +15,8 @@ use kube::api::{Patch, PatchParams};
 use tokio::sync::watch;
 
 use crate::apis::labels::{
-    ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, AWS_GROUP, LABEL_NODEPOOL,
+    ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, AWS_GROUP, LABEL_ARCH, LABEL_CAPACITY_TYPE,
+    LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
 };
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{ConditionStatus, EC2NodeClass, NodePool, NodePoolStatus, common::set_condition};
@@ -56,6 +57,7 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
     let now = Timestamp::now().to_string();
     let usage = usage(&snapshot);
     ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
+    record_pod_states(ctx, &snapshot);
     for np in &snapshot.nodepools {
         if np.metadata.deletion_timestamp.is_some() {
             continue;
@@ -106,6 +108,54 @@ fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
                 .set(display_value(resource, v));
         }
     }
+}
+
+/// `karpenter_pods_state`: one series per pod with where it runs and its phase, rebuilt from the
+/// snapshot on every pass so that deleted pods disappear.
+fn record_pod_states(ctx: &Context, snapshot: &Snapshot) {
+    let family = &ctx.metrics.pods_state;
+    family.clear();
+    for labels in pod_state_labels(snapshot) {
+        family.get_or_create(&labels).set(1.0);
+    }
+}
+
+/// The labels of `karpenter_pods_state` for every pod, as upstream names them.
+pub fn pod_state_labels(snapshot: &Snapshot) -> Vec<crate::operator::metrics::Labels> {
+    let nodes: HashMap<&str, &BTreeMap<String, String>> = snapshot
+        .nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
+        .collect();
+    let empty = BTreeMap::new();
+    snapshot
+        .pods
+        .iter()
+        .map(|pod| {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            let labels = nodes.get(node.as_str()).copied().unwrap_or(&empty);
+            let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
+            let owner = pod
+                .metadata
+                .owner_references
+                .as_ref()
+                .and_then(|o| o.first())
+                .map(|o| format!("{}/{}", o.kind, o.name))
+                .unwrap_or_default();
+            vec![
+                ("name", pod.metadata.name.clone().unwrap_or_default()),
+                ("namespace", pod.metadata.namespace.clone().unwrap_or_default()),
+                ("owner", owner),
+                ("node", node),
+                ("nodepool", label(LABEL_NODEPOOL)),
+                ("zone", label(LABEL_TOPOLOGY_ZONE)),
+                ("arch", label(LABEL_ARCH)),
+                ("capacity_type", label(LABEL_CAPACITY_TYPE)),
+                ("instance_type", label(LABEL_INSTANCE_TYPE)),
+                ("phase", pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()),
+            ]
+        })
+        .collect()
 }
 
 /// Quantities are kept in milli-units for CPU; the metrics report whole units, as upstream.
@@ -317,6 +367,26 @@ spec:
         assert_eq!(get(READY).message, "NodeClassReady is False");
         assert_eq!(status.nodes, 0);
         assert!(node_class_ready(&np, &snapshot, CloudProviderKind::Kwok).is_ok());
+    }
+
+    #[test]
+    fn pod_states_name_where_each_pod_runs() {
+        let mut n = (*node("n1", "general", "2")).clone();
+        n.metadata.labels.as_mut().unwrap().insert(LABEL_TOPOLOGY_ZONE.into(), "us-east-1a".into());
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u"}]},
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let snapshot = Snapshot { nodes: vec![Arc::new(n)], pods: vec![Arc::new(pod)], ..Default::default() };
+        let labels = pod_state_labels(&snapshot);
+        let get = |k: &str| labels[0].iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        assert_eq!(get("owner"), "ReplicaSet/rs");
+        assert_eq!(get("nodepool"), "general");
+        assert_eq!(get("zone"), "us-east-1a");
+        assert_eq!(get("phase"), "Running");
     }
 
     #[test]

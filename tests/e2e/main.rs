@@ -70,6 +70,7 @@ async fn getting_started_with_kwok() {
         "karpenter_cloudprovider_duration_seconds_bucket",
         "karpenter_nodepools_usage",
         "karpenter_nodepools_limit",
+        "karpenter_pods_state",
     ] {
         assert!(metrics.contains(name), "{name} in /metrics");
     }
