@@ -219,7 +219,8 @@ async fn runs_as_the_chart_service_account() {
     f.scale(0).await;
     f.cleanup().await;
     let log = controller.log();
-    for needle in ["403", "forbidden", "Forbidden"] {
+    // How kube reports a refusal: `... reason: "Forbidden", code: 403 }`.
+    for needle in ["code: 403", "forbidden", "Forbidden"] {
         assert!(
             !log.contains(needle),
             "the ServiceAccount lacks a permission ({needle}):\n{}",
