@@ -17,6 +17,7 @@ use thiserror::Error;
 
 use crate::apis::{NodeClaim, NodePool, ResourceList};
 use crate::scheduling::instancetypes::InstanceType;
+use crate::scheduling::{Requirements, Resources};
 
 /// A boxed, sendable future: the trait's methods return these so that `dyn CloudProvider` works.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -218,6 +219,25 @@ impl CloudProviderError {
 
 fn list(offerings: &[OfferingKey]) -> String {
     offerings.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The requirements and resource requests of a NodeClaim, or
+/// [`CloudProviderError::InvalidNodeClaim`] naming the field that does not parse.
+pub fn claim_requirements(node_claim: &NodeClaim, claim_name: &str) -> Result<(Requirements, Resources)> {
+    let invalid =
+        |reason: String| CloudProviderError::InvalidNodeClaim { name: claim_name.to_string(), reason };
+    let reqs = Requirements::from_nodepool(&node_claim.spec.requirements)
+        .map_err(|e| invalid(format!("spec.requirements: {e}")))?;
+    let requests = node_claim
+        .spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .map(Resources::from_list)
+        .transpose()
+        .map_err(|e| invalid(format!("spec.resources.requests: {e}")))?
+        .unwrap_or_default();
+    Ok((reqs, requests))
 }
 
 /// Parses `aws:///<zone>/<instance-id>` into `(zone, instance-id)`.

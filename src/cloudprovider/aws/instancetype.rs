@@ -631,15 +631,7 @@ pub(crate) mod tests {
     }
 
     fn default_settings() -> Settings<'static> {
-        Settings {
-            region: "us-west-2",
-            kubelet: None,
-            ami_family: AmiFamily::AL2023,
-            ephemeral_storage: DEFAULT_EPHEMERAL_STORAGE,
-            instance_store_raid0: false,
-            reserved_enis: 0,
-            vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
-        }
+        Settings { region: "us-west-2", ..crate::cloudprovider::aws::embedded::default_settings() }
     }
 
     fn fmt(r: &Resources) -> BTreeMap<String, String> {

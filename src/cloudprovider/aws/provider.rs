@@ -414,17 +414,7 @@ impl AwsCloudProvider {
             node_claim: claim_name.clone(),
             reason,
         };
-        let reqs = Requirements::from_nodepool(&node_claim.spec.requirements)
-            .map_err(|e| no_types(e.to_string()))?;
-        let requests = node_claim
-            .spec
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .map(Resources::from_list)
-            .transpose()
-            .map_err(|e| no_types(e.to_string()))?
-            .unwrap_or_default();
+        let (reqs, requests) = crate::cloudprovider::claim_requirements(node_claim, &claim_name)?;
         let types = self.instance_types_for_class(&class).await?;
         let candidates: Vec<&InstanceType> = sched::filter(&types, &reqs, &requests).collect();
         if candidates.is_empty() {

@@ -31,7 +31,10 @@ use kube::{Api, Client};
 use thiserror::Error;
 use tokio::task::AbortHandle;
 
-use super::{BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result};
+use super::{
+    BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result,
+    claim_requirements,
+};
 use crate::apis::labels::{
     LABEL_CAPACITY_TYPE, LABEL_HOSTNAME, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
     TAINT_UNREGISTERED,
@@ -308,24 +311,6 @@ pub fn node_name(provider_id: &str) -> Result<&str> {
         .strip_prefix(PROVIDER_ID_PREFIX)
         .filter(|n| !n.is_empty() && !n.contains('/'))
         .ok_or_else(|| CloudProviderError::InvalidProviderId(provider_id.to_string()))
-}
-
-/// The requirements and resource requests of a NodeClaim.
-fn claim_requirements(node_claim: &NodeClaim, claim_name: &str) -> Result<(Requirements, Resources)> {
-    let invalid =
-        |reason: String| CloudProviderError::InvalidNodeClaim { name: claim_name.to_string(), reason };
-    let reqs = Requirements::from_nodepool(&node_claim.spec.requirements)
-        .map_err(|e| invalid(format!("spec.requirements: {e}")))?;
-    let requests = node_claim
-        .spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .map(Resources::from_list)
-        .transpose()
-        .map_err(|e| invalid(format!("spec.resources.requests: {e}")))?
-        .unwrap_or_default();
-    Ok((reqs, requests))
 }
 
 /// The cheapest available offering, of a type of `types` that `reqs` allow and on which
