@@ -1,6 +1,7 @@
 //! The operator around the controllers: settings, leader election, health and metrics
 //! endpoints, logging.
 
+pub mod apiclient;
 pub mod leader;
 pub mod metrics;
 pub mod run;

@@ -10,6 +10,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::apiclient;
 use super::error_chain;
 use super::leader::{LEASE_NAME, LeaderElector, Timing};
 use super::metrics::Metrics;
@@ -52,7 +53,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub async fn run(settings: Settings) -> Result<(), RunError> {
     let settings = Arc::new(settings);
     tracing::info!(settings = ?settings.summary(), version = env!("CARGO_PKG_VERSION"), "starting karpenter");
-    let client = kube::Client::try_default().await.map_err(RunError::Kube)?;
+    let client = apiclient::client(settings.kube_client_qps, settings.kube_client_burst)
+        .await
+        .map_err(RunError::Kube)?;
 
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
@@ -140,7 +143,11 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         tasks.spawn(controllers::provisioning::run(ctx.clone(), state.clone(), changes, ctrl_stop.clone()));
         tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
         tasks.spawn(controllers::nodeclaim::run(ctx.clone(), ctrl_stop.clone()));
-        tasks.spawn(controllers::termination::run(ctx.clone(), ctrl_stop.clone()));
+        let cache = controllers::termination::Cache {
+            pods: state.pods.clone(),
+            nodeclaims: state.nodeclaims.clone(),
+        };
+        tasks.spawn(controllers::termination::run(ctx.clone(), cache, ctrl_stop.clone()));
         if let Some(aws) = &aws {
             tasks.spawn(controllers::nodeclass::run(
                 client.clone(),

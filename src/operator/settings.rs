@@ -164,10 +164,10 @@ pub struct Settings {
     /// Log level: error, warn, info, debug (or a tracing filter).
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     pub log_level: String,
-    /// Requests per second to the API server.
+    /// Requests per second to the API server (a token bucket; 0 turns the limit off).
     #[arg(long, env = "KUBE_CLIENT_QPS", default_value_t = 200)]
     pub kube_client_qps: u32,
-    /// Burst of requests to the API server.
+    /// Requests the token bucket holds for a burst.
     #[arg(long, env = "KUBE_CLIENT_BURST", default_value_t = 300)]
     pub kube_client_burst: u32,
     /// Port of the Prometheus metrics endpoint.

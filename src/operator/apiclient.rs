@@ -1,0 +1,323 @@
+//! The Kubernetes client the controller uses: kube's default stack plus client-side limits.
+//!
+//! Like client-go's, requests are rate limited by a token bucket of `KUBE_CLIENT_QPS` tokens a
+//! second holding up to `KUBE_CLIENT_BURST` (0 QPS turns the limit off). On top of that, at most
+//! [`MAX_IN_FLIGHT`] requests other than watches are outstanding at once; the rest wait their
+//! turn. The API server speaks HTTP/1.1 to this client, so every concurrent request holds a
+//! connection of its own, with its TLS state and buffers: a burst of a thousand evictions or
+//! events would otherwise open a thousand connections and keep them in the pool. Long-running
+//! watches take a token but no in-flight slot.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use kube::client::{Body, ClientBuilder};
+use kube::{Client, Config};
+use std::time::Instant;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::buffer::Buffer;
+use tower::{BoxError, Layer, Service, ServiceExt};
+
+/// Requests other than watches that may be outstanding at once.
+pub const MAX_IN_FLIGHT: usize = 32;
+
+/// Queue length of the buffer in front of kube's service stack.
+const BUFFER: usize = 1024;
+
+/// A client for the cluster of the kubeconfig or in-cluster configuration, with the limits of
+/// `qps`, `burst` and [`MAX_IN_FLIGHT`].
+pub async fn client(qps: u32, burst: u32) -> Result<Client, kube::Error> {
+    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    client_for(config, qps, burst)
+}
+
+/// A limited client for `config`.
+pub fn client_for(config: Config, qps: u32, burst: u32) -> Result<Client, kube::Error> {
+    let layer = LimitLayer::new(qps, burst, MAX_IN_FLIGHT);
+    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
+}
+
+/// A token bucket: `rate` tokens a second, holding at most `capacity`.
+#[derive(Debug)]
+pub struct TokenBucket {
+    rate: f64,
+    capacity: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    /// A full bucket; a zero `rate` never makes anyone wait.
+    pub fn new(rate: u32, capacity: u32) -> Self {
+        let capacity = f64::from(capacity.max(1));
+        TokenBucket { rate: f64::from(rate), capacity, state: Mutex::new((capacity, Instant::now())) }
+    }
+
+    /// Takes a token, reserving one ahead when the bucket is empty, and returns how long to wait
+    /// before using it.
+    pub fn reserve(&self) -> Duration {
+        self.reserve_at(Instant::now())
+    }
+
+    fn reserve_at(&self, now: Instant) -> Duration {
+        if self.rate <= 0.0 {
+            return Duration::ZERO;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (tokens, last) = *state;
+        let refilled =
+            (tokens + now.saturating_duration_since(last).as_secs_f64() * self.rate).min(self.capacity);
+        let left = refilled - 1.0;
+        *state = (left, now);
+        if left >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-left / self.rate) }
+    }
+
+    /// Waits for a token.
+    pub async fn acquire(&self) {
+        let wait = self.reserve();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Whether a request is a watch (`?watch=true`), which may stay open for minutes.
+fn is_watch<B>(req: &Request<B>) -> bool {
+    req.uri().query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+}
+
+/// Adds the limits to a service stack.
+#[derive(Clone, Debug)]
+pub struct LimitLayer {
+    bucket: Arc<TokenBucket>,
+    in_flight: Arc<Semaphore>,
+}
+
+impl LimitLayer {
+    /// `qps` and `burst` for the token bucket; at most `max_in_flight` requests besides watches.
+    pub fn new(qps: u32, burst: u32, max_in_flight: usize) -> Self {
+        LimitLayer {
+            bucket: Arc::new(TokenBucket::new(qps, burst)),
+            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+        }
+    }
+}
+
+impl<S, B> Layer<S> for LimitLayer
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + Sync,
+    B: 'static,
+{
+    type Service = LimitService<S::Future>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LimitService {
+            // The waiting happens in each request's own future, so that a request waiting for a
+            // slot never holds up a watch behind it; the buffer lets those futures share `inner`.
+            inner: Buffer::new(inner, BUFFER),
+            bucket: self.bucket.clone(),
+            in_flight: self.in_flight.clone(),
+        }
+    }
+}
+
+/// The service [`LimitLayer`] makes; its clones share the limits.
+pub struct LimitService<F> {
+    inner: Buffer<Request<Body>, F>,
+    bucket: Arc<TokenBucket>,
+    in_flight: Arc<Semaphore>,
+}
+
+impl<F: Send + 'static> Clone for LimitService<F> {
+    fn clone(&self) -> Self {
+        LimitService {
+            inner: self.inner.clone(),
+            bucket: self.bucket.clone(),
+            in_flight: self.in_flight.clone(),
+        }
+    }
+}
+
+impl<F, B, E> Service<Request<Body>> for LimitService<F>
+where
+    F: std::future::Future<Output = Result<Response<B>, E>> + Send + 'static,
+    E: Into<BoxError> + Send + Sync,
+    B: Send + 'static,
+{
+    type Response = Response<PermitBody<B>>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        let bucket = self.bucket.clone();
+        let in_flight = self.in_flight.clone();
+        Box::pin(async move {
+            bucket.acquire().await;
+            let permit = if is_watch(&req) { None } else { Some(in_flight.acquire_owned().await?) };
+            let response = inner.oneshot(req).await?;
+            Ok(response.map(|body| PermitBody { body, permit }))
+        })
+    }
+}
+
+/// A response body that keeps its request's in-flight slot until it has been read or dropped.
+pub struct PermitBody<B> {
+    body: B,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<B> HttpBody for PermitBody<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            this.permit = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_the_rate() {
+        let bucket = TokenBucket::new(10, 3);
+        let t0 = bucket.state.lock().unwrap().1;
+        for _ in 0..3 {
+            assert_eq!(bucket.reserve_at(t0), Duration::ZERO);
+        }
+        // Empty: the next tokens come every 100 ms, reserved in order.
+        assert_eq!(bucket.reserve_at(t0), Duration::from_millis(100));
+        assert_eq!(bucket.reserve_at(t0), Duration::from_millis(200));
+        // 250 ms later the two reservations are paid and half a token has come back.
+        assert_eq!(bucket.reserve_at(t0 + Duration::from_millis(250)), Duration::from_millis(50));
+        // Ten seconds later it is full again, but never beyond the burst.
+        let later = t0 + Duration::from_secs(10);
+        for _ in 0..3 {
+            assert_eq!(bucket.reserve_at(later), Duration::ZERO);
+        }
+        assert_eq!(bucket.reserve_at(later), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn zero_qps_means_no_limit() {
+        let bucket = TokenBucket::new(0, 0);
+        for _ in 0..1000 {
+            assert_eq!(bucket.reserve(), Duration::ZERO);
+        }
+    }
+
+    #[test]
+    fn watches_are_told_apart() {
+        let req = |uri: &str| Request::get(uri).body(()).unwrap();
+        assert!(is_watch(&req("/api/v1/pods?&watch=true&timeoutSeconds=290&resourceVersion=0")));
+        assert!(is_watch(&req("/api/v1/namespaces/a/pods?watch=1")));
+        assert!(!is_watch(&req("/api/v1/pods?labelSelector=watch%3Dtrue")));
+        assert!(!is_watch(&req("/api/v1/pods")));
+        assert!(!is_watch(&req("/api/v1/namespaces/watch/pods/watch")));
+    }
+
+    /// A service that answers after a while, counting how many requests are open at once.
+    #[derive(Clone)]
+    struct Slow {
+        open: Arc<std::sync::atomic::AtomicUsize>,
+        peak: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Service<Request<Body>> for Slow {
+        type Response = Response<http_body_util::Full<Bytes>>;
+        type Error = BoxError;
+        type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: Request<Body>) -> Self::Future {
+            use std::sync::atomic::Ordering::SeqCst;
+            let (open, peak) = (self.open.clone(), self.peak.clone());
+            let watch = is_watch(&req);
+            Box::pin(async move {
+                let now = open.fetch_add(1, SeqCst) + 1;
+                peak.fetch_max(now, SeqCst);
+                // Watches stay open far longer than anything else.
+                tokio::time::sleep(Duration::from_millis(if watch { 60_000 } else { 100 })).await;
+                open.fetch_sub(1, SeqCst);
+                Ok(Response::new(http_body_util::Full::new(Bytes::from_static(b"{}"))))
+            })
+        }
+    }
+
+    // Real time: only bounds that cannot depend on the machine's speed are asserted.
+    #[tokio::test]
+    async fn at_most_the_limit_is_in_flight_and_watches_do_not_count() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let slow = Slow { open: Default::default(), peak: Default::default() };
+        let layer = LimitLayer::new(0, 0, 4);
+        let service = layer.layer(slow.clone());
+        let mut calls = Vec::new();
+        // Three watches first: they must not use up the slots.
+        for _ in 0..3 {
+            let mut s = service.clone();
+            calls.push(tokio::spawn(async move {
+                s.call(Request::get("/api/v1/pods?watch=true").body(Body::empty()).unwrap()).await.map(|_| ())
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let start = Instant::now();
+        let mut requests = Vec::new();
+        for i in 0..20 {
+            let mut s = service.clone();
+            requests.push(tokio::spawn(async move {
+                let response =
+                    s.call(Request::get(format!("/api/v1/pods/p{i}")).body(Body::empty()).unwrap()).await?;
+                // Reading the body releases the slot.
+                http_body_util::BodyExt::collect(response.into_body())
+                    .await
+                    .map(|_| ())
+                    .map_err(BoxError::from)
+            }));
+        }
+        for r in requests {
+            r.await.unwrap().unwrap();
+        }
+        // 20 requests of 100 ms, never more than four at a time besides the three watches.
+        assert!(start.elapsed() >= Duration::from_millis(500), "{:?}", start.elapsed());
+        let peak = slow.peak.load(SeqCst);
+        assert!((3 + 2..=3 + 4).contains(&peak), "{peak} open at once");
+        for c in calls {
+            c.abort();
+        }
+    }
+}
