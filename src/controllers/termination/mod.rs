@@ -13,6 +13,10 @@
 //! 5. terminate its instance through the cloud provider, until the provider reports it gone;
 //! 6. delete the NodeClaim if nobody has yet, and remove the finalizer.
 //!
+//! The pods of the node and its NodeClaim are read from the shared cluster-state caches when the
+//! controller has them; a node the cache shows drained is checked against the API server before
+//! the instance goes, and a NodeClaim the cache does not have yet is looked up there too.
+//!
 //! Steps 3 and 4 end early once the termination deadline has passed. A node without NodeClaim is
 //! still drained before its finalizer goes. Errors are logged with the node's name and retried
 //! with backoff; they never stop the controller.
@@ -31,6 +35,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -99,10 +104,39 @@ struct Progress {
     instance_termination_started: Option<Instant>,
 }
 
-/// The controller's state: the shared context and the per-node progress.
+/// The controller's state: the shared context, the caches it reads and the per-node progress.
 struct Terminator {
     ctx: Context,
+    cache: Option<Cache>,
     progress: Mutex<HashMap<String, Progress>>,
+}
+
+/// The cluster-state caches of pods and NodeClaims.
+#[derive(Clone)]
+pub struct Cache {
+    /// Pods of every namespace.
+    pub pods: Store<Pod>,
+    /// NodeClaims.
+    pub nodeclaims: Store<NodeClaim>,
+}
+
+impl Cache {
+    /// Copies of the cached pods bound to `node`.
+    fn pods_on(&self, node: &str) -> Vec<Pod> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .map(|p| (**p).clone())
+            .collect()
+    }
+
+    /// The cached NodeClaim with `provider_id`.
+    fn node_claim(&self, provider_id: &str) -> Option<NodeClaim> {
+        self.nodeclaims
+            .find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
+            .map(|c| (*c).clone())
+    }
 }
 
 impl Terminator {
@@ -125,15 +159,22 @@ impl Terminator {
     }
 }
 
-/// Runs the node termination controller until `stop` turns `true` (or its sender goes away).
-pub async fn run(ctx: Context, stop: watch::Receiver<bool>) {
-    run_watching(ctx, stop, watcher::Config::default()).await;
+/// Runs the node termination controller, reading pods and NodeClaims from `cache`, until `stop`
+/// turns `true` (or its sender goes away).
+pub async fn run(ctx: Context, cache: Cache, stop: watch::Receiver<bool>) {
+    run_watching(ctx, Some(cache), stop, watcher::Config::default()).await;
 }
 
-/// Runs the controller on the nodes `config` selects.
-async fn run_watching(ctx: Context, mut stop: watch::Receiver<bool>, config: watcher::Config) {
+/// Runs the controller on the nodes `config` selects; without `cache`, pods and NodeClaims are
+/// listed from the API server.
+async fn run_watching(
+    ctx: Context,
+    cache: Option<Cache>,
+    mut stop: watch::Receiver<bool>,
+    config: watcher::Config,
+) {
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let terminator = Arc::new(Terminator { ctx, progress: Mutex::new(HashMap::new()) });
+    let terminator = Arc::new(Terminator { ctx, cache, progress: Mutex::new(HashMap::new()) });
     let stopped = tokio::spawn(async move {
         let _ = stop.wait_for(|stop| *stop).await;
     });
@@ -196,7 +237,7 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
     };
     let t = &*terminator;
     let ctx = &t.ctx;
-    let node_claim = find_node_claim(ctx, &node).await?;
+    let node_claim = find_node_claim(ctx, t.cache.as_ref(), &node).await?;
     let claim_name = node_claim.as_ref().map(|c| c.name_any()).unwrap_or_default();
     let nodepool = node_pool(&node, node_claim.as_ref());
 
@@ -212,8 +253,19 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
     };
 
     // Drain.
-    let pods = node_pods(ctx, &name).await?;
     let now = Timestamp::now();
+    let pods = match &t.cache {
+        Some(cache) => {
+            let cached = cache.pods_on(&name);
+            // The cache may lag behind: a node it shows drained is confirmed with the API server.
+            if drain::plan(&cached, now, deadline).is_drained() {
+                node_pods(ctx, &name).await?
+            } else {
+                cached
+            }
+        }
+        None => node_pods(ctx, &name).await?,
+    };
     let plan = drain::plan(&pods, now, deadline);
     if !plan.is_drained() {
         let outcome = execute(ctx, &node, &plan, deadline).await;
@@ -323,13 +375,21 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
     Ok(Action::await_change())
 }
 
-/// The NodeClaim whose `status.providerID` is the node's `spec.providerID`.
-async fn find_node_claim(ctx: &Context, node: &Node) -> Result<Option<NodeClaim>, Error> {
+/// The NodeClaim whose `status.providerID` is the node's `spec.providerID`: the cached one, else
+/// the API server's (a NodeClaim missed here would leave its instance running).
+async fn find_node_claim(
+    ctx: &Context,
+    cache: Option<&Cache>,
+    node: &Node,
+) -> Result<Option<NodeClaim>, Error> {
     let Some(provider_id) =
         node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|p| !p.is_empty())
     else {
         return Ok(None);
     };
+    if let Some(claim) = cache.and_then(|c| c.node_claim(provider_id)) {
+        return Ok(Some(claim));
+    }
     let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
     let list = claims.list(&ListParams::default()).await.map_err(kube_error("list nodeclaims"))?;
     Ok(list

@@ -150,7 +150,7 @@ struct Harness {
 
 impl Harness {
     /// Starts a controller that watches only the nodes labelled for this test.
-    async fn start(prefix: &str) -> Harness {
+    async fn start(prefix: &str, cache: Option<Cache>) -> Harness {
         use clap::Parser;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let _ = tracing_subscriber::fmt()
@@ -172,7 +172,7 @@ impl Harness {
         };
         let (stop, stop_rx) = watch::channel(false);
         let config = watcher::Config::default().labels(&format!("{TEST_LABEL}={name}"));
-        let controller = tokio::spawn(run_watching(ctx, stop_rx, config));
+        let controller = tokio::spawn(run_watching(ctx, cache, stop_rx, config));
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let namespace = Namespace {
             metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
@@ -268,6 +268,16 @@ impl Harness {
         Api::<Node>::all(self.client.clone()).get_opt(&self.name).await.unwrap()
     }
 
+    /// Waits for the node to be gone, checking that it never went while a pod was left.
+    async fn wait_gone_after_its_pods(&self) {
+        eventually("the node to be gone", Duration::from_secs(60), || async {
+            let gone = self.node().await.is_none();
+            assert!(!gone || self.pod_names().await.is_empty(), "the node went before its pod");
+            gone
+        })
+        .await;
+    }
+
     async fn wait_for_running(&self, count: usize) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.name);
         eventually("pods running", Duration::from_secs(60), || async {
@@ -321,7 +331,16 @@ where
     F: FnOnce(Arc<Harness>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let harness = Arc::new(Harness::start(prefix).await);
+    with_harness_cached(prefix, None, body).await;
+}
+
+/// Runs `body` with a harness whose controller reads `cache`.
+async fn with_harness_cached<F, Fut>(prefix: &str, cache: Option<Cache>, body: F)
+where
+    F: FnOnce(Arc<Harness>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let harness = Arc::new(Harness::start(prefix, cache).await);
     let result = tokio::spawn(body(harness.clone())).await;
     if let Ok(harness) = Arc::try_unwrap(harness) {
         harness.cleanup().await;
@@ -419,12 +438,7 @@ async fn a_node_without_nodeclaim_is_drained_and_released() {
 
         Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
 
-        eventually("the node to be gone", Duration::from_secs(60), || async {
-            let gone = h.node().await.is_none();
-            assert!(!gone || h.pod_names().await.is_empty(), "the node went before its pod");
-            gone
-        })
-        .await;
+        h.wait_gone_after_its_pods().await;
         assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 0, "no instance to terminate");
     })
     .await;
@@ -450,6 +464,28 @@ async fn pods_tolerating_the_disrupted_taint_do_not_hold_the_node() {
             .await;
         assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2);
         assert!(!h.has_event("stays", reasons::EVICTED).await, "the tolerating pod was not evicted");
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_cache_that_lags_behind_never_ends_a_drain_early() {
+    // Caches that never saw anything: no pods on the node, no NodeClaim for it.
+    let (pods, _) = kube::runtime::reflector::store::<Pod>();
+    let (nodeclaims, _) = kube::runtime::reflector::store::<NodeClaim>();
+    let cache = Cache { pods, nodeclaims };
+    with_harness_cached("term-stale", Some(cache), |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        h.create_pod("free", "free", 1).await;
+        h.wait_for_running(1).await;
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+
+        h.wait_gone_after_its_pods().await;
+        assert!(h.has_event("free", reasons::EVICTED).await, "the pod the cache missed was evicted");
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2, "the NodeClaim the cache missed was found");
     })
     .await;
 }
