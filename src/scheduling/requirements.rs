@@ -6,7 +6,7 @@
 //! [`Requirements`] maps keys to requirements; adding a requirement intersects it with the one
 //! already present, so the map always describes the values every added constraint allows.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
@@ -14,6 +14,8 @@ use thiserror::Error;
 
 use crate::apis::labels::{LABEL_HOSTNAME, WELL_KNOWN_LABELS};
 use crate::apis::{NodeSelectorRequirementWithMinValues, Operator};
+
+use super::values::ValueSet;
 
 /// A requirement that cannot be built from its operator and values.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -48,7 +50,7 @@ pub struct Incompatible(pub String);
 pub struct Requirement {
     /// When true, `values` lists the excluded values; otherwise the allowed ones.
     complement: bool,
-    values: BTreeSet<String>,
+    values: ValueSet,
     /// Exclusive lower bound on the integer value.
     greater_than: Option<i64>,
     /// Exclusive upper bound on the integer value.
@@ -62,7 +64,7 @@ impl Requirement {
     pub fn in_values<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Self {
         Requirement {
             complement: false,
-            values: values.into_iter().map(Into::into).collect(),
+            values: ValueSet::from_values(values.into_iter().map(|v| v.into().into_boxed_str())),
             greater_than: None,
             less_than: None,
             min_values: None,
@@ -151,17 +153,13 @@ impl Requirement {
     }
 
     /// The listed values: the allowed ones of a finite set, the excluded ones of a complement.
-    pub fn values(&self) -> &BTreeSet<String> {
+    pub fn values(&self) -> &ValueSet {
         &self.values
     }
 
     /// Whether the integer bounds admit `value`.
     fn within_bounds(&self, value: &str) -> bool {
-        if self.greater_than.is_none() && self.less_than.is_none() {
-            return true;
-        }
-        let Ok(v) = value.parse::<i64>() else { return false };
-        self.greater_than.is_none_or(|g| v > g) && self.less_than.is_none_or(|l| v < l)
+        within(self.greater_than, self.less_than, value)
     }
 
     /// Whether `value` is allowed.
@@ -181,18 +179,14 @@ impl Requirement {
 
     /// The single allowed value, if exactly one.
     pub fn single(&self) -> Option<&str> {
-        if !self.complement && self.values.len() == 1 {
-            self.values.first().map(String::as_str)
-        } else {
-            None
-        }
+        if !self.complement && self.values.len() == 1 { self.values.first() } else { None }
     }
 
     /// Some allowed value: the smallest listed one of a finite set, or for a complement a value
     /// satisfying the bounds that is not excluded.
     pub fn any(&self) -> Option<String> {
         if !self.complement {
-            return self.values.first().cloned();
+            return self.values.first().map(str::to_string);
         }
         if self.greater_than.is_none() && self.less_than.is_none() {
             return None;
@@ -239,21 +233,21 @@ impl Requirement {
         };
         let min_values = self.min_values.max(other.min_values);
         let (complement, values) = match (self.complement, other.complement) {
-            (true, true) => (true, self.values.union(&other.values).cloned().collect()),
-            (true, false) => (false, other.values.difference(&self.values).cloned().collect()),
-            (false, true) => (false, self.values.difference(&other.values).cloned().collect()),
-            (false, false) => (false, self.values.intersection(&other.values).cloned().collect()),
+            (true, true) => (true, self.values.union(&other.values)),
+            (true, false) => (false, other.values.difference(&self.values)),
+            (false, true) => (false, self.values.difference(&other.values)),
+            (false, false) => (false, self.values.intersection(&other.values)),
         };
         let mut r = Requirement { complement, values, greater_than, less_than, min_values };
         if let (Some(g), Some(l)) = (greater_than, less_than)
             && g.saturating_add(1) >= l
         {
             r.complement = false;
-            r.values.clear();
+            r.values = ValueSet::new();
         }
-        if !r.complement {
-            let keep: BTreeSet<String> = r.values.iter().filter(|v| r.within_bounds(v)).cloned().collect();
-            r.values = keep;
+        if !r.complement && (greater_than.is_some() || less_than.is_some()) {
+            let (g, l) = (greater_than, less_than);
+            r.values.retain(|v| within(g, l, v));
         }
         r
     }
@@ -282,8 +276,8 @@ impl Requirement {
         if let Some(l) = self.less_than {
             bounds.push_str(&format!(" < {l}"));
         }
-        let list = |vals: &BTreeSet<String>| {
-            let shown: Vec<&str> = vals.iter().take(5).map(String::as_str).collect();
+        let list = |vals: &ValueSet| {
+            let shown: Vec<&str> = vals.iter().take(5).collect();
             let more = vals.len().saturating_sub(5);
             if more > 0 {
                 format!("[{} and {more} others]", shown.join(", "))
@@ -311,9 +305,11 @@ impl Requirement {
         };
         let mut out = Vec::new();
         match self.operator() {
-            Operator::In => out.push(mk(Operator::In, self.values.iter().cloned().collect())),
+            Operator::In => out.push(mk(Operator::In, self.values.iter().map(str::to_string).collect())),
             Operator::DoesNotExist => out.push(mk(Operator::DoesNotExist, vec![])),
-            Operator::NotIn => out.push(mk(Operator::NotIn, self.values.iter().cloned().collect())),
+            Operator::NotIn => {
+                out.push(mk(Operator::NotIn, self.values.iter().map(str::to_string).collect()))
+            }
             _ => {
                 if self.greater_than.is_none() && self.less_than.is_none() {
                     out.push(mk(Operator::Exists, vec![]));
@@ -505,6 +501,15 @@ impl Requirements {
     pub fn remove(&mut self, key: &str) -> Option<Requirement> {
         self.0.remove(key)
     }
+}
+
+/// Whether the exclusive integer bounds `greater_than` and `less_than` admit `value`.
+fn within(greater_than: Option<i64>, less_than: Option<i64>, value: &str) -> bool {
+    if greater_than.is_none() && less_than.is_none() {
+        return true;
+    }
+    let Ok(v) = value.parse::<i64>() else { return false };
+    greater_than.is_none_or(|g| v > g) && less_than.is_none_or(|l| v < l)
 }
 
 /// Whether two requirements on one key can both hold: they share a value, or both only exclude
