@@ -80,6 +80,7 @@ impl InstanceType {
             LABEL_CAPACITY_TYPE,
             Requirement::in_values(offerings.iter().map(|o| o.capacity_type.clone())),
         );
+        requirements.shrink_to_fit();
         let allocatable = capacity.sub(&overhead.total());
         InstanceType { name, requirements, capacity, overhead, offerings, allocatable }
     }

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 use thiserror::Error;
@@ -334,9 +335,64 @@ impl fmt::Display for Requirement {
     }
 }
 
+/// A label key: one of the well-known keys, shared by every set of requirements that uses it,
+/// or an owned copy of any other key.
+#[derive(Clone)]
+enum LabelKey {
+    Known(&'static str),
+    Other(Box<str>),
+}
+
+impl LabelKey {
+    fn new(key: &str) -> Self {
+        match known_key(key) {
+            Some(k) => LabelKey::Known(k),
+            None => LabelKey::Other(key.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            LabelKey::Known(k) => k,
+            LabelKey::Other(k) => k,
+        }
+    }
+}
+
+/// The `'static` copy of `key` if it is a well-known label key.
+fn known_key(key: &str) -> Option<&'static str> {
+    if key == LABEL_HOSTNAME {
+        return Some(LABEL_HOSTNAME);
+    }
+    WELL_KNOWN_LABELS.iter().copied().find(|k| *k == key)
+}
+
+impl PartialEq for LabelKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for LabelKey {}
+
+impl Hash for LabelKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
 /// Requirements on several label keys; a missing key is unconstrained.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Requirements(BTreeMap<String, Requirement>);
+///
+/// Kept as a vector sorted by key: an instance type has about 30 keys, for which a vector is
+/// several times smaller than a map.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Requirements(Vec<(LabelKey, Requirement)>);
+
+impl fmt::Debug for Requirements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
 
 impl Requirements {
     /// No requirement.
@@ -344,11 +400,22 @@ impl Requirements {
         Requirements::default()
     }
 
+    /// The position of `key`, or where it would go.
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
     /// One `key In [value]` per label.
     pub fn from_labels<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>) -> Self {
-        Requirements(
-            labels.into_iter().map(|(k, v)| (k.clone(), Requirement::in_values([v.clone()]))).collect(),
-        )
+        let mut out = Requirements::new();
+        for (k, v) in labels {
+            let r = Requirement::in_values([v.clone()]);
+            match out.find(k) {
+                Ok(i) => out.0[i].1 = r,
+                Err(i) => out.0.insert(i, (LabelKey::new(k), r)),
+            }
+        }
+        out
     }
 
     /// From Kubernetes node selector requirements (a pod's node-affinity term).
@@ -373,29 +440,36 @@ impl Requirements {
 
     /// Intersects `req` into the requirement on `key`.
     pub fn add(&mut self, key: &str, req: Requirement) {
-        match self.0.get_mut(key) {
-            Some(existing) => *existing = existing.intersection(&req),
-            None => {
-                self.0.insert(key.to_string(), req);
-            }
+        match self.find(key) {
+            Ok(i) => self.0[i].1 = self.0[i].1.intersection(&req),
+            Err(i) => self.0.insert(i, (LabelKey::new(key), req)),
         }
     }
 
     /// Intersects every requirement of `other` into `self`.
     pub fn add_all(&mut self, other: &Requirements) {
         for (k, r) in &other.0 {
-            self.add(k, r.clone());
+            match self.find(k.as_str()) {
+                Ok(i) => self.0[i].1 = self.0[i].1.intersection(r),
+                Err(i) => self.0.insert(i, (k.clone(), r.clone())),
+            }
         }
+    }
+
+    /// Frees the room kept for more keys (for requirements kept for long, such as an instance
+    /// type's).
+    pub fn shrink_to_fit(&mut self) {
+        self.0.shrink_to_fit();
     }
 
     /// The requirement on `key`, if constrained.
     pub fn get(&self, key: &str) -> Option<&Requirement> {
-        self.0.get(key)
+        self.find(key).ok().and_then(|i| self.0.get(i)).map(|(_, r)| r)
     }
 
     /// Whether `key` is constrained.
     pub fn has(&self, key: &str) -> bool {
-        self.0.contains_key(key)
+        self.find(key).is_ok()
     }
 
     /// Whether there is no requirement.
@@ -405,7 +479,7 @@ impl Requirements {
 
     /// The constrained keys, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(String::as_str)
+        self.0.iter().map(|(k, _)| k.as_str())
     }
 
     /// The requirements in key order.
@@ -415,7 +489,7 @@ impl Requirements {
 
     /// Whether `key` may take `value` (an unconstrained key may take any).
     pub fn allows(&self, key: &str, value: &str) -> bool {
-        self.0.get(key).is_none_or(|r| r.has(value))
+        self.get(key).is_none_or(|r| r.has(value))
     }
 
     /// Checks that every key both sides constrain has a common value.
@@ -435,8 +509,8 @@ impl Requirements {
     ) -> Option<(&'s str, &'s Requirement, &'s Requirement)> {
         let (small, large, incoming_is_small) =
             if incoming.0.len() <= self.0.len() { (incoming, self, true) } else { (self, incoming, false) };
-        for (key, a) in &small.0 {
-            let Some(b) = large.0.get(key) else { continue };
+        for (key, a) in small.iter() {
+            let Some(b) = large.get(key) else { continue };
             let (existing, incoming) = if incoming_is_small { (b, a) } else { (a, b) };
             if !keys_compatible(existing, incoming) {
                 return Some((key, existing, incoming));
@@ -450,8 +524,8 @@ impl Requirements {
         incoming: &'s Requirements,
         allow_undefined_well_known: bool,
     ) -> Option<&'s str> {
-        for (key, r) in &incoming.0 {
-            if self.0.contains_key(key) {
+        for (key, r) in incoming.iter() {
+            if self.has(key) {
                 continue;
             }
             if matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist) {
@@ -489,17 +563,17 @@ impl Requirements {
 
     /// The labels the requirements pin to a single value.
     pub fn single_valued_labels(&self) -> BTreeMap<String, String> {
-        self.0.iter().filter_map(|(k, r)| r.single().map(|v| (k.clone(), v.to_string()))).collect()
+        self.iter().filter_map(|(k, r)| r.single().map(|v| (k.to_string(), v.to_string()))).collect()
     }
 
     /// As NodeClaim requirements.
     pub fn to_node_selector(&self) -> Vec<NodeSelectorRequirementWithMinValues> {
-        self.0.iter().flat_map(|(k, r)| r.to_node_selector(k)).collect()
+        self.iter().flat_map(|(k, r)| r.to_node_selector(k)).collect()
     }
 
     /// Removes the requirement on `key`.
     pub fn remove(&mut self, key: &str) -> Option<Requirement> {
-        self.0.remove(key)
+        self.find(key).ok().map(|i| self.0.remove(i).1)
     }
 }
 
