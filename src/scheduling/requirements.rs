@@ -47,11 +47,18 @@ pub enum RequirementError {
 pub struct Incompatible(pub String);
 
 /// The values one label key may take.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Requirement {
     /// When true, `values` lists the excluded values; otherwise the allowed ones.
     complement: bool,
     values: ValueSet,
+    /// Bounds and `minValues`, which few requirements have; `None` when none is set.
+    limits: Option<Box<Limits>>,
+}
+
+/// The rarely set parts of a [`Requirement`].
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+struct Limits {
     /// Exclusive lower bound on the integer value.
     greater_than: Option<i64>,
     /// Exclusive upper bound on the integer value.
@@ -60,15 +67,25 @@ pub struct Requirement {
     min_values: Option<usize>,
 }
 
+impl fmt::Debug for Requirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Requirement")
+            .field("complement", &self.complement)
+            .field("values", &self.values)
+            .field("greater_than", &self.greater_than())
+            .field("less_than", &self.less_than())
+            .field("min_values", &self.min_values())
+            .finish()
+    }
+}
+
 impl Requirement {
     /// `In values`.
     pub fn in_values<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Self {
         Requirement {
             complement: false,
             values: ValueSet::from_values(values.into_iter().map(|v| v.into().into_boxed_str())),
-            greater_than: None,
-            less_than: None,
-            min_values: None,
+            limits: None,
         }
     }
 
@@ -105,14 +122,18 @@ impl Requirement {
             Operator::NotIn => Requirement::not_in(values.iter().cloned()),
             Operator::Exists => Requirement::exists(),
             Operator::DoesNotExist => Requirement::does_not_exist(),
-            Operator::Gt => Requirement { greater_than: Some(bound("Gt")?), ..Requirement::exists() },
-            Operator::Lt => Requirement { less_than: Some(bound("Lt")?), ..Requirement::exists() },
-            Operator::Gte => {
-                Requirement { greater_than: Some(bound("Gte")?.saturating_sub(1)), ..Requirement::exists() }
-            }
-            Operator::Lte => {
-                Requirement { less_than: Some(bound("Lte")?.saturating_add(1)), ..Requirement::exists() }
-            }
+            Operator::Gt => Requirement::exists()
+                .with_limits(Limits { greater_than: Some(bound("Gt")?), ..Limits::default() }),
+            Operator::Lt => Requirement::exists()
+                .with_limits(Limits { less_than: Some(bound("Lt")?), ..Limits::default() }),
+            Operator::Gte => Requirement::exists().with_limits(Limits {
+                greater_than: Some(bound("Gte")?.saturating_sub(1)),
+                ..Limits::default()
+            }),
+            Operator::Lte => Requirement::exists().with_limits(Limits {
+                less_than: Some(bound("Lte")?.saturating_add(1)),
+                ..Limits::default()
+            }),
         })
     }
 
@@ -138,14 +159,32 @@ impl Requirement {
     }
 
     /// Sets the minimum number of distinct values.
-    pub fn with_min_values(mut self, min_values: Option<usize>) -> Self {
-        self.min_values = min_values;
+    pub fn with_min_values(self, min_values: Option<usize>) -> Self {
+        let limits = Limits { min_values, ..self.limits() };
+        self.with_limits(limits)
+    }
+
+    /// Sets the bounds and `minValues`, keeping none in line when none is set.
+    fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = (limits != Limits::default()).then(|| Box::new(limits));
         self
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits.as_deref().copied().unwrap_or_default()
+    }
+
+    fn greater_than(&self) -> Option<i64> {
+        self.limits.as_ref().and_then(|l| l.greater_than)
+    }
+
+    fn less_than(&self) -> Option<i64> {
+        self.limits.as_ref().and_then(|l| l.less_than)
     }
 
     /// The minimum number of distinct values, if any.
     pub fn min_values(&self) -> Option<usize> {
-        self.min_values
+        self.limits.as_ref().and_then(|l| l.min_values)
     }
 
     /// Whether this is a complement (`NotIn`/`Exists`/bounds) set.
@@ -160,7 +199,7 @@ impl Requirement {
 
     /// Whether the integer bounds admit `value`.
     fn within_bounds(&self, value: &str) -> bool {
-        within(self.greater_than, self.less_than, value)
+        within(self.greater_than(), self.less_than(), value)
     }
 
     /// Whether `value` is allowed.
@@ -189,11 +228,11 @@ impl Requirement {
         if !self.complement {
             return self.values.first().map(str::to_string);
         }
-        if self.greater_than.is_none() && self.less_than.is_none() {
+        if self.greater_than().is_none() && self.less_than().is_none() {
             return None;
         }
-        let mut v = self.greater_than.map_or(0, |g| g.saturating_add(1));
-        while self.less_than.is_none_or(|l| v < l) {
+        let mut v = self.greater_than().map_or(0, |g| g.saturating_add(1));
+        while self.less_than().is_none_or(|l| v < l) {
             let s = v.to_string();
             if !self.values.contains(&s) {
                 return Some(s);
@@ -208,9 +247,9 @@ impl Requirement {
         if self.complement {
             if !self.values.is_empty() {
                 Operator::NotIn
-            } else if self.greater_than.is_some() {
+            } else if self.greater_than().is_some() {
                 Operator::Gt
-            } else if self.less_than.is_some() {
+            } else if self.less_than().is_some() {
                 Operator::Lt
             } else {
                 Operator::Exists
@@ -224,22 +263,26 @@ impl Requirement {
 
     /// The values both requirements allow.
     pub fn intersection(&self, other: &Requirement) -> Requirement {
-        let greater_than = match (self.greater_than, other.greater_than) {
+        let greater_than = match (self.greater_than(), other.greater_than()) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        let less_than = match (self.less_than, other.less_than) {
+        let less_than = match (self.less_than(), other.less_than()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let min_values = self.min_values.max(other.min_values);
+        let min_values = self.min_values().max(other.min_values());
         let (complement, values) = match (self.complement, other.complement) {
             (true, true) => (true, self.values.union(&other.values)),
             (true, false) => (false, other.values.difference(&self.values)),
             (false, true) => (false, self.values.difference(&other.values)),
             (false, false) => (false, self.values.intersection(&other.values)),
         };
-        let mut r = Requirement { complement, values, greater_than, less_than, min_values };
+        let mut r = Requirement { complement, values, limits: None }.with_limits(Limits {
+            greater_than,
+            less_than,
+            min_values,
+        });
         if let (Some(g), Some(l)) = (greater_than, less_than)
             && g.saturating_add(1) >= l
         {
@@ -271,10 +314,10 @@ impl Requirement {
     /// `any value`, `no value`, `> 4`.
     pub fn describe(&self) -> String {
         let mut bounds = String::new();
-        if let Some(g) = self.greater_than {
+        if let Some(g) = self.greater_than() {
             bounds.push_str(&format!(" > {g}"));
         }
-        if let Some(l) = self.less_than {
+        if let Some(l) = self.less_than() {
             bounds.push_str(&format!(" < {l}"));
         }
         let list = |vals: &ValueSet| {
@@ -297,7 +340,7 @@ impl Requirement {
 
     /// Converts back to a node selector requirement on `key`.
     pub fn to_node_selector(&self, key: &str) -> Vec<NodeSelectorRequirementWithMinValues> {
-        let min_values = self.min_values.and_then(|m| i32::try_from(m).ok());
+        let min_values = self.min_values().and_then(|m| i32::try_from(m).ok());
         let mk = |operator, values: Vec<String>| NodeSelectorRequirementWithMinValues {
             key: key.to_string(),
             operator,
@@ -312,16 +355,16 @@ impl Requirement {
                 out.push(mk(Operator::NotIn, self.values.iter().map(str::to_string).collect()))
             }
             _ => {
-                if self.greater_than.is_none() && self.less_than.is_none() {
+                if self.greater_than().is_none() && self.less_than().is_none() {
                     out.push(mk(Operator::Exists, vec![]));
                 }
             }
         }
         if self.complement {
-            if let Some(g) = self.greater_than {
+            if let Some(g) = self.greater_than() {
                 out.push(mk(Operator::Gt, vec![g.to_string()]));
             }
-            if let Some(l) = self.less_than {
+            if let Some(l) = self.less_than() {
                 out.push(mk(Operator::Lt, vec![l.to_string()]));
             }
         }
