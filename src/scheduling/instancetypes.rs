@@ -70,7 +70,7 @@ impl InstanceType {
         mut requirements: Requirements,
         capacity: Resources,
         overhead: Overhead,
-        offerings: Vec<Offering>,
+        mut offerings: Vec<Offering>,
     ) -> Self {
         let name = name.into();
         requirements.add(LABEL_INSTANCE_TYPE, Requirement::in_values([name.clone()]));
@@ -80,6 +80,8 @@ impl InstanceType {
             LABEL_CAPACITY_TYPE,
             Requirement::in_values(offerings.iter().map(|o| o.capacity_type.clone())),
         );
+        requirements.shrink_to_fit();
+        offerings.shrink_to_fit();
         let allocatable = capacity.sub(&overhead.total());
         InstanceType { name, requirements, capacity, overhead, offerings, allocatable }
     }

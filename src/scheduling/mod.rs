@@ -35,6 +35,7 @@ pub mod resources;
 pub mod scheduler;
 pub mod taints;
 pub mod topology;
+pub mod values;
 
 pub use instancetypes::{InstanceType, Offering, Overhead};
 pub use requirements::{Requirement, Requirements};
@@ -43,6 +44,7 @@ pub use scheduler::{
     ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, PodError, PodRef,
     SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, schedule,
 };
+pub use values::ValueSet;
 
 #[cfg(test)]
 mod proptests;

@@ -6,14 +6,17 @@
 //! [`Requirements`] maps keys to requirements; adding a requirement intersects it with the one
 //! already present, so the map always describes the values every added constraint allows.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 use thiserror::Error;
 
 use crate::apis::labels::{LABEL_HOSTNAME, WELL_KNOWN_LABELS};
 use crate::apis::{NodeSelectorRequirementWithMinValues, Operator};
+
+use super::values::ValueSet;
 
 /// A requirement that cannot be built from its operator and values.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -44,11 +47,18 @@ pub enum RequirementError {
 pub struct Incompatible(pub String);
 
 /// The values one label key may take.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Requirement {
     /// When true, `values` lists the excluded values; otherwise the allowed ones.
     complement: bool,
-    values: BTreeSet<String>,
+    values: ValueSet,
+    /// Bounds and `minValues`, which few requirements have; `None` when none is set.
+    limits: Option<Box<Limits>>,
+}
+
+/// The rarely set parts of a [`Requirement`].
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+struct Limits {
     /// Exclusive lower bound on the integer value.
     greater_than: Option<i64>,
     /// Exclusive upper bound on the integer value.
@@ -57,15 +67,25 @@ pub struct Requirement {
     min_values: Option<usize>,
 }
 
+impl fmt::Debug for Requirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Requirement")
+            .field("complement", &self.complement)
+            .field("values", &self.values)
+            .field("greater_than", &self.greater_than())
+            .field("less_than", &self.less_than())
+            .field("min_values", &self.min_values())
+            .finish()
+    }
+}
+
 impl Requirement {
     /// `In values`.
     pub fn in_values<S: Into<String>>(values: impl IntoIterator<Item = S>) -> Self {
         Requirement {
             complement: false,
-            values: values.into_iter().map(Into::into).collect(),
-            greater_than: None,
-            less_than: None,
-            min_values: None,
+            values: ValueSet::from_values(values.into_iter().map(|v| v.into().into_boxed_str())),
+            limits: None,
         }
     }
 
@@ -102,14 +122,18 @@ impl Requirement {
             Operator::NotIn => Requirement::not_in(values.iter().cloned()),
             Operator::Exists => Requirement::exists(),
             Operator::DoesNotExist => Requirement::does_not_exist(),
-            Operator::Gt => Requirement { greater_than: Some(bound("Gt")?), ..Requirement::exists() },
-            Operator::Lt => Requirement { less_than: Some(bound("Lt")?), ..Requirement::exists() },
-            Operator::Gte => {
-                Requirement { greater_than: Some(bound("Gte")?.saturating_sub(1)), ..Requirement::exists() }
-            }
-            Operator::Lte => {
-                Requirement { less_than: Some(bound("Lte")?.saturating_add(1)), ..Requirement::exists() }
-            }
+            Operator::Gt => Requirement::exists()
+                .with_limits(Limits { greater_than: Some(bound("Gt")?), ..Limits::default() }),
+            Operator::Lt => Requirement::exists()
+                .with_limits(Limits { less_than: Some(bound("Lt")?), ..Limits::default() }),
+            Operator::Gte => Requirement::exists().with_limits(Limits {
+                greater_than: Some(bound("Gte")?.saturating_sub(1)),
+                ..Limits::default()
+            }),
+            Operator::Lte => Requirement::exists().with_limits(Limits {
+                less_than: Some(bound("Lte")?.saturating_add(1)),
+                ..Limits::default()
+            }),
         })
     }
 
@@ -135,14 +159,32 @@ impl Requirement {
     }
 
     /// Sets the minimum number of distinct values.
-    pub fn with_min_values(mut self, min_values: Option<usize>) -> Self {
-        self.min_values = min_values;
+    pub fn with_min_values(self, min_values: Option<usize>) -> Self {
+        let limits = Limits { min_values, ..self.limits() };
+        self.with_limits(limits)
+    }
+
+    /// Sets the bounds and `minValues`, keeping none in line when none is set.
+    fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = (limits != Limits::default()).then(|| Box::new(limits));
         self
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits.as_deref().copied().unwrap_or_default()
+    }
+
+    fn greater_than(&self) -> Option<i64> {
+        self.limits.as_ref().and_then(|l| l.greater_than)
+    }
+
+    fn less_than(&self) -> Option<i64> {
+        self.limits.as_ref().and_then(|l| l.less_than)
     }
 
     /// The minimum number of distinct values, if any.
     pub fn min_values(&self) -> Option<usize> {
-        self.min_values
+        self.limits.as_ref().and_then(|l| l.min_values)
     }
 
     /// Whether this is a complement (`NotIn`/`Exists`/bounds) set.
@@ -151,17 +193,13 @@ impl Requirement {
     }
 
     /// The listed values: the allowed ones of a finite set, the excluded ones of a complement.
-    pub fn values(&self) -> &BTreeSet<String> {
+    pub fn values(&self) -> &ValueSet {
         &self.values
     }
 
     /// Whether the integer bounds admit `value`.
     fn within_bounds(&self, value: &str) -> bool {
-        if self.greater_than.is_none() && self.less_than.is_none() {
-            return true;
-        }
-        let Ok(v) = value.parse::<i64>() else { return false };
-        self.greater_than.is_none_or(|g| v > g) && self.less_than.is_none_or(|l| v < l)
+        within(self.greater_than(), self.less_than(), value)
     }
 
     /// Whether `value` is allowed.
@@ -181,24 +219,20 @@ impl Requirement {
 
     /// The single allowed value, if exactly one.
     pub fn single(&self) -> Option<&str> {
-        if !self.complement && self.values.len() == 1 {
-            self.values.first().map(String::as_str)
-        } else {
-            None
-        }
+        if !self.complement && self.values.len() == 1 { self.values.first() } else { None }
     }
 
     /// Some allowed value: the smallest listed one of a finite set, or for a complement a value
     /// satisfying the bounds that is not excluded.
     pub fn any(&self) -> Option<String> {
         if !self.complement {
-            return self.values.first().cloned();
+            return self.values.first().map(str::to_string);
         }
-        if self.greater_than.is_none() && self.less_than.is_none() {
+        if self.greater_than().is_none() && self.less_than().is_none() {
             return None;
         }
-        let mut v = self.greater_than.map_or(0, |g| g.saturating_add(1));
-        while self.less_than.is_none_or(|l| v < l) {
+        let mut v = self.greater_than().map_or(0, |g| g.saturating_add(1));
+        while self.less_than().is_none_or(|l| v < l) {
             let s = v.to_string();
             if !self.values.contains(&s) {
                 return Some(s);
@@ -213,9 +247,9 @@ impl Requirement {
         if self.complement {
             if !self.values.is_empty() {
                 Operator::NotIn
-            } else if self.greater_than.is_some() {
+            } else if self.greater_than().is_some() {
                 Operator::Gt
-            } else if self.less_than.is_some() {
+            } else if self.less_than().is_some() {
                 Operator::Lt
             } else {
                 Operator::Exists
@@ -229,31 +263,35 @@ impl Requirement {
 
     /// The values both requirements allow.
     pub fn intersection(&self, other: &Requirement) -> Requirement {
-        let greater_than = match (self.greater_than, other.greater_than) {
+        let greater_than = match (self.greater_than(), other.greater_than()) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        let less_than = match (self.less_than, other.less_than) {
+        let less_than = match (self.less_than(), other.less_than()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let min_values = self.min_values.max(other.min_values);
+        let min_values = self.min_values().max(other.min_values());
         let (complement, values) = match (self.complement, other.complement) {
-            (true, true) => (true, self.values.union(&other.values).cloned().collect()),
-            (true, false) => (false, other.values.difference(&self.values).cloned().collect()),
-            (false, true) => (false, self.values.difference(&other.values).cloned().collect()),
-            (false, false) => (false, self.values.intersection(&other.values).cloned().collect()),
+            (true, true) => (true, self.values.union(&other.values)),
+            (true, false) => (false, other.values.difference(&self.values)),
+            (false, true) => (false, self.values.difference(&other.values)),
+            (false, false) => (false, self.values.intersection(&other.values)),
         };
-        let mut r = Requirement { complement, values, greater_than, less_than, min_values };
+        let mut r = Requirement { complement, values, limits: None }.with_limits(Limits {
+            greater_than,
+            less_than,
+            min_values,
+        });
         if let (Some(g), Some(l)) = (greater_than, less_than)
             && g.saturating_add(1) >= l
         {
             r.complement = false;
-            r.values.clear();
+            r.values = ValueSet::new();
         }
-        if !r.complement {
-            let keep: BTreeSet<String> = r.values.iter().filter(|v| r.within_bounds(v)).cloned().collect();
-            r.values = keep;
+        if !r.complement && (greater_than.is_some() || less_than.is_some()) {
+            let (g, l) = (greater_than, less_than);
+            r.values.retain(|v| within(g, l, v));
         }
         r
     }
@@ -276,14 +314,14 @@ impl Requirement {
     /// `any value`, `no value`, `> 4`.
     pub fn describe(&self) -> String {
         let mut bounds = String::new();
-        if let Some(g) = self.greater_than {
+        if let Some(g) = self.greater_than() {
             bounds.push_str(&format!(" > {g}"));
         }
-        if let Some(l) = self.less_than {
+        if let Some(l) = self.less_than() {
             bounds.push_str(&format!(" < {l}"));
         }
-        let list = |vals: &BTreeSet<String>| {
-            let shown: Vec<&str> = vals.iter().take(5).map(String::as_str).collect();
+        let list = |vals: &ValueSet| {
+            let shown: Vec<&str> = vals.iter().take(5).collect();
             let more = vals.len().saturating_sub(5);
             if more > 0 {
                 format!("[{} and {more} others]", shown.join(", "))
@@ -302,7 +340,7 @@ impl Requirement {
 
     /// Converts back to a node selector requirement on `key`.
     pub fn to_node_selector(&self, key: &str) -> Vec<NodeSelectorRequirementWithMinValues> {
-        let min_values = self.min_values.and_then(|m| i32::try_from(m).ok());
+        let min_values = self.min_values().and_then(|m| i32::try_from(m).ok());
         let mk = |operator, values: Vec<String>| NodeSelectorRequirementWithMinValues {
             key: key.to_string(),
             operator,
@@ -311,20 +349,22 @@ impl Requirement {
         };
         let mut out = Vec::new();
         match self.operator() {
-            Operator::In => out.push(mk(Operator::In, self.values.iter().cloned().collect())),
+            Operator::In => out.push(mk(Operator::In, self.values.iter().map(str::to_string).collect())),
             Operator::DoesNotExist => out.push(mk(Operator::DoesNotExist, vec![])),
-            Operator::NotIn => out.push(mk(Operator::NotIn, self.values.iter().cloned().collect())),
+            Operator::NotIn => {
+                out.push(mk(Operator::NotIn, self.values.iter().map(str::to_string).collect()))
+            }
             _ => {
-                if self.greater_than.is_none() && self.less_than.is_none() {
+                if self.greater_than().is_none() && self.less_than().is_none() {
                     out.push(mk(Operator::Exists, vec![]));
                 }
             }
         }
         if self.complement {
-            if let Some(g) = self.greater_than {
+            if let Some(g) = self.greater_than() {
                 out.push(mk(Operator::Gt, vec![g.to_string()]));
             }
-            if let Some(l) = self.less_than {
+            if let Some(l) = self.less_than() {
                 out.push(mk(Operator::Lt, vec![l.to_string()]));
             }
         }
@@ -338,9 +378,64 @@ impl fmt::Display for Requirement {
     }
 }
 
+/// A label key: one of the well-known keys, shared by every set of requirements that uses it,
+/// or an owned copy of any other key.
+#[derive(Clone)]
+enum LabelKey {
+    Known(&'static str),
+    Other(Box<str>),
+}
+
+impl LabelKey {
+    fn new(key: &str) -> Self {
+        match known_key(key) {
+            Some(k) => LabelKey::Known(k),
+            None => LabelKey::Other(key.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            LabelKey::Known(k) => k,
+            LabelKey::Other(k) => k,
+        }
+    }
+}
+
+/// The `'static` copy of `key` if it is a well-known label key.
+fn known_key(key: &str) -> Option<&'static str> {
+    if key == LABEL_HOSTNAME {
+        return Some(LABEL_HOSTNAME);
+    }
+    WELL_KNOWN_LABELS.iter().copied().find(|k| *k == key)
+}
+
+impl PartialEq for LabelKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for LabelKey {}
+
+impl Hash for LabelKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
 /// Requirements on several label keys; a missing key is unconstrained.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Requirements(BTreeMap<String, Requirement>);
+///
+/// Kept as a vector sorted by key: an instance type has about 30 keys, for which a vector is
+/// several times smaller than a map.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Requirements(Vec<(LabelKey, Requirement)>);
+
+impl fmt::Debug for Requirements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
 
 impl Requirements {
     /// No requirement.
@@ -348,11 +443,22 @@ impl Requirements {
         Requirements::default()
     }
 
+    /// The position of `key`, or where it would go.
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
     /// One `key In [value]` per label.
     pub fn from_labels<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>) -> Self {
-        Requirements(
-            labels.into_iter().map(|(k, v)| (k.clone(), Requirement::in_values([v.clone()]))).collect(),
-        )
+        let mut out = Requirements::new();
+        for (k, v) in labels {
+            let r = Requirement::in_values([v.clone()]);
+            match out.find(k) {
+                Ok(i) => out.0[i].1 = r,
+                Err(i) => out.0.insert(i, (LabelKey::new(k), r)),
+            }
+        }
+        out
     }
 
     /// From Kubernetes node selector requirements (a pod's node-affinity term).
@@ -377,29 +483,36 @@ impl Requirements {
 
     /// Intersects `req` into the requirement on `key`.
     pub fn add(&mut self, key: &str, req: Requirement) {
-        match self.0.get_mut(key) {
-            Some(existing) => *existing = existing.intersection(&req),
-            None => {
-                self.0.insert(key.to_string(), req);
-            }
+        match self.find(key) {
+            Ok(i) => self.0[i].1 = self.0[i].1.intersection(&req),
+            Err(i) => self.0.insert(i, (LabelKey::new(key), req)),
         }
     }
 
     /// Intersects every requirement of `other` into `self`.
     pub fn add_all(&mut self, other: &Requirements) {
         for (k, r) in &other.0 {
-            self.add(k, r.clone());
+            match self.find(k.as_str()) {
+                Ok(i) => self.0[i].1 = self.0[i].1.intersection(r),
+                Err(i) => self.0.insert(i, (k.clone(), r.clone())),
+            }
         }
+    }
+
+    /// Frees the room kept for more keys (for requirements kept for long, such as an instance
+    /// type's).
+    pub fn shrink_to_fit(&mut self) {
+        self.0.shrink_to_fit();
     }
 
     /// The requirement on `key`, if constrained.
     pub fn get(&self, key: &str) -> Option<&Requirement> {
-        self.0.get(key)
+        self.find(key).ok().and_then(|i| self.0.get(i)).map(|(_, r)| r)
     }
 
     /// Whether `key` is constrained.
     pub fn has(&self, key: &str) -> bool {
-        self.0.contains_key(key)
+        self.find(key).is_ok()
     }
 
     /// Whether there is no requirement.
@@ -409,7 +522,7 @@ impl Requirements {
 
     /// The constrained keys, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.keys().map(String::as_str)
+        self.0.iter().map(|(k, _)| k.as_str())
     }
 
     /// The requirements in key order.
@@ -419,7 +532,7 @@ impl Requirements {
 
     /// Whether `key` may take `value` (an unconstrained key may take any).
     pub fn allows(&self, key: &str, value: &str) -> bool {
-        self.0.get(key).is_none_or(|r| r.has(value))
+        self.get(key).is_none_or(|r| r.has(value))
     }
 
     /// Checks that every key both sides constrain has a common value.
@@ -439,8 +552,8 @@ impl Requirements {
     ) -> Option<(&'s str, &'s Requirement, &'s Requirement)> {
         let (small, large, incoming_is_small) =
             if incoming.0.len() <= self.0.len() { (incoming, self, true) } else { (self, incoming, false) };
-        for (key, a) in &small.0 {
-            let Some(b) = large.0.get(key) else { continue };
+        for (key, a) in small.iter() {
+            let Some(b) = large.get(key) else { continue };
             let (existing, incoming) = if incoming_is_small { (b, a) } else { (a, b) };
             if !keys_compatible(existing, incoming) {
                 return Some((key, existing, incoming));
@@ -454,8 +567,8 @@ impl Requirements {
         incoming: &'s Requirements,
         allow_undefined_well_known: bool,
     ) -> Option<&'s str> {
-        for (key, r) in &incoming.0 {
-            if self.0.contains_key(key) {
+        for (key, r) in incoming.iter() {
+            if self.has(key) {
                 continue;
             }
             if matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist) {
@@ -493,18 +606,27 @@ impl Requirements {
 
     /// The labels the requirements pin to a single value.
     pub fn single_valued_labels(&self) -> BTreeMap<String, String> {
-        self.0.iter().filter_map(|(k, r)| r.single().map(|v| (k.clone(), v.to_string()))).collect()
+        self.iter().filter_map(|(k, r)| r.single().map(|v| (k.to_string(), v.to_string()))).collect()
     }
 
     /// As NodeClaim requirements.
     pub fn to_node_selector(&self) -> Vec<NodeSelectorRequirementWithMinValues> {
-        self.0.iter().flat_map(|(k, r)| r.to_node_selector(k)).collect()
+        self.iter().flat_map(|(k, r)| r.to_node_selector(k)).collect()
     }
 
     /// Removes the requirement on `key`.
     pub fn remove(&mut self, key: &str) -> Option<Requirement> {
-        self.0.remove(key)
+        self.find(key).ok().map(|i| self.0.remove(i).1)
     }
+}
+
+/// Whether the exclusive integer bounds `greater_than` and `less_than` admit `value`.
+fn within(greater_than: Option<i64>, less_than: Option<i64>, value: &str) -> bool {
+    if greater_than.is_none() && less_than.is_none() {
+        return true;
+    }
+    let Ok(v) = value.parse::<i64>() else { return false };
+    greater_than.is_none_or(|g| v > g) && less_than.is_none_or(|l| v < l)
 }
 
 /// Whether two requirements on one key can both hold: they share a value, or both only exclude

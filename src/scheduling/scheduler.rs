@@ -615,7 +615,7 @@ impl<'a> Scheduler<'a> {
         for pool in &pools {
             for k in &keys {
                 let values: BTreeSet<String> = match pool.input.requirements.get(k) {
-                    Some(r) if !r.is_complement() => r.values().clone(),
+                    Some(r) if !r.is_complement() => r.values().iter().map(str::to_string).collect(),
                     template => pool
                         .its
                         .iter()
@@ -624,7 +624,7 @@ impl<'a> Scheduler<'a> {
                         .filter(|r| !r.is_complement())
                         .flat_map(|r| r.values().iter())
                         .filter(|v| template.is_none_or(|t| t.has(v)))
-                        .cloned()
+                        .map(str::to_string)
                         .collect(),
                 };
                 for v in values {
@@ -1222,7 +1222,7 @@ fn check_min_values(reqs: &Requirements, its: &[u32], types: &[Arc<InstanceType>
             if let Some(ir) = types.get(i as usize).and_then(|it| it.requirements.get(key))
                 && !ir.is_complement()
             {
-                values.extend(ir.values().iter().filter(|v| r.has(v)).map(String::as_str));
+                values.extend(ir.values().iter().filter(|v| r.has(v)));
             }
         }
         if values.len() < min {

@@ -402,7 +402,8 @@ impl Topology {
         let allowed = |v: &str| node.is_none_or(|r| r.has(v)) && pod.is_none_or(|r| r.has(v)) && offered(v);
         match node.filter(|r| !r.is_complement()).or(pod.filter(|r| !r.is_complement())) {
             Some(finite) => {
-                let vals: Vec<String> = finite.values().iter().filter(|v| allowed(v)).cloned().collect();
+                let vals: Vec<String> =
+                    finite.values().iter().filter(|v| allowed(v)).map(str::to_string).collect();
                 vals.iter().map(|v| self.intern(v)).collect()
             }
             None => self
@@ -578,7 +579,7 @@ impl Topology {
         }
         match slot.reqs.get(key) {
             Some(r) if !r.is_complement() && (all || r.len() == 1) => {
-                let vals: Vec<String> = r.values().iter().cloned().collect();
+                let vals: Vec<String> = r.values().iter().map(str::to_string).collect();
                 vals.iter().map(|v| self.intern(v)).collect()
             }
             _ => vec![],
