@@ -5,7 +5,8 @@
 //! Karpenter custom resources are watched untyped and converted object by object, so a single
 //! object that does not parse is logged (with its name) and skipped instead of stalling its
 //! watch. Managed fields and the `kubectl.kubernetes.io/last-applied-configuration` annotation
-//! are dropped before caching, which keeps memory proportional to what the decisions use.
+//! are dropped before caching, and so are the parts of a pod no decision reads (see
+//! [`trim_pod`]), which keeps memory proportional to what the decisions use.
 
 pub mod snapshot;
 
@@ -86,6 +87,39 @@ fn trim<K: Resource>(obj: &mut K) {
     }
 }
 
+/// Drops the parts of a pod that neither scheduling nor draining reads: container environments,
+/// commands, probes, mounts and security contexts; ephemeral (debug) containers; volumes other
+/// than persistent volume claims and generic ephemeral volumes; container statuses and
+/// addresses. Kept: metadata, every scheduling field of the spec, container names, resources,
+/// ports and restart policies, and the pod's phase and conditions.
+pub fn trim_pod(pod: &mut Pod) {
+    trim(pod);
+    if let Some(spec) = pod.spec.as_mut() {
+        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
+            *c = k8s_openapi::api::core::v1::Container {
+                name: std::mem::take(&mut c.name),
+                resources: c.resources.take(),
+                resize_policy: c.resize_policy.take(),
+                ports: c.ports.take(),
+                restart_policy: c.restart_policy.take(),
+                ..Default::default()
+            };
+        }
+        spec.ephemeral_containers = None;
+        if let Some(volumes) = spec.volumes.as_mut() {
+            volumes.retain(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some());
+        }
+    }
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.ephemeral_container_statuses = None;
+        status.resource_claim_statuses = None;
+        status.host_ips = None;
+        status.pod_ips = None;
+    }
+}
+
 impl ClusterState {
     /// Starts one watch per kind. Returns the caches, and the future that drives the watches
     /// (spawn it; it runs until dropped). Changes are reported on `changes`.
@@ -105,7 +139,7 @@ impl ClusterState {
         let pod_changes = changes.clone();
         let pods_f = drive(
             "pods",
-            reflector::reflector(pods_w, watch_typed(Api::<Pod>::all(client.clone()))),
+            reflector::reflector(pods_w, watch_modified(Api::<Pod>::all(client.clone()), trim_pod)),
             move |ev: &Event<Pod>| {
                 if let Event::Apply(pod) = ev
                     && snapshot::is_provisionable(pod)
@@ -261,7 +295,18 @@ fn watch_typed<K>(api: Api<K>) -> impl Stream<Item = watcher::Result<Event<K>>> 
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    watcher::watcher(api, Config::default()).default_backoff().modify(trim)
+    watch_modified(api, trim)
+}
+
+/// A watch of a built-in kind whose objects `modify` trims before they are cached.
+fn watch_modified<K>(
+    api: Api<K>,
+    modify: fn(&mut K),
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher::watcher(api, Config::default()).default_backoff().modify(modify)
 }
 
 /// A watch of a custom resource that converts each object on its own: an object that does not
@@ -327,5 +372,92 @@ where
         if let Err(error) = item {
             tracing::warn!(kind, error = %error, "watch failed, retrying");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduling::resources::pod_requests;
+
+    #[test]
+    fn a_trimmed_pod_keeps_what_scheduling_and_draining_read() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "labels": {"app": "web"},
+                "annotations": {"karpenter.sh/do-not-disrupt": "true",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "r1"}],
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {
+                "nodeSelector": {"karpenter.sh/capacity-type": "spot"},
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}},
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}],
+                "priorityClassName": "high", "priority": 1000, "terminationGracePeriodSeconds": 30,
+                "overhead": {"cpu": "10m"},
+                "initContainers": [{"name": "proxy", "image": "proxy", "restartPolicy": "Always",
+                    "env": [{"name": "A", "value": "b"}], "resources": {"requests": {"cpu": "100m"}}}],
+                "containers": [{"name": "app", "image": "app:1", "command": ["/app"], "args": ["--port", "80"],
+                    "env": [{"name": "A", "value": "b"}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "livenessProbe": {"httpGet": {"path": "/", "port": 80}},
+                    "ports": [{"containerPort": 80, "hostPort": 8080, "protocol": "TCP"}],
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                "ephemeralContainers": [{"name": "debug", "image": "busybox"}],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-web"}},
+                    {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
+                    {"name": "config", "configMap": {"name": "web"}},
+                    {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]
+            },
+            "status": {"phase": "Pending", "nominatedNodeName": "n1",
+                "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+                "containerStatuses": [{"name": "app", "image": "app:1", "imageID": "", "ready": false, "restartCount": 0}],
+                "podIPs": [{"ip": "10.0.0.1"}]}
+        }))
+        .unwrap();
+        let requests = pod_requests(&pod);
+        let mut trimmed = pod.clone();
+        trim_pod(&mut trimmed);
+
+        // What decisions read is untouched.
+        assert_eq!(pod_requests(&trimmed), requests);
+        let (spec, full) = (trimmed.spec.as_ref().unwrap(), pod.spec.as_ref().unwrap());
+        assert_eq!(spec.node_selector, full.node_selector);
+        assert_eq!(spec.affinity, full.affinity);
+        assert_eq!(spec.tolerations, full.tolerations);
+        assert_eq!(spec.topology_spread_constraints, full.topology_spread_constraints);
+        assert_eq!(spec.priority_class_name, full.priority_class_name);
+        assert_eq!(spec.termination_grace_period_seconds, full.termination_grace_period_seconds);
+        assert_eq!(spec.containers[0].ports, full.containers[0].ports);
+        assert_eq!(spec.init_containers.as_ref().unwrap()[0].restart_policy.as_deref(), Some("Always"));
+        let volumes: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+        assert_eq!(volumes, ["data", "scratch"]);
+        assert_eq!(trimmed.metadata.labels, pod.metadata.labels);
+        assert_eq!(trimmed.metadata.owner_references, pod.metadata.owner_references);
+        assert!(trimmed.metadata.annotations.as_ref().unwrap().contains_key("karpenter.sh/do-not-disrupt"));
+        let status = trimmed.status.as_ref().unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        assert_eq!(status.conditions, pod.status.as_ref().unwrap().conditions);
+        assert_eq!(status.nominated_node_name.as_deref(), Some("n1"));
+        assert!(snapshot::is_provisionable(&trimmed));
+
+        // The rest is gone.
+        let c = &spec.containers[0];
+        assert!(c.env.is_none() && c.command.is_none() && c.args.is_none() && c.image.is_none());
+        assert!(c.volume_mounts.is_none() && c.liveness_probe.is_none());
+        assert!(spec.ephemeral_containers.is_none());
+        assert!(status.container_statuses.is_none() && status.pod_ips.is_none());
+        assert!(trimmed.metadata.managed_fields.is_none());
+        assert!(
+            !trimmed
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key("kubectl.kubernetes.io/last-applied-configuration")
+        );
     }
 }
