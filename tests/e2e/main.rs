@@ -75,33 +75,8 @@ async fn getting_started_with_kwok() {
         assert!(metrics.contains(name), "{name} in /metrics");
     }
 
-    // 3. A pod nothing can host: FailedScheduling naming the reason, no NodeClaim.
-    let claims_before = f.all_claim_names().await;
-    let huge = f.create_pod("huge", "500", true).await;
-    let event = f.wait_event(&huge, "FailedScheduling", Duration::from_secs(60), &controller).await;
-    assert!(event.contains("cpu"), "the reason names the resource: {event}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(f.all_claim_names().await, claims_before, "no NodeClaim for a pod nothing can host");
-    f.delete_pod("huge").await;
-
-    // 7. A PodDisruptionBudget with maxUnavailable 0 holds the node of a deleted NodeClaim.
-    f.create_pdb(0).await;
-    let victim = f.claims().await.into_iter().next().unwrap();
-    let victim_name = victim.metadata.name.clone().unwrap();
-    let victim_node = victim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
-    let pod_on_victim = f.pods_on(&victim_node).await;
-    assert_eq!(pod_on_victim.len(), 1);
-    f.claims_api().delete(&victim_name, &DeleteParams::default()).await.unwrap();
-    f.wait_node_event(&victim_node, "FailedDraining", Duration::from_secs(60), &controller).await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(f.node_exists(&victim_node).await, "the node stays while the PDB blocks");
-    assert_eq!(f.pods_on(&victim_node).await, pod_on_victim, "no pod is lost");
-    f.delete_pdb().await;
-    wait_for("the held node to go", Duration::from_secs(90), &controller, || async {
-        !f.node_exists(&victim_node).await && !f.all_claim_names().await.contains(&victim_name)
-    })
-    .await;
-    f.wait_running(6, Duration::from_secs(120), &controller).await;
+    unschedulable_pod_gets_no_claim(&f, &controller).await;
+    disruption_budget_holds_a_node(&f, &controller).await;
 
     // 5. `kubectl delete nodeclaim --all` (here: all of this pool) after scaling down: pods
     // evicted, nodes gone, no finalizer left behind.
@@ -112,30 +87,7 @@ async fn getting_started_with_kwok() {
     })
     .await;
 
-    // 2. A limit of 10 vCPUs: scaling to 6 stops at the limit, never above it, and the pods left
-    // pending are told why.
-    f.set_cpu_limit(10).await;
-    f.scale(6).await;
-    // The cheapest type has 2 vCPUs: five of them fill the limit and the sixth pod stays pending.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let cpu = f.claimed_cpu_millis().await;
-        assert!(cpu <= 10_000, "claims hold {cpu}m CPU, over the limit of 10\n{}", controller.log_tail());
-        let pods = f.pods().await;
-        let running = pods.iter().filter(|p| is_running(p)).count();
-        if running == 5 && pods.len() == 6 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "5 of 6 pods running under the limit\n{}", controller.log_tail());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let pending: Vec<Pod> = f.pods().await.into_iter().filter(|p| !is_running(p)).collect();
-    assert_eq!(pending.len(), 1);
-    let event = f.wait_event(&pending[0], "FailedScheduling", Duration::from_secs(30), &controller).await;
-    assert!(event.contains("limit"), "the event names the limit: {event}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(f.claims().await.len(), 5, "the limit holds");
-    assert!(f.claimed_cpu_millis().await <= 10_000);
+    limit_holds(&f, &controller).await;
 
     f.cleanup().await;
     controller.stop_and_check();
@@ -292,8 +244,9 @@ async fn a_thousand_pods_with_kwok() {
 
 /// The getting-started journey with the aws cloud provider against the AWS emulator, the kubelet
 /// stand-in registering a Node for each instance: the EC2NodeClass resolves, six instances launch
-/// for six pods, `kubectl get nodeclaim -o wide` shows their AMIs and instance ids, and deleting
-/// the NodeClaims terminates every instance and releases every finalizer.
+/// for six pods, `kubectl get nodeclaim -o wide` shows their AMIs and instance ids; then, as with
+/// kwok, a pod nothing can host, a PodDisruptionBudget holding a node, deleting the NodeClaims
+/// (every instance terminated, every finalizer released) and a NodePool limit.
 #[tokio::test]
 #[ignore = "needs the local control plane and the AWS emulator: make test"]
 async fn getting_started_with_aws() {
@@ -340,6 +293,13 @@ async fn getting_started_with_aws() {
         assert_eq!(instance.image_id, image_id);
     }
 
+    unschedulable_pod_gets_no_claim(&f, &controller).await;
+    disruption_budget_holds_a_node(&f, &controller).await;
+    // The held node's instance is gone; its replacement is the seventh.
+    let instances = pool_instances(&ec2, &f.pool).await;
+    assert_eq!(instances.iter().filter(|i| i.is_live()).count(), 6, "{instances:?}");
+    assert_eq!(instances.len(), 7, "{instances:?}");
+
     // Scale to 0 and delete the pool's NodeClaims: Nodes gone, instances terminated, no finalizer
     // left (the claims and nodes are gone only once their finalizers are released).
     f.scale(0).await;
@@ -349,7 +309,7 @@ async fn getting_started_with_aws() {
     })
     .await;
     let instances = pool_instances(&ec2, &f.pool).await;
-    assert_eq!(instances.len(), 6, "{instances:?}");
+    assert_eq!(instances.len(), 7, "{instances:?}");
     assert!(instances.iter().all(|i| i.state == "terminated"), "every instance terminated: {instances:?}");
     for message in
         ["launched nodeclaim", "registered nodeclaim", "initialized nodeclaim", "deleted nodeclaim"]
@@ -360,6 +320,10 @@ async fn getting_started_with_aws() {
         !launch_templates_of(&ec2, &f.class).await.is_empty(),
         "launch templates were made for the class"
     );
+
+    limit_holds(&f, &controller).await;
+    let live = pool_instances(&ec2, &f.pool).await.into_iter().filter(|i| i.is_live()).count();
+    assert_eq!(live, 5, "one instance per NodeClaim under the limit");
 
     f.cleanup().await;
     assert!(
@@ -466,4 +430,64 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     f.cleanup().await;
     controller.stop_and_check();
     drop(standin);
+}
+
+/// Journey 3: a pod nothing can host gets FailedScheduling naming the reason, and no NodeClaim.
+async fn unschedulable_pod_gets_no_claim(f: &Fixture, controller: &Controller) {
+    let claims_before = f.all_claim_names().await;
+    let huge = f.create_pod("huge", "500", true).await;
+    let event = f.wait_event(&huge, "FailedScheduling", Duration::from_secs(60), controller).await;
+    assert!(event.contains("cpu"), "the reason names the resource: {event}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.all_claim_names().await, claims_before, "no NodeClaim for a pod nothing can host");
+    f.delete_pod("huge").await;
+}
+
+/// Journey 7: a PodDisruptionBudget with maxUnavailable 0 holds the node of a deleted NodeClaim
+/// until it goes; no pod is lost, and the six pods run again afterwards.
+async fn disruption_budget_holds_a_node(f: &Fixture, controller: &Controller) {
+    f.create_pdb(0).await;
+    let victim = f.claims().await.into_iter().next().unwrap();
+    let victim_name = victim.metadata.name.clone().unwrap();
+    let victim_node = victim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let pod_on_victim = f.pods_on(&victim_node).await;
+    assert_eq!(pod_on_victim.len(), 1);
+    f.claims_api().delete(&victim_name, &DeleteParams::default()).await.unwrap();
+    f.wait_node_event(&victim_node, "FailedDraining", Duration::from_secs(60), controller).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(f.node_exists(&victim_node).await, "the node stays while the PDB blocks");
+    assert_eq!(f.pods_on(&victim_node).await, pod_on_victim, "no pod is lost");
+    f.delete_pdb().await;
+    wait_for("the held node to go", Duration::from_secs(90), controller, || async {
+        !f.node_exists(&victim_node).await && !f.all_claim_names().await.contains(&victim_name)
+    })
+    .await;
+    f.wait_running(6, Duration::from_secs(120), controller).await;
+}
+
+/// Journey 2: with a limit of 10 vCPUs, scaling to 6 stops at the limit, never above it, and the
+/// pod left pending is told why.
+async fn limit_holds(f: &Fixture, controller: &Controller) {
+    f.set_cpu_limit(10).await;
+    f.scale(6).await;
+    // The cheapest type has 2 vCPUs: five of them fill the limit and the sixth pod stays pending.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let cpu = f.claimed_cpu_millis().await;
+        assert!(cpu <= 10_000, "claims hold {cpu}m CPU, over the limit of 10\n{}", controller.log_tail());
+        let pods = f.pods().await;
+        let running = pods.iter().filter(|p| is_running(p)).count();
+        if running == 5 && pods.len() == 6 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "5 of 6 pods running under the limit\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pending: Vec<Pod> = f.pods().await.into_iter().filter(|p| !is_running(p)).collect();
+    assert_eq!(pending.len(), 1);
+    let event = f.wait_event(&pending[0], "FailedScheduling", Duration::from_secs(30), controller).await;
+    assert!(event.contains("limit"), "the event names the limit: {event}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(f.claims().await.len(), 5, "the limit holds");
+    assert!(f.claimed_cpu_millis().await <= 10_000);
 }
