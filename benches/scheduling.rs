@@ -163,7 +163,7 @@ fn pods(n: usize) -> Vec<Pod> {
 
 fn input(n: usize) -> SchedulingInput {
     SchedulingInput {
-        pods: pods(n),
+        pods: pods(n).into_iter().map(Arc::new).collect(),
         nodepools: vec![NodePoolInput::new("default", instance_types())],
         ..Default::default()
     }

@@ -12,7 +12,8 @@
 //! 2. Describe existing nodes and in-flight NodeClaims as [`ExistingNode`]s: labels, taints,
 //!    allocatable, the requests already bound (including DaemonSet pods still to come on nodes
 //!    that are not initialized) and the bound pods (for topology and host ports).
-//! 3. Pass the pending pods, one pod per DaemonSet (built from its template), and namespace
+//! 3. Pass the pending pods (shared as `Arc`s, like the bound pods, so the cluster-state cache's
+//!    copies serve as they are), one pod per DaemonSet (built from its template), and namespace
 //!    labels (for affinity namespace selectors) in a [`SchedulingInput`] to [`schedule`].
 //! 4. Create a NodeClaim for each [`NewNodeClaim`] (its `node_selector_requirements()`, `labels`,
 //!    `taints`, `startup_taints` and `requests.to_list()`), nominate the pods of

@@ -11,7 +11,7 @@ use crate::apis::{NodeSelectorRequirementWithMinValues, Operator, Taint, TaintEf
 
 use super::resources::{CPU, MEMORY, PODS};
 use super::taints::check_tolerated;
-use super::tests::{GI, pod, with_anti_affinity, with_label, with_spread};
+use super::tests::{GI, pod, shared, with_anti_affinity, with_label, with_spread};
 use super::*;
 
 const ZONES: [&str; 3] = ["za", "zb", "zc"];
@@ -221,7 +221,7 @@ proptest! {
     ) {
         let types: Vec<Arc<InstanceType>> = its.iter().enumerate().map(|(i, s)| build_it(i, s)).collect();
         let pools: Vec<NodePoolInput> = pools.iter().enumerate().map(|(i, s)| build_pool(i, s, &types)).collect();
-        let pods: Vec<Pod> = pods.iter().enumerate().map(|(i, s)| build_pod(i, s)).collect();
+        let pods = shared(pods.iter().enumerate().map(|(i, s)| build_pod(i, s)).collect());
         let existing = with_node.then(|| ExistingNode {
             name: "node-0".into(),
             labels: [
@@ -345,11 +345,11 @@ proptest! {
             .map(|(i, c)| build_it(i, &ItSpec { cpu: *c, mem: 4 * c, pods: 30, arm: false, zones: vec![true; 3], spot: false, price: 10 * (i as u32 + 1) }))
             .collect();
         let key = if host { LABEL_HOSTNAME } else { LABEL_TOPOLOGY_ZONE };
-        let pods: Vec<Pod> = sizes
+        let pods = shared(sizes
             .iter()
             .enumerate()
             .map(|(i, (c, m))| with_spread(pod(&format!("p{i}"), &format!("{c}m"), &format!("{m}Mi")), key, "s", true))
-            .collect();
+            .collect());
         let r = schedule(&SchedulingInput { pods: pods.clone(), nodepools: vec![NodePoolInput::new("default", types)], ..Default::default() });
         prop_assert!(r.errors.is_empty());
         if host {

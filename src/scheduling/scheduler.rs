@@ -183,15 +183,15 @@ pub struct ExistingNode {
     /// Requests of the pods bound to it, `pods` included (and, for nodes not initialized yet, of
     /// the DaemonSet pods it will run).
     pub requested: Resources,
-    /// Pods bound to it, for topology and host ports.
-    pub pods: Vec<Pod>,
+    /// Pods bound to it, for topology and host ports; shared with the cluster-state cache.
+    pub pods: Vec<Arc<Pod>>,
 }
 
 /// Everything a scheduling run looks at.
 #[derive(Clone, Debug, Default)]
 pub struct SchedulingInput {
-    /// Pods to place.
-    pub pods: Vec<Pod>,
+    /// Pods to place; shared with the cluster-state cache.
+    pub pods: Vec<Arc<Pod>>,
     /// NodePools that may launch nodes.
     pub nodepools: Vec<NodePoolInput>,
     /// Existing and in-flight nodes.
@@ -513,13 +513,13 @@ impl<'a> Scheduler<'a> {
             .map(|n| n.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect())
             .collect();
 
+        let no_labels = BTreeMap::new();
         let mut pods = Vec::with_capacity(input.pods.len());
         let mut classes: HashMap<ClassKey, usize> = HashMap::new();
         for (index, (pod, owned)) in input.pods.iter().zip(owned).enumerate() {
             let meta = &pod.metadata;
             let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
-            let labels = meta.labels.clone().unwrap_or_default();
-            let topo_info = topo.pod_topology(owned, &namespace, &labels);
+            let topo_info = topo.pod_topology(owned, &namespace, meta.labels.as_ref().unwrap_or(&no_labels));
             let (base, required_terms, preferred_terms, invalid) = match pod_node_requirements(pod) {
                 Ok((b, r, p)) => (b, r, p, None),
                 Err(e) => (Requirements::new(), vec![], vec![], Some(format!("invalid pod: {e}"))),
@@ -596,7 +596,7 @@ impl<'a> Scheduler<'a> {
                 taints,
                 used: n.requested.clone(),
                 pods: vec![],
-                ports: n.pods.iter().flat_map(pod_host_ports).collect(),
+                ports: n.pods.iter().flat_map(|p| pod_host_ports(p)).collect(),
                 host_id,
             });
         }
@@ -639,8 +639,7 @@ impl<'a> Scheduler<'a> {
         for (n, owned) in nodes.iter().zip(existing_owned) {
             for (pod, owned) in n.node.pods.iter().zip(owned) {
                 let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-                let labels = pod.metadata.labels.clone().unwrap_or_default();
-                let pt = topo.pod_topology(owned, ns, &labels);
+                let pt = topo.pod_topology(owned, ns, pod.metadata.labels.as_ref().unwrap_or(&no_labels));
                 let view = SlotView {
                     hostname: n.host_id,
                     labels: Some(&n.node.labels),

@@ -218,8 +218,13 @@ fn pool_req(name: &str, key: &str, op: Operator, values: &[&str]) -> NodePoolInp
         .unwrap()
 }
 
+/// The pods as the scheduler's input holds them.
+pub(super) fn shared(pods: Vec<Pod>) -> Vec<Arc<Pod>> {
+    pods.into_iter().map(Arc::new).collect()
+}
+
 fn input(pods: Vec<Pod>, pools: Vec<NodePoolInput>) -> SchedulingInput {
-    SchedulingInput { pods, nodepools: pools, ..Default::default() }
+    SchedulingInput { pods: shared(pods), nodepools: pools, ..Default::default() }
 }
 
 fn pods_n(n: usize, f: impl Fn(Pod) -> Pod) -> Vec<Pod> {
@@ -402,7 +407,7 @@ fn zonal_spread_counts_existing_pods() {
         .into(),
         initialized: true,
         allocatable: Resources::from_pairs([(CPU, 0), (MEMORY, 0), (PODS, 0)]),
-        pods: vec![with_label(pod("old", "1", "1Gi"), "group", "web")],
+        pods: shared(vec![with_label(pod("old", "1", "1Gi"), "group", "web")]),
         ..Default::default()
     };
     let pods = (0..2)
@@ -501,7 +506,7 @@ fn existing_node_labels_are_strict() {
 #[test]
 fn inverse_anti_affinity_of_existing_pods() {
     let mut n = existing_node("n1", 8);
-    n.pods = vec![with_anti_affinity(pod("guard", "1", "1Gi"), LABEL_HOSTNAME, "web")];
+    n.pods = shared(vec![with_anti_affinity(pod("guard", "1", "1Gi"), LABEL_HOSTNAME, "web")]);
     // The new pod is selected by the guard's anti-affinity (group=web) but has none itself.
     let p = with_label(pod("w", "1", "1Gi"), "group", "web");
     let r = schedule(&SchedulingInput {
@@ -539,7 +544,7 @@ fn host_ports_conflict() {
     let r = schedule(&input(pods, vec![pool("default")]));
     assert_eq!(r.new_node_claims.len(), 2);
     let mut n = existing_node("n1", 8);
-    n.pods = vec![with_host_port(pod("old", "1", "1Gi"), 80)];
+    n.pods = shared(vec![with_host_port(pod("old", "1", "1Gi"), 80)]);
     let r = schedule(&SchedulingInput {
         existing_nodes: vec![n],
         ..input(vec![with_host_port(pod("a", "1", "1Gi"), 80)], vec![pool("default")])

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -28,8 +29,8 @@ pub struct Manifests {
     pub nodepools: Vec<NodePool>,
     /// EC2NodeClasses: accepted, not used by the generated catalogs.
     pub node_classes: Vec<EC2NodeClass>,
-    /// Pods, given directly or expanded from workloads.
-    pub pods: Vec<Pod>,
+    /// Pods, given directly or expanded from workloads; shared with the scheduler's input.
+    pub pods: Vec<Arc<Pod>>,
     /// One pod per DaemonSet, built from its template.
     pub daemonsets: Vec<Pod>,
     /// Existing nodes.
@@ -202,7 +203,7 @@ fn add_value(value: Value, origin: &Origin<'_>, manifests: &mut Manifests) -> Re
         "Pod" => {
             let mut pod: Pod = typed(value, &kind, origin)?;
             default_namespace(&mut pod.metadata);
-            manifests.pods.push(pod);
+            manifests.pods.push(Arc::new(pod));
         }
         "Deployment" => {
             let d: Deployment = typed(value, &kind, origin)?;
@@ -262,7 +263,7 @@ fn pod_from_template(owner: &ObjectMeta, template: &PodTemplateSpec, name: Strin
 fn expand(owner: &ObjectMeta, template: &PodTemplateSpec, count: i32, manifests: &mut Manifests) {
     let base = owner.name.clone().unwrap_or_default();
     for i in 0..count.max(0) {
-        manifests.pods.push(pod_from_template(owner, template, format!("{base}-{i}")));
+        manifests.pods.push(Arc::new(pod_from_template(owner, template, format!("{base}-{i}"))));
     }
 }
 

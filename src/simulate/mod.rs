@@ -174,11 +174,11 @@ pub fn scheduling_input(
             continue;
         }
         match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty()) {
-            None => pending.push(pod.clone()),
+            None => pending.push(Arc::clone(pod)),
             Some(node) => match existing.iter_mut().find(|n| n.name == node) {
                 Some(n) => {
                     n.requested.add_assign(&pod_requests(pod));
-                    n.pods.push(pod.clone());
+                    n.pods.push(Arc::clone(pod));
                 }
                 None => warnings
                     .push(format!("pod {}: bound to node {node:?} not in the input, ignored", pod_name(pod))),

@@ -92,27 +92,27 @@ pub fn nodepool_usage(
     catalog: &HashMap<String, Arc<InstanceType>>,
 ) -> BTreeMap<String, Resources> {
     let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
-    let mut counted_providers: BTreeSet<String> = BTreeSet::new();
+    let mut counted_providers: BTreeSet<&str> = BTreeSet::new();
     for claim in &snapshot.nodeclaims {
         let Some(np) = claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) else { continue };
         let capacity = claim_capacity(claim, catalog);
         let used = usage.entry(np.clone()).or_default();
         used.add_assign(&capacity);
         used.set(NODES, used.get(NODES) + 1);
-        if let Some(pid) = claim.status.as_ref().and_then(|s| s.provider_id.clone()) {
+        if let Some(pid) = claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) {
             counted_providers.insert(pid);
         }
     }
     // Nodes of a NodePool without a NodeClaim (e.g. created before the claim was cached).
     for node in &snapshot.nodes {
         let Some(np) = node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) else { continue };
-        let pid = node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
-        if counted_providers.contains(&pid) {
+        let pid = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).unwrap_or_default();
+        if counted_providers.contains(pid) {
             continue;
         }
-        let list = node.status.as_ref().and_then(|s| s.capacity.clone()).unwrap_or_default();
+        let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
         let used = usage.entry(np.clone()).or_default();
-        if let Ok(r) = Resources::from_list(&list) {
+        if let Some(Ok(r)) = capacity.map(Resources::from_list) {
             used.add_assign(&r);
         }
         used.set(NODES, used.get(NODES) + 1);
@@ -155,13 +155,13 @@ pub fn claim_capacity(claim: &NodeClaim, catalog: &HashMap<String, Arc<InstanceT
 /// that, the requests it was created for, so the pods it was created for fit on it again and a
 /// later batch does not launch a second node for them.
 pub fn existing_nodes(snapshot: &Snapshot) -> Vec<ExistingNode> {
-    let mut bound: HashMap<&str, Vec<&Pod>> = HashMap::new();
+    let mut bound: HashMap<&str, Vec<Arc<Pod>>> = HashMap::new();
     for pod in &snapshot.pods {
         if is_finished(pod) {
             continue;
         }
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty()) {
-            bound.entry(node).or_default().push(pod);
+            bound.entry(node).or_default().push(Arc::clone(pod));
         }
     }
     let nodes_by_provider: HashMap<&str, &Node> = snapshot
@@ -179,9 +179,9 @@ pub fn existing_nodes(snapshot: &Snapshot) -> Vec<ExistingNode> {
         let managed = labels.contains_key(LABEL_NODEPOOL);
         let initialized = !managed || labels.get(LABEL_INITIALIZED).is_some_and(|v| v == "true");
         let status = node.status.as_ref();
-        let alloc_list = status.and_then(|s| s.allocatable.clone().or_else(|| s.capacity.clone()));
-        let allocatable = Resources::from_list(&alloc_list.unwrap_or_default()).unwrap_or_default();
-        let pods: Vec<Pod> = bound.get(name.as_str()).into_iter().flatten().map(|p| (*p).clone()).collect();
+        let alloc_list = status.and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
+        let allocatable = alloc_list.and_then(|l| Resources::from_list(l).ok()).unwrap_or_default();
+        let pods = bound.remove(name.as_str()).unwrap_or_default();
         let mut requested = Resources::default();
         for p in &pods {
             requested.add_assign(&pod_requests(p));

@@ -101,7 +101,7 @@ struct Provisioner {
     ctx: Context,
     state: ClusterState,
     /// Claims created by this process, until the cache has them.
-    created: Vec<(Instant, NodeClaim)>,
+    created: Vec<(Instant, Arc<NodeClaim>)>,
     /// Last event sent to each pod (uid → message), to not repeat it every pass.
     told: HashMap<String, String>,
 }
@@ -114,12 +114,12 @@ impl Provisioner {
     async fn reconcile(&mut self) {
         let start = Instant::now();
         let snapshot = self.state.snapshot();
-        let mut pods: Vec<Pod> =
-            snapshot.pods.iter().filter(|p| snapshot::is_provisionable(p)).map(|p| (**p).clone()).collect();
+        let mut pods: Vec<Arc<Pod>> =
+            snapshot.pods.iter().filter(|p| snapshot::is_provisionable(p)).map(Arc::clone).collect();
         if pods.is_empty() {
             return;
         }
-        pods.sort_by_key(pod_key);
+        pods.sort_by_cached_key(|p| pod_key(p));
         self.ctx.metrics.provisioner_batch_size.get_or_create(&vec![]).set(pods.len() as f64);
         tracing::info!(
             controller = "provisioner",
@@ -129,10 +129,10 @@ impl Provisioner {
             "found provisionable pod(s)"
         );
 
-        let known: HashSet<String> =
-            snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.clone()).collect();
+        let known: HashSet<&str> =
+            snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.as_deref()).collect();
         self.created.retain(|(at, c)| {
-            at.elapsed() < CREATED_GRACE && !c.metadata.name.as_ref().is_some_and(|n| known.contains(n))
+            at.elapsed() < CREATED_GRACE && !c.metadata.name.as_deref().is_some_and(|n| known.contains(n))
         });
 
         let input = match self.scheduling_input(&snapshot, pods).await {
@@ -172,7 +172,11 @@ impl Provisioner {
     }
 
     /// Builds the simulation's input from the snapshot; `None` when nothing can be decided.
-    async fn scheduling_input(&mut self, snapshot: &Snapshot, pods: Vec<Pod>) -> Option<SchedulingInput> {
+    async fn scheduling_input(
+        &mut self,
+        snapshot: &Snapshot,
+        pods: Vec<Arc<Pod>>,
+    ) -> Option<SchedulingInput> {
         let mut catalog: HashMap<String, Arc<InstanceType>> = HashMap::new();
         let mut pools: Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> = Vec::new();
         for np in &snapshot.nodepools {
@@ -197,8 +201,17 @@ impl Provisioner {
                 }
             }
         }
-        let mut usage_snapshot = snapshot.clone();
-        usage_snapshot.nodeclaims.extend(self.created.iter().map(|(_, c)| Arc::new(c.clone())));
+        // Limits count the nodes and NodeClaims only, in-flight claims of this process included.
+        let usage_snapshot = Snapshot {
+            nodes: snapshot.nodes.clone(),
+            nodeclaims: snapshot
+                .nodeclaims
+                .iter()
+                .chain(self.created.iter().map(|(_, c)| c))
+                .cloned()
+                .collect(),
+            ..Default::default()
+        };
         let usage = snapshot::nodepool_usage(&usage_snapshot, &catalog);
         let mut nodepools = Vec::new();
         for (np, types) in pools {
@@ -216,7 +229,7 @@ impl Provisioner {
         }
         let mut existing: Vec<ExistingNode> = snapshot::existing_nodes(snapshot);
         let in_flight = Snapshot {
-            nodeclaims: self.created.iter().map(|(_, c)| Arc::new(c.clone())).collect(),
+            nodeclaims: self.created.iter().map(|(_, c)| Arc::clone(c)).collect(),
             ..Default::default()
         };
         existing.extend(snapshot::existing_nodes(&in_flight));
@@ -283,7 +296,7 @@ impl Provisioner {
                     for p in &new.pods {
                         nominations.push((p.index, format!("nodeclaim/{name}")));
                     }
-                    self.created.push((Instant::now(), claim));
+                    self.created.push((Instant::now(), Arc::new(claim)));
                 }
                 Err(error) => tracing::error!(
                     controller = "provisioner",
@@ -313,11 +326,11 @@ impl Provisioner {
             }
         }
 
-        let mut events: Vec<(Pod, bool, &'static str, String)> = Vec::new();
+        let mut events: Vec<(Arc<Pod>, bool, &'static str, String)> = Vec::new();
         for (index, target) in nominations {
             if let Some(pod) = input.pods.get(index) {
                 events.push((
-                    pod.clone(),
+                    Arc::clone(pod),
                     false,
                     reasons::NOMINATED,
                     format!("Pod should schedule on: {target}"),
@@ -333,7 +346,7 @@ impl Provisioner {
                     error = %error,
                     "could not schedule pod"
                 );
-                events.push((pod.clone(), true, reasons::FAILED_SCHEDULING, message));
+                events.push((Arc::clone(pod), true, reasons::FAILED_SCHEDULING, message));
             }
         }
         let events: Vec<_> = events
@@ -343,17 +356,17 @@ impl Provisioner {
                 self.told.insert(uid, message.clone()).as_ref() != Some(message)
             })
             .collect();
-        let live: HashSet<String> = input.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        self.told.retain(|uid, _| live.contains(uid));
+        let live: HashSet<&str> = input.pods.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+        self.told.retain(|uid, _| live.contains(uid.as_str()));
         let recorder = self.ctx.events.clone();
         futures::stream::iter(events)
             .for_each_concurrent(EVENT_CONCURRENCY, move |(pod, warning, reason, message)| {
                 let recorder = recorder.clone();
                 async move {
                     if warning {
-                        recorder.warning(&pod, reason, message).await;
+                        recorder.warning(pod.as_ref(), reason, message).await;
                     } else {
-                        recorder.normal(&pod, reason, message).await;
+                        recorder.normal(pod.as_ref(), reason, message).await;
                     }
                 }
             })
@@ -361,8 +374,8 @@ impl Provisioner {
     }
 }
 
-fn summarize_pods(pods: &[Pod], shown: usize) -> String {
-    let mut out = pods.iter().take(shown).map(pod_key).collect::<Vec<_>>().join(", ");
+fn summarize_pods(pods: &[Arc<Pod>], shown: usize) -> String {
+    let mut out = pods.iter().take(shown).map(|p| pod_key(p)).collect::<Vec<_>>().join(", ");
     if pods.len() > shown {
         out.push_str(&format!(" and {} other(s)", pods.len() - shown));
     }
