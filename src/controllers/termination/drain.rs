@@ -5,6 +5,7 @@
 //! Nothing here talks to the API server; the controller feeds in what it listed and applies the
 //! returned plan.
 
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -167,8 +168,8 @@ impl DrainPlan<'_> {
 
 /// Plans the next step of draining a node that runs `pods`, at `now`, with an optional
 /// termination `deadline`.
-pub fn plan(pods: &[Pod], now: Timestamp, deadline: Option<Timestamp>) -> DrainPlan<'_> {
-    let remaining: Vec<&Pod> = pods.iter().filter(|p| blocks_drain(p, now)).collect();
+pub fn plan<P: Borrow<Pod>>(pods: &[P], now: Timestamp, deadline: Option<Timestamp>) -> DrainPlan<'_> {
+    let remaining: Vec<&Pod> = pods.iter().map(Borrow::borrow).filter(|p| blocks_drain(p, now)).collect();
     let expired = deadline.is_some_and(|d| now >= d);
     let delete: Vec<(&Pod, i64)> = match deadline {
         Some(deadline) if !expired => {
@@ -209,8 +210,9 @@ fn expiring(pod: &Pod, now: Timestamp, deadline: Timestamp) -> Option<i64> {
 /// PersistentVolumeClaims (`(namespace, name)`) of the pods that stay on the node although it is
 /// drained: running pods that do not block the drain (mirror pods, pods tolerating the disrupted
 /// taint, pods stuck terminating). Their volumes stay attached until the instance is gone.
-pub fn claims_of_undrained_pods(pods: &[Pod], now: Timestamp) -> BTreeSet<(String, String)> {
+pub fn claims_of_undrained_pods<P: Borrow<Pod>>(pods: &[P], now: Timestamp) -> BTreeSet<(String, String)> {
     pods.iter()
+        .map(Borrow::borrow)
         .filter(|p| !is_terminal(p) && !blocks_drain(p, now))
         .flat_map(|p| {
             let namespace = p.metadata.namespace.clone().unwrap_or_default();

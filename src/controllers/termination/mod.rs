@@ -61,6 +61,9 @@ const ERROR_CAP: Duration = Duration::from_secs(300);
 /// refuses with a 429: past this time the pod counts as blocked and the node is looked at again
 /// later, like after any refused eviction.
 const EVICTION_WAIT: Duration = Duration::from_secs(5);
+/// Evictions or deletions of one node's pods under way at once (the API client queues what goes
+/// beyond its own limit, but every pending request holds memory until it is sent).
+const DRAIN_CONCURRENCY: usize = 32;
 /// Delay between two checks of an instance that is shutting down.
 const INSTANCE_POLL: Duration = Duration::from_secs(5);
 
@@ -121,14 +124,11 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// Copies of the cached pods bound to `node`.
-    fn pods_on(&self, node: &str) -> Vec<Pod> {
-        self.pods
-            .state()
-            .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .map(|p| (**p).clone())
-            .collect()
+    /// The cached pods bound to `node`.
+    fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        let mut pods = self.pods.state();
+        pods.retain(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
+        pods
     }
 
     /// The cached NodeClaim with `provider_id`.
@@ -468,10 +468,11 @@ async fn remove_finalizer(ctx: &Context, node: &Node) -> Result<(), Error> {
 }
 
 /// The pods bound to `node`.
-async fn node_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>, Error> {
+async fn node_pods(ctx: &Context, node: &str) -> Result<Vec<Arc<Pod>>, Error> {
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    Ok(pods.list(&params).await.map_err(kube_error(format!("list pods of node {node}")))?.items)
+    let list = pods.list(&params).await.map_err(kube_error(format!("list pods of node {node}")))?;
+    Ok(list.items.into_iter().map(Arc::new).collect())
 }
 
 fn uid_precondition(uid: Option<String>) -> Option<Preconditions> {
@@ -494,11 +495,16 @@ async fn execute(
     deadline: Option<Timestamp>,
 ) -> Outcome {
     let node_name = node.name_any();
-    let deletions = plan.delete.iter().map(|(pod, grace)| delete_pod(ctx, &node_name, pod, *grace, deadline));
-    let deleted = futures::future::join_all(deletions).await.into_iter().filter(|ok| *ok).count();
-    let evictions = plan.evict.iter().map(|pod| evict(ctx, &node_name, pod));
-    let mut outcome = Outcome { deleted, ..Outcome::default() };
-    for result in futures::future::join_all(evictions).await {
+    // Collected first: a stream over a borrowing closure is not `Send` to the compiler.
+    let deletions: Vec<_> =
+        plan.delete.iter().map(|(pod, grace)| delete_pod(ctx, &node_name, pod, *grace, deadline)).collect();
+    let deleted: Vec<bool> =
+        futures::stream::iter(deletions).buffer_unordered(DRAIN_CONCURRENCY).collect().await;
+    let evictions: Vec<_> = plan.evict.iter().map(|pod| evict(ctx, &node_name, pod)).collect();
+    let evicted: Vec<Eviction> =
+        futures::stream::iter(evictions).buffer_unordered(DRAIN_CONCURRENCY).collect().await;
+    let mut outcome = Outcome { deleted: deleted.into_iter().filter(|ok| *ok).count(), ..Outcome::default() };
+    for result in evicted {
         match result {
             Eviction::Evicted => outcome.evicted += 1,
             Eviction::Gone => {}
@@ -605,7 +611,7 @@ async fn delete_pod(ctx: &Context, node: &str, pod: &Pod, grace: i64, deadline: 
 async fn pending_volume_attachments(
     ctx: &Context,
     node: &str,
-    pods: &[Pod],
+    pods: &[Arc<Pod>],
     now: Timestamp,
 ) -> Result<Vec<String>, Error> {
     let attachments: Api<VolumeAttachment> = Api::all(ctx.client.clone());
