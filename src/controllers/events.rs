@@ -1,11 +1,60 @@
 //! Kubernetes events with upstream Karpenter's reasons.
 //!
-//! Publishing never fails the caller: an event that cannot be written is logged and dropped.
+//! Events are written as `events.k8s.io/v1` Events, reported by the `karpenter` controller. The
+//! same event about the same object again within [`SERIES_WINDOW`] becomes a series: the first
+//! Event's count and last-observed time are updated instead of creating another object, as
+//! client-go's recorder does. Only what that needs (a hash of the event, the Event's name and the
+//! count) is remembered, a few dozen bytes per event, so announcing a thousand pods costs next to
+//! no memory. Publishing never fails the caller: an event that cannot be written is logged and
+//! dropped.
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::Client;
-use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use serde_json::json;
+
+/// How long a repeated event extends the series of the first instead of starting a new Event.
+pub const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
+
+/// The name events are reported under.
+const CONTROLLER: &str = "karpenter";
+
+/// Normal or Warning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Something expected happened.
+    Normal,
+    /// Something needs attention.
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// What is remembered of a published event.
+#[derive(Debug, Clone)]
+struct Series {
+    /// Name of the Event object.
+    name: String,
+    /// Occurrences so far.
+    count: i32,
+    /// When it was last published.
+    last: Timestamp,
+}
 
 /// Event reasons, as upstream writes them.
 pub mod reasons {
@@ -36,19 +85,24 @@ pub mod reasons {
 /// Publishes events as the `karpenter` controller.
 #[derive(Clone)]
 pub struct Events {
-    recorder: Option<Recorder>,
+    client: Option<Client>,
+    instance: String,
+    series: Arc<Mutex<HashMap<u64, Series>>>,
 }
 
 impl Events {
     /// Events written through `client`, reported by `karpenter` from `instance` (the pod name).
     pub fn new(client: Client, instance: Option<String>) -> Self {
-        let reporter = Reporter { controller: "karpenter".into(), instance };
-        Events { recorder: Some(Recorder::new(client, reporter)) }
+        Events {
+            client: Some(client),
+            instance: instance.unwrap_or_else(|| CONTROLLER.to_string()),
+            series: Arc::default(),
+        }
     }
 
     /// Events that are only logged, for tests without an API server.
     pub fn disabled() -> Self {
-        Events { recorder: None }
+        Events { client: None, instance: CONTROLLER.to_string(), series: Arc::default() }
     }
 
     /// Publishes a `Normal` event about `object`.
@@ -69,18 +123,30 @@ impl Events {
 
     /// Publishes an event about the object `reference` points at.
     pub async fn publish(&self, reference: ObjectReference, type_: EventType, reason: &str, message: String) {
-        let Some(recorder) = &self.recorder else {
+        let Some(client) = &self.client else {
             tracing::debug!(reason, message, "event");
             return;
         };
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(truncate(message, 1024)),
-            action: reason.to_string(),
-            secondary: None,
+        let note = truncate(message, 1024);
+        let now = Timestamp::now();
+        let key = series_key(&reference, type_, reason, &note);
+        let previous = self.remember(key, now);
+        let namespace = reference.namespace.clone().unwrap_or_else(|| "default".to_string());
+        let api: Api<K8sEvent> = Api::namespaced(client.clone(), &namespace);
+        let result = match previous {
+            Some(series) => {
+                let patch = json!({"series": {"count": series.count, "lastObservedTime": MicroTime(now)}});
+                match api.patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    // The Event expired on the API server (after an hour by default): start anew.
+                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                        self.create(&api, key, reference.clone(), type_, reason, note, now).await
+                    }
+                    other => other.map(|_| ()),
+                }
+            }
+            None => self.create(&api, key, reference.clone(), type_, reason, note, now).await,
         };
-        if let Err(error) = recorder.publish(&event, &reference).await {
+        if let Err(error) = result {
             tracing::warn!(
                 reason,
                 kind = reference.kind.as_deref().unwrap_or_default(),
@@ -91,6 +157,61 @@ impl Events {
             );
         }
     }
+
+    /// Counts one more occurrence of the event `key` at `now`; returns its series when it
+    /// continues one. Series older than [`SERIES_WINDOW`] are forgotten.
+    fn remember(&self, key: u64, now: Timestamp) -> Option<Series> {
+        let mut all = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        all.retain(|_, s| s.last + SERIES_WINDOW > now);
+        let series = all.get_mut(&key)?;
+        series.count += 1;
+        series.last = now;
+        Some(series.clone())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create(
+        &self,
+        api: &Api<K8sEvent>,
+        key: u64,
+        reference: ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        now: Timestamp,
+    ) -> Result<(), kube::Error> {
+        let name = format!("{}.{:x}", reference.name.as_deref().unwrap_or(CONTROLLER), now.as_nanosecond());
+        let event = K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: reference.namespace.clone(),
+                ..Default::default()
+            },
+            action: Some(reason.to_string()),
+            reason: Some(reason.to_string()),
+            note: Some(note),
+            type_: Some(type_.as_str().to_string()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(reference),
+            reporting_controller: Some(CONTROLLER.to_string()),
+            reporting_instance: Some(self.instance.clone()),
+            series: None::<EventSeries>,
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &event).await?;
+        let mut all = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        all.insert(key, Series { name, count: 1, last: now });
+        Ok(())
+    }
+}
+
+/// Identifies "the same event": its type, reason and note about the same object.
+fn series_key(reference: &ObjectReference, type_: EventType, reason: &str, note: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    (&reference.api_version, &reference.kind, &reference.namespace, &reference.name, &reference.uid)
+        .hash(&mut h);
+    (type_, reason, note).hash(&mut h);
+    h.finish()
 }
 
 /// Events notes are limited to 1 kB by the API server.
@@ -108,6 +229,46 @@ fn truncate(mut s: String, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn reference(name: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_same_event_again_continues_its_series_until_the_window_ends() {
+        let events = Events::disabled();
+        let t0 = Timestamp::UNIX_EPOCH;
+        let key = series_key(&reference("a"), EventType::Normal, "Nominated", "Pod should schedule on: x");
+        events.series.lock().unwrap().insert(key, Series { name: "a.1".into(), count: 1, last: t0 });
+        let again = events.remember(key, t0 + SignedDuration::from_mins(1)).unwrap();
+        assert_eq!((again.name.as_str(), again.count), ("a.1", 2));
+        // Six minutes after the last occurrence the series is over.
+        assert!(events.remember(key, t0 + SignedDuration::from_mins(7)).is_none());
+        assert!(events.series.lock().unwrap().is_empty(), "forgotten");
+    }
+
+    #[test]
+    fn events_differ_by_object_type_reason_and_note() {
+        let base = series_key(&reference("a"), EventType::Normal, "Nominated", "n");
+        assert_eq!(base, series_key(&reference("a"), EventType::Normal, "Nominated", "n"));
+        for other in [
+            series_key(&reference("b"), EventType::Normal, "Nominated", "n"),
+            series_key(&reference("a"), EventType::Warning, "Nominated", "n"),
+            series_key(&reference("a"), EventType::Normal, "FailedScheduling", "n"),
+            series_key(&reference("a"), EventType::Normal, "Nominated", "m"),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+
     #[test]
     fn long_notes_are_cut() {
         assert_eq!(super::truncate("abc".into(), 10), "abc");
