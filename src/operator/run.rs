@@ -246,6 +246,7 @@ async fn cloud_provider(
             options.cluster_endpoint = settings.cluster_endpoint.clone();
             options.reserved_enis = i64::from(settings.reserved_enis);
             options.vm_memory_overhead_percent = settings.vm_memory_overhead_percent;
+            options.kube_dns_ip = crate::cloudprovider::aws::provider::kube_dns_ip(client).await;
             let provider = Arc::new(AwsCloudProvider::new(clients, options).await.map_err(fail)?);
             Ok((provider.clone(), Some(provider)))
         }

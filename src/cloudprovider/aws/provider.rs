@@ -84,6 +84,8 @@ pub struct Options {
     pub vm_memory_overhead_percent: f64,
     /// How often the instance-type catalog is refreshed.
     pub catalog_refresh: Duration,
+    /// Cluster IP of the `kube-system/kube-dns` Service (see [`kube_dns_ip`]).
+    pub kube_dns_ip: Option<String>,
 }
 
 impl Options {
@@ -95,6 +97,32 @@ impl Options {
             reserved_enis: 0,
             vm_memory_overhead_percent: instancetype::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
             catalog_refresh: Duration::from_secs(600),
+            kube_dns_ip: None,
+        }
+    }
+}
+
+/// The cluster IP of the `kube-system/kube-dns` Service, which nodes get as their cluster DNS.
+/// `None` (logged) when there is no such Service or it has no usable address: custom DNS setups
+/// do without it, and nodes then use the tenth address of the service CIDR.
+pub async fn kube_dns_ip(client: &kube::Client) -> Option<String> {
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(client.clone(), "kube-system");
+    let found = match services.get_opt("kube-dns").await {
+        Ok(Some(service)) => service.spec.and_then(|s| s.cluster_ip),
+        Ok(None) => None,
+        Err(error) => {
+            tracing::debug!(error = %error, "unable to detect the IP of the kube-dns service");
+            return None;
+        }
+    };
+    match found.filter(|ip| ip.parse::<std::net::IpAddr>().is_ok()) {
+        Some(ip) => Some(ip),
+        None => {
+            tracing::debug!(
+                "unable to detect the IP of the kube-dns service, it does not exist or has no cluster IP"
+            );
+            None
         }
     }
 }
@@ -185,6 +213,7 @@ impl AwsCloudProvider {
                 .and_then(|n| n.service_ipv4_cidr())
                 .map(str::to_string),
             version: c.version().unwrap_or_default().to_string(),
+            kube_dns_ip: options.kube_dns_ip.clone(),
         };
         Ok(AwsCloudProvider {
             catalog: Catalog::new(clients.ec2.clone(), options.catalog_refresh, clock.clone()),
@@ -900,5 +929,47 @@ mod tests {
             ),
             Some(DriftReason::SecurityGroup)
         );
+    }
+}
+
+#[cfg(test)]
+mod kube_dns_tests {
+    use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+    use kube::api::{DeleteParams, ObjectMeta, PostParams};
+
+    #[tokio::test]
+    #[ignore = "needs the local control plane"]
+    async fn nodes_get_the_kube_dns_service_address() {
+        crate::operator::install_crypto_provider();
+        let client = kube::Client::try_default().await.unwrap();
+        let services: kube::Api<Service> = kube::Api::namespaced(client.clone(), "kube-system");
+        let created = match services.get_opt("kube-dns").await.unwrap() {
+            Some(_) => false,
+            None => {
+                let service = Service {
+                    metadata: ObjectMeta { name: Some("kube-dns".into()), ..Default::default() },
+                    spec: Some(ServiceSpec {
+                        ports: Some(vec![ServicePort {
+                            port: 53,
+                            name: Some("dns".into()),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                services.create(&PostParams::default(), &service).await.unwrap();
+                true
+            }
+        };
+        let want = services.get("kube-dns").await.unwrap().spec.unwrap().cluster_ip.unwrap();
+        let got = super::kube_dns_ip(&client).await;
+        if created {
+            services.delete("kube-dns", &DeleteParams::default()).await.unwrap();
+            // Without the Service there is nothing to find.
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            assert_eq!(super::kube_dns_ip(&client).await, None);
+        }
+        assert_eq!(got, Some(want));
     }
 }

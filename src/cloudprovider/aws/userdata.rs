@@ -26,11 +26,17 @@ pub struct ClusterInfo {
     pub service_cidr: Option<String>,
     /// Kubernetes minor version (`1.34`).
     pub version: String,
+    /// Cluster IP of the `kube-system/kube-dns` Service, when the cluster has one.
+    pub kube_dns_ip: Option<String>,
 }
 
 impl ClusterInfo {
-    /// The cluster DNS address: the tenth address of the service CIDR (IPv4).
+    /// The cluster DNS address: the `kube-dns` Service's IP, else the tenth address of the
+    /// service CIDR (IPv4), which is where EKS puts it.
     pub fn dns_ip(&self) -> Option<String> {
+        if let Some(ip) = &self.kube_dns_ip {
+            return Some(ip.clone());
+        }
         let cidr = self.service_cidr.as_deref()?;
         let base: std::net::Ipv4Addr = cidr.split('/').next()?.parse().ok()?;
         Some(std::net::Ipv4Addr::from(u32::from(base).wrapping_add(10)).to_string())
@@ -368,6 +374,7 @@ mod tests {
             ca_bundle: "Q0E=".into(),
             service_cidr: Some("172.20.0.0/16".into()),
             version: "1.34".into(),
+            kube_dns_ip: None,
         }
     }
 
@@ -408,6 +415,9 @@ mod tests {
             Some("10.100.0.10")
         );
         assert_eq!(ClusterInfo { service_cidr: None, ..cluster() }.dns_ip(), None);
+        // The kube-dns Service's address wins when the cluster has one.
+        let with_service = ClusterInfo { kube_dns_ip: Some("10.100.0.53".into()), ..cluster() };
+        assert_eq!(with_service.dns_ip().as_deref(), Some("10.100.0.53"));
     }
 
     #[test]
