@@ -607,3 +607,57 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     assert!(p.get(&lost.provider_id).await.unwrap_err().is_not_found());
     assert!(p.get(&keep.provider_id).await.is_ok());
 }
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn throttling_and_server_errors_are_retried_with_backoff() {
+    let (p, _, faults) = provider_with_faults("throttle").await;
+    let before = faults.attempts("DescribeInstances");
+
+    // Two throttled answers, then the real one: the SDK's standard retry mode gets through.
+    faults.throttle("DescribeInstances", 2);
+    p.list().await.unwrap();
+    assert_eq!(faults.attempts("DescribeInstances") - before, 3, "two retries");
+
+    // The same for server errors.
+    faults.fail_with_server_error("DescribeInstances", 2);
+    p.list().await.unwrap();
+    assert_eq!(faults.attempts("DescribeInstances") - before, 6, "two more retries");
+
+    // Beyond the retries: a clear error naming the call and EC2's code, no panic.
+    faults.throttle("DescribeInstances", 3);
+    let err = p.list().await.unwrap_err();
+    let chain = karpenter::operator::error_chain(&err);
+    assert!(chain.contains("DescribeInstances") && chain.contains("RequestLimitExceeded"), "{chain}");
+    assert_eq!(faults.attempts("DescribeInstances") - before, 9, "three attempts in all");
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn a_launch_whose_answer_is_lost_is_adopted_not_repeated() {
+    let (p, _, faults) = provider_with_faults("lost").await;
+
+    // EC2 launches the instance, but its answer never arrives.
+    let claim = node_claim("lost-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    faults.lose_next_answer("CreateFleet");
+    let err = p.create(&claim).await.unwrap_err();
+    assert!(karpenter::operator::error_chain(&err).contains("CreateFleet"), "{err}");
+    assert_eq!(faults.attempts("CreateFleet"), 1, "CreateFleet is not retried blindly");
+    let launched = instances_tagged(&p, "lost-1").await;
+    assert_eq!(launched.len(), 1, "EC2 did launch it");
+
+    // The lifecycle's next attempt adopts that instance instead of launching another.
+    let adopted = p.create(&claim).await.unwrap();
+    assert!(adopted.provider_id.ends_with(&format!("/{}", launched[0])), "{}", adopted.provider_id);
+    assert_eq!(faults.attempts("CreateFleet"), 1);
+    assert_eq!(instances_tagged(&p, "lost-1").await, launched, "still one instance");
+
+    // A throttled CreateFleet launches nothing; the next attempt launches exactly one.
+    let claim = node_claim("lost-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    faults.throttle("CreateFleet", 1);
+    let err = p.create(&claim).await.unwrap_err();
+    assert!(karpenter::operator::error_chain(&err).contains("RequestLimitExceeded"), "{err}");
+    assert!(instances_tagged(&p, "lost-2").await.is_empty());
+    p.create(&claim).await.unwrap();
+    assert_eq!(instances_tagged(&p, "lost-2").await.len(), 1);
+}

@@ -1,11 +1,16 @@
-//! Fault injection for the EC2 client: an SDK interceptor that makes CreateFleet report
-//! insufficient capacity for chosen instance types, so the provider's reaction (leave the
-//! offering out, launch the next one) can be exercised against an emulator that never runs out.
+//! Fault injection for the EC2 client: an SDK interceptor that makes EC2 misbehave in the ways
+//! the provider must survive, against an emulator that never does:
 //!
-//! The interceptor rewrites a doomed CreateFleet into a harmless DescribeRegions call before it
-//! is sent (so nothing is launched) and replaces the answer with a CreateFleet response whose
-//! error set names every override of a failing type. It also records every CreateFleet request,
-//! so tests can check what was asked for.
+//! - CreateFleet reports insufficient capacity for chosen instance types (the provider leaves the
+//!   offering out and launches the next one). The doomed call is rewritten into a harmless
+//!   DescribeRegions before it is sent, so nothing is launched, and the answer is replaced with a
+//!   CreateFleet response whose error set names every override of a failing type.
+//! - The next calls of an action are throttled (`503 RequestLimitExceeded`) or fail with
+//!   `500 InternalError` before EC2 sees them (rewritten the same way).
+//! - The answer of the next call of an action is lost: EC2 acts on the request, and the caller
+//!   gets `500 InternalError` instead of the answer.
+//!
+//! Every CreateFleet request is recorded, so tests can check what was asked for.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,11 +35,26 @@ struct State {
     failing: BTreeSet<String>,
     injected: usize,
     requests: Vec<String>,
+    /// Errors to answer calls with before they are sent.
+    errors: Vec<InjectedError>,
+    /// Action → calls left whose answer is lost after EC2 acted.
+    lost: Vec<(String, usize)>,
+    /// Calls of each action seen, retries included.
+    attempts: Vec<(String, usize)>,
 }
 
-/// The CreateFleet answer to give instead of the real one.
+/// Calls of an action to answer with an error before they are sent.
+#[derive(Debug)]
+struct InjectedError {
+    action: String,
+    code: &'static str,
+    status: u16,
+    left: usize,
+}
+
+/// The answer to give instead of the real one: HTTP status and body.
 #[derive(Clone, Debug)]
-struct Replacement(String);
+struct Replacement(u16, String);
 
 impl Storable for Replacement {
     type Storer = StoreReplace<Self>;
@@ -67,9 +87,39 @@ impl FaultInjector {
         self.lock().failing.remove(instance_type);
     }
 
-    /// How many CreateFleet calls were answered with injected errors.
+    /// How many CreateFleet calls were answered with injected insufficient-capacity errors.
     pub fn injected(&self) -> usize {
         self.lock().injected
+    }
+
+    /// Answers the next `times` calls of `action` (`DescribeSubnets`, `CreateFleet`, ...) with
+    /// `503 RequestLimitExceeded`, without sending them.
+    pub fn throttle(&self, action: &str, times: usize) {
+        let error = InjectedError {
+            action: action.to_string(),
+            code: "RequestLimitExceeded",
+            status: 503,
+            left: times,
+        };
+        self.lock().errors.push(error);
+    }
+
+    /// Answers the next `times` calls of `action` with `500 InternalError`, without sending them.
+    pub fn fail_with_server_error(&self, action: &str, times: usize) {
+        let error =
+            InjectedError { action: action.to_string(), code: "InternalError", status: 500, left: times };
+        self.lock().errors.push(error);
+    }
+
+    /// Sends the next call of `action` to EC2 but answers it with `500 InternalError`, as when the
+    /// answer is lost on its way back.
+    pub fn lose_next_answer(&self, action: &str) {
+        self.lock().lost.push((action.to_string(), 1));
+    }
+
+    /// Calls of `action` seen so far, each retry counted.
+    pub fn attempts(&self, action: &str) -> usize {
+        self.lock().attempts.iter().find(|(a, _)| a == action).map_or(0, |(_, n)| *n)
     }
 
     /// The query-protocol bodies of the CreateFleet calls seen so far, in order.
@@ -80,6 +130,15 @@ impl FaultInjector {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The `Errors` document of EC2's query protocol.
+pub fn error_response(code: &str, message: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code><Message>{}</Message></Error></Errors><RequestID>fault-injected</RequestID></Response>",
+        xml_escape(code),
+        xml_escape(message)
+    )
 }
 
 /// Decodes `application/x-www-form-urlencoded` text.
@@ -175,15 +234,46 @@ impl Intercept for FaultInjector {
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
+        // The state outlives the attempt: a retry starts without the last attempt's answer.
+        cfg.interceptor_state().unset::<Replacement>();
         let request = context.request_mut();
         let Some(body) = request.body().bytes().map(|b| String::from_utf8_lossy(b).into_owned()) else {
             return Ok(());
         };
-        if !body.split('&').any(|p| p == "Action=CreateFleet") {
+        let Some(action) = body.split('&').find_map(|p| p.strip_prefix("Action=")).map(str::to_string) else {
+            return Ok(());
+        };
+        let mut state = self.lock();
+        match state.attempts.iter_mut().find(|(a, _)| *a == action) {
+            Some((_, n)) => *n += 1,
+            None => state.attempts.push((action.clone(), 1)),
+        }
+        let error = state.errors.iter_mut().find(|e| e.action == action && e.left > 0).map(|e| {
+            e.left -= 1;
+            (e.code, e.status)
+        });
+        if let Some((code, status)) = error {
+            drop(state);
+            let message = format!("injected {code} for {action}");
+            replace(request, cfg, Replacement(status, error_response(code, &message)));
+            return Ok(());
+        }
+        if let Some(lost) = state.lost.iter_mut().find(|(a, left)| *a == action && *left > 0) {
+            lost.1 -= 1;
+            // Sent as it is; only the answer is swapped.
+            cfg.interceptor_state().store_put(Replacement(
+                500,
+                error_response("InternalError", &format!("the answer to {action} was lost")),
+            ));
+            if action == "CreateFleet" {
+                state.requests.push(body);
+            }
+            return Ok(());
+        }
+        if action != "CreateFleet" {
             return Ok(());
         }
         let overrides = requested_overrides(&body);
-        let mut state = self.lock();
         state.requests.push(body.clone());
         // The fleet launches its first override when it can: fail when that one is doomed.
         if !overrides.first().is_some_and(|o| state.failing.contains(&o.instance_type)) {
@@ -192,10 +282,7 @@ impl Intercept for FaultInjector {
         let failed: Vec<RequestedOverride> =
             overrides.into_iter().filter(|o| state.failing.contains(&o.instance_type)).collect();
         state.injected += 1;
-        cfg.interceptor_state().store_put(Replacement(insufficient_capacity_response(&failed)));
-        let harmless = "Action=DescribeRegions&Version=2016-11-15";
-        *request.body_mut() = SdkBody::from(harmless);
-        request.headers_mut().insert("content-length", harmless.len().to_string());
+        replace(request, cfg, Replacement(200, insufficient_capacity_response(&failed)));
         Ok(())
     }
 
@@ -205,13 +292,29 @@ impl Intercept for FaultInjector {
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        if let Some(Replacement(xml)) = cfg.load::<Replacement>().cloned() {
+        if let Some(Replacement(status, xml)) = cfg.load::<Replacement>().cloned() {
             let response = context.response_mut();
             response.headers_mut().remove("content-length");
+            if let Ok(status) = status.try_into() {
+                *response.status_mut() = status;
+            }
             *response.body_mut() = SdkBody::from(xml);
         }
         Ok(())
     }
+}
+
+/// Rewrites `request` into a harmless DescribeRegions (so EC2 does nothing) whose answer is
+/// replaced by `replacement`.
+fn replace(
+    request: &mut aws_sdk_ec2::config::http::HttpRequest,
+    cfg: &mut ConfigBag,
+    replacement: Replacement,
+) {
+    cfg.interceptor_state().store_put(replacement);
+    let harmless = "Action=DescribeRegions&Version=2016-11-15";
+    *request.body_mut() = SdkBody::from(harmless);
+    request.headers_mut().insert("content-length", harmless.len().to_string());
 }
 
 #[cfg(test)]

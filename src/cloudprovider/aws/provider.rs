@@ -549,7 +549,19 @@ impl AwsCloudProvider {
                     .build(),
             )
         };
-        let out = request.send().await.map_err(|e| sdk_error("CreateFleet", e))?;
+        // Not retried by the SDK: when an answer is lost (a timeout, a dropped connection, a 5xx
+        // after EC2 acted), a blind retry could launch a second instance. The error goes back to
+        // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
+        // claim (above) and adopts it.
+        let out = request
+            .customize()
+            .config_override(
+                aws_sdk_ec2::config::Builder::default()
+                    .retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled()),
+            )
+            .send()
+            .await
+            .map_err(|e| sdk_error("CreateFleet", e))?;
 
         let zone_of_subnet: BTreeMap<&str, &str> =
             status.subnets.iter().map(|s| (s.id.as_str(), s.zone.as_str())).collect();
