@@ -5,6 +5,14 @@
 //! requirements, and pods split in fifths: generic, zonal topology spread (maxSkew 1,
 //! DoNotSchedule), hostname topology spread, zonal self-affinity, and hostname self
 //! anti-affinity, with CPU and memory requests drawn from a seeded generator.
+//!
+//! Before the timings, it prints the cost quality of plans for generic pods only: the hourly price
+//! of the NodeClaims (each at its cheapest type and offering) against two lower bounds. The
+//! per-resource bound (for each of CPU, memory and pods, the requests times the lowest price of a
+//! unit of it on any type; the largest of the three) no packing can beat. The per-pod bound sums
+//! each pod's cheapest share of a whole instance (its largest fraction of any resource, times the
+//! price); it is the tighter yardstick when pods are alike, but pods whose shares complement each
+//! other can share an instance for less.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -19,6 +27,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use karpenter::apis::labels::{ARCH_AMD64, LABEL_ARCH, LABEL_HOSTNAME, LABEL_OS, LABEL_TOPOLOGY_ZONE};
+use karpenter::scheduling::resources::pod_requests;
 use karpenter::scheduling::{
     InstanceType, NodePoolInput, Offering, Overhead, Requirements, Resources, SchedulingInput, schedule,
 };
@@ -81,12 +90,17 @@ fn selector(group: &str) -> Option<LabelSelector> {
 }
 
 fn pods(n: usize) -> Vec<Pod> {
+    pods_of_kinds(n, 5)
+}
+
+/// `n` pods, the first `kinds` of the five kinds in equal shares (1: generic only).
+fn pods_of_kinds(n: usize, kinds: usize) -> Vec<Pod> {
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let cpus = ["100m", "250m", "500m", "1", "1.5"];
     let mems = ["100Mi", "256Mi", "512Mi", "1Gi", "2Gi", "4Gi"];
     (0..n)
         .map(|i| {
-            let kind = i * 5 / n.max(1);
+            let kind = i * kinds / n.max(1);
             let group =
                 ["generic", "zonal-spread", "host-spread", "zonal-affinity", "host-anti"][kind.min(4)];
             let mut spec = PodSpec {
@@ -169,7 +183,64 @@ fn input(n: usize) -> SchedulingInput {
     }
 }
 
+/// Prints the price of the plan for `n` generic pods against the lower bounds.
+fn cost_quality(n: usize) {
+    let types = instance_types();
+    let pods: Vec<Arc<Pod>> = pods_of_kinds(n, 1).into_iter().map(Arc::new).collect();
+    let inp = SchedulingInput {
+        pods: pods.clone(),
+        nodepools: vec![NodePoolInput::new("default", types.clone())],
+        ..Default::default()
+    };
+    let r = schedule(&inp);
+    let plan: f64 = r
+        .new_node_claims
+        .iter()
+        .filter_map(|c| c.instance_type_options.first().and_then(|t| t.cheapest_price(&c.requirements)))
+        .sum();
+    let price = |t: &InstanceType| t.cheapest_price(&Requirements::default()).unwrap_or(f64::INFINITY);
+    let requests: Vec<Resources> = pods.iter().map(|p| pod_requests(p)).collect();
+    let unit = |get: fn(&Resources) -> i64| {
+        types
+            .iter()
+            .filter(|t| get(t.allocatable()) > 0)
+            .map(|t| price(t) / get(t.allocatable()) as f64)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let per_resource =
+        [(|r: &Resources| r.cpu) as fn(&Resources) -> i64, |r: &Resources| r.memory, |r: &Resources| r.pods]
+            .into_iter()
+            .map(|get| requests.iter().map(|q| get(q) as f64).sum::<f64>() * unit(get))
+            .fold(0.0, f64::max);
+    let per_pod: f64 = requests
+        .iter()
+        .map(|q| {
+            types
+                .iter()
+                .filter(|t| t.fits(q))
+                .map(|t| {
+                    let a = t.allocatable();
+                    let share = [(q.cpu, a.cpu), (q.memory, a.memory), (q.pods, a.pods)]
+                        .into_iter()
+                        .map(|(x, y)| x as f64 / y as f64)
+                        .fold(0.0, f64::max);
+                    share * price(t)
+                })
+                .fold(f64::INFINITY, f64::min)
+        })
+        .sum();
+    eprintln!(
+        "cost quality, {n} generic pods: plan ${plan:.2}/h on {} nodeclaims; per-resource bound ${per_resource:.2}/h ({:.3}x); per-pod bound ${per_pod:.2}/h ({:.3}x)",
+        r.new_node_claims.len(),
+        plan / per_resource,
+        plan / per_pod
+    );
+}
+
 fn bench(c: &mut Criterion) {
+    for n in [100, 1000, 5000] {
+        cost_quality(n);
+    }
     let mut group = c.benchmark_group("scheduling");
     group.sample_size(10);
     for n in [1usize, 100, 1000, 5000, 20000] {
