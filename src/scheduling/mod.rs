@@ -24,7 +24,8 @@
 //! Resource requests (init containers, sidecars, overhead), node selectors and required node
 //! affinity (ORed terms tried in turn), preferred node affinity, taints and tolerations (startup
 //! and known ephemeral taints ignored on nodes not yet initialized), host ports, topology spread
-//! constraints (`DoNotSchedule`, and `ScheduleAnyway` until relaxed), required and preferred pod
+//! constraints (`DoNotSchedule`, and `ScheduleAnyway` until relaxed; `nodeAffinityPolicy` and
+//! `nodeTaintsPolicy` decide which nodes, existing or new, count), required and preferred pod
 //! affinity and anti-affinity including the inverse direction, NodePool weights, limits and
 //! `minValues`, DaemonSet overhead. Not modelled: volume topology and attach limits, capacity
 //! reservations, and pod priority/preemption.

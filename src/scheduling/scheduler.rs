@@ -24,7 +24,7 @@ use super::instancetypes::{InstanceType, compare_price};
 use super::requirements::{Requirement, RequirementError, Requirements, keys_compatible};
 use super::resources::{NODES, QuantityError, Resources, parse_quantity_for, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
-use super::topology::{PodTopology, SlotView, Topology};
+use super::topology::{DomainSource, PodTopology, SlotView, Topology};
 
 /// Errors building the scheduler's input from the API objects.
 #[derive(Debug, Error)]
@@ -387,7 +387,7 @@ fn term_requirements(t: &NodeSelectorTerm) -> Result<Requirements, RequirementEr
 }
 
 /// The pod's strict node requirements: node selector and required node-affinity terms.
-fn pod_node_requirements(
+pub(super) fn pod_node_requirements(
     pod: &Pod,
 ) -> Result<(Requirements, Vec<Requirements>, Vec<Requirements>), RequirementError> {
     let Some(spec) = &pod.spec else { return Ok((Requirements::new(), vec![], vec![])) };
@@ -603,16 +603,19 @@ impl<'a> Scheduler<'a> {
 
         // Domains of every topology key.
         let keys = topo.keys();
-        for n in &input.existing_nodes {
+        for n in &nodes {
+            let source = DomainSource { reqs: &n.reqs, taints: &n.taints, existing: true };
             for k in &keys {
-                match n.labels.get(k) {
-                    Some(v) => topo.add_domain(k, v),
-                    None if k == LABEL_HOSTNAME => topo.add_domain(k, &n.name),
+                match n.node.labels.get(k) {
+                    Some(v) => topo.add_domain(k, v, &source),
+                    None if k == LABEL_HOSTNAME => topo.add_domain(k, &n.node.name, &source),
                     None => {}
                 }
             }
         }
         for pool in &pools {
+            let source =
+                DomainSource { reqs: &pool.input.requirements, taints: &pool.input.taints, existing: false };
             for k in &keys {
                 let values: BTreeSet<String> = match pool.input.requirements.get(k) {
                     Some(r) if !r.is_complement() => r.values().iter().map(str::to_string).collect(),
@@ -628,7 +631,7 @@ impl<'a> Scheduler<'a> {
                         .collect(),
                 };
                 for v in values {
-                    topo.add_domain(k, &v);
+                    topo.add_domain(k, &v, &source);
                 }
             }
         }
@@ -644,6 +647,7 @@ impl<'a> Scheduler<'a> {
                     hostname: n.host_id,
                     labels: Some(&n.node.labels),
                     reqs: &n.reqs,
+                    taints: &n.taints,
                     zones: None,
                 };
                 topo.record(&pt, &view);
@@ -778,6 +782,7 @@ impl<'a> Scheduler<'a> {
                 hostname: slot.host_id,
                 labels: Some(&slot.node.labels),
                 reqs: &slot.reqs,
+                taints: &slot.taints,
                 zones: None,
             };
             self.topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref).map_err(|_| ())?;
@@ -949,6 +954,7 @@ impl<'a> Scheduler<'a> {
                 hostname: claim.host_id,
                 labels: None,
                 reqs: &claim.reqs,
+                taints: &pool.input.taints,
                 zones: Some(&zone_filter),
             };
             match topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref) {
@@ -1080,7 +1086,13 @@ impl<'a> Scheduler<'a> {
         claim.ports.extend(pod.ports.iter().cloned());
         claim.min_values_relaxed = relaxed;
         if !pod.topo.selected_by.is_empty() || !pod.topo.owned.is_empty() {
-            let view = SlotView { hostname: claim.host_id, labels: None, reqs: &claim.reqs, zones: None };
+            let view = SlotView {
+                hostname: claim.host_id,
+                labels: None,
+                reqs: &claim.reqs,
+                taints: &pools[claim.pool].input.taints,
+                zones: None,
+            };
             topo.record(&pod.topo, &view);
         }
         Ok(())

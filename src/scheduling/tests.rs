@@ -822,3 +822,127 @@ fn zonal_spread_picks_a_zone_the_pod_can_launch_in() {
     assert!(r.errors.is_empty(), "{}", error_of(&r));
     assert_eq!(zone_of(&r.new_node_claims[0]), "z2");
 }
+
+/// What leaves a node out of a spread's counting.
+#[derive(Clone, Copy)]
+enum LeftOut {
+    /// A label the pods' node selector excludes (`nodeAffinityPolicy`).
+    Selector,
+    /// A taint the pods do not tolerate (`nodeTaintsPolicy`).
+    Taint,
+}
+
+/// A node that `how` concerns: labelled `team=other`, or tainted.
+fn left_out_node(name: &str, cpu: i64, how: LeftOut) -> ExistingNode {
+    let mut n = existing_node(name, cpu);
+    match how {
+        LeftOut::Selector => {
+            n.labels.insert("team".into(), "other".into());
+        }
+        LeftOut::Taint => n.taints = vec![Taint::new("dedicated", TaintEffect::NoSchedule)],
+    }
+    n
+}
+
+/// A pod of spread group `web` on `key` with the given policies; for `Selector` it also selects
+/// `team=mine`.
+fn policy_spread_pod(p: Pod, key: &str, how: LeftOut, affinity: Option<&str>, taints: Option<&str>) -> Pod {
+    let mut p = with_spread(p, key, "web", true);
+    for c in spec(&mut p).topology_spread_constraints.iter_mut().flatten() {
+        c.node_affinity_policy = affinity.map(Into::into);
+        c.node_taints_policy = taints.map(Into::into);
+    }
+    match how {
+        LeftOut::Selector => with_node_selector(p, "team", "mine"),
+        LeftOut::Taint => p,
+    }
+}
+
+#[rstest]
+#[case::selector_default(LeftOut::Selector, None, None, false)]
+#[case::selector_honor(LeftOut::Selector, Some("Honor"), None, false)]
+#[case::selector_ignore(LeftOut::Selector, Some("Ignore"), None, true)]
+#[case::taint_default(LeftOut::Taint, None, None, true)]
+#[case::taint_ignore(LeftOut::Taint, None, Some("Ignore"), true)]
+#[case::taint_honor(LeftOut::Taint, None, Some("Honor"), false)]
+fn spread_counts_existing_pods_by_node_policy(
+    #[case] how: LeftOut,
+    #[case] affinity: Option<&str>,
+    #[case] taints: Option<&str>,
+    #[case] counted: bool,
+) {
+    // n1 in z1 is full and holds two pods of the group.
+    let mut n1 = left_out_node("n1", 0, how);
+    n1.pods = shared(vec![
+        with_label(pod("old1", "1", "1Gi"), "group", "web"),
+        with_label(pod("old2", "1", "1Gi"), "group", "web"),
+    ]);
+    let np = match how {
+        LeftOut::Selector => pool_req("default", "team", Operator::In, &["mine"]),
+        LeftOut::Taint => pool("default"),
+    };
+    let pods = pods_n(3, |p| policy_spread_pod(p, LABEL_TOPOLOGY_ZONE, how, affinity, taints));
+    let r = schedule(&SchedulingInput { existing_nodes: vec![n1], ..input(pods, vec![np]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &r.new_node_claims {
+        *per_zone.entry(zone_of(c)).or_default() += c.pods.len();
+    }
+    // Counted, z1 is two ahead and gets none of the three pods; left out, each zone gets one.
+    let want: &[(&str, usize)] =
+        if counted { &[("z2", 2), ("z3", 1)] } else { &[("z1", 1), ("z2", 1), ("z3", 1)] };
+    assert_eq!(per_zone, want.iter().map(|(z, n)| (z.to_string(), *n)).collect());
+}
+
+#[rstest]
+#[case::selector_default(LeftOut::Selector, None, None, true)]
+#[case::selector_honor(LeftOut::Selector, Some("Honor"), None, true)]
+#[case::selector_ignore(LeftOut::Selector, Some("Ignore"), None, false)]
+#[case::taint_default(LeftOut::Taint, None, None, false)]
+#[case::taint_honor(LeftOut::Taint, None, Some("Honor"), true)]
+fn spread_minimum_skips_domains_of_left_out_nodes(
+    #[case] how: LeftOut,
+    #[case] affinity: Option<&str>,
+    #[case] taints: Option<&str>,
+    #[case] third_fits: bool,
+) {
+    // No NodePool: n1 is an empty host name the pods cannot use. Counted, it keeps the minimum
+    // at zero and the third pod has nowhere to go; left out, the minimum is one after two pods.
+    let mut nodes = vec![left_out_node("n1", 8, how), existing_node("n2", 8), existing_node("n3", 8)];
+    if let LeftOut::Selector = how {
+        for n in &mut nodes[1..] {
+            n.labels.insert("team".into(), "mine".into());
+        }
+    }
+    let pods = pods_n(3, |p| policy_spread_pod(p, LABEL_HOSTNAME, how, affinity, taints));
+    let r = schedule(&SchedulingInput { existing_nodes: nodes, ..input(pods, vec![]) });
+    assert_eq!(r.errors.is_empty(), third_fits, "{}", error_of(&r));
+    assert_eq!(
+        r.existing_placements.iter().map(|p| p.pods.len()).sum::<usize>(),
+        2 + usize::from(third_fits)
+    );
+}
+
+#[rstest]
+#[case::default(None, true)]
+#[case::ignore(Some("Ignore"), true)]
+#[case::honor(Some("Honor"), false)]
+fn spread_counts_pods_on_new_claims_by_taints_policy(#[case] taints: Option<&str>, #[case] counted: bool) {
+    // Two larger pods of the group, placed first, go to a tainted NodePool in z1.
+    let gpu = NodePoolInput {
+        weight: 10,
+        taints: vec![Taint::new("dedicated", TaintEffect::NoSchedule)],
+        ..pool_req("gpu", LABEL_TOPOLOGY_ZONE, Operator::In, &["z1"])
+    };
+    let mut pods: Vec<Pod> = (0..2)
+        .map(|i| {
+            with_toleration(with_label(pod(&format!("big{i}"), "2", "1Gi"), "group", "web"), "dedicated")
+        })
+        .collect();
+    pods.extend(pods_n(3, |p| policy_spread_pod(p, LABEL_TOPOLOGY_ZONE, LeftOut::Taint, None, taints)));
+    let r = schedule(&input(pods, vec![gpu, pool("default")]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let spread_zones: Vec<String> =
+        r.new_node_claims.iter().filter(|c| c.nodepool == "default").map(zone_of).collect();
+    assert_eq!(!spread_zones.contains(&"z1".to_string()), counted, "{spread_zones:?}");
+}

@@ -5,15 +5,22 @@
 //! count where the pods owning the term are, so that a pod matched by someone else's
 //! anti-affinity avoids that pod's domains (the inverse direction). Domains are interned to
 //! integers so that the hot checks are array lookups.
+//!
+//! A spread group also has a [`NodeFilter`] (`nodeAffinityPolicy`, `nodeTaintsPolicy`): pods on
+//! nodes it leaves out are not counted, and domains reachable only through such nodes do not take
+//! part in the global minimum.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm};
+use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use crate::apis::Taint;
 use crate::apis::labels::{LABEL_HOSTNAME, LABEL_TOPOLOGY_ZONE};
 
 use super::requirements::{Requirement, Requirements};
+use super::scheduler::pod_node_requirements;
+use super::taints::tolerates_all;
 
 /// A label selector over pod labels.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -116,6 +123,76 @@ impl GroupKind {
     }
 }
 
+/// The nodes a spread constraint counts, after its owner's `nodeAffinityPolicy` (default
+/// `Honor`) and `nodeTaintsPolicy` (default `Ignore`). Other groups count every node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeFilter {
+    /// `nodeAffinityPolicy: Honor`.
+    honor_affinity: bool,
+    /// With `Honor`, the owner's node selector merged with each required node-affinity term
+    /// (ORed); empty when they allow every node.
+    terms: Vec<Requirements>,
+    /// With `nodeTaintsPolicy: Honor`, the owner's tolerations.
+    tolerations: Option<Vec<Toleration>>,
+}
+
+impl NodeFilter {
+    /// The filter of a spread constraint of `pod`.
+    fn new(pod: &Pod, affinity_policy: Option<&str>, taints_policy: Option<&str>) -> Self {
+        let honor_affinity = affinity_policy != Some("Ignore");
+        let mut terms = Vec::new();
+        if honor_affinity && let Ok((base, required, _)) = pod_node_requirements(pod) {
+            terms = if required.is_empty() {
+                vec![base]
+            } else {
+                required
+                    .iter()
+                    .map(|t| {
+                        let mut r = base.clone();
+                        r.add_all(t);
+                        r
+                    })
+                    .collect()
+            };
+            if terms.iter().any(Requirements::is_empty) {
+                terms.clear();
+            }
+        }
+        let tolerations = (taints_policy == Some("Honor"))
+            .then(|| pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default());
+        NodeFilter { honor_affinity, terms, tolerations }
+    }
+
+    /// Whether the filter counts every node.
+    fn is_trivial(&self) -> bool {
+        self.terms.is_empty() && self.tolerations.is_none()
+    }
+
+    /// Whether a node (`existing`) or claim with these requirements and taints is counted (in
+    /// `domain`, a key and a value, when given).
+    fn admits(
+        &self,
+        reqs: &Requirements,
+        taints: &[Taint],
+        existing: bool,
+        domain: Option<(&str, &str)>,
+    ) -> bool {
+        let in_domain = |t: &Requirements| domain.is_none_or(|(k, v)| t.get(k).is_none_or(|r| r.has(v)));
+        (self.terms.is_empty() || self.terms.iter().any(|t| in_domain(t) && reqs.is_compatible(t, !existing)))
+            && self.tolerations.as_ref().is_none_or(|t| tolerates_all(taints, t))
+    }
+}
+
+/// A node or NodePool offering domains, as node filters see it.
+pub struct DomainSource<'a> {
+    /// The node's labels or the NodePool's requirements.
+    pub reqs: &'a Requirements,
+    /// Its taints.
+    pub taints: &'a [Taint],
+    /// Whether it is a node (labels must match) rather than a NodePool.
+    pub existing: bool,
+}
+
 /// One topology constraint shared by every pod that has it.
 #[derive(Clone, Debug)]
 pub struct Group {
@@ -126,6 +203,10 @@ pub struct Group {
     /// Namespaces of the pods counted; `None` for all.
     namespaces: Option<BTreeSet<String>>,
     selector: Selector,
+    /// Index of its node filter in `Topology::filters`.
+    filter: u32,
+    /// With a filter that leaves nodes out, the domains of its key on nodes it counts.
+    eligible: Option<Vec<u32>>,
     /// Matching pods per domain id.
     counts: Vec<i32>,
     /// Owners (pods with this term) per domain id, for anti-affinity.
@@ -160,7 +241,7 @@ fn bump(v: &mut Vec<i32>, d: u32) {
 }
 
 /// What makes two constraints the same group.
-type GroupSignature = (GroupKind, String, Option<BTreeSet<String>>, Selector);
+type GroupSignature = (GroupKind, String, Option<BTreeSet<String>>, Selector, u32);
 
 /// A pod's topology constraints and the groups that count it.
 #[derive(Clone, Debug, Default)]
@@ -203,6 +284,8 @@ pub struct SlotView<'a> {
     pub labels: Option<&'a BTreeMap<String, String>>,
     /// The claim's requirements (or the node's labels as requirements).
     pub reqs: &'a Requirements,
+    /// Taints of the node or of the claim's NodePool.
+    pub taints: &'a [Taint],
     /// For a claim, the zones its instance types can still be launched in (when known).
     pub zones: Option<&'a dyn Fn(&str) -> bool>,
 }
@@ -215,6 +298,10 @@ pub struct Topology {
     index: HashMap<GroupSignature, u32>,
     ids: HashMap<String, u32>,
     names: Vec<String>,
+    /// Distinct node filters; the first counts every node.
+    filters: Vec<NodeFilter>,
+    /// Groups whose filter leaves nodes out.
+    filtered: Vec<u32>,
     /// Known domains per key (not host names), sorted by name.
     universe: BTreeMap<String, Vec<u32>>,
     /// Whether new nodes (each a new host name with no pod) can be created.
@@ -238,21 +325,44 @@ impl Topology {
         self.names.get(id as usize).map_or("", String::as_str)
     }
 
-    /// Adds a known domain of `key` (for host names, only existing nodes are listed).
-    pub fn add_domain(&mut self, key: &str, value: &str) {
+    /// Adds a known domain of `key` offered by `source` (for host names, only existing nodes are
+    /// listed).
+    pub fn add_domain(&mut self, key: &str, value: &str, source: &DomainSource<'_>) {
         let id = self.intern(value);
-        let list = self.universe.entry(key.to_string()).or_default();
-        if !list.contains(&id) {
-            list.push(id);
+        push_unique(self.universe.entry(key.to_string()).or_default(), id);
+        for &gid in &self.filtered {
+            let Some(g) = self.groups.get_mut(gid as usize) else { continue };
+            let Some(filter) = self.filters.get(g.filter as usize) else { continue };
+            if g.key == key && filter.admits(source.reqs, source.taints, source.existing, Some((key, value)))
+            {
+                push_unique(g.eligible.get_or_insert_with(Vec::new), id);
+            }
         }
     }
 
     /// Sorts the domain lists by name; call after the last `add_domain`.
     pub fn finish_domains(&mut self) {
         let names = &self.names;
+        let by_name = |a: &u32, b: &u32| names[*a as usize].cmp(&names[*b as usize]);
         for list in self.universe.values_mut() {
-            list.sort_by(|a, b| names[*a as usize].cmp(&names[*b as usize]));
+            list.sort_by(by_name);
         }
+        for g in &mut self.groups {
+            if let Some(list) = g.eligible.as_mut() {
+                list.sort_by(by_name);
+            }
+        }
+    }
+
+    fn filter_id(&mut self, filter: NodeFilter) -> u32 {
+        if self.filters.is_empty() {
+            self.filters.push(NodeFilter::default());
+        }
+        let pos = self.filters.iter().position(|f| *f == filter).unwrap_or_else(|| {
+            self.filters.push(filter);
+            self.filters.len() - 1
+        });
+        u32::try_from(pos).unwrap_or(u32::MAX)
     }
 
     /// The keys of all groups.
@@ -266,17 +376,26 @@ impl Topology {
         key: &str,
         namespaces: Option<BTreeSet<String>>,
         selector: Selector,
+        filter: NodeFilter,
     ) -> u32 {
-        let sig = (kind, key.to_string(), namespaces, selector);
+        let trivial = filter.is_trivial();
+        let filter = self.filter_id(filter);
+        let sig = (kind, key.to_string(), namespaces, selector, filter);
         if let Some(id) = self.index.get(&sig) {
             return *id;
         }
         let id = u32::try_from(self.groups.len()).unwrap_or(u32::MAX);
+        if !trivial {
+            self.filtered.push(id);
+        }
         self.groups.push(Group {
             kind,
             key: sig.1.clone(),
             namespaces: sig.2.clone(),
             selector: sig.3.clone(),
+            filter,
+            // Nodes are left out: no domain until a counted node or NodePool offers one.
+            eligible: (!trivial).then(Vec::new),
             counts: vec![],
             owners: vec![],
             total: 0,
@@ -310,7 +429,9 @@ impl Topology {
                 c.match_label_keys.as_deref().unwrap_or(&[]),
                 &[],
             );
-            owned.push(self.group_id(kind, &c.topology_key, Some([ns.clone()].into()), selector));
+            let filter =
+                NodeFilter::new(pod, c.node_affinity_policy.as_deref(), c.node_taints_policy.as_deref());
+            owned.push(self.group_id(kind, &c.topology_key, Some([ns.clone()].into()), selector, filter));
         }
         let affinity = spec.affinity.as_ref();
         let terms = |required: Option<&Vec<PodAffinityTerm>>| required.cloned().unwrap_or_default();
@@ -355,7 +476,7 @@ impl Topology {
                     t.match_label_keys.as_deref().unwrap_or(&[]),
                     t.mismatch_label_keys.as_deref().unwrap_or(&[]),
                 );
-                let id = self.group_id(kind, &t.topology_key, namespaces, selector);
+                let id = self.group_id(kind, &t.topology_key, namespaces, selector, NodeFilter::default());
                 if kind.is_preferred() && !preferred.contains(&id) {
                     preferred.push(id);
                 }
@@ -419,10 +540,13 @@ impl Topology {
         if g.key == LABEL_HOSTNAME && self.new_nodes_possible {
             return 0;
         }
-        let pod = pod_reqs.get(&g.key);
+        // With `nodeAffinityPolicy: Ignore` the domains the pod cannot go to count as well.
+        let honor = self.filters.get(g.filter as usize).is_none_or(|f| f.honor_affinity);
+        let pod = pod_reqs.get(&g.key).filter(|_| honor);
+        let domains = g.eligible.as_ref().or_else(|| self.universe.get(&g.key));
         let mut min = i32::MAX;
         let mut eligible = 0;
-        for d in self.universe.get(&g.key).into_iter().flatten() {
+        for d in domains.into_iter().flatten() {
             if pod.is_none_or(|r| r.has(&self.names[*d as usize])) {
                 eligible += 1;
                 min = min.min(g.count(*d));
@@ -590,6 +714,14 @@ impl Topology {
     pub fn record(&mut self, pod: &PodTopology, slot: &SlotView<'_>) {
         for &gid in &pod.selected_by {
             let Some(g) = self.groups.get(gid as usize) else { continue };
+            if g.eligible.is_some()
+                && self
+                    .filters
+                    .get(g.filter as usize)
+                    .is_some_and(|f| !f.admits(slot.reqs, slot.taints, slot.labels.is_some(), None))
+            {
+                continue;
+            }
             let all = g.kind.enforced() == GroupKind::AntiAffinity;
             let key = g.key.clone();
             let domains = self.record_domains(&key, slot, all);
@@ -612,6 +744,12 @@ impl Topology {
                 bump(&mut g.owners, d);
             }
         }
+    }
+}
+
+fn push_unique(list: &mut Vec<u32>, id: u32) {
+    if !list.contains(&id) {
+        list.push(id);
     }
 }
 
