@@ -37,6 +37,7 @@ pub mod scheduler;
 pub mod taints;
 pub mod topology;
 pub mod values;
+pub mod volumes;
 
 pub use instancetypes::{InstanceType, Offering, Overhead};
 pub use requirements::{Requirement, Requirements};
@@ -46,6 +47,7 @@ pub use scheduler::{
     SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, schedule,
 };
 pub use values::ValueSet;
+pub use volumes::VolumeInput;
 
 #[cfg(test)]
 mod proptests;

@@ -14,8 +14,9 @@ use std::fmt::Debug;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, ObjectMeta};
 use kube::runtime::reflector::{self, Store};
@@ -64,6 +65,14 @@ pub struct ClusterState {
     pub pdbs: Store<PodDisruptionBudget>,
     /// Namespaces (their labels, for affinity namespace selectors).
     pub namespaces: Store<Namespace>,
+    /// PersistentVolumes (zones and CSI drivers of bound claims).
+    pub persistent_volumes: Store<PersistentVolume>,
+    /// PersistentVolumeClaims of every namespace.
+    pub persistent_volume_claims: Store<PersistentVolumeClaim>,
+    /// StorageClasses (allowed topologies and provisioners of unbound claims).
+    pub storage_classes: Store<StorageClass>,
+    /// CSINodes (volume attach limits per node).
+    pub csi_nodes: Store<CSINode>,
     /// Turns true once every cache has listed its kind.
     synced: watch::Receiver<bool>,
 }
@@ -135,6 +144,10 @@ impl ClusterState {
         let (daemonsets, daemonsets_w) = reflector::store();
         let (pdbs, pdbs_w) = reflector::store();
         let (namespaces, namespaces_w) = reflector::store();
+        let (persistent_volumes, pvs_w) = reflector::store();
+        let (persistent_volume_claims, pvcs_w) = reflector::store();
+        let (storage_classes, storage_classes_w) = reflector::store();
+        let (csi_nodes, csi_nodes_w) = reflector::store();
 
         let pod_changes = changes.clone();
         let pods_f = drive(
@@ -201,8 +214,28 @@ impl ClusterState {
         );
         let namespaces_f = drive(
             "namespaces",
-            reflector::reflector(namespaces_w, watch_typed(Api::<Namespace>::all(client))),
+            reflector::reflector(namespaces_w, watch_typed(Api::<Namespace>::all(client.clone()))),
             |_: &Event<Namespace>| {},
+        );
+        let pvs_f = drive(
+            "persistentvolumes",
+            reflector::reflector(pvs_w, watch_typed(Api::<PersistentVolume>::all(client.clone()))),
+            |_: &Event<PersistentVolume>| {},
+        );
+        let pvcs_f = drive(
+            "persistentvolumeclaims",
+            reflector::reflector(pvcs_w, watch_typed(Api::<PersistentVolumeClaim>::all(client.clone()))),
+            |_: &Event<PersistentVolumeClaim>| {},
+        );
+        let storage_classes_f = drive(
+            "storageclasses",
+            reflector::reflector(storage_classes_w, watch_typed(Api::<StorageClass>::all(client.clone()))),
+            |_: &Event<StorageClass>| {},
+        );
+        let csi_nodes_f = drive(
+            "csinodes",
+            reflector::reflector(csi_nodes_w, watch_typed(Api::<CSINode>::all(client))),
+            |_: &Event<CSINode>| {},
         );
         let (synced_tx, synced) = watch::channel(false);
         let state = ClusterState {
@@ -214,6 +247,10 @@ impl ClusterState {
             daemonsets,
             pdbs,
             namespaces,
+            persistent_volumes,
+            persistent_volume_claims,
+            storage_classes,
+            csi_nodes,
             synced,
         };
         // A store wakes only one task waiting for it to be ready, so one task waits for all of
@@ -235,7 +272,11 @@ impl ClusterState {
                 nodeclasses_f,
                 daemonsets_f,
                 pdbs_f,
-                namespaces_f
+                namespaces_f,
+                pvs_f,
+                pvcs_f,
+                storage_classes_f,
+                csi_nodes_f
             );
         };
         (state, fut)
@@ -273,6 +314,10 @@ impl ClusterState {
             ready("daemonsets", &self.daemonsets),
             ready("poddisruptionbudgets", &self.pdbs),
             ready("namespaces", &self.namespaces),
+            ready("persistentvolumes", &self.persistent_volumes),
+            ready("persistentvolumeclaims", &self.persistent_volume_claims),
+            ready("storageclasses", &self.storage_classes),
+            ready("csinodes", &self.csi_nodes),
         );
     }
 
@@ -286,6 +331,10 @@ impl ClusterState {
             nodeclasses: self.nodeclasses.state(),
             daemonsets: self.daemonsets.state(),
             namespaces: self.namespaces.state(),
+            persistent_volumes: self.persistent_volumes.state(),
+            persistent_volume_claims: self.persistent_volume_claims.state(),
+            storage_classes: self.storage_classes.state(),
+            csi_nodes: self.csi_nodes.state(),
         }
     }
 }

@@ -6,12 +6,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
 use crate::apis::labels::{LABEL_INITIALIZED, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL};
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool, Operator, Taint};
 use crate::scheduling::resources::{NODES, pod_requests};
-use crate::scheduling::{ExistingNode, InstanceType, Requirements, Resources};
+use crate::scheduling::{ExistingNode, InstanceType, Requirements, Resources, VolumeInput};
 
 /// The objects a decision looks at.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +31,14 @@ pub struct Snapshot {
     pub daemonsets: Vec<Arc<DaemonSet>>,
     /// Namespaces.
     pub namespaces: Vec<Arc<Namespace>>,
+    /// PersistentVolumes.
+    pub persistent_volumes: Vec<Arc<PersistentVolume>>,
+    /// PersistentVolumeClaims.
+    pub persistent_volume_claims: Vec<Arc<PersistentVolumeClaim>>,
+    /// StorageClasses.
+    pub storage_classes: Vec<Arc<StorageClass>>,
+    /// CSINodes.
+    pub csi_nodes: Vec<Arc<CSINode>>,
 }
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -253,6 +262,24 @@ pub fn namespace_labels(snapshot: &Snapshot) -> BTreeMap<String, BTreeMap<String
         .iter()
         .map(|ns| (name_of(&ns.metadata), ns.metadata.labels.clone().unwrap_or_default()))
         .collect()
+}
+
+/// Claims, volumes, storage classes and attach limits, for the pods' volumes.
+pub fn volume_input(snapshot: &Snapshot) -> VolumeInput {
+    let mut out = VolumeInput::default();
+    for pvc in &snapshot.persistent_volume_claims {
+        out.add_claim(pvc);
+    }
+    for pv in &snapshot.persistent_volumes {
+        out.add_volume(pv);
+    }
+    for sc in &snapshot.storage_classes {
+        out.add_class(sc);
+    }
+    for node in &snapshot.csi_nodes {
+        out.add_csi_node(node);
+    }
+    out
 }
 
 #[cfg(test)]
