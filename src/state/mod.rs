@@ -202,41 +202,14 @@ impl ClusterState {
             reflector::reflector(nodeclasses_w, watch_lenient::<EC2NodeClass>(client.clone())),
             |_: &Event<EC2NodeClass>| {},
         );
-        let daemonsets_f = drive(
-            "daemonsets",
-            reflector::reflector(daemonsets_w, watch_typed(Api::<DaemonSet>::all(client.clone()))),
-            |_: &Event<DaemonSet>| {},
-        );
-        let pdbs_f = drive(
-            "poddisruptionbudgets",
-            reflector::reflector(pdbs_w, watch_typed(Api::<PodDisruptionBudget>::all(client.clone()))),
-            |_: &Event<PodDisruptionBudget>| {},
-        );
-        let namespaces_f = drive(
-            "namespaces",
-            reflector::reflector(namespaces_w, watch_typed(Api::<Namespace>::all(client.clone()))),
-            |_: &Event<Namespace>| {},
-        );
-        let pvs_f = drive(
-            "persistentvolumes",
-            reflector::reflector(pvs_w, watch_typed(Api::<PersistentVolume>::all(client.clone()))),
-            |_: &Event<PersistentVolume>| {},
-        );
-        let pvcs_f = drive(
-            "persistentvolumeclaims",
-            reflector::reflector(pvcs_w, watch_typed(Api::<PersistentVolumeClaim>::all(client.clone()))),
-            |_: &Event<PersistentVolumeClaim>| {},
-        );
-        let storage_classes_f = drive(
-            "storageclasses",
-            reflector::reflector(storage_classes_w, watch_typed(Api::<StorageClass>::all(client.clone()))),
-            |_: &Event<StorageClass>| {},
-        );
-        let csi_nodes_f = drive(
-            "csinodes",
-            reflector::reflector(csi_nodes_w, watch_typed(Api::<CSINode>::all(client))),
-            |_: &Event<CSINode>| {},
-        );
+        // Kinds that are only cached: no controller reacts to their changes.
+        let daemonsets_f = drive_cached::<DaemonSet>("daemonsets", daemonsets_w, &client);
+        let pdbs_f = drive_cached::<PodDisruptionBudget>("poddisruptionbudgets", pdbs_w, &client);
+        let namespaces_f = drive_cached::<Namespace>("namespaces", namespaces_w, &client);
+        let pvs_f = drive_cached::<PersistentVolume>("persistentvolumes", pvs_w, &client);
+        let pvcs_f = drive_cached::<PersistentVolumeClaim>("persistentvolumeclaims", pvcs_w, &client);
+        let storage_classes_f = drive_cached::<StorageClass>("storageclasses", storage_classes_w, &client);
+        let csi_nodes_f = drive_cached::<CSINode>("csinodes", csi_nodes_w, &client);
         let (synced_tx, synced) = watch::channel(false);
         let state = ClusterState {
             pods,
@@ -406,6 +379,19 @@ fn convert_event<K: DeserializeOwned + Resource>(ev: Event<DynamicObject>, kind:
         Event::Init => Event::Init,
         Event::InitDone => Event::InitDone,
     })
+}
+
+/// Drives the watch of a built-in kind into its cache, reacting to nothing.
+fn drive_cached<K>(
+    kind: &'static str,
+    writer: reflector::store::Writer<K>,
+    client: &Client,
+) -> impl Future<Output = ()> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let stream = reflector::reflector(writer, watch_typed(Api::<K>::all(client.clone())));
+    drive(kind, stream, |_: &Event<K>| {})
 }
 
 /// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
