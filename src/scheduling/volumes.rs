@@ -127,14 +127,6 @@ pub fn and_terms(a: &[Requirements], b: &[Requirements]) -> Option<Vec<Requireme
 }
 
 impl VolumeInput {
-    /// Whether nothing is known.
-    pub fn is_empty(&self) -> bool {
-        self.claims.is_empty()
-            && self.volumes.is_empty()
-            && self.classes.is_empty()
-            && self.attach_limits.is_empty()
-    }
-
     /// Adds a PersistentVolumeClaim (without a namespace: `default`).
     pub fn add_claim(&mut self, pvc: &PersistentVolumeClaim) {
         let ns = pvc.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
@@ -246,8 +238,9 @@ impl VolumeInput {
                 (None, Some(class)) => class.terms.clone(),
                 (None, None) => vec![],
             };
-            terms = and_terms(&terms, &alternatives)
-                .ok_or_else(|| format!("volumes allow no common node ({} conflicts)", r.id))?;
+            terms = and_terms(&terms, &alternatives).ok_or_else(|| {
+                format!("volume of persistentvolumeclaim {} conflicts with the pod's other volumes", r.id)
+            })?;
         }
         Ok(terms)
     }
@@ -378,7 +371,7 @@ mod tests {
     #[case::ephemeral_volume_uses_its_claim(json!([{"name": "made", "ephemeral": {"volumeClaimTemplate": {"spec": {"storageClassName": "gp3"}}}}]), Ok(vec![format!("{ZONE} [z1]")]))]
     #[case::ephemeral_volume_before_its_claim_uses_the_template_class(json!([{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"storageClassName": "gp3"}}}}]), Ok(vec![format!("{ZONE} [z2, z3]")]))]
     #[case::ephemeral_volume_without_class_uses_the_default(json!([{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]), Ok(vec![format!("{ZONE} [z3]")]))]
-    #[case::volumes_in_different_zones(json!([{"name": "a", "persistentVolumeClaim": {"claimName": "bound"}}, {"name": "b", "persistentVolumeClaim": {"claimName": "local"}}]), Err("volumes allow no common node (shop/local conflicts)"))]
+    #[case::volumes_in_different_zones(json!([{"name": "a", "persistentVolumeClaim": {"claimName": "bound"}}, {"name": "b", "persistentVolumeClaim": {"claimName": "local"}}]), Err("volume of persistentvolumeclaim shop/local conflicts with the pod's other volumes"))]
     #[case::missing_claim(json!([{"name": "d", "persistentVolumeClaim": {"claimName": "nope"}}]), Err("persistentvolumeclaim shop/nope not found"))]
     #[case::missing_class(json!([{"name": "d", "persistentVolumeClaim": {"claimName": "lost-class"}}]), Err("storageclass gone of persistentvolumeclaim shop/lost-class not found"))]
     #[case::missing_class_of_ephemeral_volume(json!([{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"storageClassName": "gone"}}}}]), Err("storageclass gone of persistentvolumeclaim shop/db-scratch not found"))]

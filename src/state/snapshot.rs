@@ -410,6 +410,32 @@ mod tests {
     }
 
     #[test]
+    fn volume_input_holds_claims_volumes_classes_and_limits() {
+        fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
+            Arc::new(serde_json::from_value(v).unwrap())
+        }
+        let snapshot = Snapshot {
+            persistent_volume_claims: vec![obj(
+                serde_json::json!({"metadata": {"name": "data", "namespace": "shop"},
+                "spec": {"volumeName": "pv-1", "storageClassName": "gp3"}}),
+            )],
+            persistent_volumes: vec![obj(serde_json::json!({"metadata": {"name": "pv-1"},
+                "spec": {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}}}))],
+            storage_classes: vec![obj(
+                serde_json::json!({"metadata": {"name": "gp3"}, "provisioner": "ebs.csi.aws.com"}),
+            )],
+            csi_nodes: vec![obj(serde_json::json!({"metadata": {"name": "n1"}, "spec": {"drivers": [
+                {"name": "ebs.csi.aws.com", "nodeID": "i-1", "allocatable": {"count": 25}}]}}))],
+            ..Default::default()
+        };
+        let v = volume_input(&snapshot);
+        assert_eq!(v.claims["shop"]["data"].volume_name.as_deref(), Some("pv-1"));
+        assert_eq!(v.volumes["pv-1"].driver.as_deref(), Some("ebs.csi.aws.com"));
+        assert_eq!(v.classes["gp3"].provisioner, "ebs.csi.aws.com");
+        assert_eq!(v.attach_limits["n1"]["ebs.csi.aws.com"], 25);
+    }
+
+    #[test]
     fn registered_claims_are_represented_by_their_node_with_its_pods() {
         let mut node = Node::default();
         node.metadata.name = Some("n1".into());
