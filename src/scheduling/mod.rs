@@ -13,8 +13,9 @@
 //!    allocatable, the requests already bound (including DaemonSet pods still to come on nodes
 //!    that are not initialized) and the bound pods (for topology and host ports).
 //! 3. Pass the pending pods (shared as `Arc`s, like the bound pods, so the cluster-state cache's
-//!    copies serve as they are), one pod per DaemonSet (built from its template), and namespace
-//!    labels (for affinity namespace selectors) in a [`SchedulingInput`] to [`schedule`].
+//!    copies serve as they are), one pod per DaemonSet (built from its template), namespace
+//!    labels (for affinity namespace selectors) and the claims, volumes, storage classes and
+//!    CSINodes (a [`VolumeInput`]) in a [`SchedulingInput`] to [`schedule`].
 //! 4. Create a NodeClaim for each [`NewNodeClaim`] (its `node_selector_requirements()`, `labels`,
 //!    `taints`, `startup_taints` and `requests.to_list()`), nominate the pods of
 //!    [`ExistingPlacement`]s, and report every [`PodError`] as an event on its pod.
@@ -27,8 +28,9 @@
 //! constraints (`DoNotSchedule`, and `ScheduleAnyway` until relaxed; `nodeAffinityPolicy` and
 //! `nodeTaintsPolicy` decide which nodes, existing or new, count), required and preferred pod
 //! affinity and anti-affinity including the inverse direction, NodePool weights, limits and
-//! `minValues`, DaemonSet overhead. Not modelled: volume topology and attach limits, capacity
-//! reservations, and pod priority/preemption.
+//! `minValues`, DaemonSet overhead, volume zones (bound PersistentVolumes and StorageClass
+//! `allowedTopologies`) and CSI attach limits of existing nodes (see [`volumes`]). Not modelled:
+//! capacity reservations, and pod priority/preemption.
 
 pub mod hostports;
 pub mod instancetypes;
@@ -38,6 +40,7 @@ pub mod scheduler;
 pub mod taints;
 pub mod topology;
 pub mod values;
+pub mod volumes;
 
 pub use instancetypes::{InstanceType, Offering, Overhead};
 pub use requirements::{Requirement, Requirements};
@@ -47,6 +50,7 @@ pub use scheduler::{
     SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, schedule,
 };
 pub use values::ValueSet;
+pub use volumes::VolumeInput;
 
 #[cfg(test)]
 mod proptests;

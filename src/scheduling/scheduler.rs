@@ -25,6 +25,7 @@ use super::requirements::{Requirement, RequirementError, Requirements, keys_comp
 use super::resources::{NODES, QuantityError, Resources, parse_quantity_for, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
 use super::topology::{DomainSource, PodTopology, SlotView, Topology};
+use super::volumes::{Attachments, VolumeInput, and_terms, exceeded_limit};
 
 /// Errors building the scheduler's input from the API objects.
 #[derive(Debug, Error)]
@@ -200,6 +201,8 @@ pub struct SchedulingInput {
     pub daemonsets: Vec<Pod>,
     /// Labels of namespaces, for affinity terms with a namespace selector.
     pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// Claims, volumes, storage classes and attach limits, for the pods' volumes.
+    pub volumes: VolumeInput,
     /// Tunables.
     pub options: SchedulerOptions,
 }
@@ -313,6 +316,8 @@ struct PodInfo<'a> {
     topo: PodTopology,
     has_soft_spread: bool,
     invalid: Option<String>,
+    /// Volumes per CSI driver, for attach limits of existing nodes.
+    volumes: Attachments,
     /// Pods with equal constraints share a class (and a claim cursor).
     class: usize,
     /// Whether a topology constraint of the pod (or constraining it) is on the zone.
@@ -469,6 +474,10 @@ struct NodeSlot<'a> {
     pods: Vec<usize>,
     ports: Vec<HostPort>,
     host_id: u32,
+    /// Most volumes per CSI driver, if the node reports limits.
+    attach_limits: Option<&'a BTreeMap<String, i64>>,
+    /// Volumes per CSI driver of its pods (tracked only with limits).
+    attached: Attachments,
 }
 
 struct Scheduler<'a> {
@@ -520,10 +529,18 @@ impl<'a> Scheduler<'a> {
             let meta = &pod.metadata;
             let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
             let topo_info = topo.pod_topology(owned, &namespace, meta.labels.as_ref().unwrap_or(&no_labels));
-            let (base, required_terms, preferred_terms, invalid) = match pod_node_requirements(pod) {
+            let (base, mut required_terms, preferred_terms, mut invalid) = match pod_node_requirements(pod) {
                 Ok((b, r, p)) => (b, r, p, None),
                 Err(e) => (Requirements::new(), vec![], vec![], Some(format!("invalid pod: {e}"))),
             };
+            // Volume requirements hold with every required term, so relaxing cannot drop them.
+            match input.volumes.pod_terms(pod).map(|t| and_terms(&required_terms, &t)) {
+                Ok(Some(terms)) => required_terms = terms,
+                Ok(None) => {
+                    invalid = invalid.or(Some("node affinity conflicts with the pod's volumes".into()))
+                }
+                Err(e) => invalid = invalid.or(Some(e)),
+            }
             let spec = pod.spec.as_ref();
             let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
             let ports = pod_host_ports(pod);
@@ -558,6 +575,7 @@ impl<'a> Scheduler<'a> {
                     .is_some_and(|c| c.iter().any(|c| c.when_unsatisfiable == "ScheduleAnyway")),
                 topo: topo_info,
                 invalid,
+                volumes: input.volumes.pod_attachments(pod),
             });
         }
 
@@ -590,6 +608,13 @@ impl<'a> Scheduler<'a> {
                 .collect();
             let hostname = n.labels.get(LABEL_HOSTNAME).unwrap_or(&n.name);
             let host_id = topo.intern(hostname);
+            let attach_limits = input.volumes.attach_limits.get(&n.name);
+            let mut attached = Attachments::new();
+            if attach_limits.is_some() {
+                for p in &n.pods {
+                    input.volumes.add_attachments(p, &mut attached);
+                }
+            }
             nodes.push(NodeSlot {
                 node: n,
                 reqs: Requirements::from_labels(&n.labels),
@@ -598,6 +623,8 @@ impl<'a> Scheduler<'a> {
                 pods: vec![],
                 ports: n.pods.iter().flat_map(|p| pod_host_ports(p)).collect(),
                 host_id,
+                attach_limits,
+                attached,
             });
         }
 
@@ -774,6 +801,7 @@ impl<'a> Scheduler<'a> {
             || !tolerates_all(&slot.taints, pod.tolerations)
             || first_conflict(&slot.ports, &pod.ports).is_some()
             || !slot.reqs.is_compatible(reqs, false)
+            || slot.attach_limits.is_some_and(|l| exceeded_limit(l, &slot.attached, &pod.volumes).is_some())
         {
             return Err(());
         }
@@ -792,6 +820,11 @@ impl<'a> Scheduler<'a> {
         slot.used.add_assign(&pod.requests);
         slot.pods.push(p);
         slot.ports.extend(pod.ports.iter().cloned());
+        if slot.attach_limits.is_some() {
+            for (driver, ids) in &pod.volumes {
+                slot.attached.entry(driver.clone()).or_default().extend(ids.iter().cloned());
+            }
+        }
         Ok(())
     }
 

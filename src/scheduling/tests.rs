@@ -946,3 +946,125 @@ fn spread_counts_pods_on_new_claims_by_taints_policy(#[case] taints: Option<&str
         r.new_node_claims.iter().filter(|c| c.nodepool == "default").map(zone_of).collect();
     assert_eq!(!spread_zones.contains(&"z1".to_string()), counted, "{spread_zones:?}");
 }
+
+/// Claims `data-<i>` of namespace `default`: 0 and 1 bound to volumes in z2, 2 unbound with class
+/// `zonal` (z3 only); and a CSI limit of 2 volumes on node `n1`.
+fn volume_input() -> VolumeInput {
+    fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+    let mut v = VolumeInput::default();
+    for (claim, volume) in [("data-0", Some("pv-0")), ("data-1", Some("pv-1")), ("data-2", None)] {
+        v.add_claim(&obj(serde_json::json!({"metadata": {"name": claim, "namespace": "default"},
+            "spec": {"volumeName": volume, "storageClassName": "zonal"}})));
+    }
+    for pv in ["pv-0", "pv-1"] {
+        v.add_volume(&obj(serde_json::json!({"metadata": {"name": pv}, "spec": {
+            "csi": {"driver": "ebs.csi.aws.com", "volumeHandle": pv},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": LABEL_TOPOLOGY_ZONE, "operator": "In", "values": ["z2"]}]}]}}}})));
+    }
+    v.add_class(&obj(serde_json::json!({"metadata": {"name": "zonal"}, "provisioner": "ebs.csi.aws.com",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowedTopologies": [{"matchLabelExpressions": [{"key": LABEL_TOPOLOGY_ZONE, "values": ["z3"]}]}]})));
+    v.add_csi_node(&obj(serde_json::json!({"metadata": {"name": "n1"}, "spec": {"drivers": [
+        {"name": "ebs.csi.aws.com", "nodeID": "i-1", "allocatable": {"count": 2}}]}})));
+    v
+}
+
+fn with_claim(mut p: Pod, claim: &str) -> Pod {
+    spec(&mut p).volumes.get_or_insert_with(Default::default).push(k8s_openapi::api::core::v1::Volume {
+        name: claim.into(),
+        persistent_volume_claim: Some(k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+            claim_name: claim.into(),
+            read_only: None,
+        }),
+        ..Default::default()
+    });
+    p
+}
+
+fn existing_in_zone(name: &str, zone: &str) -> ExistingNode {
+    let mut n = existing_node(name, 8);
+    n.labels.insert(LABEL_TOPOLOGY_ZONE.into(), zone.into());
+    n
+}
+
+#[rstest]
+#[case::bound_volume("data-0", "z2")]
+#[case::unbound_claim_in_allowed_topologies("data-2", "z3")]
+fn volume_zone_goes_on_the_new_nodeclaim(#[case] claim: &str, #[case] zone: &str) {
+    let pods = vec![with_claim(pod("db", "1", "1Gi"), claim)];
+    let r = schedule(&SchedulingInput { volumes: volume_input(), ..input(pods, vec![pool("default")]) });
+    assert_eq!(error_of(&r), "");
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(zone_of(&r.new_node_claims[0]), zone);
+}
+
+#[test]
+fn volume_zone_holds_with_every_node_affinity_term() {
+    // Terms z1 or z2: only z2 is left with the volume, and relaxing cannot drop it.
+    let p = with_node_affinity(
+        with_claim(pod("db", "1", "1Gi"), "data-0"),
+        vec![vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["z1"])], vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["z2"])]],
+        vec![],
+    );
+    let r = schedule(&SchedulingInput { volumes: volume_input(), ..input(vec![p], vec![pool("default")]) });
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(zone_of(&r.new_node_claims[0]), "z2");
+
+    let p = with_node_affinity(
+        with_claim(pod("db", "1", "1Gi"), "data-0"),
+        vec![vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["z1"])]],
+        vec![],
+    );
+    let r = schedule(&SchedulingInput { volumes: volume_input(), ..input(vec![p], vec![pool("default")]) });
+    assert!(r.new_node_claims.is_empty());
+    assert_eq!(error_of(&r), "node affinity conflicts with the pod's volumes");
+}
+
+#[test]
+fn existing_nodes_outside_the_volume_zone_are_skipped() {
+    let pods = vec![with_claim(pod("db", "1", "1Gi"), "data-0")];
+    let r = schedule(&SchedulingInput {
+        volumes: volume_input(),
+        existing_nodes: vec![existing_in_zone("n0", "z1"), existing_in_zone("n2", "z2")],
+        ..input(pods, vec![pool("default")])
+    });
+    assert!(r.new_node_claims.is_empty());
+    assert_eq!(r.existing_placements.len(), 1);
+    assert_eq!(r.existing_placements[0].node, "n2");
+}
+
+#[test]
+fn missing_claim_makes_the_pod_unschedulable() {
+    let pods = vec![with_claim(pod("db", "1", "1Gi"), "nope"), pod("web", "1", "1Gi")];
+    let r = schedule(&SchedulingInput { volumes: volume_input(), ..input(pods, vec![pool("default")]) });
+    assert_eq!(error_of(&r), "persistentvolumeclaim default/nope not found");
+    assert_eq!(r.errors[0].pod.name, "db");
+    assert_eq!(r.new_node_claims.len(), 1);
+}
+
+#[rstest]
+// n1 allows 2 volumes and has data-0 attached: one more fits, a second goes to a new node.
+#[case::limit_reached_makes_a_new_node(&["data-1", "data-2"], 1)]
+// A claim already attached to n1 counts once.
+#[case::shared_claim_counts_once(&["data-0", "data-1", "data-0"], 0)]
+fn attach_limits_of_existing_nodes(#[case] claims: &[&str], #[case] new_nodes: usize) {
+    let mut n1 = existing_in_zone("n1", "z2");
+    n1.pods = shared(vec![with_claim(pod("bound", "100m", "128Mi"), "data-0")]);
+    let pods: Vec<Pod> =
+        claims.iter().enumerate().map(|(i, c)| with_claim(pod(&format!("p{i}"), "1", "1Gi"), c)).collect();
+    let mut volumes = volume_input();
+    // data-2 on the same node as z2 volumes: its class allows z2 here.
+    volumes.classes.values_mut().for_each(|c| c.terms.clear());
+    let r = schedule(&SchedulingInput {
+        volumes,
+        existing_nodes: vec![n1],
+        ..input(pods, vec![pool("default")])
+    });
+    assert_eq!(error_of(&r), "");
+    assert_eq!(r.new_node_claims.len(), new_nodes);
+    let on_n1: usize = r.existing_placements.iter().map(|p| p.pods.len()).sum();
+    assert_eq!(on_n1, claims.len() - new_nodes);
+}

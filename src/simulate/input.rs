@@ -9,13 +9,17 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodTemplateSpec,
+};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::apis::labels::{GROUP, VERSION};
 use crate::apis::{EC2NodeClass, NodePool};
+use crate::scheduling::VolumeInput;
 
 use super::SimulateError;
 
@@ -37,6 +41,8 @@ pub struct Manifests {
     pub nodes: Vec<Node>,
     /// Labels of the namespaces given as `Namespace` objects.
     pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSINodes.
+    pub volumes: VolumeInput,
     /// Documents that were skipped, and why.
     pub warnings: Vec<String>,
 }
@@ -237,6 +243,14 @@ fn add_value(value: Value, origin: &Origin<'_>, manifests: &mut Manifests) -> Re
             let name = ns.metadata.name.unwrap_or_default();
             manifests.namespace_labels.insert(name, ns.metadata.labels.unwrap_or_default());
         }
+        "PersistentVolumeClaim" => {
+            let mut pvc: PersistentVolumeClaim = typed(value, &kind, origin)?;
+            default_namespace(&mut pvc.metadata);
+            manifests.volumes.add_claim(&pvc);
+        }
+        "PersistentVolume" => manifests.volumes.add_volume(&typed::<PersistentVolume>(value, &kind, origin)?),
+        "StorageClass" => manifests.volumes.add_class(&typed::<StorageClass>(value, &kind, origin)?),
+        "CSINode" => manifests.volumes.add_csi_node(&typed::<CSINode>(value, &kind, origin)?),
         other => manifests
             .warnings
             .push(format!("{}: skipping unsupported kind {other:?} ({api_version})", origin.describe())),

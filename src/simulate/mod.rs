@@ -197,6 +197,7 @@ pub fn scheduling_input(
         existing_nodes: existing,
         daemonsets: manifests.daemonsets.clone(),
         namespace_labels: manifests.namespace_labels.clone(),
+        volumes: manifests.volumes.clone(),
         options: Default::default(),
     };
     Ok((input, warnings))

@@ -161,3 +161,78 @@ fn the_aws_catalog_schedules_on_ec2_types() {
         assert!(c.price_per_hour > 0.0);
     }
 }
+
+#[test]
+fn volumes_pin_pods_to_their_zone() {
+    let volumes = "apiVersion: v1
+kind: PersistentVolume
+metadata: {name: pv-data}
+spec:
+  capacity: {storage: 10Gi}
+  accessModes: [ReadWriteOnce]
+  csi: {driver: ebs.csi.aws.com, volumeHandle: vol-1}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - {key: topology.kubernetes.io/zone, operator: In, values: [test-zone-b]}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: zonal
+  volumeName: pv-data
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: zonal}
+provisioner: ebs.csi.aws.com
+volumeBindingMode: WaitForFirstConsumer
+allowedTopologies:
+  - matchLabelExpressions:
+      - {key: topology.kubernetes.io/zone, values: [test-zone-c]}
+---
+apiVersion: storage.k8s.io/v1
+kind: CSINode
+metadata: {name: node-1}
+spec:
+  drivers: [{name: ebs.csi.aws.com, nodeID: i-1, allocatable: {count: 25}}]
+";
+    let pods = "apiVersion: v1
+kind: Pod
+metadata: {name: db}
+spec:
+  containers: [{name: c, resources: {requests: {cpu: '1'}}}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cache}
+spec:
+  containers: [{name: c, resources: {requests: {cpu: '1'}}}]
+  volumes:
+    - name: scratch
+      ephemeral: {volumeClaimTemplate: {spec: {storageClassName: zonal, accessModes: [ReadWriteOnce]}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: orphan}
+spec:
+  containers: [{name: c, resources: {requests: {cpu: '1'}}}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: gone}}]
+";
+    let m = manifests(&[NODEPOOL, volumes, pods]);
+    let (report, warnings) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    assert!(warnings.is_empty() && m.warnings.is_empty(), "{warnings:?} {:?}", m.warnings);
+    let zone_of = |pod: &str| {
+        report.node_claims.iter().find(|c| c.pods.iter().any(|p| p == pod)).map(|c| c.zone.clone())
+    };
+    assert_eq!(zone_of("default/db").as_deref(), Some("test-zone-b"));
+    assert_eq!(zone_of("default/cache").as_deref(), Some("test-zone-c"));
+    assert_eq!(report.unschedulable.len(), 1);
+    assert_eq!(report.unschedulable[0].pod, "default/orphan");
+    assert_eq!(report.unschedulable[0].reasons, vec!["persistentvolumeclaim default/gone not found"]);
+    assert_eq!(m.volumes.attach_limits["node-1"]["ebs.csi.aws.com"], 25);
+}

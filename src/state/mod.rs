@@ -14,8 +14,9 @@ use std::fmt::Debug;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, ObjectMeta};
 use kube::runtime::reflector::{self, Store};
@@ -64,6 +65,14 @@ pub struct ClusterState {
     pub pdbs: Store<PodDisruptionBudget>,
     /// Namespaces (their labels, for affinity namespace selectors).
     pub namespaces: Store<Namespace>,
+    /// PersistentVolumes (zones and CSI drivers of bound claims).
+    pub persistent_volumes: Store<PersistentVolume>,
+    /// PersistentVolumeClaims of every namespace.
+    pub persistent_volume_claims: Store<PersistentVolumeClaim>,
+    /// StorageClasses (allowed topologies and provisioners of unbound claims).
+    pub storage_classes: Store<StorageClass>,
+    /// CSINodes (volume attach limits per node).
+    pub csi_nodes: Store<CSINode>,
     /// Turns true once every cache has listed its kind.
     synced: watch::Receiver<bool>,
 }
@@ -135,6 +144,10 @@ impl ClusterState {
         let (daemonsets, daemonsets_w) = reflector::store();
         let (pdbs, pdbs_w) = reflector::store();
         let (namespaces, namespaces_w) = reflector::store();
+        let (persistent_volumes, pvs_w) = reflector::store();
+        let (persistent_volume_claims, pvcs_w) = reflector::store();
+        let (storage_classes, storage_classes_w) = reflector::store();
+        let (csi_nodes, csi_nodes_w) = reflector::store();
 
         let pod_changes = changes.clone();
         let pods_f = drive(
@@ -189,21 +202,14 @@ impl ClusterState {
             reflector::reflector(nodeclasses_w, watch_lenient::<EC2NodeClass>(client.clone())),
             |_: &Event<EC2NodeClass>| {},
         );
-        let daemonsets_f = drive(
-            "daemonsets",
-            reflector::reflector(daemonsets_w, watch_typed(Api::<DaemonSet>::all(client.clone()))),
-            |_: &Event<DaemonSet>| {},
-        );
-        let pdbs_f = drive(
-            "poddisruptionbudgets",
-            reflector::reflector(pdbs_w, watch_typed(Api::<PodDisruptionBudget>::all(client.clone()))),
-            |_: &Event<PodDisruptionBudget>| {},
-        );
-        let namespaces_f = drive(
-            "namespaces",
-            reflector::reflector(namespaces_w, watch_typed(Api::<Namespace>::all(client))),
-            |_: &Event<Namespace>| {},
-        );
+        // Kinds that are only cached: no controller reacts to their changes.
+        let daemonsets_f = drive_cached::<DaemonSet>("daemonsets", daemonsets_w, &client);
+        let pdbs_f = drive_cached::<PodDisruptionBudget>("poddisruptionbudgets", pdbs_w, &client);
+        let namespaces_f = drive_cached::<Namespace>("namespaces", namespaces_w, &client);
+        let pvs_f = drive_cached::<PersistentVolume>("persistentvolumes", pvs_w, &client);
+        let pvcs_f = drive_cached::<PersistentVolumeClaim>("persistentvolumeclaims", pvcs_w, &client);
+        let storage_classes_f = drive_cached::<StorageClass>("storageclasses", storage_classes_w, &client);
+        let csi_nodes_f = drive_cached::<CSINode>("csinodes", csi_nodes_w, &client);
         let (synced_tx, synced) = watch::channel(false);
         let state = ClusterState {
             pods,
@@ -214,6 +220,10 @@ impl ClusterState {
             daemonsets,
             pdbs,
             namespaces,
+            persistent_volumes,
+            persistent_volume_claims,
+            storage_classes,
+            csi_nodes,
             synced,
         };
         // A store wakes only one task waiting for it to be ready, so one task waits for all of
@@ -235,7 +245,11 @@ impl ClusterState {
                 nodeclasses_f,
                 daemonsets_f,
                 pdbs_f,
-                namespaces_f
+                namespaces_f,
+                pvs_f,
+                pvcs_f,
+                storage_classes_f,
+                csi_nodes_f
             );
         };
         (state, fut)
@@ -273,6 +287,10 @@ impl ClusterState {
             ready("daemonsets", &self.daemonsets),
             ready("poddisruptionbudgets", &self.pdbs),
             ready("namespaces", &self.namespaces),
+            ready("persistentvolumes", &self.persistent_volumes),
+            ready("persistentvolumeclaims", &self.persistent_volume_claims),
+            ready("storageclasses", &self.storage_classes),
+            ready("csinodes", &self.csi_nodes),
         );
     }
 
@@ -286,6 +304,10 @@ impl ClusterState {
             nodeclasses: self.nodeclasses.state(),
             daemonsets: self.daemonsets.state(),
             namespaces: self.namespaces.state(),
+            persistent_volumes: self.persistent_volumes.state(),
+            persistent_volume_claims: self.persistent_volume_claims.state(),
+            storage_classes: self.storage_classes.state(),
+            csi_nodes: self.csi_nodes.state(),
         }
     }
 }
@@ -357,6 +379,19 @@ fn convert_event<K: DeserializeOwned + Resource>(ev: Event<DynamicObject>, kind:
         Event::Init => Event::Init,
         Event::InitDone => Event::InitDone,
     })
+}
+
+/// Drives the watch of a built-in kind into its cache, reacting to nothing.
+fn drive_cached<K>(
+    kind: &'static str,
+    writer: reflector::store::Writer<K>,
+    client: &Client,
+) -> impl Future<Output = ()> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let stream = reflector::reflector(writer, watch_typed(Api::<K>::all(client.clone())));
+    drive(kind, stream, |_: &Event<K>| {})
 }
 
 /// Drives a reflector stream forever, reporting each event to `on_event` and logging errors

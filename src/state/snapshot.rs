@@ -6,12 +6,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
 use crate::apis::labels::{LABEL_INITIALIZED, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL};
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool, Operator, Taint};
 use crate::scheduling::resources::{NODES, pod_requests};
-use crate::scheduling::{ExistingNode, InstanceType, Requirements, Resources};
+use crate::scheduling::{ExistingNode, InstanceType, Requirements, Resources, VolumeInput};
 
 /// The objects a decision looks at.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +31,14 @@ pub struct Snapshot {
     pub daemonsets: Vec<Arc<DaemonSet>>,
     /// Namespaces.
     pub namespaces: Vec<Arc<Namespace>>,
+    /// PersistentVolumes.
+    pub persistent_volumes: Vec<Arc<PersistentVolume>>,
+    /// PersistentVolumeClaims.
+    pub persistent_volume_claims: Vec<Arc<PersistentVolumeClaim>>,
+    /// StorageClasses.
+    pub storage_classes: Vec<Arc<StorageClass>>,
+    /// CSINodes.
+    pub csi_nodes: Vec<Arc<CSINode>>,
 }
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -255,6 +264,24 @@ pub fn namespace_labels(snapshot: &Snapshot) -> BTreeMap<String, BTreeMap<String
         .collect()
 }
 
+/// Claims, volumes, storage classes and attach limits, for the pods' volumes.
+pub fn volume_input(snapshot: &Snapshot) -> VolumeInput {
+    let mut out = VolumeInput::default();
+    for pvc in &snapshot.persistent_volume_claims {
+        out.add_claim(pvc);
+    }
+    for pv in &snapshot.persistent_volumes {
+        out.add_volume(pv);
+    }
+    for sc in &snapshot.storage_classes {
+        out.add_class(sc);
+    }
+    for node in &snapshot.csi_nodes {
+        out.add_csi_node(node);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{Container, PodCondition, PodSpec, PodStatus, ResourceRequirements};
@@ -380,6 +407,32 @@ mod tests {
         assert!(!nodes[0].initialized);
         assert_eq!(nodes[0].allocatable.get("cpu"), 1500);
         assert_eq!(nodes[0].labels.get(LABEL_INSTANCE_TYPE).map(String::as_str), Some("small"));
+    }
+
+    #[test]
+    fn volume_input_holds_claims_volumes_classes_and_limits() {
+        fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
+            Arc::new(serde_json::from_value(v).unwrap())
+        }
+        let snapshot = Snapshot {
+            persistent_volume_claims: vec![obj(
+                serde_json::json!({"metadata": {"name": "data", "namespace": "shop"},
+                "spec": {"volumeName": "pv-1", "storageClassName": "gp3"}}),
+            )],
+            persistent_volumes: vec![obj(serde_json::json!({"metadata": {"name": "pv-1"},
+                "spec": {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}}}))],
+            storage_classes: vec![obj(
+                serde_json::json!({"metadata": {"name": "gp3"}, "provisioner": "ebs.csi.aws.com"}),
+            )],
+            csi_nodes: vec![obj(serde_json::json!({"metadata": {"name": "n1"}, "spec": {"drivers": [
+                {"name": "ebs.csi.aws.com", "nodeID": "i-1", "allocatable": {"count": 25}}]}}))],
+            ..Default::default()
+        };
+        let v = volume_input(&snapshot);
+        assert_eq!(v.claims["shop"]["data"].volume_name.as_deref(), Some("pv-1"));
+        assert_eq!(v.volumes["pv-1"].driver.as_deref(), Some("ebs.csi.aws.com"));
+        assert_eq!(v.classes["gp3"].provisioner, "ebs.csi.aws.com");
+        assert_eq!(v.attach_limits["n1"]["ebs.csi.aws.com"], 25);
     }
 
     #[test]

@@ -239,6 +239,7 @@ impl Provisioner {
             existing_nodes: existing,
             daemonsets: snapshot::daemonset_pods(snapshot),
             namespace_labels: snapshot::namespace_labels(snapshot),
+            volumes: snapshot::volume_input(snapshot),
             options: SchedulerOptions {
                 min_values_policy: self.ctx.settings.min_values_policy,
                 ..SchedulerOptions::default()
