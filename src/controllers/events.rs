@@ -133,18 +133,19 @@ impl Events {
         let previous = self.remember(key, now);
         let namespace = reference.namespace.clone().unwrap_or_else(|| "default".to_string());
         let api: Api<K8sEvent> = Api::namespaced(client.clone(), &namespace);
+        let fresh = || self.new_event(reference.clone(), type_, reason, note, now);
         let result = match previous {
             Some(series) => {
                 let patch = json!({"series": {"count": series.count, "lastObservedTime": MicroTime(now)}});
                 match api.patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                     // The Event expired on the API server (after an hour by default): start anew.
                     Err(kube::Error::Api(status)) if status.code == 404 => {
-                        self.create(&api, key, reference.clone(), type_, reason, note, now).await
+                        self.create(&api, key, fresh()).await
                     }
                     other => other.map(|_| ()),
                 }
             }
-            None => self.create(&api, key, reference.clone(), type_, reason, note, now).await,
+            None => self.create(&api, key, fresh()).await,
         };
         if let Err(error) = result {
             tracing::warn!(
@@ -169,21 +170,30 @@ impl Events {
         Some(series.clone())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn create(
+    /// Creates `event` and starts its series.
+    async fn create(&self, api: &Api<K8sEvent>, key: u64, event: K8sEvent) -> Result<(), kube::Error> {
+        api.create(&PostParams::default(), &event).await?;
+        let (Some(name), Some(MicroTime(last))) = (event.metadata.name, event.event_time) else {
+            return Ok(());
+        };
+        let mut all = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        all.insert(key, Series { name, count: 1, last });
+        Ok(())
+    }
+
+    /// A new Event, named after the object and the time as client-go names them.
+    fn new_event(
         &self,
-        api: &Api<K8sEvent>,
-        key: u64,
         reference: ObjectReference,
         type_: EventType,
         reason: &str,
         note: String,
         now: Timestamp,
-    ) -> Result<(), kube::Error> {
+    ) -> K8sEvent {
         let name = format!("{}.{:x}", reference.name.as_deref().unwrap_or(CONTROLLER), now.as_nanosecond());
-        let event = K8sEvent {
+        K8sEvent {
             metadata: ObjectMeta {
-                name: Some(name.clone()),
+                name: Some(name),
                 namespace: reference.namespace.clone(),
                 ..Default::default()
             },
@@ -197,11 +207,7 @@ impl Events {
             reporting_instance: Some(self.instance.clone()),
             series: None::<EventSeries>,
             ..Default::default()
-        };
-        api.create(&PostParams::default(), &event).await?;
-        let mut all = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        all.insert(key, Series { name, count: 1, last: now });
-        Ok(())
+        }
     }
 }
 

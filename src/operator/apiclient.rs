@@ -34,11 +34,6 @@ const BUFFER: usize = 1024;
 /// `qps`, `burst` and [`MAX_IN_FLIGHT`].
 pub async fn client(qps: u32, burst: u32) -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    client_for(config, qps, burst)
-}
-
-/// A limited client for `config`.
-pub fn client_for(config: Config, qps: u32, burst: u32) -> Result<Client, kube::Error> {
     let layer = LimitLayer::new(qps, burst, MAX_IN_FLIGHT);
     Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
 }

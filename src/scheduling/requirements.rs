@@ -6,9 +6,10 @@
 //! [`Requirements`] maps keys to requirements; adding a requirement intersects it with the one
 //! already present, so the map always describes the values every added constraint allows.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 use thiserror::Error;
@@ -379,48 +380,17 @@ impl fmt::Display for Requirement {
 }
 
 /// A label key: one of the well-known keys, shared by every set of requirements that uses it,
-/// or an owned copy of any other key.
-#[derive(Clone)]
-enum LabelKey {
-    Known(&'static str),
-    Other(Box<str>),
-}
+/// or an owned copy of any other key. Compared and hashed by its text.
+type LabelKey = Cow<'static, str>;
 
-impl LabelKey {
-    fn new(key: &str) -> Self {
-        match known_key(key) {
-            Some(k) => LabelKey::Known(k),
-            None => LabelKey::Other(key.into()),
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            LabelKey::Known(k) => k,
-            LabelKey::Other(k) => k,
-        }
-    }
-}
-
-/// The `'static` copy of `key` if it is a well-known label key.
-fn known_key(key: &str) -> Option<&'static str> {
+/// The key `key` as stored: the `'static` copy of a well-known label key, else an owned copy.
+fn label_key(key: &str) -> LabelKey {
     if key == LABEL_HOSTNAME {
-        return Some(LABEL_HOSTNAME);
+        return Cow::Borrowed(LABEL_HOSTNAME);
     }
-    WELL_KNOWN_LABELS.iter().copied().find(|k| *k == key)
-}
-
-impl PartialEq for LabelKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for LabelKey {}
-
-impl Hash for LabelKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
+    match WELL_KNOWN_LABELS.iter().copied().find(|k| *k == key) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(key.to_string()),
     }
 }
 
@@ -445,7 +415,7 @@ impl Requirements {
 
     /// The position of `key`, or where it would go.
     fn find(&self, key: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+        self.0.binary_search_by(|(k, _)| k.as_ref().cmp(key))
     }
 
     /// One `key In [value]` per label.
@@ -455,7 +425,7 @@ impl Requirements {
             let r = Requirement::in_values([v.clone()]);
             match out.find(k) {
                 Ok(i) => out.0[i].1 = r,
-                Err(i) => out.0.insert(i, (LabelKey::new(k), r)),
+                Err(i) => out.0.insert(i, (label_key(k), r)),
             }
         }
         out
@@ -485,14 +455,14 @@ impl Requirements {
     pub fn add(&mut self, key: &str, req: Requirement) {
         match self.find(key) {
             Ok(i) => self.0[i].1 = self.0[i].1.intersection(&req),
-            Err(i) => self.0.insert(i, (LabelKey::new(key), req)),
+            Err(i) => self.0.insert(i, (label_key(key), req)),
         }
     }
 
     /// Intersects every requirement of `other` into `self`.
     pub fn add_all(&mut self, other: &Requirements) {
         for (k, r) in &other.0 {
-            match self.find(k.as_str()) {
+            match self.find(k.as_ref()) {
                 Ok(i) => self.0[i].1 = self.0[i].1.intersection(r),
                 Err(i) => self.0.insert(i, (k.clone(), r.clone())),
             }
@@ -522,12 +492,12 @@ impl Requirements {
 
     /// The constrained keys, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(k, _)| k.as_str())
+        self.0.iter().map(|(k, _)| k.as_ref())
     }
 
     /// The requirements in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Requirement)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v))
+        self.0.iter().map(|(k, v)| (k.as_ref(), v))
     }
 
     /// Whether `key` may take `value` (an unconstrained key may take any).

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use karpenter::apis::NodeClaim;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -33,19 +34,7 @@ async fn getting_started_with_kwok() {
     f.apply_inflate().await;
 
     // 1. Scale to 6: six NodeClaims, six Nodes, six pods Running on them.
-    let start = Instant::now();
-    f.scale(6).await;
-    f.wait_running(6, Duration::from_secs(120), &controller).await;
-    eprintln!("6 pods running after {:?}", start.elapsed());
-    wait_for("6 Ready NodeClaims", Duration::from_secs(60), &controller, || async {
-        let claims = f.claims().await;
-        claims.len() == 6 && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(f.claims().await.len(), 6, "no duplicate NodeClaims\n{}", controller.log_tail());
-    assert_eq!(f.nodes().await.len(), 6);
-    f.assert_wide_columns_filled();
+    scale_to_six(&f, &controller, Duration::from_secs(120)).await;
     for message in [
         "found provisionable pod(s)",
         "computed new nodeclaim(s) to fit pod(s)",
@@ -265,20 +254,7 @@ async fn getting_started_with_aws() {
     f.apply_inflate().await;
 
     // Scale to 6: six NodeClaims Ready, six Nodes, six pods Running, six instances.
-    let start = Instant::now();
-    f.scale(6).await;
-    f.wait_running(6, Duration::from_secs(180), &controller).await;
-    eprintln!("6 pods running after {:?}", start.elapsed());
-    wait_for("6 Ready NodeClaims", Duration::from_secs(60), &controller, || async {
-        let claims = f.claims().await;
-        claims.len() == 6 && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let claims = f.claims().await;
-    assert_eq!(claims.len(), 6, "no duplicate NodeClaims\n{}", controller.log_tail());
-    assert_eq!(f.nodes().await.len(), 6);
-    f.assert_wide_columns_filled();
+    let claims = scale_to_six(&f, &controller, Duration::from_secs(180)).await;
     let instances: Vec<Ec2Instance> =
         pool_instances(&ec2, &f.pool).await.into_iter().filter(|i| i.is_live()).collect();
     assert_eq!(instances.len(), 6, "one instance per NodeClaim: {instances:?}");
@@ -434,6 +410,27 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     f.cleanup().await;
     controller.stop_and_check();
     drop(standin);
+}
+
+/// Journey 1: scaling inflate to 6 gives exactly six Ready NodeClaims, six Nodes and six pods
+/// Running on them (within `running_within`), with every column of `kubectl get nodeclaim -o wide`
+/// filled. Returns the NodeClaims.
+async fn scale_to_six(f: &Fixture, controller: &Controller, running_within: Duration) -> Vec<NodeClaim> {
+    let start = Instant::now();
+    f.scale(6).await;
+    f.wait_running(6, running_within, controller).await;
+    eprintln!("6 pods running after {:?}", start.elapsed());
+    wait_for("6 Ready NodeClaims", Duration::from_secs(60), controller, || async {
+        let claims = f.claims().await;
+        claims.len() == 6 && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = f.claims().await;
+    assert_eq!(claims.len(), 6, "no duplicate NodeClaims\n{}", controller.log_tail());
+    assert_eq!(f.nodes().await.len(), 6);
+    f.assert_wide_columns_filled();
+    claims
 }
 
 /// Journey 3: a pod nothing can host gets FailedScheduling naming the reason, and no NodeClaim.

@@ -133,7 +133,7 @@ impl FaultInjector {
 }
 
 /// The `Errors` document of EC2's query protocol.
-pub fn error_response(code: &str, message: &str) -> String {
+fn error_response(code: &str, message: &str) -> String {
     format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code><Message>{}</Message></Error></Errors><RequestID>fault-injected</RequestID></Response>",
         xml_escape(code),
