@@ -14,6 +14,9 @@ use super::instancetype::TypeInfo;
 use super::sdk_error;
 use crate::cloudprovider::Result;
 
+/// How often instance types, their zones and prices are fetched again (as upstream).
+pub const REFRESH_INTERVAL: Duration = Duration::from_secs(12 * 60 * 60);
+
 /// The instance types of the region and where each is offered.
 #[derive(Debug, Default)]
 pub struct CatalogData {
@@ -69,6 +72,14 @@ impl Catalog {
                 None => Err(e),
             },
         }
+    }
+
+    /// Fetches the catalog now, whatever its age. On failure the previous catalog stays in use
+    /// and the error is returned.
+    pub async fn refresh(&self) -> Result<Arc<CatalogData>> {
+        let data = Arc::new(fetch(&self.ec2).await?);
+        *self.state.lock().await = Some((data.clone(), self.clock.now()));
+        Ok(data)
     }
 }
 

@@ -44,6 +44,8 @@ pub struct AwsClients {
     pub iam: aws_sdk_iam::Client,
     /// EKS (cluster endpoint and CA).
     pub eks: aws_sdk_eks::Client,
+    /// The Pricing API (on-demand prices), in the region that serves the clients' region.
+    pub pricing: aws_sdk_pricing::Client,
     /// Region of the clients.
     pub region: String,
 }
@@ -66,6 +68,11 @@ impl AwsClients {
             ssm: aws_sdk_ssm::Client::new(config),
             iam: aws_sdk_iam::Client::new(config),
             eks: aws_sdk_eks::Client::new(config),
+            pricing: aws_sdk_pricing::Client::from_conf(
+                aws_sdk_pricing::config::Builder::from(config)
+                    .region(aws_config::Region::new(super::pricing::pricing_api_region(&region)))
+                    .build(),
+            ),
             region,
         })
     }
@@ -96,7 +103,7 @@ impl Options {
             cluster_endpoint: None,
             reserved_enis: 0,
             vm_memory_overhead_percent: instancetype::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
-            catalog_refresh: Duration::from_secs(600),
+            catalog_refresh: super::catalog::REFRESH_INTERVAL,
             kube_dns_ip: None,
         }
     }
@@ -685,6 +692,17 @@ impl AwsCloudProvider {
     /// Fetches current spot prices (call periodically; failures keep the last known prices).
     pub async fn refresh_spot_prices(&self) -> Result<usize> {
         self.pricing.refresh_spot_prices(&self.clients.ec2).await
+    }
+
+    /// Fetches current on-demand prices of the clients' region from the Pricing API (call
+    /// periodically; failures keep the last known prices, at first the static table).
+    pub async fn refresh_on_demand_prices(&self) -> Result<usize> {
+        self.pricing.refresh_on_demand_prices(&self.clients.pricing, &self.clients.region).await
+    }
+
+    /// Fetches the instance types and their zones again; a failure keeps the previous catalog.
+    pub async fn refresh_catalog(&self) -> Result<usize> {
+        Ok(self.catalog.refresh().await?.types.len())
     }
 
     /// Terminates the instances of this cluster whose NodeClaim no longer exists (see
