@@ -11,18 +11,21 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use aws_sdk_ec2::types::Filter;
 use base64::Engine;
 use karpenter::apis::labels::*;
 use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool};
+use karpenter::cloudprovider::aws::cache::ManualClock;
 use karpenter::cloudprovider::aws::catalog;
 use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
 use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
 use karpenter::cloudprovider::aws::nodeclass::conditions;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
+use karpenter::controllers::garbagecollection::{self, collect_instances};
 use serde_json::json;
 
 const IGNORE: &str = "needs the AWS emulator: make test";
@@ -599,13 +602,18 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     let (p, _) = provider("gc").await;
     let keep = p.create(&node_claim("gc-keep", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     let lost = p.create(&node_claim("gc-lost", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
-    let known = BTreeSet::from(["gc-keep".to_string()]);
+    let claims = [Arc::new(node_claim("gc-keep", &["m5.large"], CAPACITY_TYPE_ON_DEMAND))];
+    let now = k8s_openapi::jiff::Timestamp::now();
     // Within the grace period nothing is collected.
-    assert!(p.garbage_collect(&known, std::time::Duration::from_secs(3600)).await.unwrap().is_empty());
-    let collected = p.garbage_collect(&known, std::time::Duration::ZERO).await.unwrap();
-    assert_eq!(collected, vec![lost.provider_id.clone()]);
+    assert!(collect_instances(&p, &claims, now, garbagecollection::GRACE).await.unwrap().is_empty());
+    let later = now + std::time::Duration::from_secs(31);
+    let collected = collect_instances(&p, &claims, later, garbagecollection::GRACE).await.unwrap();
+    let ids: Vec<&str> = collected.iter().map(|i| i.provider_id.as_str()).collect();
+    assert_eq!(ids, [lost.provider_id.as_str()]);
     assert!(p.get(&lost.provider_id).await.unwrap_err().is_not_found());
     assert!(p.get(&keep.provider_id).await.is_ok());
+    // A terminated instance is not collected twice.
+    assert!(collect_instances(&p, &claims, later, garbagecollection::GRACE).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -660,4 +668,77 @@ async fn a_launch_whose_answer_is_lost_is_adopted_not_repeated() {
     assert!(instances_tagged(&p, "lost-2").await.is_empty());
     p.create(&claim).await.unwrap();
     assert_eq!(instances_tagged(&p, "lost-2").await.len(), 1);
+}
+
+/// As [`provider_with_faults`], with a clock the test moves.
+async fn provider_with_clock(prefix: &str) -> (AwsCloudProvider, FaultInjector, ManualClock) {
+    let cluster = unique_cluster(prefix);
+    seed(&cluster);
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint())
+        .region(aws_config::Region::new(region()))
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))
+        .load()
+        .await;
+    let faults = FaultInjector::new();
+    let mut clients = AwsClients::from_config(&config).unwrap();
+    clients.ec2 = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
+    );
+    let clock = ManualClock::default();
+    let p = AwsCloudProvider::with_clock(clients, Options::new(&cluster), Arc::new(clock.clone())).await.unwrap();
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    p.node_classes().upsert(class);
+    (p, faults, clock)
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn an_exhausted_offering_comes_back_after_three_minutes() {
+    let (p, faults, clock) = provider_with_clock("ice-ttl").await;
+    faults.fail_instance_type("c5.large");
+    let types = ["m5.large", "c5.large"];
+    assert!(p.create(&node_claim("ttl-1", &types, CAPACITY_TYPE_ON_DEMAND)).await.is_err());
+    // EC2 has c5.large again, but the offering stays out until its entry expires.
+    faults.heal_instance_type("c5.large");
+    let second = p.create(&node_claim("ttl-2", &types, CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(second.instance_type, "m5.large");
+    clock.advance(std::time::Duration::from_secs(179));
+    let third = p.create(&node_claim("ttl-3", &types, CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(third.instance_type, "m5.large", "still within the three minutes");
+    clock.advance(std::time::Duration::from_secs(2));
+    let fourth = p.create(&node_claim("ttl-4", &types, CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(fourth.instance_type, "c5.large", "the cheapest offering is back");
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn refreshes_keep_the_last_good_data() {
+    let (p, faults, _) = provider_with_clock("refresh").await;
+    // Spot prices come from the spot price history.
+    assert!(p.refresh_spot_prices().await.unwrap() > 0);
+    assert!(p.pricing().price("m5.large", "us-west-2a", CAPACITY_TYPE_SPOT).is_some());
+    // The emulator has no Pricing API: the refresh fails, promptly, and the table stays.
+    let on_demand = tokio::time::timeout(std::time::Duration::from_secs(60), p.refresh_on_demand_prices())
+        .await
+        .expect("the Pricing API call gives up");
+    assert!(on_demand.is_err(), "{on_demand:?}");
+    assert_eq!(p.pricing().on_demand_price("m5.large"), Some(0.096));
+    // A catalog fetch that fails keeps the catalog fetched before.
+    let known = p.refresh_catalog().await.unwrap();
+    assert!(known > 0);
+    faults.fail_with_server_error("DescribeInstanceTypes", 10);
+    assert!(p.refresh_catalog().await.is_err());
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+        "spec": {"template": {"spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+            "requirements": [],
+        }}}
+    }))
+    .unwrap();
+    let types = p.instance_types(&pool).await.unwrap();
+    assert!(types.iter().any(|t| t.name == "m5.large"));
+    assert!(faults.attempts("DescribeInstanceTypes") >= 2);
 }

@@ -5,10 +5,12 @@
 //! [`CloudProvider`], the settings, the metrics and the event recorder.
 
 pub mod events;
+pub mod garbagecollection;
 pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodepool;
 pub mod provisioning;
+pub mod refresh;
 pub mod termination;
 
 use std::sync::Arc;

@@ -48,6 +48,8 @@ pub enum RunError {
 
 /// How long the controllers get to finish after a stop signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long the first launches wait for the first fetch of instance types and prices.
+const FIRST_REFRESH_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the controller until SIGTERM/Ctrl-C (`Ok`) or a fatal error.
 pub async fn run(settings: Settings) -> Result<(), RunError> {
@@ -140,7 +142,22 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             tracing::debug!(count = seeded, "node classes known from the API");
         }
         let mut tasks = JoinSet::new();
+        if let Some(aws) = &aws {
+            // The first launches wait (a little) for the instance types and current prices, so
+            // that a NodePool allowing spot does not start on on-demand for want of spot prices.
+            let (fetched_tx, fetched) = tokio::sync::oneshot::channel();
+            tasks.spawn(controllers::refresh::run(
+                aws.clone(),
+                settings.isolated_vpc,
+                fetched_tx,
+                ctrl_stop.clone(),
+            ));
+            if tokio::time::timeout(FIRST_REFRESH_WAIT, fetched).await.is_err() {
+                tracing::warn!("instance types and prices are not fetched yet; starting without them");
+            }
+        }
         tasks.spawn(controllers::provisioning::run(ctx.clone(), state.clone(), changes, ctrl_stop.clone()));
+        tasks.spawn(controllers::garbagecollection::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
         tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
         tasks.spawn(controllers::nodeclaim::run(ctx.clone(), ctrl_stop.clone()));
         let cache = controllers::termination::Cache {

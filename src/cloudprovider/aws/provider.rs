@@ -705,26 +705,6 @@ impl AwsCloudProvider {
         Ok(self.catalog.refresh().await?.types.len())
     }
 
-    /// Terminates the instances of this cluster whose NodeClaim no longer exists (see
-    /// [`orphans`]) and returns their provider IDs.
-    pub async fn garbage_collect(
-        &self,
-        node_claims: &BTreeSet<String>,
-        grace: Duration,
-    ) -> Result<Vec<String>> {
-        let instances = instance::list(&self.clients.ec2, &self.cluster.name).await?;
-        let mut collected = Vec::new();
-        for i in orphans(&instances, node_claims, k8s_openapi::jiff::Timestamp::now(), grace) {
-            tracing::info!(instance = %i.id, node_claim = ?i.tags.get(TAG_NODECLAIM), "terminating an instance without NodeClaim");
-            match instance::terminate(&self.clients.ec2, &i.id).await {
-                Ok(()) => collected.push(provider_id(&i.zone, &i.id)),
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(collected)
-    }
-
     async fn is_drifted_impl(&self, node_claim: &NodeClaim) -> Result<Option<DriftReason>> {
         let Some(pid) = node_claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) else {
             return Ok(None);
@@ -735,29 +715,6 @@ impl AwsCloudProvider {
         let hash = node_claim.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH));
         Ok(drift(&inst, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
     }
-}
-
-/// The instances to garbage-collect: those launched at least `grace` before `now` whose NodeClaim
-/// (named by their tag) is not among `node_claims`. The grace period covers launches whose
-/// NodeClaim the caller has not seen yet.
-pub fn orphans<'a>(
-    instances: &'a [Ec2Instance],
-    node_claims: &BTreeSet<String>,
-    now: k8s_openapi::jiff::Timestamp,
-    grace: Duration,
-) -> Vec<&'a Ec2Instance> {
-    let cutoff = now.as_second().saturating_sub(i64::try_from(grace.as_secs()).unwrap_or(i64::MAX));
-    instances
-        .iter()
-        .filter(|i| !i.is_terminated())
-        .filter(|i| i.tags.get(TAG_NODECLAIM).is_none_or(|claim| !node_claims.contains(claim)))
-        .filter(|i| {
-            i.launch_time
-                .as_deref()
-                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-                .is_some_and(|t| t.as_second() <= cutoff)
-        })
-        .collect()
 }
 
 /// Why `inst` drifted from its class's resolved `status`, if it did. `claim_hash` is the class
@@ -901,29 +858,6 @@ mod tests {
         assert_eq!(subnet(&store, "resolved").as_deref(), Some("subnet-new"), "the controller's copy wins");
         assert_eq!(subnet(&store, "persisted").as_deref(), Some("subnet-p"), "the API's status is used");
         assert!(store.get("going").is_none(), "a class being deleted launches nothing");
-    }
-
-    #[test]
-    fn orphans_are_old_instances_without_node_claim() {
-        let inst = |id: &str, claim: Option<&str>, at: &str, state: &str| Ec2Instance {
-            id: id.into(),
-            state: state.into(),
-            launch_time: Some(at.into()),
-            tags: claim.map(|c| (TAG_NODECLAIM.to_string(), c.to_string())).into_iter().collect(),
-            ..Default::default()
-        };
-        let instances = [
-            inst("i-known", Some("a"), "2026-01-01T00:00:00Z", "running"),
-            inst("i-orphan", Some("b"), "2026-01-01T00:00:00Z", "running"),
-            inst("i-young", Some("c"), "2026-01-01T00:00:50Z", "pending"),
-            inst("i-gone", Some("d"), "2026-01-01T00:00:00Z", "terminated"),
-            inst("i-untagged", None, "2026-01-01T00:00:00Z", "running"),
-        ];
-        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
-        let known = BTreeSet::from(["a".to_string()]);
-        let got: Vec<&str> =
-            orphans(&instances, &known, now, Duration::from_secs(30)).iter().map(|i| i.id.as_str()).collect();
-        assert_eq!(got, vec!["i-orphan", "i-untagged"]);
     }
 
     #[test]

@@ -1,0 +1,210 @@
+//! Instance garbage collection: instances the cloud provider lists for this cluster that no
+//! NodeClaim accounts for are terminated, and their Nodes deleted.
+//!
+//! Such instances are leaks: a NodeClaim removed by hand while its launch was under way, a
+//! controller that crashed between CreateFleet and recording the instance, a NodeClaim
+//! force-deleted without its finalizer. An instance counts as known when a NodeClaim records its
+//! provider ID or is the one named by its `karpenter.sh/nodeclaim` tag. Instances launched less
+//! than [`GRACE`] ago are left alone, since their NodeClaim may not be recorded yet.
+//!
+//! The controller runs every 10 s for its first rounds and every 2 min after that (as upstream),
+//! from the cluster-state caches, and only after they have synced: an empty cache would make
+//! every instance look leaked.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::DeleteParams;
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::Context;
+use crate::apis::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
+use crate::cloudprovider::{CloudProvider, Instance};
+use crate::operator::leader::error_chain;
+use crate::state::ClusterState;
+
+/// How old an instance must be before it can be collected.
+pub const GRACE: Duration = Duration::from_secs(30);
+/// Delay between rounds while the controller is young.
+const FAST_INTERVAL: Duration = Duration::from_secs(10);
+/// Successful rounds run at [`FAST_INTERVAL`].
+const FAST_ROUNDS: u32 = 20;
+/// Delay between rounds after that.
+const INTERVAL: Duration = Duration::from_secs(120);
+
+/// Instance states in which the instance is already going away.
+const GOING: [&str; 2] = ["shutting-down", "terminated"];
+
+/// The instances no NodeClaim accounts for, launched at least `grace` before `now`. Instances
+/// without a launch time, or already shutting down, are never chosen.
+pub fn orphans<'a>(
+    instances: &'a [Instance],
+    claims: &[Arc<NodeClaim>],
+    now: Timestamp,
+    grace: Duration,
+) -> Vec<&'a Instance> {
+    let names: HashSet<&str> = claims.iter().filter_map(|c| c.metadata.name.as_deref()).collect();
+    let provider_ids: HashSet<&str> = claims
+        .iter()
+        .filter_map(|c| c.status.as_ref()?.provider_id.as_deref())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let cutoff = now.as_second().saturating_sub(i64::try_from(grace.as_secs()).unwrap_or(i64::MAX));
+    instances
+        .iter()
+        .filter(|i| !GOING.contains(&i.state.as_str()))
+        .filter(|i| !provider_ids.contains(i.provider_id.as_str()))
+        .filter(|i| i.node_claim.as_deref().is_none_or(|n| !names.contains(n)))
+        .filter(|i| {
+            i.launch_time
+                .as_deref()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+                .is_some_and(|t| t.as_second() <= cutoff)
+        })
+        .collect()
+}
+
+/// A NodeClaim for `instance` as the provider's `delete` reads it: the provider ID in the status.
+fn stand_in(instance: &Instance) -> NodeClaim {
+    let spec = NodeClaimSpec {
+        taints: Vec::new(),
+        startup_taints: Vec::new(),
+        requirements: Vec::new(),
+        resources: None,
+        node_class_ref: Default::default(),
+        expire_after: String::new(),
+        termination_grace_period: None,
+    };
+    let mut claim = NodeClaim::new(instance.node_claim.as_deref().unwrap_or_default(), spec);
+    claim.status =
+        Some(NodeClaimStatus { provider_id: Some(instance.provider_id.clone()), ..Default::default() });
+    claim
+}
+
+/// Terminates the instances [`orphans`] chooses and returns them. An instance that is already
+/// gone counts as collected; any other failure is logged with the instance and skipped.
+pub async fn collect_instances(
+    cloud: &dyn CloudProvider,
+    claims: &[Arc<NodeClaim>],
+    now: Timestamp,
+    grace: Duration,
+) -> Result<Vec<Instance>, crate::cloudprovider::CloudProviderError> {
+    let instances = cloud.list().await?;
+    let mut collected = Vec::new();
+    for instance in orphans(&instances, claims, now, grace) {
+        match cloud.delete(&stand_in(instance)).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                tracing::error!(provider_id = %instance.provider_id, error = %error_chain(&e), "garbage collecting cloudprovider instance");
+                continue;
+            }
+        }
+        tracing::info!(provider_id = %instance.provider_id, node_claim = ?instance.node_claim, "garbage collected cloudprovider instance");
+        collected.push(instance.clone());
+    }
+    Ok(collected)
+}
+
+/// One round: collects the leaked instances, then deletes the Nodes among `nodes` that they
+/// backed. Returns how many instances were collected.
+pub async fn round(
+    client: &Client,
+    cloud: &dyn CloudProvider,
+    claims: &[Arc<NodeClaim>],
+    nodes: &[Arc<Node>],
+    grace: Duration,
+) -> Result<usize, crate::cloudprovider::CloudProviderError> {
+    let collected = collect_instances(cloud, claims, Timestamp::now(), grace).await?;
+    let api: Api<Node> = Api::all(client.clone());
+    for instance in &collected {
+        let backed = nodes.iter().filter(|n| {
+            n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(instance.provider_id.as_str())
+        });
+        for node in backed {
+            match api.delete(&node.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::info!(Node = %node.name_any(), provider_id = %instance.provider_id, "garbage collected node");
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    tracing::error!(Node = %node.name_any(), error = %error_chain(&e), "deleting the node of a garbage-collected instance");
+                }
+            }
+        }
+    }
+    Ok(collected.len())
+}
+
+/// Runs the controller until `stop` turns true.
+pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
+    tokio::select! {
+        _ = state.wait_synced() => {}
+        _ = stop.wait_for(|s| *s) => return,
+    }
+    let mut rounds = 0u32;
+    loop {
+        let claims = state.nodeclaims.state();
+        let nodes = state.nodes.state();
+        match round(&ctx.client, ctx.cloud.as_ref(), &claims, &nodes, GRACE).await {
+            Ok(_) => rounds = rounds.saturating_add(1),
+            Err(e) => {
+                tracing::error!(controller = "instance.garbagecollection", error = %error_chain(&e), "listing cloudprovider instances")
+            }
+        }
+        let wait = if rounds <= FAST_ROUNDS { FAST_INTERVAL } else { INTERVAL };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(id: &str, claim: Option<&str>, launched: &str, state: &str) -> Instance {
+        Instance {
+            provider_id: format!("aws:///us-west-2a/{id}"),
+            node_claim: claim.map(str::to_string),
+            launch_time: Some(launched.to_string()),
+            state: state.to_string(),
+            ..Default::default()
+        }
+    }
+
+    fn claim(name: &str, provider_id: Option<&str>) -> Arc<NodeClaim> {
+        let mut c = stand_in(&instance("i-0", Some(name), "2026-01-01T00:00:00Z", "running"));
+        c.status =
+            Some(NodeClaimStatus { provider_id: provider_id.map(str::to_string), ..Default::default() });
+        Arc::new(c)
+    }
+
+    #[test]
+    fn orphans_are_old_instances_no_claim_accounts_for() {
+        let old = "2026-01-01T00:00:00Z";
+        let instances = [
+            instance("i-named", Some("a"), old, "running"),
+            instance("i-recorded", Some("renamed"), old, "running"),
+            instance("i-orphan", Some("b"), old, "running"),
+            instance("i-untagged", None, old, "pending"),
+            instance("i-young", Some("c"), "2026-01-01T00:00:45Z", "pending"),
+            instance("i-going", Some("d"), old, "shutting-down"),
+            instance("i-gone", Some("e"), old, "terminated"),
+            Instance { launch_time: None, ..instance("i-undated", None, old, "running") },
+        ];
+        let claims = [claim("a", None), claim("x", Some("aws:///us-west-2a/i-recorded"))];
+        let now: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let got: Vec<&str> =
+            orphans(&instances, &claims, now, GRACE).iter().map(|i| i.provider_id.as_str()).collect();
+        assert_eq!(got, ["aws:///us-west-2a/i-orphan", "aws:///us-west-2a/i-untagged"]);
+        // At the grace period's end exactly, the young instance is due too.
+        let later: Timestamp = "2026-01-01T00:01:15Z".parse().unwrap();
+        assert_eq!(orphans(&instances, &claims, later, GRACE).len(), 3);
+    }
+}

@@ -1,0 +1,141 @@
+//! Keeps what the AWS provider knows of the region current: the instance types and the zones
+//! they are offered in, on-demand prices (Pricing API) and spot prices (spot price history).
+//!
+//! Each is fetched when the controller starts and then every 12 hours. A fetch that fails keeps
+//! the last good data (for on-demand prices, at first the static table) and is tried again with
+//! a backoff. With `ISOLATED_VPC` the Pricing API, which has no private endpoint, is not asked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+
+use crate::cloudprovider::CloudProviderError;
+use crate::cloudprovider::aws::AwsCloudProvider;
+use crate::cloudprovider::aws::catalog::REFRESH_INTERVAL;
+use crate::operator::leader::error_chain;
+
+/// First delay before trying a failed fetch again.
+const RETRY_BASE: Duration = Duration::from_secs(60);
+
+/// One kind of data the controller keeps current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    InstanceTypes,
+    OnDemandPrices,
+    SpotPrices,
+}
+
+impl Kind {
+    async fn fetch(self, provider: &AwsCloudProvider) -> Result<usize, CloudProviderError> {
+        match self {
+            Kind::InstanceTypes => provider.refresh_catalog().await,
+            Kind::OnDemandPrices => provider.refresh_on_demand_prices().await,
+            Kind::SpotPrices => provider.refresh_spot_prices().await,
+        }
+    }
+
+    fn log(self, count: usize) {
+        match self {
+            Kind::InstanceTypes => tracing::debug!(count, "discovered instance types"),
+            Kind::OnDemandPrices => tracing::debug!(instance_type_count = count, "updated on-demand pricing"),
+            Kind::SpotPrices => tracing::debug!(
+                offering_count = count,
+                "updated spot pricing with instance types and offerings"
+            ),
+        }
+    }
+
+    fn failure(self) -> &'static str {
+        match self {
+            Kind::InstanceTypes => "refreshing instance types, keeping the last known ones",
+            Kind::OnDemandPrices => "refreshing on-demand pricing, keeping the last known prices",
+            Kind::SpotPrices => "refreshing spot pricing, keeping the last known prices",
+        }
+    }
+}
+
+/// The delay before the next fetch after `failures` consecutive failures (0 after a success).
+pub fn next_fetch(failures: u32) -> Duration {
+    if failures == 0 {
+        return REFRESH_INTERVAL;
+    }
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
+    RETRY_BASE.saturating_mul(factor).min(REFRESH_INTERVAL)
+}
+
+/// Runs the controller until `stop` turns true. `first_round` is told once every kind has been
+/// fetched (or has failed) once, so that the first launches can wait for prices.
+pub async fn run(
+    provider: Arc<AwsCloudProvider>,
+    isolated_vpc: bool,
+    first_round: oneshot::Sender<()>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut kinds = vec![Kind::InstanceTypes, Kind::SpotPrices];
+    if isolated_vpc {
+        tracing::info!("running in an isolated VPC, on-demand pricing information will not be updated");
+    } else {
+        kinds.push(Kind::OnDemandPrices);
+    }
+    let mut loops = JoinSet::new();
+    let mut firsts = Vec::new();
+    for kind in kinds {
+        let (tx, rx) = oneshot::channel();
+        firsts.push(rx);
+        loops.spawn(keep_current(kind, provider.clone(), tx, stop.clone()));
+    }
+    loops.spawn(async move {
+        for rx in firsts {
+            let _ = rx.await;
+        }
+        let _ = first_round.send(());
+    });
+    while loops.join_next().await.is_some() {}
+}
+
+/// Fetches `kind` until `stop` turns true; `first` is told after the first attempt.
+async fn keep_current(
+    kind: Kind,
+    provider: Arc<AwsCloudProvider>,
+    first: oneshot::Sender<()>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut first = Some(first);
+    let mut failures = 0u32;
+    loop {
+        match kind.fetch(&provider).await {
+            Ok(count) => {
+                failures = 0;
+                kind.log(count);
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(error = %error_chain(&e), retry_in = ?next_fetch(failures), "{}", kind.failure());
+            }
+        }
+        if let Some(first) = first.take() {
+            let _ = first.send(());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(next_fetch(failures)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fetches_twice_a_day_and_retries_failures_sooner() {
+        assert_eq!(next_fetch(0), Duration::from_secs(12 * 3600));
+        assert_eq!(next_fetch(1), Duration::from_secs(60));
+        assert_eq!(next_fetch(2), Duration::from_secs(120));
+        assert_eq!(next_fetch(10), Duration::from_secs(512 * 60));
+        assert_eq!(next_fetch(11), REFRESH_INTERVAL);
+        assert_eq!(next_fetch(u32::MAX), REFRESH_INTERVAL);
+    }
+}
