@@ -686,7 +686,8 @@ async fn provider_with_clock(prefix: &str) -> (AwsCloudProvider, FaultInjector, 
         aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
     );
     let clock = ManualClock::default();
-    let p = AwsCloudProvider::with_clock(clients, Options::new(&cluster), Arc::new(clock.clone())).await.unwrap();
+    let p =
+        AwsCloudProvider::with_clock(clients, Options::new(&cluster), Arc::new(clock.clone())).await.unwrap();
     let mut class = node_class(&cluster, "al2023@latest");
     class.status = Some(p.resolve_node_class(&class).await.unwrap());
     p.node_classes().upsert(class);
@@ -741,4 +742,38 @@ async fn refreshes_keep_the_last_good_data() {
     let types = p.instance_types(&pool).await.unwrap();
     assert!(types.iter().any(|t| t.name == "m5.large"));
     assert!(faults.attempts("DescribeInstanceTypes") >= 2);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn configured_endpoint_and_ca_need_no_eks_cluster() {
+    // No EKS cluster of this name exists.
+    let cluster = unique_cluster("no-eks");
+    let mut options = Options::new(&cluster);
+    let err = AwsCloudProvider::new(clients().await, options.clone()).await.unwrap_err();
+    assert!(err.to_string().contains("DescribeCluster"), "{err}");
+    options.cluster_endpoint = Some("https://api.example.test".to_string());
+    assert!(
+        AwsCloudProvider::new(clients().await, options.clone()).await.is_err(),
+        "the CA is still missing"
+    );
+    options.cluster_ca_bundle = Some("Q0EK".to_string());
+    options.kubernetes_version = Some("1.33".to_string());
+    let p = AwsCloudProvider::new(clients().await, options).await.unwrap();
+    assert_eq!(p.cluster().endpoint, "https://api.example.test");
+    assert_eq!(p.cluster().ca_bundle, "Q0EK");
+    assert_eq!(p.cluster().version, "1.33");
+    assert_eq!(p.cluster().service_cidr, None);
+
+    // With an EKS cluster, the settings still win over what EKS says.
+    let seeded = unique_cluster("eks");
+    seed(&seeded);
+    let mut options = Options::new(&seeded);
+    let from_eks = AwsCloudProvider::new(clients().await, options.clone()).await.unwrap();
+    assert!(from_eks.cluster().endpoint.starts_with("https://") && !from_eks.cluster().ca_bundle.is_empty());
+    assert!(from_eks.cluster().service_cidr.is_some());
+    options.cluster_ca_bundle = Some("Q0EK".to_string());
+    let p = AwsCloudProvider::new(clients().await, options).await.unwrap();
+    assert_eq!(p.cluster().ca_bundle, "Q0EK");
+    assert_eq!(p.cluster().endpoint, from_eks.cluster().endpoint);
 }

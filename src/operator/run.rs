@@ -261,6 +261,16 @@ async fn cloud_provider(
             let clients = AwsClients::from_env().await.map_err(fail)?;
             let mut options = Options::new(settings.cluster_name.clone().unwrap_or_default());
             options.cluster_endpoint = settings.cluster_endpoint.clone();
+            options.cluster_ca_bundle = settings.cluster_ca_bundle.clone();
+            options.kubernetes_version = match client.apiserver_version().await {
+                Ok(info) => {
+                    Some(crate::cloudprovider::aws::provider::minor_version(&info.major, &info.minor))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "reading the API server's version; using the EKS cluster's");
+                    None
+                }
+            };
             options.reserved_enis = i64::from(settings.reserved_enis);
             options.vm_memory_overhead_percent = settings.vm_memory_overhead_percent;
             options.kube_dns_ip = crate::cloudprovider::aws::provider::kube_dns_ip(client).await;

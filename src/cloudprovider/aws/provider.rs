@@ -85,6 +85,11 @@ pub struct Options {
     pub cluster_name: String,
     /// API server endpoint; discovered through EKS when unset.
     pub cluster_endpoint: Option<String>,
+    /// Base64 PEM bundle of the cluster's CA; discovered through EKS when unset.
+    pub cluster_ca_bundle: Option<String>,
+    /// Kubernetes version of the cluster (`1.34`), as its API server reports it; EKS's when
+    /// unset.
+    pub kubernetes_version: Option<String>,
     /// Network interfaces kept out of the pod-density computation.
     pub reserved_enis: i64,
     /// Share of memory the hypervisor keeps.
@@ -101,12 +106,69 @@ impl Options {
         Options {
             cluster_name: cluster_name.into(),
             cluster_endpoint: None,
+            cluster_ca_bundle: None,
+            kubernetes_version: None,
             reserved_enis: 0,
             vm_memory_overhead_percent: instancetype::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
             catalog_refresh: super::catalog::REFRESH_INTERVAL,
             kube_dns_ip: None,
         }
     }
+}
+
+/// The cluster nodes join: endpoint, CA and version from `options` where set, the rest from EKS
+/// DescribeCluster. When the settings give the endpoint and the CA, a failing DescribeCluster is
+/// only logged (nodes then get the cluster DNS address of the kube-dns Service, if any).
+async fn cluster_info(eks: &aws_sdk_eks::Client, options: &Options) -> Result<ClusterInfo> {
+    let described = match eks.describe_cluster().name(&options.cluster_name).send().await {
+        Ok(out) => out.cluster,
+        Err(e) => {
+            let e = sdk_error("DescribeCluster", e);
+            if options.cluster_endpoint.is_none() || options.cluster_ca_bundle.is_none() {
+                return Err(e);
+            }
+            tracing::warn!(cluster = %options.cluster_name, error = %e, "describing the EKS cluster; using the configured endpoint and CA");
+            None
+        }
+    };
+    let c = described.as_ref();
+    let endpoint =
+        options.cluster_endpoint.clone().or_else(|| c.and_then(|c| c.endpoint()).map(str::to_string));
+    let ca_bundle = options
+        .cluster_ca_bundle
+        .clone()
+        .or_else(|| c.and_then(|c| c.certificate_authority()).and_then(|a| a.data()).map(str::to_string));
+    let (Some(endpoint), Some(ca_bundle)) = (endpoint, ca_bundle) else {
+        return Err(CloudProviderError::UnexpectedResponse {
+            operation: "DescribeCluster",
+            message: format!(
+                "cluster {} has no endpoint or CA; set CLUSTER_ENDPOINT and CLUSTER_CA_BUNDLE",
+                options.cluster_name
+            ),
+        });
+    };
+    Ok(ClusterInfo {
+        name: options.cluster_name.clone(),
+        endpoint,
+        ca_bundle,
+        service_cidr: c
+            .and_then(|c| c.kubernetes_network_config())
+            .and_then(|n| n.service_ipv4_cidr())
+            .map(str::to_string),
+        version: options
+            .kubernetes_version
+            .clone()
+            .or_else(|| c.and_then(|c| c.version()).map(str::to_string))
+            .unwrap_or_default(),
+        kube_dns_ip: options.kube_dns_ip.clone(),
+    })
+}
+
+/// `1.34` from the API server's `major` and `minor` (`"1"`, `"34+"`, as some distributions
+/// report it).
+pub fn minor_version(major: &str, minor: &str) -> String {
+    let digits = |s: &str| s.chars().take_while(char::is_ascii_digit).collect::<String>();
+    format!("{}.{}", digits(major), digits(minor))
 }
 
 /// The cluster IP of the `kube-system/kube-dns` Service, which nodes get as their cluster DNS.
@@ -196,32 +258,7 @@ impl AwsCloudProvider {
 
     /// As [`AwsCloudProvider::new`], with the clock that times the caches.
     pub async fn with_clock(clients: AwsClients, options: Options, clock: Arc<dyn Clock>) -> Result<Self> {
-        let out = clients
-            .eks
-            .describe_cluster()
-            .name(&options.cluster_name)
-            .send()
-            .await
-            .map_err(|e| sdk_error("DescribeCluster", e))?;
-        let c = out.cluster().ok_or_else(|| CloudProviderError::UnexpectedResponse {
-            operation: "DescribeCluster",
-            message: "no cluster in the answer".to_string(),
-        })?;
-        let cluster = ClusterInfo {
-            name: options.cluster_name.clone(),
-            endpoint: options
-                .cluster_endpoint
-                .clone()
-                .or_else(|| c.endpoint().map(str::to_string))
-                .unwrap_or_default(),
-            ca_bundle: c.certificate_authority().and_then(|a| a.data()).unwrap_or_default().to_string(),
-            service_cidr: c
-                .kubernetes_network_config()
-                .and_then(|n| n.service_ipv4_cidr())
-                .map(str::to_string),
-            version: c.version().unwrap_or_default().to_string(),
-            kube_dns_ip: options.kube_dns_ip.clone(),
-        };
+        let cluster = cluster_info(&clients.eks, &options).await?;
         Ok(AwsCloudProvider {
             catalog: Catalog::new(clients.ec2.clone(), options.catalog_refresh, clock.clone()),
             launch_templates: LaunchTemplates::new(clients.ec2.clone(), clock.clone()),
@@ -858,6 +895,12 @@ mod tests {
         assert_eq!(subnet(&store, "resolved").as_deref(), Some("subnet-new"), "the controller's copy wins");
         assert_eq!(subnet(&store, "persisted").as_deref(), Some("subnet-p"), "the API's status is used");
         assert!(store.get("going").is_none(), "a class being deleted launches nothing");
+    }
+
+    #[test]
+    fn versions_from_the_api_server() {
+        assert_eq!(minor_version("1", "34"), "1.34");
+        assert_eq!(minor_version("1", "33+"), "1.33");
     }
 
     #[test]
