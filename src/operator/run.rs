@@ -158,6 +158,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         }
         tasks.spawn(controllers::provisioning::run(ctx.clone(), state.clone(), changes, ctrl_stop.clone()));
         tasks.spawn(controllers::garbagecollection::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
+        tasks.spawn(controllers::drift::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
         tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
         tasks.spawn(controllers::nodeclaim::run(ctx.clone(), ctrl_stop.clone()));
         let cache = controllers::termination::Cache {

@@ -1,0 +1,288 @@
+//! Drift detection: marks launched NodeClaims that no longer match their NodePool or node class
+//! with the `Drifted` status condition (the DRIFTED column of `kubectl get nodeclaim -o wide`),
+//! and clears it when they match again.
+//!
+//! A NodeClaim has drifted, checked in this order, when:
+//! 1. its `karpenter.sh/nodepool-hash` annotation differs from its NodePool's (same hash
+//!    version): the NodePool's template changed (`NodePoolDrifted`);
+//! 2. one of its labels has a value its NodePool's requirements no longer allow
+//!    (`RequirementsDrifted`);
+//! 3. the cloud provider says so, e.g. a new AMI or other subnets (`AMIDrift`, `SubnetDrift`,
+//!    `SecurityGroupDrift`, `NodeClassDrift`).
+//!
+//! Marking is all this controller does: replacing drifted nodes is the job of disruption, which
+//! this project does not implement yet.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::Context;
+use super::nodeclaim::logic::{ConditionUpdate, is_true, set_condition};
+use crate::apis::labels::{ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, LABEL_NODEPOOL};
+use crate::apis::nodeclaim::conditions::{DRIFTED, LAUNCHED};
+use crate::apis::{NodeClaim, NodePool};
+use crate::cloudprovider::CloudProvider;
+use crate::operator::leader::error_chain;
+use crate::scheduling::Requirements;
+use crate::state::ClusterState;
+
+/// Delay between two looks at every NodeClaim (as upstream's drift requeue).
+const INTERVAL: Duration = Duration::from_secs(300);
+/// The NodePool's template changed since the NodeClaim was made.
+pub const NODEPOOL_DRIFTED: &str = "NodePoolDrifted";
+/// A label of the NodeClaim is no longer allowed by its NodePool.
+pub const REQUIREMENTS_DRIFTED: &str = "RequirementsDrifted";
+
+/// Whether `claim` drifted from `pool` without asking the cloud provider: the reason, if so.
+pub fn static_drift(claim: &NodeClaim, pool: &NodePool) -> Option<&'static str> {
+    let (claim_notes, pool_notes) = (claim.annotations(), pool.annotations());
+    if let (Some(c), Some(p)) =
+        (claim_notes.get(ANNOTATION_NODEPOOL_HASH), pool_notes.get(ANNOTATION_NODEPOOL_HASH))
+        && claim_notes.get(ANNOTATION_NODEPOOL_HASH_VERSION)
+            == pool_notes.get(ANNOTATION_NODEPOOL_HASH_VERSION)
+        && c != p
+    {
+        return Some(NODEPOOL_DRIFTED);
+    }
+    // A requirement that no longer parses is reported by the NodePool's own validation.
+    let requirements = Requirements::from_nodepool(&pool.spec.template.spec.requirements).ok()?;
+    let labels = claim.labels();
+    let disallowed =
+        requirements.iter().any(|(key, req)| labels.get(key).is_some_and(|value| !req.has(value)));
+    disallowed.then_some(REQUIREMENTS_DRIFTED)
+}
+
+/// Looks at every launched NodeClaim once and writes the changes; returns how many changed.
+pub async fn round(
+    client: &Client,
+    cloud: &dyn CloudProvider,
+    claims: &[Arc<NodeClaim>],
+    pools: &[Arc<NodePool>],
+) -> usize {
+    let pools: HashMap<String, &NodePool> = pools.iter().map(|p| (p.name_any(), p.as_ref())).collect();
+    let api: Api<NodeClaim> = Api::all(client.clone());
+    let mut changed = 0;
+    for claim in claims {
+        let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        if claim.metadata.deletion_timestamp.is_some() || !is_true(conditions, LAUNCHED) {
+            continue;
+        }
+        let pool = claim.labels().get(LABEL_NODEPOOL).and_then(|p| pools.get(p).copied());
+        let mut reason = pool.and_then(|p| static_drift(claim, p));
+        if reason.is_none() {
+            match cloud.is_drifted(claim).await {
+                Ok(r) => reason = r.map(|r| r.as_str()),
+                Err(e) => {
+                    tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "checking the nodeclaim for drift");
+                    continue;
+                }
+            }
+        }
+        let now = Timestamp::now();
+        let mut conditions = conditions.to_vec();
+        let update = match reason {
+            Some(reason) => set_condition(
+                &mut conditions,
+                DRIFTED,
+                ConditionUpdate { message: reason.to_string(), ..ConditionUpdate::true_(reason) },
+                claim.metadata.generation,
+                now,
+            ),
+            None => {
+                let before = conditions.len();
+                conditions.retain(|c| c.type_ != DRIFTED);
+                conditions.len() != before
+            }
+        };
+        if !update {
+            continue;
+        }
+        let patch = json!({
+            "metadata": { "resourceVersion": claim.resource_version() },
+            "status": { "conditions": conditions },
+        });
+        match api.patch_status(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                changed += 1;
+                match reason {
+                    Some(reason) => {
+                        tracing::info!(NodeClaim = %claim.name_any(), reason, "marked nodeclaim as drifted")
+                    }
+                    None => tracing::info!(NodeClaim = %claim.name_any(), "nodeclaim no longer drifted"),
+                }
+            }
+            // Changed meanwhile: the next round looks again.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "writing the Drifted condition");
+            }
+        }
+    }
+    changed
+}
+
+/// Runs the controller until `stop` turns true.
+pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
+    tokio::select! {
+        _ = state.wait_synced() => {}
+        _ = stop.wait_for(|s| *s) => return,
+    }
+    loop {
+        round(&ctx.client, ctx.cloud.as_ref(), &state.nodeclaims.state(), &state.nodepools.state()).await;
+        tokio::select! {
+            _ = tokio::time::sleep(INTERVAL) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use kube::api::{DeleteParams, PostParams};
+
+    use super::*;
+    use crate::apis::ConditionStatus;
+    use crate::cloudprovider::{BoxFuture, CloudProviderError, DriftReason, Instance, Result};
+    use crate::scheduling::instancetypes::InstanceType;
+
+    fn pool(hash: &str, zones: &[&str]) -> NodePool {
+        serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "default", "annotations": {
+                ANNOTATION_NODEPOOL_HASH: hash, ANNOTATION_NODEPOOL_HASH_VERSION: "v3"}},
+            "spec": {"template": {"spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": zones}],
+            }}}
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, hash: &str, version: &str, zone: Option<&str>) -> NodeClaim {
+        let mut labels = serde_json::Map::new();
+        labels.insert(LABEL_NODEPOOL.into(), "default".into());
+        if let Some(zone) = zone {
+            labels.insert("topology.kubernetes.io/zone".into(), zone.into());
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "labels": labels, "annotations": {
+                ANNOTATION_NODEPOOL_HASH: hash, ANNOTATION_NODEPOOL_HASH_VERSION: version}},
+            "spec": {
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": [],
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn static_drift_reasons() {
+        let p = pool("h1", &["us-west-2a", "us-west-2b"]);
+        assert_eq!(static_drift(&claim("c", "h1", "v3", Some("us-west-2a")), &p), None);
+        assert_eq!(static_drift(&claim("c", "h0", "v3", Some("us-west-2a")), &p), Some(NODEPOOL_DRIFTED));
+        // Hashes of different versions are not compared.
+        assert_eq!(static_drift(&claim("c", "h0", "v2", Some("us-west-2a")), &p), None);
+        assert_eq!(static_drift(&claim("c", "h1", "v3", Some("us-west-2c")), &p), Some(REQUIREMENTS_DRIFTED));
+        // A label the claim does not have is not drift.
+        assert_eq!(static_drift(&claim("c", "h1", "v3", None), &p), None);
+    }
+
+    /// A cloud whose instances drift when the test says so.
+    struct DriftingCloud(Mutex<Option<DriftReason>>);
+
+    impl CloudProvider for DriftingCloud {
+        fn create<'a>(&'a self, c: &'a NodeClaim) -> BoxFuture<'a, Result<Instance>> {
+            Box::pin(async move { Err(CloudProviderError::NotFound(c.name_any())) })
+        }
+        fn delete<'a>(&'a self, c: &'a NodeClaim) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async move { Err(CloudProviderError::NotFound(c.name_any())) })
+        }
+        fn get<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Instance>> {
+            Box::pin(async move { Err(CloudProviderError::NotFound(id.to_string())) })
+        }
+        fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+        fn instance_types<'a>(&'a self, _: &'a NodePool) -> BoxFuture<'a, Result<Vec<Arc<InstanceType>>>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+        fn is_drifted<'a>(&'a self, _: &'a NodeClaim) -> BoxFuture<'a, Result<Option<DriftReason>>> {
+            let reason = self.0.lock().unwrap().clone();
+            Box::pin(async move { Ok(reason) })
+        }
+        fn name(&self) -> &'static str {
+            "drifting"
+        }
+    }
+
+    #[tokio::test]
+    #[ignore = "needs the local control plane"]
+    async fn marks_and_clears_the_drifted_condition() {
+        crate::operator::install_crypto_provider();
+        let client = Client::try_default().await.unwrap();
+        let api: Api<NodeClaim> = Api::all(client.clone());
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        let name = format!("drift-{:x}-{nanos:x}", std::process::id());
+        api.create(&PostParams::default(), &claim(&name, "h1", "v3", Some("us-west-2a"))).await.unwrap();
+        let launched = json!({"status": {"conditions": [{
+            "type": LAUNCHED, "status": "True", "reason": "Launched", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&launched)).await.unwrap();
+
+        let cloud = DriftingCloud(Mutex::new(None));
+        let pools = [Arc::new(pool("h1", &["us-west-2a"]))];
+        let drifted = |c: &NodeClaim| {
+            c.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == DRIFTED)).cloned()
+        };
+        async fn look(
+            client: &Client,
+            name: &str,
+            cloud: &DriftingCloud,
+            pools: &[Arc<NodePool>],
+        ) -> (usize, NodeClaim) {
+            let api: Api<NodeClaim> = Api::all(client.clone());
+            let current = Arc::new(api.get(name).await.unwrap());
+            let changed = round(client, cloud, &[current], pools).await;
+            (changed, api.get(name).await.unwrap())
+        }
+
+        let (changed, c) = look(&client, &name, &cloud, &pools).await;
+        assert_eq!((changed, drifted(&c)), (0, None), "nothing drifted");
+
+        *cloud.0.lock().unwrap() = Some(DriftReason::Ami);
+        let (changed, c) = look(&client, &name, &cloud, &pools).await;
+        let condition = drifted(&c).expect("Drifted");
+        assert_eq!(
+            (changed, condition.status, condition.reason.as_str()),
+            (1, ConditionStatus::True, "AMIDrift")
+        );
+        assert!(
+            c.status.as_ref().unwrap().conditions.iter().any(|c| c.type_ == LAUNCHED),
+            "other conditions stay"
+        );
+        let (changed, _) = look(&client, &name, &cloud, &pools).await;
+        assert_eq!(changed, 0, "an unchanged condition is not written again");
+
+        // The NodePool's template changed: that reason comes first.
+        let changed_pool = [Arc::new(pool("h2", &["us-west-2a"]))];
+        let (_, c) = look(&client, &name, &cloud, &changed_pool).await;
+        assert_eq!(drifted(&c).unwrap().reason, NODEPOOL_DRIFTED);
+
+        *cloud.0.lock().unwrap() = None;
+        let (changed, c) = look(&client, &name, &cloud, &pools).await;
+        assert_eq!((changed, drifted(&c)), (1, None), "cleared once it matches again");
+
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+}
