@@ -777,3 +777,43 @@ async fn configured_endpoint_and_ca_need_no_eks_cluster() {
     assert_eq!(p.cluster().ca_bundle, "Q0EK");
     assert_eq!(p.cluster().endpoint, from_eks.cluster().endpoint);
 }
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn the_instance_profile_follows_the_role() {
+    let (p, cluster) = provider("profile").await;
+    let iam = &p.clients().iam;
+    let other = format!("other-{cluster}");
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    let created =
+        iam.create_role().role_name(&other).assume_role_policy_document(trust).send().await.unwrap();
+    let other_arn = created.role().unwrap().arn().to_string();
+
+    let mut class = node_class(&cluster, "al2023@latest");
+    let status = p.resolve_node_class(&class).await.unwrap();
+    let name = status.instance_profile.clone().unwrap();
+    let profile = |name: String| async move {
+        iam.get_instance_profile().instance_profile_name(name).send().await.unwrap().instance_profile.unwrap()
+    };
+    let first = profile(name.clone()).await;
+    let roles: Vec<&str> = first.roles().iter().map(|r| r.role_name()).collect();
+    assert_eq!(roles, [format!("KarpenterNodeRole-{cluster}")]);
+    let tags: BTreeSet<(String, String)> =
+        first.tags().iter().map(|t| (t.key().to_string(), t.value().to_string())).collect();
+    for (k, v) in [
+        (format!("kubernetes.io/cluster/{cluster}"), "owned".to_string()),
+        ("karpenter.sh/managed-by".to_string(), cluster.clone()),
+        ("karpenter.k8s.aws/ec2nodeclass".to_string(), "default".to_string()),
+        ("topology.kubernetes.io/region".to_string(), region()),
+    ] {
+        assert!(tags.contains(&(k.clone(), v.clone())), "{k}={v} missing from {tags:?}");
+    }
+
+    // The class now names another role, by ARN: the same profile carries that role alone.
+    class.spec.role = Some(other_arn);
+    let status = p.resolve_node_class(&class).await.unwrap();
+    assert_eq!(status.instance_profile.as_deref(), Some(name.as_str()));
+    let second = profile(name.clone()).await;
+    let roles: Vec<&str> = second.roles().iter().map(|r| r.role_name()).collect();
+    assert_eq!(roles, [other.as_str()]);
+}
