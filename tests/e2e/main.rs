@@ -407,6 +407,33 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     .await;
     let instances = pool_instances(&ec2, &f.pool).await;
     assert!(instances.iter().all(|i| i.state == "terminated"), "no instance left running: {instances:?}");
+
+    // 5. An instance of the cluster that no NodeClaim accounts for (launched by a run whose
+    // NodeClaim was force-deleted, say) is terminated once 30 s old.
+    let tag = |k: &str, v: &str| aws_sdk_ec2::types::Tag::builder().key(k).value(v).build();
+    let leaked = ec2
+        .run_instances()
+        .image_id(&instances[0].image_id)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                .tags(tag(&format!("kubernetes.io/cluster/{}", cluster_name()), "owned"))
+                .tags(tag("karpenter.sh/nodepool", &f.pool))
+                .tags(tag("karpenter.sh/nodeclaim", &format!("{}-gone", f.pool)))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let leaked = leaked.instances()[0].instance_id().unwrap().to_string();
+    wait_for("the leaked instance terminated", Duration::from_secs(120), &controller, || async {
+        pool_instances(&ec2, &f.pool).await.iter().any(|i| i.id == leaked && i.state == "terminated")
+    })
+    .await;
+    assert!(controller.log_contains("garbage collected cloudprovider instance"), "{}", controller.log_tail());
     f.cleanup().await;
     controller.stop_and_check();
     drop(standin);
