@@ -23,6 +23,24 @@ pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
 pub const LABEL_ARCH: &str = "kubernetes.io/arch";
 /// Operating system of a node (`kubernetes.io/os`).
 pub const LABEL_OS: &str = "kubernetes.io/os";
+
+/// Deprecated label keys that selectors may still use, and the keys they stand for. Requirements
+/// on them are read as requirements on the current key, as upstream does.
+pub const NORMALIZED_LABELS: [(&str, &str); 7] = [
+    ("failure-domain.beta.kubernetes.io/zone", LABEL_TOPOLOGY_ZONE),
+    ("failure-domain.beta.kubernetes.io/region", LABEL_TOPOLOGY_REGION),
+    ("beta.kubernetes.io/arch", LABEL_ARCH),
+    ("beta.kubernetes.io/os", LABEL_OS),
+    ("beta.kubernetes.io/instance-type", LABEL_INSTANCE_TYPE),
+    ("kubernetes.io/instance-type", LABEL_INSTANCE_TYPE),
+    // The zone key of the EBS CSI driver's volume topology.
+    ("topology.ebs.csi.aws.com/zone", LABEL_TOPOLOGY_ZONE),
+];
+
+/// The current key for `key` (see [`NORMALIZED_LABELS`]), or `key` itself.
+pub fn normalized_label(key: &str) -> &str {
+    NORMALIZED_LABELS.iter().find(|(old, _)| *old == key).map_or(key, |(_, new)| new)
+}
 /// Host name of a node (`kubernetes.io/hostname`).
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 /// Windows build of a node (`node.kubernetes.io/windows-build`).

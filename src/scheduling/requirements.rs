@@ -14,7 +14,7 @@ use std::hash::Hash;
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 use thiserror::Error;
 
-use crate::apis::labels::{LABEL_HOSTNAME, WELL_KNOWN_LABELS};
+use crate::apis::labels::{LABEL_HOSTNAME, WELL_KNOWN_LABELS, normalized_label};
 use crate::apis::{NodeSelectorRequirementWithMinValues, Operator};
 
 use super::values::ValueSet;
@@ -422,6 +422,7 @@ impl Requirements {
     pub fn from_labels<'a>(labels: impl IntoIterator<Item = (&'a String, &'a String)>) -> Self {
         let mut out = Requirements::new();
         for (k, v) in labels {
+            let k = normalized_label(k);
             let r = Requirement::in_values([v.clone()]);
             match out.find(k) {
                 Ok(i) => out.0[i].1 = r,
@@ -451,8 +452,9 @@ impl Requirements {
         Ok(out)
     }
 
-    /// Intersects `req` into the requirement on `key`.
+    /// Intersects `req` into the requirement on `key` (a deprecated key counts as the current one).
     pub fn add(&mut self, key: &str, req: Requirement) {
+        let key = normalized_label(key);
         match self.find(key) {
             Ok(i) => self.0[i].1 = self.0[i].1.intersection(&req),
             Err(i) => self.0.insert(i, (label_key(key), req)),
@@ -631,6 +633,28 @@ mod tests {
     use super::*;
     use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_TOPOLOGY_ZONE};
     use rstest::rstest;
+
+    #[test]
+    fn deprecated_keys_read_as_the_current_ones() {
+        let term = |key: &str, values: &[&str]| NodeSelectorRequirement {
+            key: key.into(),
+            operator: "In".into(),
+            values: Some(values.iter().map(|v| v.to_string()).collect()),
+        };
+        let pod = Requirements::from_node_selector(&[
+            term("failure-domain.beta.kubernetes.io/zone", &["us-west-2a", "us-west-2b"]),
+            term("topology.ebs.csi.aws.com/zone", &["us-west-2b", "us-west-2c"]),
+            term("beta.kubernetes.io/arch", &["arm64"]),
+        ])
+        .unwrap();
+        assert_eq!(pod.keys().collect::<Vec<_>>(), ["kubernetes.io/arch", LABEL_TOPOLOGY_ZONE]);
+        assert!(pod.allows(LABEL_TOPOLOGY_ZONE, "us-west-2b"));
+        assert!(!pod.allows(LABEL_TOPOLOGY_ZONE, "us-west-2a"), "both zone terms apply");
+        let labels = [("beta.kubernetes.io/os".to_string(), "linux".to_string())];
+        let node = Requirements::from_labels(labels.iter().map(|(k, v)| (k, v)));
+        assert!(node.allows("kubernetes.io/os", "linux"));
+        assert!(!node.has("beta.kubernetes.io/os"));
+    }
 
     fn req(op: Operator, values: &[&str]) -> Requirement {
         let values: Vec<String> = values.iter().map(|s| s.to_string()).collect();
