@@ -278,13 +278,90 @@ async fn node_class_resolves_to_a_ready_status() {
     by_name.spec.security_group_selector_terms =
         vec![serde_json::from_value(json!({"name": format!("{cluster}-node")})).unwrap()];
     let status = p.resolve_node_class(&by_name).await.unwrap();
-    assert_eq!(status.amis.len(), 2, "{:?}", status.amis);
-    assert!(
-        status.amis[0].name.as_deref().unwrap().ends_with("v20251101"),
-        "newest first: {:?}",
+    // Both releases match; only the newer one is kept for the architecture.
+    assert_eq!(status.amis.len(), 1, "{:?}", status.amis);
+    assert_eq!(
+        status.amis[0].name.as_deref(),
+        Some("amazon-eks-node-al2023-arm64-standard-1.33-v20251101"),
+        "{:?}",
         status.amis
     );
     assert_eq!(status.security_groups.len(), 1);
+
+    // A pattern matching both architectures keeps the newest image of each.
+    by_name.spec.ami_selector_terms =
+        vec![serde_json::from_value(json!({"name": "amazon-eks-node-al2023-*-standard-1.33-*"})).unwrap()];
+    let status = p.resolve_node_class(&by_name).await.unwrap();
+    let mut names: Vec<&str> = status.amis.iter().filter_map(|a| a.name.as_deref()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            "amazon-eks-node-al2023-arm64-standard-1.33-v20251101",
+            "amazon-eks-node-al2023-x86_64-standard-1.33-v20251101"
+        ]
+    );
+}
+
+/// A copy of the EKS image `name` in the account, named `copy_name`; EC2 dates it now.
+async fn copy_image(p: &AwsCloudProvider, name: &str, copy_name: &str) -> String {
+    let ec2 = &p.clients().ec2;
+    let found = ec2
+        .describe_images()
+        .owners("602401143452")
+        .filters(Filter::builder().name("name").values(name).build())
+        .send()
+        .await
+        .unwrap();
+    let source = found.images()[0].image_id().unwrap().to_string();
+    let copy = ec2.copy_image().source_image_id(&source).source_region(region()).name(copy_name).send().await;
+    copy.unwrap().image_id().unwrap().to_string()
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
+    let (p, cluster) = provider("newami").await;
+    let source = "amazon-eks-node-al2023-x86_64-standard-1.33-v20251101";
+    let first = copy_image(&p, source, &format!("{cluster}-node-a")).await;
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.ami_family = Some(karpenter::apis::ec2nodeclass::AmiFamily::AL2023);
+    class.spec.ami_selector_terms =
+        vec![serde_json::from_value(json!({"name": format!("{cluster}-node-*")})).unwrap()];
+    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    assert_eq!(
+        class.status.as_ref().unwrap().amis.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+        [first.as_str()]
+    );
+    p.node_classes().upsert(class.clone());
+
+    let claim = node_claim("newami-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    let launched = p.create(&claim).await.unwrap();
+    assert_eq!(launched.image_id, first);
+    let mut claimed = claim.clone();
+    claimed.status = Some(karpenter::apis::NodeClaimStatus {
+        provider_id: Some(launched.provider_id.clone()),
+        ..Default::default()
+    });
+    claimed.metadata.annotations = Some(launched.annotations.clone());
+    // As EC2 would, give the instance the launch template's security groups.
+    let id = launched.provider_id.rsplit('/').next().unwrap().to_string();
+    let group = class.status.as_ref().unwrap().security_groups[0].id.clone();
+    p.clients().ec2.modify_instance_attribute().instance_id(&id).groups(group).send().await.unwrap();
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
+
+    // A newer image matches the selector: it replaces the older one, whose node drifts. Its name
+    // sorts first, so only its creation date (a second later) can make it win.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let second = copy_image(&p, source, &format!("{cluster}-node-0")).await;
+    let status = p.resolve_node_class(&class).await.unwrap();
+    assert_eq!(status.amis.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), [second.as_str()]);
+    class.status = Some(status);
+    p.node_classes().upsert(class);
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::Ami));
+    let replacement =
+        p.create(&node_claim("newami-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(replacement.image_id, second);
 }
 
 #[tokio::test]
