@@ -622,7 +622,7 @@ async fn create_needs_a_ready_node_class() {
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn insufficient_capacity_moves_on_to_the_next_offering() {
-    let (p, _, faults) = provider_with_faults("ice").await;
+    let (p, cluster, faults) = provider_with_faults("ice").await;
 
     // c5.large is the cheapest, but EC2 has none.
     faults.fail_instance_type("c5.large");
@@ -664,10 +664,30 @@ async fn insufficient_capacity_moves_on_to_the_next_offering() {
         "OnDemandOptions.AllocationStrategy=lowest-price",
         "TagSpecification.1.ResourceType=instance",
         "TagSpecification.2.ResourceType=volume",
+        "TagSpecification.3.ResourceType=fleet",
     ] {
         assert!(requests[1].split('&').any(|p| p == expected), "{expected} missing from {}", requests[1]);
     }
     assert!(requests[1].contains("karpenter.sh%2Fnodeclaim"), "{}", requests[1]);
+    // EC2 tagged the fleet as asked (the first request never reached it: the fault injector
+    // answered it).
+    let fleets_tagged = |key: &'static str, value: String| {
+        let ec2 = p.clients().ec2.clone();
+        async move {
+            let out = ec2
+                .describe_tags()
+                .filters(Filter::builder().name("resource-type").values("fleet").build())
+                .filters(Filter::builder().name("key").values(key).build())
+                .filters(Filter::builder().name("value").values(value).build())
+                .send()
+                .await
+                .unwrap();
+            out.tags().iter().filter_map(|t| t.resource_id()).map(str::to_string).collect::<BTreeSet<_>>()
+        }
+    };
+    let of_cluster = fleets_tagged("eks:eks-cluster-name", cluster.clone()).await;
+    assert_eq!(of_cluster.len(), 1, "{of_cluster:?}");
+    assert!(of_cluster.is_subset(&fleets_tagged("karpenter.sh/nodeclaim", "ice-1".to_string()).await));
 }
 
 #[tokio::test]

@@ -530,19 +530,16 @@ impl AwsCloudProvider {
             .create_fleet()
             .r#type(ec2::FleetType::Instant)
             .target_capacity_specification(target)
-            .set_launch_template_configs(Some(configs))
-            .tag_specifications(
+            .set_launch_template_configs(Some(configs));
+        // The instance, its volumes and the fleet itself carry the same tags.
+        for resource in [ec2::ResourceType::Instance, ec2::ResourceType::Volume, ec2::ResourceType::Fleet] {
+            request = request.tag_specifications(
                 ec2::TagSpecification::builder()
-                    .resource_type(ec2::ResourceType::Instance)
-                    .set_tags(Some(ec2_tags(&tags)))
-                    .build(),
-            )
-            .tag_specifications(
-                ec2::TagSpecification::builder()
-                    .resource_type(ec2::ResourceType::Volume)
+                    .resource_type(resource)
                     .set_tags(Some(ec2_tags(&tags)))
                     .build(),
             );
+        }
         request = if capacity_type == CAPACITY_TYPE_SPOT {
             request.spot_options(
                 ec2::SpotOptionsRequest::builder()
