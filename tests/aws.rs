@@ -690,6 +690,45 @@ async fn insufficient_capacity_moves_on_to_the_next_offering() {
     assert!(of_cluster.is_subset(&fleets_tagged("karpenter.sh/nodeclaim", "ice-1".to_string()).await));
 }
 
+/// The names of the launch templates Karpenter created for `cluster`.
+async fn launch_templates_of(p: &AwsCloudProvider, cluster: &str) -> BTreeSet<String> {
+    let out = p
+        .clients()
+        .ec2
+        .describe_launch_templates()
+        .filters(Filter::builder().name("tag:karpenter.k8s.aws/cluster").values(cluster).build())
+        .send()
+        .await
+        .unwrap();
+    out.launch_templates().iter().filter_map(|t| t.launch_template_name()).map(str::to_string).collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn a_launch_template_deleted_behind_our_back_is_created_again() {
+    let (p, cluster, faults) = provider_with_faults("ltgone").await;
+    p.create(&node_claim("ltgone-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let templates = launch_templates_of(&p, &cluster).await;
+    assert_eq!(templates.len(), 1, "{templates:?}");
+    for name in &templates {
+        p.clients().ec2.delete_launch_template().launch_template_name(name).send().await.unwrap();
+    }
+
+    // The cache still vouches for the template: CreateFleet names it and EC2 rejects the whole
+    // request. Nothing is launched, and the template is forgotten.
+    let claim = node_claim("ltgone-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    let err = p.create(&claim).await.unwrap_err();
+    assert_eq!(err.api_code(), Some("InvalidLaunchTemplateName.NotFoundException"), "{err}");
+    assert!(instances_tagged(&p, "ltgone-2").await.is_empty());
+    assert_eq!(faults.attempts("CreateFleet"), 2);
+
+    // The lifecycle's next attempt creates the template again and launches.
+    let launched = p.create(&claim).await.unwrap();
+    assert_eq!(instances_tagged(&p, "ltgone-2").await.len(), 1);
+    assert_eq!(launch_templates_of(&p, &cluster).await, templates, "the same content, the same name");
+    assert_eq!(launched.instance_type, "m5.large");
+}
+
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn garbage_collection_terminates_instances_without_node_claim() {

@@ -557,7 +557,7 @@ impl AwsCloudProvider {
         // after EC2 acted), a blind retry could launch a second instance. The error goes back to
         // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
         // claim (above) and adopts it.
-        let out = request
+        let sent = request
             .customize()
             .config_override(
                 aws_sdk_ec2::config::Builder::default()
@@ -565,7 +565,22 @@ impl AwsCloudProvider {
             )
             .send()
             .await
-            .map_err(|e| sdk_error("CreateFleet", e))?;
+            .map_err(|e| sdk_error("CreateFleet", e));
+        let out = match sent {
+            Ok(out) => out,
+            Err(e) => {
+                // A template the cache vouched for is gone (deleted behind Karpenter's back): forget
+                // the request's templates so that the lifecycle's next attempt creates them again.
+                // EC2 rejected the whole request, so nothing was launched.
+                if e.api_code().is_some_and(fleet::is_launch_template_not_found) {
+                    for (lt, _) in &groups {
+                        tracing::info!(launch_template = %lt.name(), node_claim = %claim_name, "launch template not found; it will be created again");
+                        self.launch_templates.invalidate(&lt.name());
+                    }
+                }
+                return Err(e);
+            }
+        };
 
         let zone_of_subnet: BTreeMap<&str, &str> =
             status.subnets.iter().map(|s| (s.id.as_str(), s.zone.as_str())).collect();
