@@ -11,15 +11,19 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use aws_sdk_ec2::types::Filter;
 use base64::Engine;
 use karpenter::apis::labels::*;
 use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool};
+use karpenter::cloudprovider::aws::cache::ManualClock;
 use karpenter::cloudprovider::aws::catalog;
 use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
 use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
+use karpenter::cloudprovider::aws::launchtemplate::LAUNCH_TEMPLATE_TTL;
 use karpenter::cloudprovider::aws::nodeclass::conditions;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
@@ -352,7 +356,7 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
 
     // A newer image matches the selector: it replaces the older one, whose node drifts. Its name
     // sorts first, so only its creation date (a second later) can make it win.
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let second = copy_image(&p, source, &format!("{cluster}-node-0")).await;
     let status = p.resolve_node_class(&class).await.unwrap();
     assert_eq!(status.amis.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), [second.as_str()]);
@@ -729,6 +733,64 @@ async fn a_launch_template_deleted_behind_our_back_is_created_again() {
     assert_eq!(launched.instance_type, "m5.large");
 }
 
+/// A provider for `cluster` (seeded already) whose caches `clock` times, with the resolved,
+/// ready `default` node class.
+async fn provider_with_clock(cluster: &str, clock: &ManualClock) -> AwsCloudProvider {
+    let p = AwsCloudProvider::with_clock(clients().await, Options::new(cluster), Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    let mut class = node_class(cluster, "al2023@latest");
+    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    p.node_classes().upsert(class);
+    p
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn launch_templates_unused_for_their_ttl_are_deleted() {
+    let cluster = unique_cluster("ltttl");
+    seed(&cluster);
+    let clock = ManualClock::default();
+    let p = provider_with_clock(&cluster, &clock).await;
+    let minutes = |n: u64| Duration::from_secs(60 * n);
+    assert_eq!(LAUNCH_TEMPLATE_TTL, minutes(60));
+
+    // Two templates: m5.large holds 29 pods, m5.xlarge 58.
+    p.create(&node_claim("ltttl-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let first = launch_templates_of(&p, &cluster).await;
+    p.create(&node_claim("ltttl-2", &["m5.xlarge"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let both = launch_templates_of(&p, &cluster).await;
+    assert_eq!((first.len(), both.len()), (1, 2));
+    let unused: BTreeSet<String> = both.difference(&first).cloned().collect();
+    assert!(p.delete_unused_launch_templates().await.unwrap().is_empty(), "nothing expired yet");
+
+    // The m5.large template is used again within the TTL; the other is not.
+    clock.advance(minutes(40));
+    p.create(&node_claim("ltttl-3", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    clock.advance(minutes(30));
+    let deleted: BTreeSet<String> = p.delete_unused_launch_templates().await.unwrap().into_iter().collect();
+    assert_eq!(deleted, unused);
+    assert_eq!(launch_templates_of(&p, &cluster).await, first, "the template in use survives");
+    assert!(p.delete_unused_launch_templates().await.unwrap().is_empty());
+
+    // A deleted template is created again when a launch needs it.
+    p.create(&node_claim("ltttl-4", &["m5.xlarge"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(launch_templates_of(&p, &cluster).await, both);
+
+    // After a restart, the first sweep takes in the templates the earlier run created; they go
+    // once unused for the TTL from then on.
+    let restarted_clock = ManualClock::default();
+    let restarted = provider_with_clock(&cluster, &restarted_clock).await;
+    assert!(restarted.delete_unused_launch_templates().await.unwrap().is_empty());
+    restarted_clock.advance(minutes(59));
+    assert!(restarted.delete_unused_launch_templates().await.unwrap().is_empty());
+    restarted_clock.advance(minutes(1));
+    let deleted: BTreeSet<String> =
+        restarted.delete_unused_launch_templates().await.unwrap().into_iter().collect();
+    assert_eq!(deleted, both);
+    assert!(launch_templates_of(&p, &cluster).await.is_empty());
+}
+
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn garbage_collection_terminates_instances_without_node_claim() {
@@ -737,8 +799,8 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     let lost = p.create(&node_claim("gc-lost", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     let known = BTreeSet::from(["gc-keep".to_string()]);
     // Within the grace period nothing is collected.
-    assert!(p.garbage_collect(&known, std::time::Duration::from_secs(3600)).await.unwrap().is_empty());
-    let collected = p.garbage_collect(&known, std::time::Duration::ZERO).await.unwrap();
+    assert!(p.garbage_collect(&known, Duration::from_secs(3600)).await.unwrap().is_empty());
+    let collected = p.garbage_collect(&known, Duration::ZERO).await.unwrap();
     assert_eq!(collected, vec![lost.provider_id.clone()]);
     assert!(p.get(&lost.provider_id).await.unwrap_err().is_not_found());
     assert!(p.get(&keep.provider_id).await.is_ok());

@@ -224,7 +224,7 @@ impl AwsCloudProvider {
         };
         Ok(AwsCloudProvider {
             catalog: Catalog::new(clients.ec2.clone(), options.catalog_refresh, clock.clone()),
-            launch_templates: LaunchTemplates::new(clients.ec2.clone(), clock.clone()),
+            launch_templates: LaunchTemplates::new(clients.ec2.clone(), &options.cluster_name, clock.clone()),
             unavailable: TtlCache::new(UNAVAILABLE_OFFERING_TTL, clock),
             pricing: Pricing::default(),
             node_classes: NodeClassStore::default(),
@@ -296,6 +296,14 @@ impl AwsCloudProvider {
             self.launch_templates.invalidate(name);
         }
         Ok(deleted)
+    }
+
+    /// Deletes the launch templates no launch used for
+    /// [`LAUNCH_TEMPLATE_TTL`](launchtemplate::LAUNCH_TEMPLATE_TTL) and returns their names. Call
+    /// it periodically (from the leader); the first call also takes in the templates an earlier
+    /// run left, to be deleted once they stay unused for the TTL.
+    pub async fn delete_unused_launch_templates(&self) -> Result<Vec<String>> {
+        self.launch_templates.delete_expired().await
     }
 
     /// Deletes the instance profile Karpenter manages for `class` (only for a class that names a
