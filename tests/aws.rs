@@ -1,5 +1,6 @@
 //! The AWS cloud provider against the AWS emulator (moto): catalog, node-class resolution,
-//! launch, idempotency, lookup, termination, insufficient capacity and drift.
+//! launch, idempotency, lookup, termination, insufficient capacity, drift and the life of launch
+//! templates.
 //!
 //! Every test seeds its own cluster name (its own VPC, subnets, security group, role and EKS
 //! cluster) so tests neither see each other's instances nor need an emulator reset.
