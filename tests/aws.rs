@@ -1,5 +1,6 @@
 //! The AWS cloud provider against the AWS emulator (moto): catalog, node-class resolution,
-//! launch, idempotency, lookup, termination, insufficient capacity and drift.
+//! launch, idempotency, lookup, termination, insufficient capacity, drift and the life of launch
+//! templates.
 //!
 //! Every test seeds its own cluster name (its own VPC, subnets, security group, role and EKS
 //! cluster) so tests neither see each other's instances nor need an emulator reset.
@@ -13,6 +14,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use aws_sdk_ec2::types::Filter;
 use base64::Engine;
@@ -22,6 +24,7 @@ use karpenter::cloudprovider::aws::cache::ManualClock;
 use karpenter::cloudprovider::aws::catalog;
 use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
 use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
+use karpenter::cloudprovider::aws::launchtemplate::LAUNCH_TEMPLATE_TTL;
 use karpenter::cloudprovider::aws::nodeclass::conditions;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
@@ -281,13 +284,90 @@ async fn node_class_resolves_to_a_ready_status() {
     by_name.spec.security_group_selector_terms =
         vec![serde_json::from_value(json!({"name": format!("{cluster}-node")})).unwrap()];
     let status = p.resolve_node_class(&by_name).await.unwrap();
-    assert_eq!(status.amis.len(), 2, "{:?}", status.amis);
-    assert!(
-        status.amis[0].name.as_deref().unwrap().ends_with("v20251101"),
-        "newest first: {:?}",
+    // Both releases match; only the newer one is kept for the architecture.
+    assert_eq!(status.amis.len(), 1, "{:?}", status.amis);
+    assert_eq!(
+        status.amis[0].name.as_deref(),
+        Some("amazon-eks-node-al2023-arm64-standard-1.33-v20251101"),
+        "{:?}",
         status.amis
     );
     assert_eq!(status.security_groups.len(), 1);
+
+    // A pattern matching both architectures keeps the newest image of each.
+    by_name.spec.ami_selector_terms =
+        vec![serde_json::from_value(json!({"name": "amazon-eks-node-al2023-*-standard-1.33-*"})).unwrap()];
+    let status = p.resolve_node_class(&by_name).await.unwrap();
+    let mut names: Vec<&str> = status.amis.iter().filter_map(|a| a.name.as_deref()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            "amazon-eks-node-al2023-arm64-standard-1.33-v20251101",
+            "amazon-eks-node-al2023-x86_64-standard-1.33-v20251101"
+        ]
+    );
+}
+
+/// A copy of the EKS image `name` in the account, named `copy_name`; EC2 dates it now.
+async fn copy_image(p: &AwsCloudProvider, name: &str, copy_name: &str) -> String {
+    let ec2 = &p.clients().ec2;
+    let found = ec2
+        .describe_images()
+        .owners("602401143452")
+        .filters(Filter::builder().name("name").values(name).build())
+        .send()
+        .await
+        .unwrap();
+    let source = found.images()[0].image_id().unwrap().to_string();
+    let copy = ec2.copy_image().source_image_id(&source).source_region(region()).name(copy_name).send().await;
+    copy.unwrap().image_id().unwrap().to_string()
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
+    let (p, cluster) = provider("newami").await;
+    let source = "amazon-eks-node-al2023-x86_64-standard-1.33-v20251101";
+    let first = copy_image(&p, source, &format!("{cluster}-node-a")).await;
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.ami_family = Some(karpenter::apis::ec2nodeclass::AmiFamily::AL2023);
+    class.spec.ami_selector_terms =
+        vec![serde_json::from_value(json!({"name": format!("{cluster}-node-*")})).unwrap()];
+    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    assert_eq!(
+        class.status.as_ref().unwrap().amis.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+        [first.as_str()]
+    );
+    p.node_classes().upsert(class.clone());
+
+    let claim = node_claim("newami-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    let launched = p.create(&claim).await.unwrap();
+    assert_eq!(launched.image_id, first);
+    let mut claimed = claim.clone();
+    claimed.status = Some(karpenter::apis::NodeClaimStatus {
+        provider_id: Some(launched.provider_id.clone()),
+        ..Default::default()
+    });
+    claimed.metadata.annotations = Some(launched.annotations.clone());
+    // As EC2 would, give the instance the launch template's security groups.
+    let id = launched.provider_id.rsplit('/').next().unwrap().to_string();
+    let group = class.status.as_ref().unwrap().security_groups[0].id.clone();
+    p.clients().ec2.modify_instance_attribute().instance_id(&id).groups(group).send().await.unwrap();
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
+
+    // A newer image matches the selector: it replaces the older one, whose node drifts. Its name
+    // sorts first, so only its creation date (a second later) can make it win.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = copy_image(&p, source, &format!("{cluster}-node-0")).await;
+    let status = p.resolve_node_class(&class).await.unwrap();
+    assert_eq!(status.amis.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), [second.as_str()]);
+    class.status = Some(status);
+    p.node_classes().upsert(class);
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::Ami));
+    let replacement =
+        p.create(&node_claim("newami-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(replacement.image_id, second);
 }
 
 #[tokio::test]
@@ -548,7 +628,7 @@ async fn create_needs_a_ready_node_class() {
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn insufficient_capacity_moves_on_to_the_next_offering() {
-    let (p, _, faults) = provider_with_faults("ice").await;
+    let (p, cluster, faults) = provider_with_faults("ice").await;
 
     // c5.large is the cheapest, but EC2 has none.
     faults.fail_instance_type("c5.large");
@@ -590,10 +670,127 @@ async fn insufficient_capacity_moves_on_to_the_next_offering() {
         "OnDemandOptions.AllocationStrategy=lowest-price",
         "TagSpecification.1.ResourceType=instance",
         "TagSpecification.2.ResourceType=volume",
+        "TagSpecification.3.ResourceType=fleet",
     ] {
         assert!(requests[1].split('&').any(|p| p == expected), "{expected} missing from {}", requests[1]);
     }
     assert!(requests[1].contains("karpenter.sh%2Fnodeclaim"), "{}", requests[1]);
+    // EC2 tagged the fleet as asked (the first request never reached it: the fault injector
+    // answered it).
+    let fleets_tagged = |key: &'static str, value: String| {
+        let ec2 = p.clients().ec2.clone();
+        async move {
+            let out = ec2
+                .describe_tags()
+                .filters(Filter::builder().name("resource-type").values("fleet").build())
+                .filters(Filter::builder().name("key").values(key).build())
+                .filters(Filter::builder().name("value").values(value).build())
+                .send()
+                .await
+                .unwrap();
+            out.tags().iter().filter_map(|t| t.resource_id()).map(str::to_string).collect::<BTreeSet<_>>()
+        }
+    };
+    let of_cluster = fleets_tagged("eks:eks-cluster-name", cluster.clone()).await;
+    assert_eq!(of_cluster.len(), 1, "{of_cluster:?}");
+    assert!(of_cluster.is_subset(&fleets_tagged("karpenter.sh/nodeclaim", "ice-1".to_string()).await));
+}
+
+/// The names of the launch templates Karpenter created for `cluster`.
+async fn launch_templates_of(p: &AwsCloudProvider, cluster: &str) -> BTreeSet<String> {
+    let out = p
+        .clients()
+        .ec2
+        .describe_launch_templates()
+        .filters(Filter::builder().name("tag:karpenter.k8s.aws/cluster").values(cluster).build())
+        .send()
+        .await
+        .unwrap();
+    out.launch_templates().iter().filter_map(|t| t.launch_template_name()).map(str::to_string).collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn a_launch_template_deleted_behind_our_back_is_created_again() {
+    let (p, cluster, faults) = provider_with_faults("ltgone").await;
+    p.create(&node_claim("ltgone-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let templates = launch_templates_of(&p, &cluster).await;
+    assert_eq!(templates.len(), 1, "{templates:?}");
+    for name in &templates {
+        p.clients().ec2.delete_launch_template().launch_template_name(name).send().await.unwrap();
+    }
+
+    // The cache still vouches for the template: CreateFleet names it and EC2 rejects the whole
+    // request. Nothing is launched, and the template is forgotten.
+    let claim = node_claim("ltgone-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    let err = p.create(&claim).await.unwrap_err();
+    assert_eq!(err.api_code(), Some("InvalidLaunchTemplateName.NotFoundException"), "{err}");
+    assert!(instances_tagged(&p, "ltgone-2").await.is_empty());
+    assert_eq!(faults.attempts("CreateFleet"), 2);
+
+    // The lifecycle's next attempt creates the template again and launches.
+    let launched = p.create(&claim).await.unwrap();
+    assert_eq!(instances_tagged(&p, "ltgone-2").await.len(), 1);
+    assert_eq!(launch_templates_of(&p, &cluster).await, templates, "the same content, the same name");
+    assert_eq!(launched.instance_type, "m5.large");
+}
+
+/// A provider for `cluster` (seeded already) whose caches `clock` times, with the resolved,
+/// ready `default` node class.
+async fn provider_with_clock(cluster: &str, clock: &ManualClock) -> AwsCloudProvider {
+    let p = AwsCloudProvider::with_clock(clients().await, Options::new(cluster), Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    let mut class = node_class(cluster, "al2023@latest");
+    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    p.node_classes().upsert(class);
+    p
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn launch_templates_unused_for_their_ttl_are_deleted() {
+    let cluster = unique_cluster("ltttl");
+    seed(&cluster);
+    let clock = ManualClock::default();
+    let p = provider_with_clock(&cluster, &clock).await;
+    let minutes = |n: u64| Duration::from_secs(60 * n);
+    assert_eq!(LAUNCH_TEMPLATE_TTL, minutes(60));
+
+    // Two templates: m5.large holds 29 pods, m5.xlarge 58.
+    p.create(&node_claim("ltttl-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let first = launch_templates_of(&p, &cluster).await;
+    p.create(&node_claim("ltttl-2", &["m5.xlarge"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let both = launch_templates_of(&p, &cluster).await;
+    assert_eq!((first.len(), both.len()), (1, 2));
+    let unused: BTreeSet<String> = both.difference(&first).cloned().collect();
+    assert!(p.delete_unused_launch_templates().await.unwrap().is_empty(), "nothing expired yet");
+
+    // The m5.large template is used again within the TTL; the other is not.
+    clock.advance(minutes(40));
+    p.create(&node_claim("ltttl-3", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    clock.advance(minutes(30));
+    let deleted: BTreeSet<String> = p.delete_unused_launch_templates().await.unwrap().into_iter().collect();
+    assert_eq!(deleted, unused);
+    assert_eq!(launch_templates_of(&p, &cluster).await, first, "the template in use survives");
+    assert!(p.delete_unused_launch_templates().await.unwrap().is_empty());
+
+    // A deleted template is created again when a launch needs it.
+    p.create(&node_claim("ltttl-4", &["m5.xlarge"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(launch_templates_of(&p, &cluster).await, both);
+
+    // After a restart, the first sweep takes in the templates the earlier run created; they go
+    // once unused for the TTL from then on.
+    let restarted_clock = ManualClock::default();
+    let restarted = provider_with_clock(&cluster, &restarted_clock).await;
+    assert!(restarted.delete_unused_launch_templates().await.unwrap().is_empty());
+    restarted_clock.advance(minutes(59));
+    assert!(restarted.delete_unused_launch_templates().await.unwrap().is_empty());
+    restarted_clock.advance(minutes(1));
+    let deleted: BTreeSet<String> =
+        restarted.delete_unused_launch_templates().await.unwrap().into_iter().collect();
+    assert_eq!(deleted, both);
+    assert!(launch_templates_of(&p, &cluster).await.is_empty());
 }
 
 #[tokio::test]
@@ -606,7 +803,7 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     let now = k8s_openapi::jiff::Timestamp::now();
     // Within the grace period nothing is collected.
     assert!(collect_instances(&p, &claims, now, garbagecollection::GRACE).await.unwrap().is_empty());
-    let later = now + std::time::Duration::from_secs(31);
+    let later = now + Duration::from_secs(31);
     let collected = collect_instances(&p, &claims, later, garbagecollection::GRACE).await.unwrap();
     let ids: Vec<&str> = collected.iter().map(|i| i.provider_id.as_str()).collect();
     assert_eq!(ids, [lost.provider_id.as_str()]);
@@ -671,7 +868,7 @@ async fn a_launch_whose_answer_is_lost_is_adopted_not_repeated() {
 }
 
 /// As [`provider_with_faults`], with a clock the test moves.
-async fn provider_with_clock(prefix: &str) -> (AwsCloudProvider, FaultInjector, ManualClock) {
+async fn provider_with_faults_and_clock(prefix: &str) -> (AwsCloudProvider, FaultInjector, ManualClock) {
     let cluster = unique_cluster(prefix);
     seed(&cluster);
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
@@ -697,7 +894,7 @@ async fn provider_with_clock(prefix: &str) -> (AwsCloudProvider, FaultInjector, 
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn an_exhausted_offering_comes_back_after_three_minutes() {
-    let (p, faults, clock) = provider_with_clock("ice-ttl").await;
+    let (p, faults, clock) = provider_with_faults_and_clock("ice-ttl").await;
     faults.fail_instance_type("c5.large");
     let types = ["m5.large", "c5.large"];
     assert!(p.create(&node_claim("ttl-1", &types, CAPACITY_TYPE_ON_DEMAND)).await.is_err());
@@ -705,10 +902,10 @@ async fn an_exhausted_offering_comes_back_after_three_minutes() {
     faults.heal_instance_type("c5.large");
     let second = p.create(&node_claim("ttl-2", &types, CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     assert_eq!(second.instance_type, "m5.large");
-    clock.advance(std::time::Duration::from_secs(179));
+    clock.advance(Duration::from_secs(179));
     let third = p.create(&node_claim("ttl-3", &types, CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     assert_eq!(third.instance_type, "m5.large", "still within the three minutes");
-    clock.advance(std::time::Duration::from_secs(2));
+    clock.advance(Duration::from_secs(2));
     let fourth = p.create(&node_claim("ttl-4", &types, CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     assert_eq!(fourth.instance_type, "c5.large", "the cheapest offering is back");
 }
@@ -716,12 +913,12 @@ async fn an_exhausted_offering_comes_back_after_three_minutes() {
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn refreshes_keep_the_last_good_data() {
-    let (p, faults, _) = provider_with_clock("refresh").await;
+    let (p, faults, _) = provider_with_faults_and_clock("refresh").await;
     // Spot prices come from the spot price history.
     assert!(p.refresh_spot_prices().await.unwrap() > 0);
     assert!(p.pricing().price("m5.large", "us-west-2a", CAPACITY_TYPE_SPOT).is_some());
     // The emulator has no Pricing API: the refresh fails, promptly, and the table stays.
-    let on_demand = tokio::time::timeout(std::time::Duration::from_secs(60), p.refresh_on_demand_prices())
+    let on_demand = tokio::time::timeout(Duration::from_secs(60), p.refresh_on_demand_prices())
         .await
         .expect("the Pricing API call gives up");
     assert!(on_demand.is_err(), "{on_demand:?}");

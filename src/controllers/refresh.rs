@@ -1,9 +1,11 @@
 //! Keeps what the AWS provider knows of the region current: the instance types and the zones
-//! they are offered in, on-demand prices (Pricing API) and spot prices (spot price history).
+//! they are offered in, on-demand prices (Pricing API) and spot prices (spot price history); and
+//! deletes the launch templates no launch has used for an hour.
 //!
-//! Each is fetched when the controller starts and then every 12 hours. A fetch that fails keeps
-//! the last good data (for on-demand prices, at first the static table) and is tried again with
-//! a backoff. With `ISOLATED_VPC` the Pricing API, which has no private endpoint, is not asked.
+//! Each is fetched when the controller starts and then every 12 hours (the launch-template sweep:
+//! every 5 minutes). A fetch that fails keeps the last good data (for on-demand prices, at first
+//! the static table) and is tried again with a backoff. With `ISOLATED_VPC` the Pricing API,
+//! which has no private endpoint, is not asked.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,8 @@ use crate::operator::leader::error_chain;
 
 /// First delay before trying a failed fetch again.
 const RETRY_BASE: Duration = Duration::from_secs(60);
+/// Delay between two sweeps of unused launch templates.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(300);
 
 /// One kind of data the controller keeps current.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +29,7 @@ enum Kind {
     InstanceTypes,
     OnDemandPrices,
     SpotPrices,
+    UnusedLaunchTemplates,
 }
 
 impl Kind {
@@ -33,6 +38,13 @@ impl Kind {
             Kind::InstanceTypes => provider.refresh_catalog().await,
             Kind::OnDemandPrices => provider.refresh_on_demand_prices().await,
             Kind::SpotPrices => provider.refresh_spot_prices().await,
+            Kind::UnusedLaunchTemplates => {
+                let deleted = provider.delete_unused_launch_templates().await?;
+                for name in &deleted {
+                    tracing::info!(launch_template = %name, "deleted launch template");
+                }
+                Ok(deleted.len())
+            }
         }
     }
 
@@ -44,6 +56,8 @@ impl Kind {
                 offering_count = count,
                 "updated spot pricing with instance types and offerings"
             ),
+            // Each deletion is logged as it happens.
+            Kind::UnusedLaunchTemplates => {}
         }
     }
 
@@ -52,17 +66,27 @@ impl Kind {
             Kind::InstanceTypes => "refreshing instance types, keeping the last known ones",
             Kind::OnDemandPrices => "refreshing on-demand pricing, keeping the last known prices",
             Kind::SpotPrices => "refreshing spot pricing, keeping the last known prices",
+            Kind::UnusedLaunchTemplates => "deleting unused launch templates",
+        }
+    }
+
+    /// The delay between two successful runs.
+    fn interval(self) -> Duration {
+        match self {
+            Kind::UnusedLaunchTemplates => SWEEP_INTERVAL,
+            _ => REFRESH_INTERVAL,
         }
     }
 }
 
-/// The delay before the next fetch after `failures` consecutive failures (0 after a success).
-pub fn next_fetch(failures: u32) -> Duration {
+/// The delay before the next run of something done every `interval`, after `failures`
+/// consecutive failures (0 after a success).
+pub fn next_fetch(interval: Duration, failures: u32) -> Duration {
     if failures == 0 {
-        return REFRESH_INTERVAL;
+        return interval;
     }
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
-    RETRY_BASE.saturating_mul(factor).min(REFRESH_INTERVAL)
+    RETRY_BASE.saturating_mul(factor).min(interval)
 }
 
 /// Runs the controller until `stop` turns true. `first_round` is told once every kind has been
@@ -73,7 +97,7 @@ pub async fn run(
     first_round: oneshot::Sender<()>,
     stop: watch::Receiver<bool>,
 ) {
-    let mut kinds = vec![Kind::InstanceTypes, Kind::SpotPrices];
+    let mut kinds = vec![Kind::InstanceTypes, Kind::SpotPrices, Kind::UnusedLaunchTemplates];
     if isolated_vpc {
         tracing::info!("running in an isolated VPC, on-demand pricing information will not be updated");
     } else {
@@ -112,14 +136,14 @@ async fn keep_current(
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                tracing::warn!(error = %error_chain(&e), retry_in = ?next_fetch(failures), "{}", kind.failure());
+                tracing::warn!(error = %error_chain(&e), retry_in = ?next_fetch(kind.interval(), failures), "{}", kind.failure());
             }
         }
         if let Some(first) = first.take() {
             let _ = first.send(());
         }
         tokio::select! {
-            _ = tokio::time::sleep(next_fetch(failures)) => {}
+            _ = tokio::time::sleep(next_fetch(kind.interval(), failures)) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
@@ -131,11 +155,15 @@ mod tests {
 
     #[test]
     fn fetches_twice_a_day_and_retries_failures_sooner() {
-        assert_eq!(next_fetch(0), Duration::from_secs(12 * 3600));
-        assert_eq!(next_fetch(1), Duration::from_secs(60));
-        assert_eq!(next_fetch(2), Duration::from_secs(120));
-        assert_eq!(next_fetch(10), Duration::from_secs(512 * 60));
-        assert_eq!(next_fetch(11), REFRESH_INTERVAL);
-        assert_eq!(next_fetch(u32::MAX), REFRESH_INTERVAL);
+        let prices = Kind::SpotPrices.interval();
+        assert_eq!(next_fetch(prices, 0), Duration::from_secs(12 * 3600));
+        assert_eq!(next_fetch(prices, 1), Duration::from_secs(60));
+        assert_eq!(next_fetch(prices, 2), Duration::from_secs(120));
+        assert_eq!(next_fetch(prices, 10), Duration::from_secs(512 * 60));
+        assert_eq!(next_fetch(prices, 11), REFRESH_INTERVAL);
+        assert_eq!(next_fetch(prices, u32::MAX), REFRESH_INTERVAL);
+        let sweep = Kind::UnusedLaunchTemplates.interval();
+        assert_eq!(next_fetch(sweep, 0), Duration::from_secs(300));
+        assert_eq!(next_fetch(sweep, 4), Duration::from_secs(300));
     }
 }

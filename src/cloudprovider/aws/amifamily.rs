@@ -160,10 +160,15 @@ pub fn alias_queries(family: AmiFamily, version: &str, k8s_version: &str) -> Vec
     out
 }
 
-/// The requirements of an AMI found by id, name or tags: just its architecture.
-pub fn arch_requirements(ec2_architecture: &str) -> Vec<NodeSelectorRequirement> {
-    let arch = if ec2_architecture == "arm64" { ARCH_ARM64 } else { ARCH_AMD64 };
-    vec![req(LABEL_ARCH, "In", &[arch])]
+/// The requirements of an AMI found by id, name or tags: just its architecture. `None` for
+/// architectures no node runs (`i386`, the Mac ones).
+pub fn arch_requirements(ec2_architecture: &str) -> Option<Vec<NodeSelectorRequirement>> {
+    let arch = match ec2_architecture {
+        "x86_64" => ARCH_AMD64,
+        "arm64" => ARCH_ARM64,
+        _ => return None,
+    };
+    Some(vec![req(LABEL_ARCH, "In", &[arch])])
 }
 
 /// The block devices Karpenter gives a family when the node class lists none.
@@ -270,6 +275,15 @@ mod tests {
         assert_eq!(br[0].parameter, "/aws/service/bottlerocket/aws-k8s-1.34/x86_64/1.49.0/image_id");
         assert_eq!(br[3].parameter, "/aws/service/bottlerocket/aws-k8s-1.34-nvidia/arm64/1.49.0/image_id");
         assert!(alias_queries(AmiFamily::Windows2022, "latest", "1.34").is_empty());
+    }
+
+    #[test]
+    fn architectures_of_selected_images() {
+        let arch = |a: &str| arch_requirements(a).map(|r| r[0].values.clone().unwrap_or_default());
+        assert_eq!(arch("x86_64"), Some(vec![ARCH_AMD64.to_string()]));
+        assert_eq!(arch("arm64"), Some(vec![ARCH_ARM64.to_string()]));
+        assert_eq!(arch("i386"), None);
+        assert_eq!(arch("arm64_mac"), None);
     }
 
     #[test]

@@ -92,6 +92,28 @@ impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
         self.lock().remove(key);
     }
 
+    /// Gives `key` a full `ttl` again if its entry is live, and says whether it was. An expired
+    /// entry is left alone (unlike [`TtlCache::get`], which drops it), so that
+    /// [`TtlCache::expired_keys`] still finds it.
+    pub fn refresh(&self, key: &K) -> bool {
+        let now = self.clock.now();
+        match self.lock().get_mut(key) {
+            Some((_, expires)) if *expires > now => {
+                *expires = now + self.ttl;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The keys whose entries have expired but are still held (none that [`TtlCache::get`],
+    /// [`TtlCache::contains`] or [`TtlCache::keys`] already dropped). They stay until removed or
+    /// inserted again.
+    pub fn expired_keys(&self) -> Vec<K> {
+        let now = self.clock.now();
+        self.lock().iter().filter(|(_, (_, expires))| *expires <= now).map(|(k, _)| k.clone()).collect()
+    }
+
     /// The live keys.
     pub fn keys(&self) -> Vec<K> {
         let now = self.clock.now();
@@ -124,5 +146,28 @@ mod tests {
         cache.insert("b", 2);
         cache.remove(&"b");
         assert!(!cache.contains(&"b"));
+    }
+
+    #[test]
+    fn refreshed_entries_live_on_and_expired_ones_wait_to_be_collected() {
+        let clock = ManualClock::default();
+        let cache = TtlCache::new(Duration::from_secs(60), Arc::new(clock.clone()));
+        cache.insert("used", ());
+        cache.insert("unused", ());
+        assert!(!cache.refresh(&"absent"));
+        clock.advance(Duration::from_secs(50));
+        assert!(cache.refresh(&"used"));
+        assert!(cache.expired_keys().is_empty());
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(cache.expired_keys(), vec!["unused"]);
+        // An expired entry is not refreshed, and stays until removed.
+        assert!(!cache.refresh(&"unused"));
+        assert_eq!(cache.expired_keys(), vec!["unused"]);
+        cache.remove(&"unused");
+        assert!(cache.expired_keys().is_empty());
+        clock.advance(Duration::from_secs(49));
+        assert!(cache.contains(&"used"));
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(cache.expired_keys(), vec!["used"]);
     }
 }

@@ -27,6 +27,13 @@ pub fn is_insufficient_capacity(code: &str) -> bool {
     INSUFFICIENT_CAPACITY_CODES.contains(&code)
 }
 
+/// Whether an EC2 error code says a launch template (or the version asked for) does not exist:
+/// `InvalidLaunchTemplateName.NotFoundException`, `InvalidLaunchTemplateId.NotFound`,
+/// `InvalidLaunchTemplateId.VersionNotFound`, ...
+pub fn is_launch_template_not_found(code: &str) -> bool {
+    code.starts_with("InvalidLaunchTemplate") && code.contains("NotFound")
+}
+
 /// One (instance type, zone, subnet) the fleet may launch, at a price.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Override {
@@ -256,6 +263,22 @@ mod tests {
         let amis = [standard, nvidia];
         assert_eq!(select_ami(&amis, &it("m5.large", &[])).map(|a| a.id.as_str()), Some("ami-std"));
         assert_eq!(select_ami(&amis, &it("g4dn.xlarge", &[])).map(|a| a.id.as_str()), Some("ami-gpu"));
+    }
+
+    #[test]
+    fn missing_launch_templates() {
+        for code in [
+            "InvalidLaunchTemplateName.NotFoundException",
+            "InvalidLaunchTemplateId.NotFound",
+            "InvalidLaunchTemplateId.VersionNotFound",
+        ] {
+            assert!(is_launch_template_not_found(code), "{code}");
+        }
+        for code in
+            ["InvalidLaunchTemplateId.Malformed", "InvalidSubnetID.NotFound", "InvalidAMIID.NotFound", ""]
+        {
+            assert!(!is_launch_template_not_found(code), "{code}");
+        }
     }
 
     #[test]

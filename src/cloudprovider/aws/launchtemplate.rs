@@ -1,8 +1,10 @@
 //! Launch templates: their content is decided purely ([`LaunchTemplate`]), named by a hash of
-//! it, and created in EC2 only when no template of that name exists yet.
+//! it, created in EC2 only when no template of that name exists yet, and deleted once no launch
+//! used them for [`LAUNCH_TEMPLATE_TTL`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_sdk_ec2::Client as Ec2Client;
@@ -150,17 +152,16 @@ fn is_not_found<E: aws_sdk_ec2::error::ProvideErrorMetadata>(e: &E) -> bool {
     e.code().is_some_and(|c| c.contains("NotFound"))
 }
 
-/// Deletes the launch templates Karpenter created for the class `class` of `cluster` (found by
-/// their cluster and class tags) and returns their names. Templates that are already gone are
-/// skipped.
-pub async fn delete_for_class(ec2: &Ec2Client, cluster: &str, class: &str) -> Result<Vec<String>> {
+/// The names of the launch templates tagged `tags` (all of them).
+async fn names_tagged(ec2: &Ec2Client, tags: &[(&str, &str)]) -> Result<Vec<String>> {
     let mut names = Vec::new();
     let mut token: Option<String> = None;
     loop {
+        let filters =
+            tags.iter().map(|(k, v)| ec2::Filter::builder().name(format!("tag:{k}")).values(*v).build());
         let out = ec2
             .describe_launch_templates()
-            .filters(ec2::Filter::builder().name(format!("tag:{CLUSTER_TAG}")).values(cluster).build())
-            .filters(ec2::Filter::builder().name(format!("tag:{LABEL_EC2NODECLASS}")).values(class).build())
+            .set_filters(Some(filters.collect()))
             .set_next_token(token.take())
             .send()
             .await
@@ -173,34 +174,67 @@ pub async fn delete_for_class(ec2: &Ec2Client, cluster: &str, class: &str) -> Re
             _ => break,
         }
     }
+    Ok(names)
+}
+
+/// Deletes the launch template `name`; `Ok(false)` when it was already gone.
+async fn delete(ec2: &Ec2Client, name: &str) -> Result<bool> {
+    match ec2.delete_launch_template().launch_template_name(name).send().await {
+        Ok(_) => Ok(true),
+        Err(e) if e.as_service_error().is_some_and(is_not_found) => Ok(false),
+        Err(e) => Err(sdk_error("DeleteLaunchTemplate", e)),
+    }
+}
+
+/// Deletes the launch templates Karpenter created for the class `class` of `cluster` (found by
+/// their cluster and class tags) and returns their names. Templates that are already gone are
+/// skipped.
+pub async fn delete_for_class(ec2: &Ec2Client, cluster: &str, class: &str) -> Result<Vec<String>> {
     let mut deleted = Vec::new();
-    for name in names {
-        match ec2.delete_launch_template().launch_template_name(&name).send().await {
-            Ok(_) => deleted.push(name),
-            Err(e) if e.as_service_error().is_some_and(is_not_found) => {}
-            Err(e) => return Err(sdk_error("DeleteLaunchTemplate", e)),
+    for name in names_tagged(ec2, &[(CLUSTER_TAG, cluster), (LABEL_EC2NODECLASS, class)]).await? {
+        if delete(ec2, &name).await? {
+            deleted.push(name);
         }
     }
     Ok(deleted)
 }
 
-/// Creates launch templates on demand and remembers which exist.
+/// How long a launch template may go unused before Karpenter deletes it.
+pub const LAUNCH_TEMPLATE_TTL: Duration = Duration::from_secs(3600);
+
+/// Creates launch templates on demand, remembers which exist, and deletes those that went
+/// unused for [`LAUNCH_TEMPLATE_TTL`] (see [`LaunchTemplates::delete_expired`]).
 #[derive(Debug)]
 pub struct LaunchTemplates {
     ec2: Ec2Client,
+    cluster: String,
+    /// The templates known to exist; an entry's life restarts whenever a launch uses it.
     known: TtlCache<String, ()>,
+    /// Held for reading while a template is ensured and for writing while expired ones are
+    /// deleted, so that no launch is handed a template that is being deleted.
+    deleting: tokio::sync::RwLock<()>,
+    /// Whether the templates an earlier run created have been taken in.
+    hydrated: AtomicBool,
 }
 
 impl LaunchTemplates {
-    /// A provider that re-checks a template's existence after an hour.
-    pub fn new(ec2: Ec2Client, clock: Arc<dyn Clock>) -> Self {
-        LaunchTemplates { ec2, known: TtlCache::new(Duration::from_secs(3600), clock) }
+    /// The launch templates of `cluster`, whose use `clock` times.
+    pub fn new(ec2: Ec2Client, cluster: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
+        LaunchTemplates {
+            ec2,
+            cluster: cluster.into(),
+            known: TtlCache::new(LAUNCH_TEMPLATE_TTL, clock),
+            deleting: tokio::sync::RwLock::new(()),
+            hydrated: AtomicBool::new(false),
+        }
     }
 
-    /// Makes sure the template exists and returns its name.
+    /// Makes sure the template exists and returns its name. Using a template keeps it from
+    /// being deleted for another [`LAUNCH_TEMPLATE_TTL`].
     pub async fn ensure(&self, lt: &LaunchTemplate) -> Result<String> {
+        let _using = self.deleting.read().await;
         let name = lt.name();
-        if self.known.contains(&name) {
+        if self.known.refresh(&name) {
             return Ok(name);
         }
         match self.ec2.describe_launch_templates().launch_template_names(&name).send().await {
@@ -243,6 +277,43 @@ impl LaunchTemplates {
     /// Forgets that `name` exists (after EC2 said it does not).
     pub fn invalidate(&self, name: &str) {
         self.known.remove(&name.to_string());
+    }
+
+    /// Deletes the templates no launch used for [`LAUNCH_TEMPLATE_TTL`] and returns their names;
+    /// call it periodically. The first call also takes in the templates of the cluster that an
+    /// earlier run created (found by their cluster tag), which are then deleted once they went
+    /// unused for the TTL from that call on. A template whose deletion fails is kept and tried
+    /// again by the next call; the first such failure is returned after the others were tried.
+    pub async fn delete_expired(&self) -> Result<Vec<String>> {
+        let _deleting = self.deleting.write().await;
+        if !self.hydrated.load(Ordering::Acquire) {
+            let names = names_tagged(&self.ec2, &[(CLUSTER_TAG, &self.cluster)]).await?;
+            for name in names {
+                self.known.insert(name, ());
+            }
+            self.hydrated.store(true, Ordering::Release);
+        }
+        let mut deleted = Vec::new();
+        let mut failed = None;
+        for name in self.known.expired_keys() {
+            match delete(&self.ec2, &name).await {
+                Ok(existed) => {
+                    self.known.remove(&name);
+                    if existed {
+                        tracing::info!(launch_template = %name, "deleted an unused launch template");
+                        deleted.push(name);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(launch_template = %name, error = %e, "failed to delete an unused launch template");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(deleted),
+        }
     }
 }
 

@@ -7,6 +7,8 @@ use aws_sdk_ec2::Client as Ec2Client;
 use aws_sdk_ec2::types::Filter;
 use aws_sdk_iam::Client as IamClient;
 use aws_sdk_ssm::Client as SsmClient;
+use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
 use super::amifamily::{self, alias_queries, arch_requirements, parse_alias};
@@ -151,6 +153,14 @@ pub struct Image {
     pub deprecated: bool,
 }
 
+/// Whether an image whose deprecation time is `deprecation_time` (RFC 3339) is deprecated at
+/// `now`: it is from that time on. Images without one (or with one that does not parse) are not.
+pub fn is_deprecated(deprecation_time: Option<&str>, now: Timestamp) -> bool {
+    deprecation_time
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .is_some_and(|t| t.as_second() <= now.as_second())
+}
+
 async fn describe_images(
     ec2: &Ec2Client,
     ids: Vec<String>,
@@ -168,7 +178,7 @@ async fn describe_images(
         req = req.set_filters(Some(filters));
     }
     let out = req.send().await.map_err(|e| sdk_error("DescribeImages", e))?;
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let now = Timestamp::now();
     Ok(out
         .images()
         .iter()
@@ -178,14 +188,15 @@ async fn describe_images(
                 name: i.name().map(str::to_string),
                 architecture: i.architecture().map(|a| a.as_str().to_string()).unwrap_or_default(),
                 creation_date: i.creation_date().unwrap_or_default().to_string(),
-                deprecated: i.deprecation_time().is_some_and(|t| t <= now.as_str()),
+                deprecated: is_deprecated(i.deprecation_time(), now),
             })
         })
         .collect())
 }
 
-/// The AMIs the terms select, newest first, with the requirements of the instance types each
-/// can boot. `k8s_version` (`1.34`) picks the alias's SSM parameters.
+/// The AMIs the terms select: for each set of requirements (architecture, GPU or accelerator
+/// variant) only the image [`newest_amis`] prefers, newest first. `k8s_version` (`1.34`) picks
+/// the alias's SSM parameters.
 pub async fn resolve_amis(
     ec2: &Ec2Client,
     ssm: &SsmClient,
@@ -256,9 +267,11 @@ pub async fn resolve_amis(
             owners = vec!["self".to_string(), "amazon".to_string()];
         }
         for image in describe_images(ec2, ids, owners, filters).await? {
+            // Images of other architectures (i386, Mac) boot none of the instance types.
+            let Some(requirements) = arch_requirements(&image.architecture) else { continue };
             out.push((
                 AmiStatus {
-                    requirements: arch_requirements(&image.architecture),
+                    requirements,
                     id: image.id,
                     name: image.name,
                     deprecated: image.deprecated.then_some(true),
@@ -267,29 +280,57 @@ pub async fn resolve_amis(
             ));
         }
     }
-    Ok(sort_amis(out))
+    Ok(newest_amis(out))
 }
 
-/// Orders AMIs newest first (non-deprecated before deprecated), keeping the first occurrence of
-/// each `(id, requirements)`.
-pub fn sort_amis(mut amis: Vec<(AmiStatus, String)>) -> Vec<AmiStatus> {
-    amis.sort_by(|(a, ad), (b, bd)| {
-        a.deprecated
-            .unwrap_or(false)
-            .cmp(&b.deprecated.unwrap_or(false))
-            .then(bd.cmp(ad))
-            .then(a.id.cmp(&b.id))
-    });
-    let mut seen = Vec::new();
-    let mut out = Vec::new();
-    for (ami, _) in amis {
-        let key = (ami.id.clone(), format!("{:?}", ami.requirements));
-        if !seen.contains(&key) {
-            seen.push(key);
-            out.push(ami);
+/// A set of requirements in a comparable form: `(key, operator, values)`.
+type RequirementsKey = Vec<(String, String, Vec<String>)>;
+
+/// The requirements as a set: each requirement with its values sorted, in a fixed order.
+fn requirements_key(requirements: &[NodeSelectorRequirement]) -> RequirementsKey {
+    let mut key: RequirementsKey = requirements
+        .iter()
+        .map(|r| {
+            let mut values = r.values.clone().unwrap_or_default();
+            values.sort();
+            values.dedup();
+            (r.key.clone(), r.operator.clone(), values)
+        })
+        .collect();
+    key.sort();
+    key.dedup();
+    key
+}
+
+/// Seconds since the epoch of an RFC 3339 creation date; images without a (valid) one sort as
+/// the oldest.
+fn created_at(creation_date: &str) -> i64 {
+    creation_date.parse::<Timestamp>().map(|t| t.as_second()).unwrap_or(i64::MIN)
+}
+
+/// Keeps, of the AMIs `(status, creation date)` the terms matched, one per distinct set of
+/// requirements, as upstream Karpenter does: a non-deprecated image over a deprecated one (so a
+/// deprecated image is only used when nothing else serves those requirements), then the newest
+/// by creation date (to the second), then the greatest name. The result is ordered newest first,
+/// ties by id.
+pub fn newest_amis(amis: Vec<(AmiStatus, String)>) -> Vec<AmiStatus> {
+    let rank = |ami: &AmiStatus, created: i64| {
+        (!ami.deprecated.unwrap_or(false), created, ami.name.clone().unwrap_or_default())
+    };
+    let mut best: BTreeMap<RequirementsKey, (AmiStatus, i64)> = BTreeMap::new();
+    for (ami, creation_date) in amis {
+        let created = created_at(&creation_date);
+        let key = requirements_key(&ami.requirements);
+        match best.get(&key) {
+            Some((kept, kept_created)) if rank(&ami, created) <= rank(kept, *kept_created) => {}
+            _ => {
+                best.insert(key, (ami, created));
+            }
         }
     }
-    out
+    let mut out: Vec<(AmiStatus, i64)> = best.into_values().collect();
+    out.sort_by(|(a, a_created), (b, b_created)| b_created.cmp(a_created).then(a.id.cmp(&b.id)));
+    out.into_iter().map(|(ami, _)| ami).collect()
 }
 
 /// The name of the instance profile Karpenter manages for a class using `role`.
@@ -559,20 +600,96 @@ mod tests {
         assert_ne!(a, instance_profile_name("demo", "us-west-2", "other"));
     }
 
-    #[test]
-    fn amis_sort_newest_first() {
-        let ami = |id: &str, dep: bool| AmiStatus {
+    fn image(id: &str, name: &str, arch: &str, deprecated: bool, created: &str) -> (AmiStatus, String) {
+        let ami = AmiStatus {
             id: id.into(),
-            deprecated: dep.then_some(true),
-            ..Default::default()
+            name: Some(name.into()),
+            requirements: arch_requirements(arch).unwrap(),
+            deprecated: deprecated.then_some(true),
         };
-        let got = sort_amis(vec![
-            (ami("old", false), "2024".into()),
-            (ami("new", false), "2025".into()),
-            (ami("dep", true), "2026".into()),
-            (ami("new", false), "2025".into()),
+        (ami, created.into())
+    }
+
+    fn ids(amis: &[AmiStatus]) -> Vec<&str> {
+        amis.iter().map(|a| a.id.as_str()).collect()
+    }
+
+    #[test]
+    fn only_the_newest_image_of_each_architecture_is_kept() {
+        let got = newest_amis(vec![
+            image("ami-old", "node-1", "x86_64", false, "2025-10-15T04:21:37.000Z"),
+            image("ami-new", "node-2", "x86_64", false, "2025-11-01T03:47:12.000Z"),
+            image("ami-arm-old", "node-1", "arm64", false, "2025-10-15T04:21:37.000Z"),
+            image("ami-arm", "node-2", "arm64", false, "2025-10-20T00:00:00.000Z"),
+            image("ami-new", "node-2", "x86_64", false, "2025-11-01T03:47:12.000Z"),
         ]);
-        assert_eq!(got.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), vec!["new", "old", "dep"]);
+        assert_eq!(ids(&got), vec!["ami-new", "ami-arm"]);
+    }
+
+    #[test]
+    fn deprecated_images_only_when_nothing_else_serves_their_requirements() {
+        let got = newest_amis(vec![
+            image("ami-dep", "node-3", "x86_64", true, "2026-01-01T00:00:00Z"),
+            image("ami-live", "node-1", "x86_64", false, "2025-01-01T00:00:00Z"),
+            image("ami-arm-dep-old", "node-1", "arm64", true, "2025-01-01T00:00:00Z"),
+            image("ami-arm-dep", "node-2", "arm64", true, "2025-06-01T00:00:00Z"),
+        ]);
+        assert_eq!(ids(&got), vec!["ami-arm-dep", "ami-live"]);
+        assert_eq!(got[0].deprecated, Some(true));
+    }
+
+    #[test]
+    fn same_creation_time_prefers_the_greatest_name() {
+        // Dates equal to the second tie, whatever their fraction.
+        let got = newest_amis(vec![
+            image("ami-b", "node-b", "x86_64", false, "2025-11-01T03:47:12.000Z"),
+            image("ami-c", "node-c", "x86_64", false, "2025-11-01T03:47:12.900Z"),
+            image("ami-a", "node-a", "x86_64", false, "2025-11-01T03:47:12.000Z"),
+        ]);
+        assert_eq!(ids(&got), vec!["ami-c"]);
+        // Images without a creation date lose to dated ones.
+        let got = newest_amis(vec![
+            image("ami-undated", "z", "x86_64", false, ""),
+            image("ami-dated", "a", "x86_64", false, "2020-01-01T00:00:00Z"),
+        ]);
+        assert_eq!(ids(&got), vec!["ami-dated"]);
+    }
+
+    #[test]
+    fn requirements_compare_as_sets() {
+        let req = |key: &str, op: &str, values: &[&str]| NodeSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        };
+        let with = |id: &str, reqs: Vec<NodeSelectorRequirement>, created: &str| {
+            (AmiStatus { id: id.into(), requirements: reqs, ..Default::default() }, created.to_string())
+        };
+        let gpu = "karpenter.k8s.aws/instance-gpu-count";
+        let got = newest_amis(vec![
+            with(
+                "ami-1",
+                vec![req("kubernetes.io/arch", "In", &["amd64"]), req(gpu, "Exists", &[])],
+                "2025-01-01T00:00:00Z",
+            ),
+            with(
+                "ami-2",
+                vec![req(gpu, "Exists", &[]), req("kubernetes.io/arch", "In", &["amd64"])],
+                "2025-02-01T00:00:00Z",
+            ),
+            with("ami-3", vec![req("kubernetes.io/arch", "In", &["amd64"])], "2024-01-01T00:00:00Z"),
+        ]);
+        assert_eq!(ids(&got), vec!["ami-2", "ami-3"]);
+    }
+
+    #[test]
+    fn deprecation_starts_at_the_deprecation_time() {
+        let now: Timestamp = "2026-03-01T12:00:00Z".parse().unwrap();
+        assert!(!is_deprecated(None, now));
+        assert!(!is_deprecated(Some("2026-03-01T12:00:01.000Z"), now));
+        assert!(is_deprecated(Some("2026-03-01T12:00:00.000Z"), now));
+        assert!(is_deprecated(Some("2024-01-01T00:00:00Z"), now));
+        assert!(!is_deprecated(Some("not a time"), now));
     }
 
     #[test]

@@ -261,7 +261,7 @@ impl AwsCloudProvider {
         let cluster = cluster_info(&clients.eks, &options).await?;
         Ok(AwsCloudProvider {
             catalog: Catalog::new(clients.ec2.clone(), options.catalog_refresh, clock.clone()),
-            launch_templates: LaunchTemplates::new(clients.ec2.clone(), clock.clone()),
+            launch_templates: LaunchTemplates::new(clients.ec2.clone(), &options.cluster_name, clock.clone()),
             unavailable: TtlCache::new(UNAVAILABLE_OFFERING_TTL, clock),
             pricing: Pricing::default(),
             node_classes: NodeClassStore::default(),
@@ -333,6 +333,14 @@ impl AwsCloudProvider {
             self.launch_templates.invalidate(name);
         }
         Ok(deleted)
+    }
+
+    /// Deletes the launch templates no launch used for
+    /// [`LAUNCH_TEMPLATE_TTL`](launchtemplate::LAUNCH_TEMPLATE_TTL) and returns their names. Call
+    /// it periodically (from the leader); the first call also takes in the templates an earlier
+    /// run left, to be deleted once they stay unused for the TTL.
+    pub async fn delete_unused_launch_templates(&self) -> Result<Vec<String>> {
+        self.launch_templates.delete_expired().await
     }
 
     /// Deletes the instance profile Karpenter manages for `class` (only for a class that names a
@@ -567,19 +575,16 @@ impl AwsCloudProvider {
             .create_fleet()
             .r#type(ec2::FleetType::Instant)
             .target_capacity_specification(target)
-            .set_launch_template_configs(Some(configs))
-            .tag_specifications(
+            .set_launch_template_configs(Some(configs));
+        // The instance, its volumes and the fleet itself carry the same tags.
+        for resource in [ec2::ResourceType::Instance, ec2::ResourceType::Volume, ec2::ResourceType::Fleet] {
+            request = request.tag_specifications(
                 ec2::TagSpecification::builder()
-                    .resource_type(ec2::ResourceType::Instance)
-                    .set_tags(Some(ec2_tags(&tags)))
-                    .build(),
-            )
-            .tag_specifications(
-                ec2::TagSpecification::builder()
-                    .resource_type(ec2::ResourceType::Volume)
+                    .resource_type(resource)
                     .set_tags(Some(ec2_tags(&tags)))
                     .build(),
             );
+        }
         request = if capacity_type == CAPACITY_TYPE_SPOT {
             request.spot_options(
                 ec2::SpotOptionsRequest::builder()
@@ -597,7 +602,7 @@ impl AwsCloudProvider {
         // after EC2 acted), a blind retry could launch a second instance. The error goes back to
         // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
         // claim (above) and adopts it.
-        let out = request
+        let sent = request
             .customize()
             .config_override(
                 aws_sdk_ec2::config::Builder::default()
@@ -605,7 +610,22 @@ impl AwsCloudProvider {
             )
             .send()
             .await
-            .map_err(|e| sdk_error("CreateFleet", e))?;
+            .map_err(|e| sdk_error("CreateFleet", e));
+        let out = match sent {
+            Ok(out) => out,
+            Err(e) => {
+                // A template the cache vouched for is gone (deleted behind Karpenter's back): forget
+                // the request's templates so that the lifecycle's next attempt creates them again.
+                // EC2 rejected the whole request, so nothing was launched.
+                if e.api_code().is_some_and(fleet::is_launch_template_not_found) {
+                    for (lt, _) in &groups {
+                        tracing::info!(launch_template = %lt.name(), node_claim = %claim_name, "launch template not found; it will be created again");
+                        self.launch_templates.invalidate(&lt.name());
+                    }
+                }
+                return Err(e);
+            }
+        };
 
         let zone_of_subnet: BTreeMap<&str, &str> =
             status.subnets.iter().map(|s| (s.id.as_str(), s.zone.as_str())).collect();
