@@ -226,6 +226,9 @@ mod tests {
         assert!(arm.contains(&"c6g.xlarge") && arm.contains(&"m7g.large"), "{arm:?}");
         let g4dn = types.iter().find(|t| t.name == "g4dn.xlarge").unwrap();
         assert_eq!(g4dn.capacity.get(RESOURCE_NVIDIA_GPU), 1);
+        let find = |name: &str| types.iter().find(|t| t.name == name).unwrap();
+        // arm64: 8192Mi less the 64Mi CMA reservation, less 7.5% of the rest.
+        assert_eq!(format_quantity(MEMORY, find("c6g.xlarge").capacity.memory), "7518Mi");
         let pricing = Pricing::default();
         assert!(types.iter().all(|t| pricing.on_demand_price(&t.name).is_some()));
         assert_eq!(instance_types().unwrap(), types, "deterministic");

@@ -22,6 +22,9 @@ pub const DEFAULT_VM_MEMORY_OVERHEAD_PERCENT: f64 = 0.075;
 pub const DEFAULT_EPHEMERAL_STORAGE: i64 = 20 << 30;
 /// Pods per node when the ENI limit is unknown.
 pub const DEFAULT_MAX_PODS: i64 = 110;
+/// Memory Graviton (arm64) instances set aside for the contiguous memory allocator, which the
+/// node never gets.
+pub const ARM64_CMA_RESERVED_MIB: i64 = 64;
 
 const MI: i64 = 1 << 20;
 const GI: i64 = 1 << 30;
@@ -240,10 +243,16 @@ impl<'a> Settings<'a> {
     }
 }
 
-/// Memory the node sees: the type's memory minus the hypervisor's share (rounded up to MiB).
+/// Memory the node sees: the type's memory, less the CMA reservation on arm64 (when arm64 is
+/// the first architecture EC2 lists), less the hypervisor's share of what remains (rounded up
+/// to MiB).
 pub fn memory(info: &TypeInfo, overhead_percent: f64) -> i64 {
-    let overhead_mib = (info.memory_mib as f64 * overhead_percent).ceil() as i64;
-    (info.memory_mib - overhead_mib) * MI
+    let mut mib = info.memory_mib;
+    if info.architectures.first().is_some_and(|a| a == "arm64") {
+        mib -= ARM64_CMA_RESERVED_MIB;
+    }
+    let overhead_mib = (mib as f64 * overhead_percent).ceil() as i64;
+    (mib - overhead_mib) * MI
 }
 
 /// Pods per node limited by the ENIs and their IPv4 addresses (VPC CNI without prefix
@@ -641,7 +650,8 @@ pub(crate) mod tests {
     /// (type, capacity, kube-reserved cpu, kube-reserved memory, allocatable memory)
     #[rstest::rstest]
     #[case(m5_large(), "2", "7577Mi", 29, "70m", "574Mi", "6903Mi")]
-    #[case(c6g_xlarge(), "4", "7577Mi", 58, "80m", "893Mi", "6584Mi")]
+    // arm64: 8192Mi less the 64Mi CMA reservation, less 7.5% of the remaining 8128Mi (610Mi).
+    #[case(c6g_xlarge(), "4", "7518Mi", 58, "80m", "893Mi", "6525Mi")]
     #[case(g4dn_xlarge(), "4", "15155Mi", 29, "80m", "574Mi", "14481Mi")]
     #[case(t3_medium(), "2", "3788Mi", 17, "70m", "442Mi", "3246Mi")]
     fn capacity_and_overhead(
@@ -767,6 +777,17 @@ pub(crate) mod tests {
         assert_eq!(pods(&m5_large(), &reserved), 20);
         let raid = Settings { instance_store_raid0: true, ..default_settings() };
         assert_eq!(ephemeral_storage(&g4dn_xlarge(), &raid), 125_000_000_000);
+    }
+
+    #[test]
+    fn arm64_memory_excludes_the_cma_reservation() {
+        let pct = DEFAULT_VM_MEMORY_OVERHEAD_PERCENT;
+        assert_eq!(memory(&c6g_xlarge(), pct), (8128 - 610) * MI);
+        // Only when arm64 is the architecture EC2 lists first, as upstream checks it.
+        let x86_first = TypeInfo { architectures: vec!["x86_64".into(), "arm64".into()], ..c6g_xlarge() };
+        assert_eq!(memory(&x86_first, pct), (8192 - 615) * MI);
+        let labels = requirements(&c6g_xlarge(), "us-west-2").single_valued_labels();
+        assert_eq!(labels[LABEL_INSTANCE_MEMORY], "8192", "the label keeps EC2's figure");
     }
 
     #[test]
