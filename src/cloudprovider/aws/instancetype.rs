@@ -363,22 +363,20 @@ fn apply_overrides(
 }
 
 /// Memory and storage kept free for kubelet's eviction: 100Mi and 10% of the ephemeral storage,
-/// unless `evictionHard` / `evictionSoft` set a threshold (the larger of the two then wins).
+/// unless `evictionHard` sets a threshold. Soft thresholds (`evictionSoft`) only start graceful
+/// evictions and take nothing from allocatable, so they never count, whatever the AMI family.
 pub fn eviction_threshold(
     capacity: &Resources,
     kubelet: Option<&KubeletConfiguration>,
 ) -> Result<Resources, QuantityError> {
     let mut memory: Option<i64> = None;
     let mut storage: Option<i64> = None;
-    let signals = kubelet.into_iter().flat_map(|k| [k.eviction_hard.as_ref(), k.eviction_soft.as_ref()]);
-    for map in signals.flatten() {
-        if let Some(v) = map.get("memory.available") {
-            let t = threshold(v, capacity.memory, MEMORY)?;
-            memory = Some(memory.map_or(t, |m| m.max(t)));
+    if let Some(hard) = kubelet.and_then(|k| k.eviction_hard.as_ref()) {
+        if let Some(v) = hard.get("memory.available") {
+            memory = Some(threshold(v, capacity.memory, MEMORY)?);
         }
-        if let Some(v) = map.get("nodefs.available") {
-            let t = threshold(v, capacity.ephemeral_storage, EPHEMERAL_STORAGE)?;
-            storage = Some(storage.map_or(t, |s| s.max(t)));
+        if let Some(v) = hard.get("nodefs.available") {
+            storage = Some(threshold(v, capacity.ephemeral_storage, EPHEMERAL_STORAGE)?);
         }
     }
     Ok(Resources::from_pairs([
@@ -390,12 +388,16 @@ pub fn eviction_threshold(
     ]))
 }
 
-/// A threshold written as a percentage of `total` or as a quantity.
+/// A threshold written as a percentage of `total` or as a quantity. `100%` disables a threshold
+/// in kubelet, so it reserves nothing.
 fn threshold(value: &str, total: i64, resource: &str) -> Result<i64, QuantityError> {
     let err = || QuantityError { resource: resource.to_string(), quantity: value.to_string() };
     match value.strip_suffix('%') {
         Some(pct) => {
-            let pct: f64 = pct.parse().map_err(|_| err())?;
+            let mut pct: f64 = pct.parse().map_err(|_| err())?;
+            if pct == 100.0 {
+                pct = 0.0;
+            }
             Ok((total as f64 * pct / 100.0).ceil() as i64)
         }
         None => parse_quantity(value, 1).ok_or_else(err),
@@ -767,8 +769,8 @@ pub(crate) mod tests {
         assert_eq!(it.overhead.kube_reserved.cpu, 200);
         assert_eq!(it.overhead.kube_reserved.memory, (11 * 20 + 255) * MI);
         assert_eq!(it.overhead.system_reserved.memory, GI);
-        // max(5% of 7577Mi, 500Mi)
-        assert_eq!(it.overhead.eviction_threshold.memory, 500 * MI);
+        // 5% of 7577Mi; the larger evictionSoft threshold does not count.
+        assert_eq!(it.overhead.eviction_threshold.memory, (7577.0 * MI as f64 * 0.05).ceil() as i64);
         assert_eq!(it.overhead.eviction_threshold.ephemeral_storage, GI);
 
         let bottlerocket = Settings { ami_family: AmiFamily::Bottlerocket, ..settings };
@@ -788,6 +790,48 @@ pub(crate) mod tests {
         assert_eq!(memory(&x86_first, pct), (8192 - 615) * MI);
         let labels = requirements(&c6g_xlarge(), "us-west-2").single_valued_labels();
         assert_eq!(labels[LABEL_INSTANCE_MEMORY], "8192", "the label keeps EC2's figure");
+    }
+
+    #[rstest::rstest]
+    #[case(AmiFamily::AL2023)]
+    #[case(AmiFamily::AL2)]
+    #[case(AmiFamily::Bottlerocket)]
+    fn only_hard_eviction_thresholds_count(#[case] family: AmiFamily) {
+        let soft_only = KubeletConfiguration {
+            eviction_soft: Some(BTreeMap::from([
+                ("memory.available".into(), "1Gi".into()),
+                ("nodefs.available".into(), "50%".into()),
+            ])),
+            eviction_soft_grace_period: Some(BTreeMap::from([
+                ("memory.available".into(), "1m".into()),
+                ("nodefs.available".into(), "1m".into()),
+            ])),
+            ..Default::default()
+        };
+        let settings = Settings { kubelet: Some(&soft_only), ami_family: family, ..default_settings() };
+        let it = instance_type(&m5_large(), &settings, vec![]).unwrap();
+        assert_eq!(it.overhead.eviction_threshold.memory, 100 * MI, "the default, not evictionSoft");
+        assert_eq!(it.overhead.eviction_threshold.ephemeral_storage, 2 * GI);
+
+        let hard_below_soft = KubeletConfiguration {
+            eviction_hard: Some(BTreeMap::from([("memory.available".into(), "500Mi".into())])),
+            ..soft_only.clone()
+        };
+        let settings = Settings { kubelet: Some(&hard_below_soft), ..settings };
+        let it = instance_type(&m5_large(), &settings, vec![]).unwrap();
+        assert_eq!(it.overhead.eviction_threshold.memory, 500 * MI);
+    }
+
+    #[test]
+    fn a_hard_threshold_of_100_percent_reserves_nothing() {
+        let kubelet = KubeletConfiguration {
+            eviction_hard: Some(BTreeMap::from([("memory.available".into(), "100%".into())])),
+            ..Default::default()
+        };
+        let it =
+            instance_type(&m5_large(), &Settings { kubelet: Some(&kubelet), ..default_settings() }, vec![])
+                .unwrap();
+        assert_eq!(it.overhead.eviction_threshold.memory, 0);
     }
 
     #[test]
