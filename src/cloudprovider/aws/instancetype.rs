@@ -74,8 +74,12 @@ pub struct TypeInfo {
     pub cpu_manufacturer: Option<String>,
     /// Sustained clock speed in GHz.
     pub sustained_clock_ghz: Option<f64>,
-    /// Maximum network interfaces.
+    /// Maximum network interfaces of the whole instance, over all network cards.
     pub max_enis: i64,
+    /// Maximum network interfaces of the default network card, the only card the VPC CNI uses.
+    /// `None` when EC2 does not say; the embedded catalog also leaves it out when it equals
+    /// `max_enis`. Either way `max_enis` stands in (see [`TypeInfo::pod_enis`]).
+    pub default_card_max_enis: Option<i64>,
     /// IPv4 addresses per interface.
     pub ipv4_per_eni: i64,
     /// Whether traffic between instances is encrypted.
@@ -155,6 +159,10 @@ impl TypeInfo {
             cpu_manufacturer: processor.and_then(|p| p.manufacturer()).map(str::to_string),
             sustained_clock_ghz: processor.and_then(|p| p.sustained_clock_speed_in_ghz()),
             max_enis: i64::from(network.and_then(|n| n.maximum_network_interfaces()).unwrap_or(0)),
+            default_card_max_enis: network
+                .and_then(default_network_card)
+                .and_then(|c| c.maximum_network_interfaces())
+                .map(i64::from),
             ipv4_per_eni: i64::from(network.and_then(|n| n.ipv4_addresses_per_interface()).unwrap_or(0)),
             encryption_in_transit: network.and_then(|n| n.encryption_in_transit_supported()).unwrap_or(false),
             gpus,
@@ -176,6 +184,12 @@ impl TypeInfo {
         })
     }
 
+    /// Network interfaces pods can get addresses from: those of the default network card, else
+    /// (card unknown) those of the instance.
+    pub fn pod_enis(&self) -> i64 {
+        self.default_card_max_enis.unwrap_or(self.max_enis)
+    }
+
     /// The Kubernetes architecture (`amd64`, `arm64`), if the type has a supported one.
     pub fn arch(&self) -> Option<&'static str> {
         if self.architectures.iter().any(|a| a == "x86_64") {
@@ -191,6 +205,17 @@ impl TypeInfo {
     pub fn family_and_size(&self) -> (&str, &str) {
         self.name.split_once('.').unwrap_or((&self.name, ""))
     }
+}
+
+/// The default network card of a type: the card with the default index, else (cards not
+/// numbered) the card at that position.
+fn default_network_card(network: &ec2::NetworkInfo) -> Option<&ec2::NetworkCardInfo> {
+    let index = network.default_network_card_index().unwrap_or(0);
+    let cards = network.network_cards();
+    cards
+        .iter()
+        .find(|c| c.network_card_index() == Some(index))
+        .or_else(|| usize::try_from(index).ok().and_then(|i| cards.get(i)))
 }
 
 /// Category (`m`, `inf`) and generation (`5`) of a family name (`m5`, `inf2`, `u-6tb1`).
@@ -255,14 +280,19 @@ pub fn memory(info: &TypeInfo, overhead_percent: f64) -> i64 {
     (mib - overhead_mib) * MI
 }
 
-/// Pods per node limited by the ENIs and their IPv4 addresses (VPC CNI without prefix
-/// delegation): `ENIs × (IPs per ENI − 1) + 2`.
+/// Pods per node limited by the ENIs of the default network card and their IPv4 addresses (VPC
+/// CNI without prefix delegation): `ENIs × (IPs per ENI − 1) + 2`, where ENIs excludes the
+/// reserved ones. No ENI left means no pod. `None` when the type's network limits are unknown.
 pub fn eni_limited_pods(info: &TypeInfo, reserved_enis: i64) -> Option<i64> {
-    if info.max_enis <= 0 || info.ipv4_per_eni <= 0 {
+    let enis = info.pod_enis();
+    if enis <= 0 || info.ipv4_per_eni <= 0 {
         return None;
     }
-    let enis = (info.max_enis - reserved_enis).max(0);
-    Some((enis * (info.ipv4_per_eni - 1) + 2).max(0))
+    let usable = (enis - reserved_enis).max(0);
+    if usable == 0 {
+        return Some(0);
+    }
+    Some(usable * (info.ipv4_per_eni - 1) + 2)
 }
 
 /// Pods per node: kubelet's `maxPods`, else the ENI limit, capped by `podsPerCore × vCPUs`
@@ -832,6 +862,71 @@ pub(crate) mod tests {
             instance_type(&m5_large(), &Settings { kubelet: Some(&kubelet), ..default_settings() }, vec![])
                 .unwrap();
         assert_eq!(it.overhead.eviction_threshold.memory, 0);
+    }
+
+    /// p4d.24xlarge: 4 network cards of 15 interfaces, 60 in all, 50 IPv4 addresses each.
+    fn p4d_24xlarge() -> TypeInfo {
+        TypeInfo {
+            name: "p4d.24xlarge".into(),
+            architectures: vec!["x86_64".into()],
+            vcpus: 96,
+            memory_mib: 1_179_648,
+            max_enis: 60,
+            default_card_max_enis: Some(15),
+            ipv4_per_eni: 50,
+            ..Default::default()
+        }
+    }
+
+    /// (type, reserved ENIs, pods)
+    #[rstest::rstest]
+    #[case::single_card_falls_back_to_the_total(m5_large(), 0, Some(29))]
+    #[case::single_card_with_a_reserved_eni(m5_large(), 1, Some(20))]
+    #[case::multi_card_uses_the_default_card(p4d_24xlarge(), 0, Some(15 * 49 + 2))]
+    #[case::multi_card_with_reserved_enis(p4d_24xlarge(), 2, Some(13 * 49 + 2))]
+    #[case::every_eni_reserved(p4d_24xlarge(), 15, Some(0))]
+    #[case::more_reserved_than_there_are(m5_large(), 5, Some(0))]
+    #[case::unknown_limits(TypeInfo { max_enis: 0, ..m5_large() }, 0, None)]
+    fn eni_limited_pod_density(#[case] info: TypeInfo, #[case] reserved: i64, #[case] want: Option<i64>) {
+        assert_eq!(eni_limited_pods(&info, reserved), want);
+    }
+
+    #[test]
+    fn no_usable_eni_means_no_pods_on_the_node() {
+        let settings = Settings { reserved_enis: 3, ..default_settings() };
+        assert_eq!(pods(&m5_large(), &settings), 0);
+        let it = instance_type(&p4d_24xlarge(), &default_settings(), vec![]).unwrap();
+        assert_eq!(it.capacity.pods, 737);
+    }
+
+    #[test]
+    fn from_sdk_reads_the_default_network_card() {
+        let card = |index: i32, enis: i32| {
+            ec2::NetworkCardInfo::builder().network_card_index(index).maximum_network_interfaces(enis).build()
+        };
+        let described = |default_index: i32, cards: Vec<ec2::NetworkCardInfo>| {
+            ec2::InstanceTypeInfo::builder()
+                .instance_type(ec2::InstanceType::Inf124xlarge)
+                .v_cpu_info(ec2::VCpuInfo::builder().default_v_cpus(96).build())
+                .memory_info(ec2::MemoryInfo::builder().size_in_mib(196_608).build())
+                .network_info(
+                    ec2::NetworkInfo::builder()
+                        .maximum_network_interfaces(20)
+                        .ipv4_addresses_per_interface(50)
+                        .default_network_card_index(default_index)
+                        .set_network_cards(Some(cards))
+                        .build(),
+                )
+                .build()
+        };
+        let info = TypeInfo::from_sdk(&described(0, vec![card(0, 8), card(1, 12)])).unwrap();
+        assert_eq!((info.max_enis, info.default_card_max_enis), (20, Some(8)));
+        // Found by its index even when EC2 lists the cards out of order.
+        let info = TypeInfo::from_sdk(&described(1, vec![card(1, 12), card(0, 8)])).unwrap();
+        assert_eq!(info.default_card_max_enis, Some(12));
+        let info = TypeInfo::from_sdk(&described(0, vec![])).unwrap();
+        assert_eq!(info.default_card_max_enis, None);
+        assert_eq!(eni_limited_pods(&info, 0), Some(20 * 49 + 2), "the total stands in");
     }
 
     #[test]
