@@ -81,7 +81,13 @@ def type_info(t):
     neuron = t.get("NeuronInfo", {}).get("NeuronDevices", [])
     if neuron:
         out["accelerators"] = [
-            {"name": d.get("Name", ""), "manufacturer": "AWS", "count": d.get("Count", 0)} for d in neuron
+            {
+                "name": d.get("Name", ""),
+                "manufacturer": "AWS",
+                "count": d.get("Count", 0),
+                "cores": d.get("CoreInfo", {}).get("Count", 0),
+            }
+            for d in neuron
         ]
     else:
         out["accelerators"] = [

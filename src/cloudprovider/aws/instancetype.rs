@@ -51,6 +51,9 @@ pub struct Accelerator {
     pub manufacturer: String,
     /// How many devices.
     pub count: i64,
+    /// Neuron cores per device (0 for accelerators other than Neuron devices).
+    #[serde(default)]
+    pub cores: i64,
 }
 
 /// What Karpenter needs to know about an EC2 instance type, independent of the SDK.
@@ -129,6 +132,7 @@ impl TypeInfo {
                 name: d.name().unwrap_or_default().to_string(),
                 manufacturer: "AWS".to_string(),
                 count: i64::from(d.count().unwrap_or(0)),
+                cores: i64::from(d.core_info().and_then(|c| c.count()).unwrap_or(0)),
             })
             .collect();
         if accelerators.is_empty() {
@@ -141,6 +145,7 @@ impl TypeInfo {
                     name: d.name().unwrap_or_default().to_string(),
                     manufacturer: d.manufacturer().unwrap_or_default().to_string(),
                     count: i64::from(d.count().unwrap_or(0)),
+                    cores: 0,
                 })
                 .collect();
         }
@@ -338,6 +343,9 @@ pub fn capacity(info: &TypeInfo, settings: &Settings<'_>) -> Resources {
     }
     let neuron: i64 = info.accelerators.iter().map(|a| a.count).sum();
     r.set(RESOURCE_AWS_NEURON, neuron);
+    // Neuron cores of the first device model, the only one any type has.
+    let cores = info.accelerators.first().map_or(0, |a| a.count * a.cores);
+    r.set(RESOURCE_AWS_NEURON_CORE, cores);
     r.set(RESOURCE_EFA, info.efa_interfaces);
     r
 }
@@ -900,7 +908,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn from_sdk_reads_the_default_network_card() {
+    fn from_sdk_reads_the_default_card_and_neuron_cores() {
         let card = |index: i32, enis: i32| {
             ec2::NetworkCardInfo::builder().network_card_index(index).maximum_network_interfaces(enis).build()
         };
@@ -917,16 +925,48 @@ pub(crate) mod tests {
                         .set_network_cards(Some(cards))
                         .build(),
                 )
+                .neuron_info(
+                    ec2::NeuronInfo::builder()
+                        .neuron_devices(
+                            ec2::NeuronDeviceInfo::builder()
+                                .name("Inferentia")
+                                .count(16)
+                                .core_info(ec2::NeuronDeviceCoreInfo::builder().count(4).build())
+                                .build(),
+                        )
+                        .build(),
+                )
                 .build()
         };
         let info = TypeInfo::from_sdk(&described(0, vec![card(0, 8), card(1, 12)])).unwrap();
         assert_eq!((info.max_enis, info.default_card_max_enis), (20, Some(8)));
+        assert_eq!(info.accelerators[0].cores, 4);
         // Found by its index even when EC2 lists the cards out of order.
         let info = TypeInfo::from_sdk(&described(1, vec![card(1, 12), card(0, 8)])).unwrap();
         assert_eq!(info.default_card_max_enis, Some(12));
         let info = TypeInfo::from_sdk(&described(0, vec![])).unwrap();
         assert_eq!(info.default_card_max_enis, None);
         assert_eq!(eni_limited_pods(&info, 0), Some(20 * 49 + 2), "the total stands in");
+    }
+
+    #[test]
+    fn neuron_devices_and_cores() {
+        let inf = |count: i64, cores: i64| TypeInfo {
+            accelerators: vec![Accelerator {
+                name: "Inferentia2".into(),
+                manufacturer: "AWS".into(),
+                count,
+                cores,
+            }],
+            ..m5_large()
+        };
+        let cap = capacity(&inf(12, 2), &default_settings());
+        assert_eq!(cap.get(RESOURCE_AWS_NEURON), 12);
+        assert_eq!(cap.get(RESOURCE_AWS_NEURON_CORE), 24);
+        let cap = capacity(&inf(1, 0), &default_settings());
+        assert_eq!((cap.get(RESOURCE_AWS_NEURON), cap.get(RESOURCE_AWS_NEURON_CORE)), (1, 0));
+        let cap = capacity(&m5_large(), &default_settings());
+        assert_eq!(cap.get(RESOURCE_AWS_NEURON_CORE), 0);
     }
 
     #[test]
