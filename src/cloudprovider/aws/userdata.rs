@@ -404,19 +404,26 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     k8s["cluster-name"] = value(&b.cluster.name);
     k8s["api-server"] = value(&b.cluster.endpoint);
     k8s["cluster-certificate"] = value(&b.cluster.ca_bundle);
-    let dns = b.kubelet.and_then(|k| k.cluster_dns.as_ref()).and_then(|d| d.first().cloned());
-    if let Some(dns) = dns.or_else(|| b.cluster.dns_ip()) {
-        k8s["cluster-dns-ip"] = value(dns);
+    // One address is written as a string, several as an array; Bottlerocket takes either.
+    match b.kubelet.and_then(|k| k.cluster_dns.as_deref()).filter(|d| !d.is_empty()) {
+        Some([one]) => k8s["cluster-dns-ip"] = value(one),
+        Some(several) => k8s["cluster-dns-ip"] = value(several.iter().collect::<Array>()),
+        None => {
+            if let Some(ip) = b.cluster.dns_ip() {
+                k8s["cluster-dns-ip"] = value(ip);
+            }
+        }
     }
-    if let Some(max_pods) = b.kubelet.and_then(|k| k.max_pods).map(i64::from).or(b.max_pods) {
+    if let Some(max_pods) = max_pods(b) {
         k8s["max-pods"] = value(max_pods);
     }
     if let Some(k) = b.kubelet {
+        // Bottlerocket's thresholds are strings.
         if let Some(v) = k.image_gc_high_threshold_percent {
-            k8s["image-gc-high-threshold-percent"] = value(i64::from(v));
+            k8s["image-gc-high-threshold-percent"] = value(v.to_string());
         }
         if let Some(v) = k.image_gc_low_threshold_percent {
-            k8s["image-gc-low-threshold-percent"] = value(i64::from(v));
+            k8s["image-gc-low-threshold-percent"] = value(v.to_string());
         }
         if let Some(v) = k.cpu_cfs_quota {
             k8s["cpu-cfs-quota-enforced"] = value(v);
@@ -428,6 +435,8 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
             labels[k.as_str()] = value(v);
         }
     }
+    // Karpenter's taints replace any the class's user data lists.
+    k8s.remove("node-taints");
     if !b.taints.is_empty() {
         let mut by_key: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for t in b.taints {
@@ -442,14 +451,17 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
             taints[k] = value(vs.into_iter().collect::<Array>());
         }
     }
+    // Each map the class sets replaces the user data's table. Like upstream, soft eviction
+    // thresholds and pods per core are not passed to Bottlerocket.
     if let Some(k) = b.kubelet {
         let maps = [
-            ("system-reserved", &k.system_reserved),
-            ("kube-reserved", &k.kube_reserved),
             ("eviction-hard", &k.eviction_hard),
+            ("kube-reserved", &k.kube_reserved),
+            ("system-reserved", &k.system_reserved),
         ];
         for (key, map) in maps {
             if let Some(m) = map {
+                k8s.remove(key);
                 let table = subtable(k8s, key, false).ok_or(UserDataError::Settings)?;
                 for (name, v) in m {
                     table[name.as_str()] = value(v);
@@ -767,6 +779,46 @@ exec > >(tee /var/log/user-data.log|logger -t user-data -s 2>/dev/console) 2>&1
     }
 
     #[test]
+    fn bottlerocket_golden_with_full_kubelet() {
+        let (c, l, t, k) = (cluster(), labels(), taints(), full_kubelet());
+        let got = generate(&with_kubelet(bootstrap(&c, AmiFamily::Bottlerocket, &l, &t, None), &k)).unwrap();
+        let want = r#"[settings.kubernetes]
+cluster-name = "demo"
+api-server = "https://example.eks.amazonaws.com"
+cluster-certificate = "Q0E="
+cluster-dns-ip = "10.0.100.10"
+max-pods = 110
+image-gc-high-threshold-percent = "85"
+image-gc-low-threshold-percent = "80"
+cpu-cfs-quota-enforced = false
+
+[settings.kubernetes.node-labels]
+"karpenter.sh/capacity-type" = "spot"
+"karpenter.sh/nodepool" = "default"
+
+[settings.kubernetes.node-taints]
+dedicated = ["gpu:NoSchedule"]
+"karpenter.sh/unregistered" = [":NoExecute"]
+
+[settings.kubernetes.eviction-hard]
+"memory.available" = "5%"
+"nodefs.available" = "10%"
+"nodefs.inodesFree" = "10%"
+
+[settings.kubernetes.kube-reserved]
+cpu = "200m"
+ephemeral-storage = "3Gi"
+memory = "200Mi"
+
+[settings.kubernetes.system-reserved]
+cpu = "100m"
+ephemeral-storage = "1Gi"
+memory = "100Mi"
+"#;
+        assert_eq!(got, want, "\n{got}");
+    }
+
+    #[test]
     fn al2_ipv6_dns_no_max_pods_and_no_taints() {
         let (c, l) = (cluster(), labels());
         let k = KubeletConfiguration { cluster_dns: Some(vec!["fd00:ec2::a".into()]), ..Default::default() };
@@ -782,6 +834,52 @@ exec > >(tee /var/log/user-data.log|logger -t user-data -s 2>/dev/console) 2>&1
         assert!(!got.contains("--use-max-pods"), "bootstrap.sh keeps its own max pods: {got}");
         assert!(got.contains(" --register-with-taints=\"\"'"), "{got}");
         assert!(!got.contains("--max-pods"), "{got}");
+    }
+
+    #[test]
+    fn bottlerocket_settings_replace_the_user_data_ones() {
+        let (c, l, t) = (cluster(), labels(), taints());
+        let k = KubeletConfiguration {
+            cluster_dns: Some(vec!["10.0.0.10".into(), "10.0.0.11".into()]),
+            eviction_hard: Some(BTreeMap::from([("memory.available".into(), "200Mi".into())])),
+            eviction_soft: Some(BTreeMap::from([("memory.available".into(), "1Gi".into())])),
+            eviction_soft_grace_period: Some(BTreeMap::from([("memory.available".into(), "1m".into())])),
+            pods_per_core: Some(4),
+            ..Default::default()
+        };
+        let custom = r#"[settings.kubernetes]
+max-pods = 5
+
+[settings.kubernetes.node-taints]
+legacy = ["x:NoSchedule"]
+
+[settings.kubernetes.eviction-hard]
+"nodefs.available" = "20%"
+
+[settings.kubernetes.eviction-soft]
+"memory.available" = "300Mi"
+"#;
+        let b = with_kubelet(bootstrap(&c, AmiFamily::Bottlerocket, &l, &t, Some(custom)), &k);
+        let doc: toml_edit::DocumentMut = generate(&b).unwrap().parse().unwrap();
+        let k8s = &doc["settings"]["kubernetes"];
+        let dns: Vec<&str> =
+            k8s["cluster-dns-ip"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        assert_eq!(dns, ["10.0.0.10", "10.0.0.11"]);
+        assert_eq!(k8s["max-pods"].as_integer(), Some(29));
+        let taints = k8s["node-taints"].as_table().unwrap();
+        assert_eq!(
+            taints.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["dedicated", "karpenter.sh/unregistered"]
+        );
+        let hard = k8s["eviction-hard"].as_table().unwrap();
+        assert_eq!(hard.iter().map(|(k, _)| k).collect::<Vec<_>>(), ["memory.available"]);
+        assert_eq!(hard["memory.available"].as_str(), Some("200Mi"));
+        // Not Karpenter's to write: soft thresholds and pods per core. The user data's own
+        // settings stay.
+        assert_eq!(k8s["eviction-soft"]["memory.available"].as_str(), Some("300Mi"));
+        for key in ["eviction-soft-grace-period", "pods-per-core"] {
+            assert!(k8s.get(key).is_none(), "{key}");
+        }
     }
 
     #[test]
