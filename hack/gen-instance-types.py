@@ -41,6 +41,16 @@ def load(path):
         return json.load(f)
 
 
+def default_network_card(net):
+    """The default network card: the one with the default index, else the one at that position."""
+    index = net.get("DefaultNetworkCardIndex", 0)
+    cards = net.get("NetworkCards", [])
+    for card in cards:
+        if card.get("NetworkCardIndex") == index:
+            return card
+    return cards[index] if 0 <= index < len(cards) else None
+
+
 def type_info(t):
     """The fields TypeInfo::from_sdk reads, under TypeInfo's field names."""
     proc = t.get("ProcessorInfo", {})
@@ -71,7 +81,13 @@ def type_info(t):
     neuron = t.get("NeuronInfo", {}).get("NeuronDevices", [])
     if neuron:
         out["accelerators"] = [
-            {"name": d.get("Name", ""), "manufacturer": "AWS", "count": d.get("Count", 0)} for d in neuron
+            {
+                "name": d.get("Name", ""),
+                "manufacturer": "AWS",
+                "count": d.get("Count", 0),
+                "cores": d.get("CoreInfo", {}).get("Count", 0),
+            }
+            for d in neuron
         ]
     else:
         out["accelerators"] = [
@@ -84,6 +100,13 @@ def type_info(t):
     cards = net.get("NetworkCards", [])
     if cards and cards[0].get("BaselineBandwidthInGbps") is not None:
         out["network_bandwidth_mbps"] = round(cards[0]["BaselineBandwidthInGbps"] * 1000)
+    # Only types whose default card has fewer interfaces than the whole instance (those with
+    # several network cards) carry the field; elsewhere TypeInfo falls back to max_enis.
+    default_card = default_network_card(net)
+    if default_card is not None:
+        card_enis = default_card.get("MaximumNetworkInterfaces")
+        if card_enis is not None and card_enis != out["max_enis"]:
+            out["default_card_max_enis"] = card_enis
     ebs = t.get("EbsInfo", {}).get("EbsOptimizedInfo", {}).get("MaximumBandwidthInMbps")
     if ebs is not None:
         out["ebs_bandwidth_mbps"] = ebs

@@ -245,7 +245,12 @@ def parse_node_config(text: str) -> Bootstrap:
         flags = kubelet.get("flags") or []
         if not isinstance(config, dict) or not isinstance(flags, list):
             raise UserDataError("NodeConfig spec.kubelet has an unexpected shape")
-        part = parse_kubelet_flags([str(f) for f in flags], "AL2023")
+        # Flag values may be quoted (--node-labels="k=v,..."), as systemd unquotes them.
+        try:
+            words = [w for f in flags for w in shlex.split(str(f))]
+        except ValueError as exc:
+            raise UserDataError(f"cannot split the NodeConfig kubelet flags: {exc}") from exc
+        part = parse_kubelet_flags(words, "AL2023")
         for t in config.get("registerWithTaints") or []:
             if not isinstance(t, dict) or not t.get("key") or t.get("effect") not in EFFECTS:
                 raise UserDataError(f"bad registerWithTaints entry {t!r}")

@@ -78,7 +78,7 @@ spec:
       - effect: NoExecute
         key: karpenter.sh/unregistered
     flags:
-    - --node-labels=karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default
+    - --node-labels="karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default"
 
 --//--
 """
@@ -94,7 +94,7 @@ exec > >(tee /var/log/user-data.log|logger -t user-data -s 2>/dev/console) 2>&1
 /etc/eks/bootstrap.sh 'demo' --apiserver-endpoint 'https://example.eks.amazonaws.com' --b64-cluster-ca 'Q0E=' \\
 --dns-cluster-ip '172.20.0.10' \\
 --use-max-pods false \\
---kubelet-extra-args '--node-labels=karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default --register-with-taints=dedicated=gpu:NoSchedule,karpenter.sh/unregistered=:NoExecute --max-pods=29'
+--kubelet-extra-args '--node-labels="karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default" --register-with-taints="dedicated=gpu:NoSchedule,karpenter.sh/unregistered:NoExecute" --max-pods=29'
 
 --//--
 """

@@ -156,6 +156,9 @@ mod tests {
         let m5 = data.get("m5.large").unwrap();
         assert_eq!(m5, &instancetype::tests::m5_large());
         assert_eq!(data.get("c6g.xlarge").unwrap(), &instancetype::tests::c6g_xlarge());
+        let c6in = data.get("c6in.32xlarge").unwrap();
+        assert_eq!((c6in.max_enis, c6in.default_card_max_enis), (16, Some(8)));
+        assert_eq!(data.get("inf2.48xlarge").unwrap().accelerators[0].cores, 2);
         let g4dn = data.get("g4dn.xlarge").unwrap();
         assert_eq!(g4dn.gpus, instancetype::tests::g4dn_xlarge().gpus);
         assert_eq!(g4dn.local_nvme_gb, Some(125));
@@ -226,6 +229,15 @@ mod tests {
         assert!(arm.contains(&"c6g.xlarge") && arm.contains(&"m7g.large"), "{arm:?}");
         let g4dn = types.iter().find(|t| t.name == "g4dn.xlarge").unwrap();
         assert_eq!(g4dn.capacity.get(RESOURCE_NVIDIA_GPU), 1);
+        let find = |name: &str| types.iter().find(|t| t.name == name).unwrap();
+        // arm64: 8192Mi less the 64Mi CMA reservation, less 7.5% of the rest.
+        assert_eq!(format_quantity(MEMORY, find("c6g.xlarge").capacity.memory), "7518Mi");
+        // Multi-card types: the default card's interfaces (8 of 16, 15 of 60), 50 addresses each.
+        assert_eq!(find("c6in.32xlarge").capacity.pods, 8 * 49 + 2);
+        assert_eq!(find("p4d.24xlarge").capacity.pods, 15 * 49 + 2);
+        let inf2 = find("inf2.48xlarge");
+        assert_eq!(inf2.capacity.get(RESOURCE_AWS_NEURON), 12);
+        assert_eq!(inf2.capacity.get(RESOURCE_AWS_NEURON_CORE), 24);
         let pricing = Pricing::default();
         assert!(types.iter().all(|t| pricing.on_demand_price(&t.name).is_some()));
         assert_eq!(instance_types().unwrap(), types, "deterministic");

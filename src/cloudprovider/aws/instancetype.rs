@@ -22,6 +22,9 @@ pub const DEFAULT_VM_MEMORY_OVERHEAD_PERCENT: f64 = 0.075;
 pub const DEFAULT_EPHEMERAL_STORAGE: i64 = 20 << 30;
 /// Pods per node when the ENI limit is unknown.
 pub const DEFAULT_MAX_PODS: i64 = 110;
+/// Memory Graviton (arm64) instances set aside for the contiguous memory allocator, which the
+/// node never gets.
+pub const ARM64_CMA_RESERVED_MIB: i64 = 64;
 
 const MI: i64 = 1 << 20;
 const GI: i64 = 1 << 30;
@@ -48,6 +51,9 @@ pub struct Accelerator {
     pub manufacturer: String,
     /// How many devices.
     pub count: i64,
+    /// Neuron cores per device (0 for accelerators other than Neuron devices).
+    #[serde(default)]
+    pub cores: i64,
 }
 
 /// What Karpenter needs to know about an EC2 instance type, independent of the SDK.
@@ -71,8 +77,12 @@ pub struct TypeInfo {
     pub cpu_manufacturer: Option<String>,
     /// Sustained clock speed in GHz.
     pub sustained_clock_ghz: Option<f64>,
-    /// Maximum network interfaces.
+    /// Maximum network interfaces of the whole instance, over all network cards.
     pub max_enis: i64,
+    /// Maximum network interfaces of the default network card, the only card the VPC CNI uses.
+    /// `None` when EC2 does not say; the embedded catalog also leaves it out when it equals
+    /// `max_enis`. Either way `max_enis` stands in (see [`TypeInfo::pod_enis`]).
+    pub default_card_max_enis: Option<i64>,
     /// IPv4 addresses per interface.
     pub ipv4_per_eni: i64,
     /// Whether traffic between instances is encrypted.
@@ -122,6 +132,7 @@ impl TypeInfo {
                 name: d.name().unwrap_or_default().to_string(),
                 manufacturer: "AWS".to_string(),
                 count: i64::from(d.count().unwrap_or(0)),
+                cores: i64::from(d.core_info().and_then(|c| c.count()).unwrap_or(0)),
             })
             .collect();
         if accelerators.is_empty() {
@@ -134,6 +145,7 @@ impl TypeInfo {
                     name: d.name().unwrap_or_default().to_string(),
                     manufacturer: d.manufacturer().unwrap_or_default().to_string(),
                     count: i64::from(d.count().unwrap_or(0)),
+                    cores: 0,
                 })
                 .collect();
         }
@@ -152,6 +164,10 @@ impl TypeInfo {
             cpu_manufacturer: processor.and_then(|p| p.manufacturer()).map(str::to_string),
             sustained_clock_ghz: processor.and_then(|p| p.sustained_clock_speed_in_ghz()),
             max_enis: i64::from(network.and_then(|n| n.maximum_network_interfaces()).unwrap_or(0)),
+            default_card_max_enis: network
+                .and_then(default_network_card)
+                .and_then(|c| c.maximum_network_interfaces())
+                .map(i64::from),
             ipv4_per_eni: i64::from(network.and_then(|n| n.ipv4_addresses_per_interface()).unwrap_or(0)),
             encryption_in_transit: network.and_then(|n| n.encryption_in_transit_supported()).unwrap_or(false),
             gpus,
@@ -173,6 +189,12 @@ impl TypeInfo {
         })
     }
 
+    /// Network interfaces pods can get addresses from: those of the default network card, else
+    /// (card unknown) those of the instance.
+    pub fn pod_enis(&self) -> i64 {
+        self.default_card_max_enis.unwrap_or(self.max_enis)
+    }
+
     /// The Kubernetes architecture (`amd64`, `arm64`), if the type has a supported one.
     pub fn arch(&self) -> Option<&'static str> {
         if self.architectures.iter().any(|a| a == "x86_64") {
@@ -188,6 +210,17 @@ impl TypeInfo {
     pub fn family_and_size(&self) -> (&str, &str) {
         self.name.split_once('.').unwrap_or((&self.name, ""))
     }
+}
+
+/// The default network card of a type: the card with the default index, else (cards not
+/// numbered) the card at that position.
+fn default_network_card(network: &ec2::NetworkInfo) -> Option<&ec2::NetworkCardInfo> {
+    let index = network.default_network_card_index().unwrap_or(0);
+    let cards = network.network_cards();
+    cards
+        .iter()
+        .find(|c| c.network_card_index() == Some(index))
+        .or_else(|| usize::try_from(index).ok().and_then(|i| cards.get(i)))
 }
 
 /// Category (`m`, `inf`) and generation (`5`) of a family name (`m5`, `inf2`, `u-6tb1`).
@@ -240,20 +273,31 @@ impl<'a> Settings<'a> {
     }
 }
 
-/// Memory the node sees: the type's memory minus the hypervisor's share (rounded up to MiB).
+/// Memory the node sees: the type's memory, less the CMA reservation on arm64 (when arm64 is
+/// the first architecture EC2 lists), less the hypervisor's share of what remains (rounded up
+/// to MiB).
 pub fn memory(info: &TypeInfo, overhead_percent: f64) -> i64 {
-    let overhead_mib = (info.memory_mib as f64 * overhead_percent).ceil() as i64;
-    (info.memory_mib - overhead_mib) * MI
+    let mut mib = info.memory_mib;
+    if info.architectures.first().is_some_and(|a| a == "arm64") {
+        mib -= ARM64_CMA_RESERVED_MIB;
+    }
+    let overhead_mib = (mib as f64 * overhead_percent).ceil() as i64;
+    (mib - overhead_mib) * MI
 }
 
-/// Pods per node limited by the ENIs and their IPv4 addresses (VPC CNI without prefix
-/// delegation): `ENIs × (IPs per ENI − 1) + 2`.
+/// Pods per node limited by the ENIs of the default network card and their IPv4 addresses (VPC
+/// CNI without prefix delegation): `ENIs × (IPs per ENI − 1) + 2`, where ENIs excludes the
+/// reserved ones. No ENI left means no pod. `None` when the type's network limits are unknown.
 pub fn eni_limited_pods(info: &TypeInfo, reserved_enis: i64) -> Option<i64> {
-    if info.max_enis <= 0 || info.ipv4_per_eni <= 0 {
+    let enis = info.pod_enis();
+    if enis <= 0 || info.ipv4_per_eni <= 0 {
         return None;
     }
-    let enis = (info.max_enis - reserved_enis).max(0);
-    Some((enis * (info.ipv4_per_eni - 1) + 2).max(0))
+    let usable = (enis - reserved_enis).max(0);
+    if usable == 0 {
+        return Some(0);
+    }
+    Some(usable * (info.ipv4_per_eni - 1) + 2)
 }
 
 /// Pods per node: kubelet's `maxPods`, else the ENI limit, capped by `podsPerCore × vCPUs`
@@ -299,6 +343,9 @@ pub fn capacity(info: &TypeInfo, settings: &Settings<'_>) -> Resources {
     }
     let neuron: i64 = info.accelerators.iter().map(|a| a.count).sum();
     r.set(RESOURCE_AWS_NEURON, neuron);
+    // Neuron cores of the first device model, the only one any type has.
+    let cores = info.accelerators.first().map_or(0, |a| a.count * a.cores);
+    r.set(RESOURCE_AWS_NEURON_CORE, cores);
     r.set(RESOURCE_EFA, info.efa_interfaces);
     r
 }
@@ -354,22 +401,20 @@ fn apply_overrides(
 }
 
 /// Memory and storage kept free for kubelet's eviction: 100Mi and 10% of the ephemeral storage,
-/// unless `evictionHard` / `evictionSoft` set a threshold (the larger of the two then wins).
+/// unless `evictionHard` sets a threshold. Soft thresholds (`evictionSoft`) only start graceful
+/// evictions and take nothing from allocatable, so they never count, whatever the AMI family.
 pub fn eviction_threshold(
     capacity: &Resources,
     kubelet: Option<&KubeletConfiguration>,
 ) -> Result<Resources, QuantityError> {
     let mut memory: Option<i64> = None;
     let mut storage: Option<i64> = None;
-    let signals = kubelet.into_iter().flat_map(|k| [k.eviction_hard.as_ref(), k.eviction_soft.as_ref()]);
-    for map in signals.flatten() {
-        if let Some(v) = map.get("memory.available") {
-            let t = threshold(v, capacity.memory, MEMORY)?;
-            memory = Some(memory.map_or(t, |m| m.max(t)));
+    if let Some(hard) = kubelet.and_then(|k| k.eviction_hard.as_ref()) {
+        if let Some(v) = hard.get("memory.available") {
+            memory = Some(threshold(v, capacity.memory, MEMORY)?);
         }
-        if let Some(v) = map.get("nodefs.available") {
-            let t = threshold(v, capacity.ephemeral_storage, EPHEMERAL_STORAGE)?;
-            storage = Some(storage.map_or(t, |s| s.max(t)));
+        if let Some(v) = hard.get("nodefs.available") {
+            storage = Some(threshold(v, capacity.ephemeral_storage, EPHEMERAL_STORAGE)?);
         }
     }
     Ok(Resources::from_pairs([
@@ -381,12 +426,16 @@ pub fn eviction_threshold(
     ]))
 }
 
-/// A threshold written as a percentage of `total` or as a quantity.
+/// A threshold written as a percentage of `total` or as a quantity. `100%` disables a threshold
+/// in kubelet, so it reserves nothing.
 fn threshold(value: &str, total: i64, resource: &str) -> Result<i64, QuantityError> {
     let err = || QuantityError { resource: resource.to_string(), quantity: value.to_string() };
     match value.strip_suffix('%') {
         Some(pct) => {
-            let pct: f64 = pct.parse().map_err(|_| err())?;
+            let mut pct: f64 = pct.parse().map_err(|_| err())?;
+            if pct == 100.0 {
+                pct = 0.0;
+            }
             Ok((total as f64 * pct / 100.0).ceil() as i64)
         }
         None => parse_quantity(value, 1).ok_or_else(err),
@@ -641,7 +690,8 @@ pub(crate) mod tests {
     /// (type, capacity, kube-reserved cpu, kube-reserved memory, allocatable memory)
     #[rstest::rstest]
     #[case(m5_large(), "2", "7577Mi", 29, "70m", "574Mi", "6903Mi")]
-    #[case(c6g_xlarge(), "4", "7577Mi", 58, "80m", "893Mi", "6584Mi")]
+    // arm64: 8192Mi less the 64Mi CMA reservation, less 7.5% of the remaining 8128Mi (610Mi).
+    #[case(c6g_xlarge(), "4", "7518Mi", 58, "80m", "893Mi", "6525Mi")]
     #[case(g4dn_xlarge(), "4", "15155Mi", 29, "80m", "574Mi", "14481Mi")]
     #[case(t3_medium(), "2", "3788Mi", 17, "70m", "442Mi", "3246Mi")]
     fn capacity_and_overhead(
@@ -757,8 +807,8 @@ pub(crate) mod tests {
         assert_eq!(it.overhead.kube_reserved.cpu, 200);
         assert_eq!(it.overhead.kube_reserved.memory, (11 * 20 + 255) * MI);
         assert_eq!(it.overhead.system_reserved.memory, GI);
-        // max(5% of 7577Mi, 500Mi)
-        assert_eq!(it.overhead.eviction_threshold.memory, 500 * MI);
+        // 5% of 7577Mi; the larger evictionSoft threshold does not count.
+        assert_eq!(it.overhead.eviction_threshold.memory, (7577.0 * MI as f64 * 0.05).ceil() as i64);
         assert_eq!(it.overhead.eviction_threshold.ephemeral_storage, GI);
 
         let bottlerocket = Settings { ami_family: AmiFamily::Bottlerocket, ..settings };
@@ -767,6 +817,156 @@ pub(crate) mod tests {
         assert_eq!(pods(&m5_large(), &reserved), 20);
         let raid = Settings { instance_store_raid0: true, ..default_settings() };
         assert_eq!(ephemeral_storage(&g4dn_xlarge(), &raid), 125_000_000_000);
+    }
+
+    #[test]
+    fn arm64_memory_excludes_the_cma_reservation() {
+        let pct = DEFAULT_VM_MEMORY_OVERHEAD_PERCENT;
+        assert_eq!(memory(&c6g_xlarge(), pct), (8128 - 610) * MI);
+        // Only when arm64 is the architecture EC2 lists first, as upstream checks it.
+        let x86_first = TypeInfo { architectures: vec!["x86_64".into(), "arm64".into()], ..c6g_xlarge() };
+        assert_eq!(memory(&x86_first, pct), (8192 - 615) * MI);
+        let labels = requirements(&c6g_xlarge(), "us-west-2").single_valued_labels();
+        assert_eq!(labels[LABEL_INSTANCE_MEMORY], "8192", "the label keeps EC2's figure");
+    }
+
+    #[rstest::rstest]
+    #[case(AmiFamily::AL2023)]
+    #[case(AmiFamily::AL2)]
+    #[case(AmiFamily::Bottlerocket)]
+    fn only_hard_eviction_thresholds_count(#[case] family: AmiFamily) {
+        let soft_only = KubeletConfiguration {
+            eviction_soft: Some(BTreeMap::from([
+                ("memory.available".into(), "1Gi".into()),
+                ("nodefs.available".into(), "50%".into()),
+            ])),
+            eviction_soft_grace_period: Some(BTreeMap::from([
+                ("memory.available".into(), "1m".into()),
+                ("nodefs.available".into(), "1m".into()),
+            ])),
+            ..Default::default()
+        };
+        let settings = Settings { kubelet: Some(&soft_only), ami_family: family, ..default_settings() };
+        let it = instance_type(&m5_large(), &settings, vec![]).unwrap();
+        assert_eq!(it.overhead.eviction_threshold.memory, 100 * MI, "the default, not evictionSoft");
+        assert_eq!(it.overhead.eviction_threshold.ephemeral_storage, 2 * GI);
+
+        let hard_below_soft = KubeletConfiguration {
+            eviction_hard: Some(BTreeMap::from([("memory.available".into(), "500Mi".into())])),
+            ..soft_only.clone()
+        };
+        let settings = Settings { kubelet: Some(&hard_below_soft), ..settings };
+        let it = instance_type(&m5_large(), &settings, vec![]).unwrap();
+        assert_eq!(it.overhead.eviction_threshold.memory, 500 * MI);
+    }
+
+    #[test]
+    fn a_hard_threshold_of_100_percent_reserves_nothing() {
+        let kubelet = KubeletConfiguration {
+            eviction_hard: Some(BTreeMap::from([("memory.available".into(), "100%".into())])),
+            ..Default::default()
+        };
+        let it =
+            instance_type(&m5_large(), &Settings { kubelet: Some(&kubelet), ..default_settings() }, vec![])
+                .unwrap();
+        assert_eq!(it.overhead.eviction_threshold.memory, 0);
+    }
+
+    /// p4d.24xlarge: 4 network cards of 15 interfaces, 60 in all, 50 IPv4 addresses each.
+    fn p4d_24xlarge() -> TypeInfo {
+        TypeInfo {
+            name: "p4d.24xlarge".into(),
+            architectures: vec!["x86_64".into()],
+            vcpus: 96,
+            memory_mib: 1_179_648,
+            max_enis: 60,
+            default_card_max_enis: Some(15),
+            ipv4_per_eni: 50,
+            ..Default::default()
+        }
+    }
+
+    /// (type, reserved ENIs, pods)
+    #[rstest::rstest]
+    #[case::single_card_falls_back_to_the_total(m5_large(), 0, Some(29))]
+    #[case::single_card_with_a_reserved_eni(m5_large(), 1, Some(20))]
+    #[case::multi_card_uses_the_default_card(p4d_24xlarge(), 0, Some(15 * 49 + 2))]
+    #[case::multi_card_with_reserved_enis(p4d_24xlarge(), 2, Some(13 * 49 + 2))]
+    #[case::every_eni_reserved(p4d_24xlarge(), 15, Some(0))]
+    #[case::more_reserved_than_there_are(m5_large(), 5, Some(0))]
+    #[case::unknown_limits(TypeInfo { max_enis: 0, ..m5_large() }, 0, None)]
+    fn eni_limited_pod_density(#[case] info: TypeInfo, #[case] reserved: i64, #[case] want: Option<i64>) {
+        assert_eq!(eni_limited_pods(&info, reserved), want);
+    }
+
+    #[test]
+    fn no_usable_eni_means_no_pods_on_the_node() {
+        let settings = Settings { reserved_enis: 3, ..default_settings() };
+        assert_eq!(pods(&m5_large(), &settings), 0);
+        let it = instance_type(&p4d_24xlarge(), &default_settings(), vec![]).unwrap();
+        assert_eq!(it.capacity.pods, 737);
+    }
+
+    #[test]
+    fn from_sdk_reads_the_default_card_and_neuron_cores() {
+        let card = |index: i32, enis: i32| {
+            ec2::NetworkCardInfo::builder().network_card_index(index).maximum_network_interfaces(enis).build()
+        };
+        let described = |default_index: i32, cards: Vec<ec2::NetworkCardInfo>| {
+            ec2::InstanceTypeInfo::builder()
+                .instance_type(ec2::InstanceType::Inf124xlarge)
+                .v_cpu_info(ec2::VCpuInfo::builder().default_v_cpus(96).build())
+                .memory_info(ec2::MemoryInfo::builder().size_in_mib(196_608).build())
+                .network_info(
+                    ec2::NetworkInfo::builder()
+                        .maximum_network_interfaces(20)
+                        .ipv4_addresses_per_interface(50)
+                        .default_network_card_index(default_index)
+                        .set_network_cards(Some(cards))
+                        .build(),
+                )
+                .neuron_info(
+                    ec2::NeuronInfo::builder()
+                        .neuron_devices(
+                            ec2::NeuronDeviceInfo::builder()
+                                .name("Inferentia")
+                                .count(16)
+                                .core_info(ec2::NeuronDeviceCoreInfo::builder().count(4).build())
+                                .build(),
+                        )
+                        .build(),
+                )
+                .build()
+        };
+        let info = TypeInfo::from_sdk(&described(0, vec![card(0, 8), card(1, 12)])).unwrap();
+        assert_eq!((info.max_enis, info.default_card_max_enis), (20, Some(8)));
+        assert_eq!(info.accelerators[0].cores, 4);
+        // Found by its index even when EC2 lists the cards out of order.
+        let info = TypeInfo::from_sdk(&described(1, vec![card(1, 12), card(0, 8)])).unwrap();
+        assert_eq!(info.default_card_max_enis, Some(12));
+        let info = TypeInfo::from_sdk(&described(0, vec![])).unwrap();
+        assert_eq!(info.default_card_max_enis, None);
+        assert_eq!(eni_limited_pods(&info, 0), Some(20 * 49 + 2), "the total stands in");
+    }
+
+    #[test]
+    fn neuron_devices_and_cores() {
+        let inf = |count: i64, cores: i64| TypeInfo {
+            accelerators: vec![Accelerator {
+                name: "Inferentia2".into(),
+                manufacturer: "AWS".into(),
+                count,
+                cores,
+            }],
+            ..m5_large()
+        };
+        let cap = capacity(&inf(12, 2), &default_settings());
+        assert_eq!(cap.get(RESOURCE_AWS_NEURON), 12);
+        assert_eq!(cap.get(RESOURCE_AWS_NEURON_CORE), 24);
+        let cap = capacity(&inf(1, 0), &default_settings());
+        assert_eq!((cap.get(RESOURCE_AWS_NEURON), cap.get(RESOURCE_AWS_NEURON_CORE)), (1, 0));
+        let cap = capacity(&m5_large(), &default_settings());
+        assert_eq!(cap.get(RESOURCE_AWS_NEURON_CORE), 0);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use crate::apis::Taint;
 use crate::apis::ec2nodeclass::{AmiFamily, KubeletConfiguration};
+use crate::operator::settings::parse_duration;
 
 /// Boundary of the MIME documents Karpenter writes.
 pub const MIME_BOUNDARY: &str = "//";
@@ -90,15 +91,116 @@ pub fn generate(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     }
 }
 
+/// A taint as kubelet's `--register-with-taints` reads it: `key=value:Effect`, or `key:Effect`
+/// without a value.
 fn taint_string(t: &Taint) -> String {
-    format!("{}={}:{}", t.key, t.value.as_deref().unwrap_or_default(), t.effect.as_str())
+    match t.value.as_deref().filter(|v| !v.is_empty()) {
+        Some(value) => format!("{}={value}:{}", t.key, t.effect.as_str()),
+        None => format!("{}:{}", t.key, t.effect.as_str()),
+    }
+}
+
+/// `s` in double quotes, backslashes and quotes escaped, the way upstream quotes flag values
+/// (systemd strips the quotes when it splits the kubelet's arguments).
+fn double_quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', r"\\").replace('"', "\\\""))
+}
+
+/// `--<name>="k1<sep>v1,k2<sep>v2"` in key order; `None` for an empty or absent map.
+fn map_flag(name: &str, map: Option<&BTreeMap<String, String>>, separator: &str) -> Option<String> {
+    let map = map.filter(|m| !m.is_empty())?;
+    let joined: Vec<String> = map.iter().map(|(k, v)| format!("{k}{separator}{v}")).collect();
+    Some(format!("--{name}={}", double_quote(&joined.join(","))))
 }
 
 fn node_labels_flag(labels: &BTreeMap<String, String>) -> Option<String> {
-    (!labels.is_empty()).then(|| {
-        let joined: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        format!("--node-labels={}", joined.join(","))
-    })
+    map_flag("node-labels", Some(labels), "=")
+}
+
+/// A duration as Go prints it (`1m30s`, `1h0m0s`, `500ms`), which is how upstream's
+/// `metav1.Duration` grace periods reach kubelet. Values that do not parse pass unchanged.
+fn go_duration(value: &str) -> String {
+    let Ok(d) = parse_duration(value) else { return value.to_string() };
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_string();
+    }
+    if nanos < 1_000_000_000 {
+        let (unit, scale) = match nanos {
+            n if n < 1_000 => ("ns", 1),
+            n if n < 1_000_000 => ("µs", 1_000),
+            _ => ("ms", 1_000_000),
+        };
+        return format!("{}{unit}", decimal(nanos, scale));
+    }
+    let secs = nanos / 1_000_000_000;
+    let seconds = decimal(nanos % 60_000_000_000, 1_000_000_000);
+    let (hours, minutes) = (secs / 3600, secs / 60 % 60);
+    if hours > 0 {
+        format!("{hours}h{minutes}m{seconds}s")
+    } else if minutes > 0 {
+        format!("{minutes}m{seconds}s")
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+/// `value / scale` in decimal, without trailing zeros in the fraction.
+fn decimal(value: u128, scale: u128) -> String {
+    let (whole, fraction) = (value / scale, value % scale);
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let width = scale.to_string().len() - 1;
+    format!("{whole}.{}", format!("{fraction:0width$}").trim_end_matches('0'))
+}
+
+/// Grace periods with their durations in Go's notation.
+fn go_durations(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), go_duration(v))).collect()
+}
+
+/// Pods per node: the kubelet's `maxPods`, else what the instance types of the launch template
+/// allow.
+fn max_pods(b: &Bootstrap<'_>) -> Option<i64> {
+    b.kubelet.and_then(|k| k.max_pods).map(i64::from).or(b.max_pods)
+}
+
+/// The kubelet flags of `bootstrap.sh --kubelet-extra-args`, in upstream's order: labels,
+/// taints (always, possibly empty), max pods, then the kubelet settings of the class.
+fn kubelet_extra_args(b: &Bootstrap<'_>) -> Vec<String> {
+    let mut args: Vec<String> = node_labels_flag(b.labels).into_iter().collect();
+    let taints: Vec<String> = b.taints.iter().map(taint_string).collect();
+    args.push(format!("--register-with-taints={}", double_quote(&taints.join(","))));
+    if let Some(max_pods) = max_pods(b) {
+        args.push(format!("--max-pods={max_pods}"));
+    }
+    let Some(k) = b.kubelet else { return args };
+    if let Some(per_core) = k.pods_per_core {
+        args.push(format!("--pods-per-core={per_core}"));
+    }
+    let grace_periods = k.eviction_soft_grace_period.as_ref().map(go_durations);
+    let maps = [
+        map_flag("system-reserved", k.system_reserved.as_ref(), "="),
+        map_flag("kube-reserved", k.kube_reserved.as_ref(), "="),
+        map_flag("eviction-hard", k.eviction_hard.as_ref(), "<"),
+        map_flag("eviction-soft", k.eviction_soft.as_ref(), "<"),
+        map_flag("eviction-soft-grace-period", grace_periods.as_ref(), "="),
+    ];
+    args.extend(maps.into_iter().flatten());
+    if let Some(v) = k.eviction_max_pod_grace_period {
+        args.push(format!("--eviction-max-pod-grace-period={v}"));
+    }
+    if let Some(v) = k.image_gc_high_threshold_percent {
+        args.push(format!("--image-gc-high-threshold={v}"));
+    }
+    if let Some(v) = k.image_gc_low_threshold_percent {
+        args.push(format!("--image-gc-low-threshold={v}"));
+    }
+    if let Some(v) = k.cpu_cfs_quota {
+        args.push(format!("--cpu-cfs-quota={v}"));
+    }
+    args
 }
 
 /// One part of a MIME multi-part document.
@@ -156,8 +258,9 @@ fn custom_parts(custom: Option<&str>, default_type: &str) -> Vec<Part> {
 }
 
 fn al2023(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
+    // The keys are those of the kubelet's KubeletConfiguration; the map keeps them sorted.
     let mut config = serde_json::Map::new();
-    if let Some(max_pods) = b.kubelet.and_then(|k| k.max_pods).map(i64::from).or(b.max_pods) {
+    if let Some(max_pods) = max_pods(b) {
         config.insert("maxPods".into(), json!(max_pods));
     }
     if let Some(dns) =
@@ -166,12 +269,13 @@ fn al2023(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
         config.insert("clusterDNS".into(), json!(dns));
     }
     if let Some(k) = b.kubelet {
+        let grace_periods = k.eviction_soft_grace_period.as_ref().map(go_durations);
         let maps = [
-            ("systemReserved", &k.system_reserved),
-            ("kubeReserved", &k.kube_reserved),
-            ("evictionHard", &k.eviction_hard),
-            ("evictionSoft", &k.eviction_soft),
-            ("evictionSoftGracePeriod", &k.eviction_soft_grace_period),
+            ("systemReserved", k.system_reserved.as_ref()),
+            ("kubeReserved", k.kube_reserved.as_ref()),
+            ("evictionHard", k.eviction_hard.as_ref()),
+            ("evictionSoft", k.eviction_soft.as_ref()),
+            ("evictionSoftGracePeriod", grace_periods.as_ref()),
         ];
         for (key, map) in maps {
             if let Some(m) = map {
@@ -253,24 +357,18 @@ fn al2(b: &Bootstrap<'_>) -> String {
         .and_then(|k| k.cluster_dns.as_ref())
         .and_then(|d| d.first().cloned())
         .or_else(|| c.dns_ip());
+    if dns.as_deref().is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()) {
+        script.push_str(" \\\n--ip-family ipv6");
+    }
     if let Some(dns) = dns {
         script.push_str(&format!(" \\\n--dns-cluster-ip {}", shell_quote(&dns)));
     }
-    script.push_str(" \\\n--use-max-pods false");
-    let mut args = Vec::new();
-    if let Some(labels) = node_labels_flag(b.labels) {
-        args.push(labels);
+    if max_pods(b).is_some() {
+        // Otherwise bootstrap.sh would set its own ENI-based max pods.
+        script.push_str(" \\\n--use-max-pods false");
     }
-    if !b.taints.is_empty() {
-        let taints: Vec<String> = b.taints.iter().map(taint_string).collect();
-        args.push(format!("--register-with-taints={}", taints.join(",")));
-    }
-    if let Some(max_pods) = b.kubelet.and_then(|k| k.max_pods).map(i64::from).or(b.max_pods) {
-        args.push(format!("--max-pods={max_pods}"));
-    }
-    if !args.is_empty() {
-        script.push_str(&format!(" \\\n--kubelet-extra-args {}", shell_quote(&args.join(" "))));
-    }
+    let args = kubelet_extra_args(b);
+    script.push_str(&format!(" \\\n--kubelet-extra-args {}", shell_quote(&args.join(" "))));
     let mut parts = custom_parts(b.custom, "text/x-shellscript; charset=\"us-ascii\"");
     parts.push(Part { content_type: "text/x-shellscript; charset=\"us-ascii\"".to_string(), body: script });
     mime(&parts)
@@ -306,19 +404,26 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     k8s["cluster-name"] = value(&b.cluster.name);
     k8s["api-server"] = value(&b.cluster.endpoint);
     k8s["cluster-certificate"] = value(&b.cluster.ca_bundle);
-    let dns = b.kubelet.and_then(|k| k.cluster_dns.as_ref()).and_then(|d| d.first().cloned());
-    if let Some(dns) = dns.or_else(|| b.cluster.dns_ip()) {
-        k8s["cluster-dns-ip"] = value(dns);
+    // One address is written as a string, several as an array; Bottlerocket takes either.
+    match b.kubelet.and_then(|k| k.cluster_dns.as_deref()).filter(|d| !d.is_empty()) {
+        Some([one]) => k8s["cluster-dns-ip"] = value(one),
+        Some(several) => k8s["cluster-dns-ip"] = value(several.iter().collect::<Array>()),
+        None => {
+            if let Some(ip) = b.cluster.dns_ip() {
+                k8s["cluster-dns-ip"] = value(ip);
+            }
+        }
     }
-    if let Some(max_pods) = b.kubelet.and_then(|k| k.max_pods).map(i64::from).or(b.max_pods) {
+    if let Some(max_pods) = max_pods(b) {
         k8s["max-pods"] = value(max_pods);
     }
     if let Some(k) = b.kubelet {
+        // Bottlerocket's thresholds are strings.
         if let Some(v) = k.image_gc_high_threshold_percent {
-            k8s["image-gc-high-threshold-percent"] = value(i64::from(v));
+            k8s["image-gc-high-threshold-percent"] = value(v.to_string());
         }
         if let Some(v) = k.image_gc_low_threshold_percent {
-            k8s["image-gc-low-threshold-percent"] = value(i64::from(v));
+            k8s["image-gc-low-threshold-percent"] = value(v.to_string());
         }
         if let Some(v) = k.cpu_cfs_quota {
             k8s["cpu-cfs-quota-enforced"] = value(v);
@@ -330,6 +435,8 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
             labels[k.as_str()] = value(v);
         }
     }
+    // Karpenter's taints replace any the class's user data lists.
+    k8s.remove("node-taints");
     if !b.taints.is_empty() {
         let mut by_key: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for t in b.taints {
@@ -344,14 +451,17 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
             taints[k] = value(vs.into_iter().collect::<Array>());
         }
     }
+    // Each map the class sets replaces the user data's table. Like upstream, soft eviction
+    // thresholds and pods per core are not passed to Bottlerocket.
     if let Some(k) = b.kubelet {
         let maps = [
-            ("system-reserved", &k.system_reserved),
-            ("kube-reserved", &k.kube_reserved),
             ("eviction-hard", &k.eviction_hard),
+            ("kube-reserved", &k.kube_reserved),
+            ("system-reserved", &k.system_reserved),
         ];
         for (key, map) in maps {
             if let Some(m) = map {
+                k8s.remove(key);
                 let table = subtable(k8s, key, false).ok_or(UserDataError::Settings)?;
                 for (name, v) in m {
                     table[name.as_str()] = value(v);
@@ -407,6 +517,59 @@ mod tests {
         Bootstrap { cluster: c, family, kubelet: None, max_pods: Some(29), labels, taints, custom }
     }
 
+    /// A class setting every kubelet field user data carries.
+    fn full_kubelet() -> KubeletConfiguration {
+        let map = |pairs: &[(&str, &str)]| -> Option<BTreeMap<String, String>> {
+            Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        };
+        KubeletConfiguration {
+            cluster_dns: Some(vec!["10.0.100.10".into()]),
+            max_pods: Some(110),
+            pods_per_core: Some(10),
+            system_reserved: map(&[("memory", "100Mi"), ("cpu", "100m"), ("ephemeral-storage", "1Gi")]),
+            kube_reserved: map(&[("memory", "200Mi"), ("cpu", "200m"), ("ephemeral-storage", "3Gi")]),
+            eviction_hard: map(&[
+                ("nodefs.available", "10%"),
+                ("memory.available", "5%"),
+                ("nodefs.inodesFree", "10%"),
+            ]),
+            eviction_soft: map(&[
+                ("nodefs.available", "15%"),
+                ("memory.available", "500Mi"),
+                ("nodefs.inodesFree", "15%"),
+            ]),
+            eviction_soft_grace_period: map(&[
+                ("nodefs.available", "1m30s"),
+                ("memory.available", "1m"),
+                ("nodefs.inodesFree", "2h"),
+            ]),
+            eviction_max_pod_grace_period: Some(60),
+            image_gc_high_threshold_percent: Some(85),
+            image_gc_low_threshold_percent: Some(80),
+            cpu_cfs_quota: Some(false),
+        }
+    }
+
+    fn with_kubelet<'a>(b: Bootstrap<'a>, kubelet: &'a KubeletConfiguration) -> Bootstrap<'a> {
+        Bootstrap { kubelet: Some(kubelet), ..b }
+    }
+
+    #[rstest::rstest]
+    #[case("1m", "1m0s")]
+    #[case("90s", "1m30s")]
+    #[case("1m30s", "1m30s")]
+    #[case("2h", "2h0m0s")]
+    #[case("1.5h", "1h30m0s")]
+    #[case("30s", "30s")]
+    #[case("1500ms", "1.5s")]
+    #[case("500ms", "500ms")]
+    #[case("2us", "2µs")]
+    #[case("0", "0s")]
+    #[case("soon", "soon")]
+    fn grace_periods_are_written_as_go_prints_durations(#[case] given: &str, #[case] want: &str) {
+        assert_eq!(go_duration(given), want);
+    }
+
     #[test]
     fn dns_ip_is_tenth_service_address() {
         assert_eq!(cluster().dns_ip().as_deref(), Some("172.20.0.10"));
@@ -450,7 +613,7 @@ spec:
       - effect: NoExecute
         key: karpenter.sh/unregistered
     flags:
-    - --node-labels=karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default
+    - --node-labels="karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default"
 
 --//--
 "#;
@@ -490,7 +653,7 @@ exec > >(tee /var/log/user-data.log|logger -t user-data -s 2>/dev/console) 2>&1
 /etc/eks/bootstrap.sh 'demo' --apiserver-endpoint 'https://example.eks.amazonaws.com' --b64-cluster-ca 'Q0E=' \
 --dns-cluster-ip '172.20.0.10' \
 --use-max-pods false \
---kubelet-extra-args '--node-labels=karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default --register-with-taints=dedicated=gpu:NoSchedule,karpenter.sh/unregistered=:NoExecute --max-pods=29'
+--kubelet-extra-args '--node-labels="karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default" --register-with-taints="dedicated=gpu:NoSchedule,karpenter.sh/unregistered:NoExecute" --max-pods=29'
 
 --//--
 "#;
@@ -529,6 +692,194 @@ dedicated = ["gpu:NoSchedule"]
         );
         assert_eq!(parsed["settings"]["host-containers"]["admin"]["enabled"].as_bool(), Some(true));
         assert!(generate(&bootstrap(&c, AmiFamily::Bottlerocket, &l, &[], Some("not = [toml"))).is_err());
+    }
+
+    #[test]
+    fn al2023_golden_with_full_kubelet() {
+        let (c, l, t, k) = (cluster(), labels(), taints(), full_kubelet());
+        let got = generate(&with_kubelet(bootstrap(&c, AmiFamily::AL2023, &l, &t, None), &k)).unwrap();
+        let want = r#"MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="//"
+
+--//
+Content-Type: application/node.eks.aws
+
+apiVersion: node.eks.aws/v1alpha1
+kind: NodeConfig
+spec:
+  cluster:
+    apiServerEndpoint: https://example.eks.amazonaws.com
+    certificateAuthority: Q0E=
+    cidr: 172.20.0.0/16
+    name: demo
+  kubelet:
+    config:
+      clusterDNS:
+      - "10.0.100.10"
+      cpuCFSQuota: false
+      evictionHard:
+        memory.available: 5%
+        nodefs.available: 10%
+        nodefs.inodesFree: 10%
+      evictionMaxPodGracePeriod: 60
+      evictionSoft:
+        memory.available: 500Mi
+        nodefs.available: 15%
+        nodefs.inodesFree: 15%
+      evictionSoftGracePeriod:
+        memory.available: 1m0s
+        nodefs.available: 1m30s
+        nodefs.inodesFree: 2h0m0s
+      imageGCHighThresholdPercent: 85
+      imageGCLowThresholdPercent: 80
+      kubeReserved:
+        cpu: 200m
+        ephemeral-storage: 3Gi
+        memory: 200Mi
+      maxPods: 110
+      podsPerCore: 10
+      registerWithTaints:
+      - effect: NoSchedule
+        key: dedicated
+        value: gpu
+      - effect: NoExecute
+        key: karpenter.sh/unregistered
+      systemReserved:
+        cpu: 100m
+        ephemeral-storage: 1Gi
+        memory: 100Mi
+    flags:
+    - --node-labels="karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default"
+
+--//--
+"#;
+        assert_eq!(got, want, "\n{got}");
+    }
+
+    #[test]
+    fn al2_golden_with_full_kubelet() {
+        let (c, l, t, k) = (cluster(), labels(), taints(), full_kubelet());
+        let got = generate(&with_kubelet(bootstrap(&c, AmiFamily::AL2, &l, &t, None), &k)).unwrap();
+        let want = r#"MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="//"
+
+--//
+Content-Type: text/x-shellscript; charset="us-ascii"
+
+#!/bin/bash -xe
+exec > >(tee /var/log/user-data.log|logger -t user-data -s 2>/dev/console) 2>&1
+/etc/eks/bootstrap.sh 'demo' --apiserver-endpoint 'https://example.eks.amazonaws.com' --b64-cluster-ca 'Q0E=' \
+--dns-cluster-ip '10.0.100.10' \
+--use-max-pods false \
+--kubelet-extra-args '--node-labels="karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default" --register-with-taints="dedicated=gpu:NoSchedule,karpenter.sh/unregistered:NoExecute" --max-pods=110 --pods-per-core=10 --system-reserved="cpu=100m,ephemeral-storage=1Gi,memory=100Mi" --kube-reserved="cpu=200m,ephemeral-storage=3Gi,memory=200Mi" --eviction-hard="memory.available<5%,nodefs.available<10%,nodefs.inodesFree<10%" --eviction-soft="memory.available<500Mi,nodefs.available<15%,nodefs.inodesFree<15%" --eviction-soft-grace-period="memory.available=1m0s,nodefs.available=1m30s,nodefs.inodesFree=2h0m0s" --eviction-max-pod-grace-period=60 --image-gc-high-threshold=85 --image-gc-low-threshold=80 --cpu-cfs-quota=false'
+
+--//--
+"#;
+        assert_eq!(got, want, "\n{got}");
+    }
+
+    #[test]
+    fn bottlerocket_golden_with_full_kubelet() {
+        let (c, l, t, k) = (cluster(), labels(), taints(), full_kubelet());
+        let got = generate(&with_kubelet(bootstrap(&c, AmiFamily::Bottlerocket, &l, &t, None), &k)).unwrap();
+        let want = r#"[settings.kubernetes]
+cluster-name = "demo"
+api-server = "https://example.eks.amazonaws.com"
+cluster-certificate = "Q0E="
+cluster-dns-ip = "10.0.100.10"
+max-pods = 110
+image-gc-high-threshold-percent = "85"
+image-gc-low-threshold-percent = "80"
+cpu-cfs-quota-enforced = false
+
+[settings.kubernetes.node-labels]
+"karpenter.sh/capacity-type" = "spot"
+"karpenter.sh/nodepool" = "default"
+
+[settings.kubernetes.node-taints]
+dedicated = ["gpu:NoSchedule"]
+"karpenter.sh/unregistered" = [":NoExecute"]
+
+[settings.kubernetes.eviction-hard]
+"memory.available" = "5%"
+"nodefs.available" = "10%"
+"nodefs.inodesFree" = "10%"
+
+[settings.kubernetes.kube-reserved]
+cpu = "200m"
+ephemeral-storage = "3Gi"
+memory = "200Mi"
+
+[settings.kubernetes.system-reserved]
+cpu = "100m"
+ephemeral-storage = "1Gi"
+memory = "100Mi"
+"#;
+        assert_eq!(got, want, "\n{got}");
+    }
+
+    #[test]
+    fn al2_ipv6_dns_no_max_pods_and_no_taints() {
+        let (c, l) = (cluster(), labels());
+        let k = KubeletConfiguration { cluster_dns: Some(vec!["fd00:ec2::a".into()]), ..Default::default() };
+        let b =
+            Bootstrap { max_pods: None, ..with_kubelet(bootstrap(&c, AmiFamily::AL2, &l, &[], None), &k) };
+        let got = generate(&b).unwrap();
+        assert!(
+            got.contains(
+                "--b64-cluster-ca 'Q0E=' \\\n--ip-family ipv6 \\\n--dns-cluster-ip 'fd00:ec2::a' \\\n--kubelet-extra-args"
+            ),
+            "{got}"
+        );
+        assert!(!got.contains("--use-max-pods"), "bootstrap.sh keeps its own max pods: {got}");
+        assert!(got.contains(" --register-with-taints=\"\"'"), "{got}");
+        assert!(!got.contains("--max-pods"), "{got}");
+    }
+
+    #[test]
+    fn bottlerocket_settings_replace_the_user_data_ones() {
+        let (c, l, t) = (cluster(), labels(), taints());
+        let k = KubeletConfiguration {
+            cluster_dns: Some(vec!["10.0.0.10".into(), "10.0.0.11".into()]),
+            eviction_hard: Some(BTreeMap::from([("memory.available".into(), "200Mi".into())])),
+            eviction_soft: Some(BTreeMap::from([("memory.available".into(), "1Gi".into())])),
+            eviction_soft_grace_period: Some(BTreeMap::from([("memory.available".into(), "1m".into())])),
+            pods_per_core: Some(4),
+            ..Default::default()
+        };
+        let custom = r#"[settings.kubernetes]
+max-pods = 5
+
+[settings.kubernetes.node-taints]
+legacy = ["x:NoSchedule"]
+
+[settings.kubernetes.eviction-hard]
+"nodefs.available" = "20%"
+
+[settings.kubernetes.eviction-soft]
+"memory.available" = "300Mi"
+"#;
+        let b = with_kubelet(bootstrap(&c, AmiFamily::Bottlerocket, &l, &t, Some(custom)), &k);
+        let doc: toml_edit::DocumentMut = generate(&b).unwrap().parse().unwrap();
+        let k8s = &doc["settings"]["kubernetes"];
+        let dns: Vec<&str> =
+            k8s["cluster-dns-ip"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        assert_eq!(dns, ["10.0.0.10", "10.0.0.11"]);
+        assert_eq!(k8s["max-pods"].as_integer(), Some(29));
+        let taints = k8s["node-taints"].as_table().unwrap();
+        assert_eq!(
+            taints.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["dedicated", "karpenter.sh/unregistered"]
+        );
+        let hard = k8s["eviction-hard"].as_table().unwrap();
+        assert_eq!(hard.iter().map(|(k, _)| k).collect::<Vec<_>>(), ["memory.available"]);
+        assert_eq!(hard["memory.available"].as_str(), Some("200Mi"));
+        // Not Karpenter's to write: soft thresholds and pods per core. The user data's own
+        // settings stay.
+        assert_eq!(k8s["eviction-soft"]["memory.available"].as_str(), Some("300Mi"));
+        for key in ["eviction-soft-grace-period", "pods-per-core"] {
+            assert!(k8s.get(key).is_none(), "{key}");
+        }
     }
 
     #[test]
