@@ -402,7 +402,9 @@ def node_resources(
     """Capacity and allocatable, with the reservations nodeadm/bootstrap.sh configure by default."""
     pods = max_pods if max_pods is not None else eni_limited_pods(info)
     cpu = info.vcpus * 1000
-    memory = (info.memory_mib - math.ceil(info.memory_mib * VM_MEMORY_OVERHEAD_PERCENT)) * MI
+    # Graviton types keep 64 MiB for the contiguous memory allocator.
+    mib = info.memory_mib - (64 if info.architectures[:1] == ("arm64",) else 0)
+    memory = (mib - math.ceil(mib * VM_MEMORY_OVERHEAD_PERCENT)) * MI
     capacity = {
         "cpu": str(info.vcpus),
         "memory": f"{memory // 1024}Ki",
@@ -417,7 +419,8 @@ def node_resources(
             capacity[resource] = str(int(capacity.get(resource, "0")) + count)
     allocatable = dict(capacity)
     allocatable["cpu"] = f"{cpu - kube_reserved_cpu_millis(cpu)}m"
-    reserved_memory = (11 * pods + 255) * MI + 100 * MI  # kube-reserved + eviction threshold
+    # kube-reserved (sized for the ENI-limited pod count, whatever max-pods says) + eviction threshold
+    reserved_memory = (11 * eni_limited_pods(info) + 255) * MI + 100 * MI
     allocatable["memory"] = f"{max(memory - reserved_memory, 0) // 1024}Ki"
     reserved_storage = GI + math.ceil(ephemeral_storage * 0.1)  # kube-reserved + nodefs.available
     allocatable["ephemeral-storage"] = str(max(ephemeral_storage - reserved_storage, 0))

@@ -270,7 +270,19 @@ def test_resources_follow_eks_defaults() -> None:
     assert allocatable["memory"] == f"{(7577 - 574 - 100) * 1024}Ki"
     assert allocatable["ephemeral-storage"] == str(20 * 1024**3 - 1024**3 - 2147483648)
     assert allocatable["pods"] == "29"
-    assert standin.node_resources(M5_LARGE, 110)[0]["pods"] == "110"
+    capacity, allocatable = standin.node_resources(M5_LARGE, 110)
+    assert capacity["pods"] == "110"
+    # kube-reserved memory stays sized for the 29 ENI-limited pods.
+    assert allocatable["memory"] == f"{(7577 - 574 - 100) * 1024}Ki"
+
+
+def test_graviton_memory_keeps_the_cma_reservation() -> None:
+    c6g = standin.TypeInfo(
+        name="c6g.xlarge", vcpus=4, memory_mib=8192, architectures=("arm64",), max_enis=4, ipv4_per_eni=15
+    )
+    capacity, _ = standin.node_resources(c6g, None)
+    # 8192Mi less 64Mi, less 7.5% of the 8128Mi left (610Mi).
+    assert capacity["memory"] == f"{7518 * 1024}Ki"
 
 
 @pytest.mark.parametrize("millis,reserved", [(1000, 60), (2000, 70), (4000, 80), (8000, 90), (96000, 310)])

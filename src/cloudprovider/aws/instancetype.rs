@@ -365,14 +365,15 @@ pub fn kube_reserved_cpu(cpu_millis: i64) -> i64 {
 }
 
 /// Resources reserved for Kubernetes daemons: the defaults, overridden per key by the kubelet's
-/// `kubeReserved`.
+/// `kubeReserved`. The memory is sized for `memory_pods` pods (see [`memory_overhead_pods`]).
 pub fn kube_reserved(
     capacity: &Resources,
+    memory_pods: i64,
     kubelet: Option<&KubeletConfiguration>,
 ) -> Result<Resources, QuantityError> {
     let mut r = Resources::from_pairs([
         (CPU, kube_reserved_cpu(capacity.cpu)),
-        (MEMORY, (11 * capacity.pods + 255) * MI),
+        (MEMORY, (11 * memory_pods + 255) * MI),
         (EPHEMERAL_STORAGE, GI),
     ]);
     apply_overrides(&mut r, kubelet.and_then(|k| k.kube_reserved.as_ref()))?;
@@ -442,13 +443,27 @@ fn threshold(value: &str, total: i64, resource: &str) -> Result<i64, QuantityErr
     }
 }
 
+/// The pod count kube-reserved memory is sized for. The Amazon Linux and custom images reserve
+/// memory for the ENI-limited pod count (without reserved ENIs) whatever `maxPods` says, as their
+/// bootstrap does; Bottlerocket reserves it for the node's pod capacity.
+pub fn memory_overhead_pods(info: &TypeInfo, settings: &Settings<'_>, pods: i64) -> i64 {
+    match settings.ami_family {
+        AmiFamily::AL2 | AmiFamily::AL2023 | AmiFamily::Custom => eni_limited_pods(info, 0).unwrap_or(pods),
+        AmiFamily::Bottlerocket
+        | AmiFamily::Windows2019
+        | AmiFamily::Windows2022
+        | AmiFamily::Windows2025 => pods,
+    }
+}
+
 /// The full overhead of a node of this type.
 pub fn overhead(
     capacity: &Resources,
+    memory_pods: i64,
     kubelet: Option<&KubeletConfiguration>,
 ) -> Result<Overhead, QuantityError> {
     Ok(Overhead {
-        kube_reserved: kube_reserved(capacity, kubelet)?,
+        kube_reserved: kube_reserved(capacity, memory_pods, kubelet)?,
         system_reserved: system_reserved(kubelet)?,
         eviction_threshold: eviction_threshold(capacity, kubelet)?,
     })
@@ -584,7 +599,8 @@ pub fn instance_type(
     offerings: Vec<Offering>,
 ) -> Result<InstanceType, QuantityError> {
     let capacity = capacity(info, settings);
-    let overhead = overhead(&capacity, settings.kubelet)?;
+    let memory_pods = memory_overhead_pods(info, settings, capacity.pods);
+    let overhead = overhead(&capacity, memory_pods, settings.kubelet)?;
     Ok(InstanceType::new(
         info.name.clone(),
         requirements(info, settings.region),
@@ -805,7 +821,8 @@ pub(crate) mod tests {
         let it = instance_type(&m5_large(), &settings, vec![]).unwrap();
         assert_eq!(it.capacity.pods, 20, "podsPerCore caps maxPods");
         assert_eq!(it.overhead.kube_reserved.cpu, 200);
-        assert_eq!(it.overhead.kube_reserved.memory, (11 * 20 + 255) * MI);
+        // Amazon Linux sizes kube-reserved memory for the ENI-limited 29 pods, not the 20 allowed.
+        assert_eq!(it.overhead.kube_reserved.memory, (11 * 29 + 255) * MI);
         assert_eq!(it.overhead.system_reserved.memory, GI);
         // 5% of 7577Mi; the larger evictionSoft threshold does not count.
         assert_eq!(it.overhead.eviction_threshold.memory, (7577.0 * MI as f64 * 0.05).ceil() as i64);
@@ -813,6 +830,8 @@ pub(crate) mod tests {
 
         let bottlerocket = Settings { ami_family: AmiFamily::Bottlerocket, ..settings };
         assert_eq!(pods(&m5_large(), &bottlerocket), 110);
+        let it = instance_type(&m5_large(), &bottlerocket, vec![]).unwrap();
+        assert_eq!(it.overhead.kube_reserved.memory, (11 * 110 + 255) * MI, "Bottlerocket: the pod capacity");
         let reserved = Settings { reserved_enis: 1, ..default_settings() };
         assert_eq!(pods(&m5_large(), &reserved), 20);
         let raid = Settings { instance_store_raid0: true, ..default_settings() };
