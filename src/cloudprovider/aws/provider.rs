@@ -18,7 +18,7 @@ use super::nodeclass::{self, Resolution};
 use super::pricing::Pricing;
 use super::userdata::{self, Bootstrap, ClusterInfo};
 use super::{amifamily, sdk_error};
-use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
+use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, InstanceStorePolicy};
 use crate::apis::labels::*;
 use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
 use crate::cloudprovider::{
@@ -721,6 +721,7 @@ impl AwsCloudProvider {
             labels: &labels,
             taints: &taints,
             custom: spec.user_data.as_deref(),
+            instance_store_raid0: spec.instance_store_policy == Some(InstanceStorePolicy::RAID0),
         })
         .map_err(|e| CloudProviderError::Config(format!("user data of EC2NodeClass: {e}")))?;
         let mut tags = spec.tags.clone();

@@ -61,6 +61,9 @@ pub struct Bootstrap<'a> {
     pub taints: &'a [Taint],
     /// The class's own user data.
     pub custom: Option<&'a str>,
+    /// `instanceStorePolicy: RAID0`: the instance-store volumes become one RAID0 array that
+    /// holds the node's ephemeral storage.
+    pub instance_store_raid0: bool,
 }
 
 /// User data that cannot be generated.
@@ -323,16 +326,20 @@ fn al2023(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     if let Some(cidr) = &b.cluster.service_cidr {
         cluster.insert("cidr".into(), json!(cidr));
     }
+    let mut spec = json!({"cluster": Value::Object(cluster), "kubelet": Value::Object(kubelet)});
+    if b.instance_store_raid0 {
+        spec["instance"] = json!({"localStorage": {"strategy": "RAID0"}});
+    }
     let node_config = json!({
         "apiVersion": "node.eks.aws/v1alpha1",
         "kind": "NodeConfig",
-        "spec": {"cluster": Value::Object(cluster), "kubelet": Value::Object(kubelet)},
+        "spec": spec,
     });
     let yaml = serde_saphyr::to_string(&node_config).map_err(UserDataError::Yaml)?;
     let mut parts = custom_parts(b.custom, "application/node.eks.aws");
     parts.push(Part {
         content_type: "application/node.eks.aws".to_string(),
-        body: yaml.trim_end().to_string(),
+        body: format!("# Karpenter Generated NodeConfig\n{}", yaml.trim_end()),
     });
     Ok(mime(&parts))
 }
@@ -369,6 +376,9 @@ fn al2(b: &Bootstrap<'_>) -> String {
     }
     let args = kubelet_extra_args(b);
     script.push_str(&format!(" \\\n--kubelet-extra-args {}", shell_quote(&args.join(" "))));
+    if b.instance_store_raid0 {
+        script.push_str(" \\\n--local-disks raid0");
+    }
     let mut parts = custom_parts(b.custom, "text/x-shellscript; charset=\"us-ascii\"");
     parts.push(Part { content_type: "text/x-shellscript; charset=\"us-ascii\"".to_string(), body: script });
     mime(&parts)
@@ -469,6 +479,29 @@ fn bottlerocket(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
             }
         }
     }
+    if b.instance_store_raid0 {
+        // Bottlerocket's API client assembles the instance-store volumes and binds the
+        // directories that hold images, pods' volumes and logs onto them, on every boot.
+        let settings = subtable(doc.as_table_mut(), "settings", true).ok_or(UserDataError::Settings)?;
+        let commands = subtable(settings, "bootstrap-commands", true)
+            .and_then(|c| subtable(c, "000-mount-instance-storage", false))
+            .ok_or(UserDataError::Settings)?;
+        let argv = |words: &[&str]| words.iter().copied().collect::<Array>();
+        let mut list = Array::new();
+        list.push(argv(&["apiclient", "ephemeral-storage", "init"]));
+        list.push(argv(&[
+            "apiclient",
+            "ephemeral-storage",
+            "bind",
+            "--dirs",
+            "/var/lib/containerd",
+            "/var/lib/kubelet",
+            "/var/log/pods",
+        ]));
+        commands["commands"] = value(list);
+        commands["mode"] = value("always");
+        commands["essential"] = value(true);
+    }
     Ok(doc.to_string())
 }
 
@@ -514,7 +547,16 @@ mod tests {
         taints: &'a [Taint],
         custom: Option<&'a str>,
     ) -> Bootstrap<'a> {
-        Bootstrap { cluster: c, family, kubelet: None, max_pods: Some(29), labels, taints, custom }
+        Bootstrap {
+            cluster: c,
+            family,
+            kubelet: None,
+            max_pods: Some(29),
+            labels,
+            taints,
+            custom,
+            instance_store_raid0: false,
+        }
     }
 
     /// A class setting every kubelet field user data carries.
@@ -593,6 +635,7 @@ Content-Type: multipart/mixed; boundary="//"
 --//
 Content-Type: application/node.eks.aws
 
+# Karpenter Generated NodeConfig
 apiVersion: node.eks.aws/v1alpha1
 kind: NodeConfig
 spec:
@@ -704,6 +747,7 @@ Content-Type: multipart/mixed; boundary="//"
 --//
 Content-Type: application/node.eks.aws
 
+# Karpenter Generated NodeConfig
 apiVersion: node.eks.aws/v1alpha1
 kind: NodeConfig
 spec:
@@ -893,5 +937,43 @@ legacy = ["x:NoSchedule"]
             generate(&bootstrap(&c, AmiFamily::Windows2022, &l, &[], None)),
             Err(UserDataError::Unsupported(AmiFamily::Windows2022))
         ));
+    }
+
+    #[test]
+    fn raid0_instance_store_in_every_family() {
+        let c = cluster();
+        let labels = BTreeMap::new();
+        let raid =
+            |family| Bootstrap { instance_store_raid0: true, ..bootstrap(&c, family, &labels, &[], None) };
+
+        let al2 = generate(&raid(AmiFamily::AL2)).unwrap();
+        let script = al2.lines().skip_while(|l| !l.starts_with("/etc/eks/bootstrap.sh")).collect::<Vec<_>>();
+        let last_flag = script.iter().rev().find(|l| l.starts_with("--") && !l.starts_with("--//"));
+        assert_eq!(last_flag, Some(&"--local-disks raid0"), "{al2}");
+        assert!(
+            !generate(&bootstrap(&c, AmiFamily::AL2, &labels, &[], None)).unwrap().contains("local-disks")
+        );
+
+        let al2023 = generate(&raid(AmiFamily::AL2023)).unwrap();
+        let yaml = &al2023[al2023.find("apiVersion: node.eks.aws").unwrap()..al2023.rfind("--//").unwrap()];
+        let config: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        assert_eq!(config["spec"]["instance"]["localStorage"]["strategy"], "RAID0", "{al2023}");
+
+        let custom = "[settings.bootstrap-commands.010-mine]\ncommands = [[\"true\"]]\n";
+        let br = generate(&Bootstrap { custom: Some(custom), ..raid(AmiFamily::Bottlerocket) }).unwrap();
+        let doc: toml_edit::DocumentMut = br.parse().unwrap();
+        let commands = &doc["settings"]["bootstrap-commands"];
+        let mount = &commands["000-mount-instance-storage"];
+        assert_eq!(mount["mode"].as_str(), Some("always"));
+        assert_eq!(mount["essential"].as_bool(), Some(true));
+        let argv: Vec<Vec<&str>> = mount["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect())
+            .collect();
+        assert_eq!(argv[0], ["apiclient", "ephemeral-storage", "init"]);
+        assert_eq!(argv[1][..4], ["apiclient", "ephemeral-storage", "bind", "--dirs"]);
+        assert!(commands.get("010-mine").is_some(), "the class's own commands stay: {br}");
     }
 }
