@@ -716,6 +716,26 @@ async fn a_launch_template_deleted_behind_our_back_is_created_again() {
     p.create(&node_claim("ltgone-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     let templates = launch_templates_of(&p, &cluster).await;
     assert_eq!(templates.len(), 1, "{templates:?}");
+    // Tagged for IAM policies scoped to the cluster's and a NodePool's resources.
+    let name = templates.first().unwrap();
+    let described =
+        p.clients().ec2.describe_launch_templates().launch_template_names(name).send().await.unwrap();
+    let template = &described.launch_templates()[0];
+    let tags: BTreeSet<(&str, &str)> = template
+        .tags()
+        .iter()
+        .map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default()))
+        .collect();
+    let owned = format!("kubernetes.io/cluster/{cluster}");
+    for want in [
+        (owned.as_str(), "owned"),
+        ("eks:eks-cluster-name", cluster.as_str()),
+        ("karpenter.sh/nodepool", "default"),
+        ("karpenter.k8s.aws/ec2nodeclass", "default"),
+        ("karpenter.k8s.aws/cluster", cluster.as_str()),
+    ] {
+        assert!(tags.contains(&want), "{want:?} missing from {tags:?}");
+    }
     for name in &templates {
         p.clients().ec2.delete_launch_template().launch_template_name(name).send().await.unwrap();
     }

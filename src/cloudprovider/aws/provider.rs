@@ -724,9 +724,16 @@ impl AwsCloudProvider {
             instance_store_raid0: spec.instance_store_policy == Some(InstanceStorePolicy::RAID0),
         })
         .map_err(|e| CloudProviderError::Config(format!("user data of EC2NodeClass: {e}")))?;
+        // Tagged like the instances, so that IAM policies scoped to the cluster's and a
+        // NodePool's resources let the controller launch from the template.
         let mut tags = spec.tags.clone();
         tags.insert(CLUSTER_TAG.to_string(), self.cluster.name.clone());
+        tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
+        tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
         tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
+        if let Some(pool) = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) {
+            tags.insert(LABEL_NODEPOOL.to_string(), pool.clone());
+        }
         let mut sgs: Vec<String> = status.security_groups.iter().map(|g| g.id.clone()).collect();
         sgs.sort();
         Ok(LaunchTemplate {
