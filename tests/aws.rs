@@ -28,7 +28,7 @@ use karpenter::cloudprovider::aws::launchtemplate::LAUNCH_TEMPLATE_TTL;
 use karpenter::cloudprovider::aws::nodeclass::conditions;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
-use karpenter::controllers::garbagecollection::{self, collect_instances};
+use karpenter::controllers::garbagecollection::{self, KnownClaim, collect_instances};
 use serde_json::json;
 
 const IGNORE: &str = "needs the AWS emulator: make test";
@@ -819,18 +819,20 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     let (p, _) = provider("gc").await;
     let keep = p.create(&node_claim("gc-keep", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     let lost = p.create(&node_claim("gc-lost", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
-    let claims = [Arc::new(node_claim("gc-keep", &["m5.large"], CAPACITY_TYPE_ON_DEMAND))];
+    let claims = [KnownClaim { name: "gc-keep".to_string(), provider_id: None }];
     let now = k8s_openapi::jiff::Timestamp::now();
+    let instances = p.list().await.unwrap();
     // Within the grace period nothing is collected.
-    assert!(collect_instances(&p, &claims, now, garbagecollection::GRACE).await.unwrap().is_empty());
+    assert!(collect_instances(&p, &instances, &claims, now, garbagecollection::GRACE).await.is_empty());
     let later = now + Duration::from_secs(31);
-    let collected = collect_instances(&p, &claims, later, garbagecollection::GRACE).await.unwrap();
+    let collected = collect_instances(&p, &instances, &claims, later, garbagecollection::GRACE).await;
     let ids: Vec<&str> = collected.iter().map(|i| i.provider_id.as_str()).collect();
     assert_eq!(ids, [lost.provider_id.as_str()]);
     assert!(p.get(&lost.provider_id).await.unwrap_err().is_not_found());
     assert!(p.get(&keep.provider_id).await.is_ok());
-    // A terminated instance is not collected twice.
-    assert!(collect_instances(&p, &claims, later, garbagecollection::GRACE).await.unwrap().is_empty());
+    // A terminated instance is not listed, so not collected twice.
+    let instances = p.list().await.unwrap();
+    assert!(collect_instances(&p, &instances, &claims, later, garbagecollection::GRACE).await.is_empty());
 }
 
 #[tokio::test]

@@ -7,9 +7,10 @@
 //! provider ID or is the one named by its `karpenter.sh/nodeclaim` tag. Instances launched less
 //! than [`GRACE`] ago are left alone, since their NodeClaim may not be recorded yet.
 //!
-//! The controller runs every 10 s for its first rounds and every 2 min after that (as upstream),
-//! from the cluster-state caches, and only after they have synced: an empty cache would make
-//! every instance look leaked.
+//! The controller runs every 10 s for its first rounds and every 2 min after that (as upstream).
+//! Each round lists the instances first and then the NodeClaims, fresh from the API server and
+//! as plain JSON: a NodeClaim this version cannot parse still protects its instance, and a stale
+//! or empty cache can never make every instance look leaked.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::DeleteParams;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
@@ -36,6 +37,36 @@ const FAST_ROUNDS: u32 = 20;
 /// Delay between rounds after that.
 const INTERVAL: Duration = Duration::from_secs(120);
 
+/// What garbage collection needs of a NodeClaim: its name and the provider ID it recorded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KnownClaim {
+    /// The NodeClaim's name.
+    pub name: String,
+    /// Its `status.providerID`, once launched.
+    pub provider_id: Option<String>,
+}
+
+/// Every NodeClaim of the cluster, read as plain JSON so that one this version cannot parse
+/// still counts.
+pub async fn list_claims(client: &Client) -> Result<Vec<KnownClaim>, kube::Error> {
+    let resource = ApiResource::erase::<NodeClaim>(&());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .map(|o| KnownClaim {
+            name: o.name_any(),
+            provider_id: o
+                .data
+                .pointer("/status/providerID")
+                .and_then(|v| v.as_str())
+                .filter(|p| !p.is_empty())
+                .map(str::to_string),
+        })
+        .collect())
+}
+
 /// Instance states in which the instance is already going away.
 const GOING: [&str; 2] = ["shutting-down", "terminated"];
 
@@ -43,16 +74,13 @@ const GOING: [&str; 2] = ["shutting-down", "terminated"];
 /// without a launch time, or already shutting down, are never chosen.
 pub fn orphans<'a>(
     instances: &'a [Instance],
-    claims: &[Arc<NodeClaim>],
+    claims: &[KnownClaim],
     now: Timestamp,
     grace: Duration,
 ) -> Vec<&'a Instance> {
-    let names: HashSet<&str> = claims.iter().filter_map(|c| c.metadata.name.as_deref()).collect();
-    let provider_ids: HashSet<&str> = claims
-        .iter()
-        .filter_map(|c| c.status.as_ref()?.provider_id.as_deref())
-        .filter(|p| !p.is_empty())
-        .collect();
+    let names: HashSet<&str> = claims.iter().map(|c| c.name.as_str()).collect();
+    let provider_ids: HashSet<&str> =
+        claims.iter().filter_map(|c| c.provider_id.as_deref()).filter(|p| !p.is_empty()).collect();
     let cutoff = now.as_second().saturating_sub(i64::try_from(grace.as_secs()).unwrap_or(i64::MAX));
     instances
         .iter()
@@ -85,41 +113,55 @@ fn stand_in(instance: &Instance) -> NodeClaim {
     claim
 }
 
-/// Terminates the instances [`orphans`] chooses and returns them. An instance that is already
-/// gone counts as collected; any other failure is logged with the instance and skipped.
+/// Terminates those of `instances` that [`orphans`] chooses and returns them. An instance that
+/// is already gone counts as collected; any other failure is logged with the instance and
+/// skipped.
 pub async fn collect_instances(
     cloud: &dyn CloudProvider,
-    claims: &[Arc<NodeClaim>],
+    instances: &[Instance],
+    claims: &[KnownClaim],
     now: Timestamp,
     grace: Duration,
-) -> Result<Vec<Instance>, crate::cloudprovider::CloudProviderError> {
-    let instances = cloud.list().await?;
+) -> Vec<Instance> {
     let mut collected = Vec::new();
-    for instance in orphans(&instances, claims, now, grace) {
+    for instance in orphans(instances, claims, now, grace) {
         match cloud.delete(&stand_in(instance)).await {
             Ok(()) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => {
-                tracing::error!(provider_id = %instance.provider_id, error = %error_chain(&e), "garbage collecting cloudprovider instance");
+                tracing::error!("provider-id" = %instance.provider_id, error = %error_chain(&e), "garbage collecting cloudprovider instance");
                 continue;
             }
         }
-        tracing::info!(provider_id = %instance.provider_id, node_claim = ?instance.node_claim, "garbage collected cloudprovider instance");
+        tracing::info!("provider-id" = %instance.provider_id, NodeClaim = ?instance.node_claim, "garbage collected cloudprovider instance");
         collected.push(instance.clone());
     }
-    Ok(collected)
+    collected
 }
 
-/// One round: collects the leaked instances, then deletes the Nodes among `nodes` that they
-/// backed. Returns how many instances were collected.
+/// Why a round did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    /// The cloud provider could not list its instances.
+    #[error("listing cloudprovider instances")]
+    Instances(#[source] crate::cloudprovider::CloudProviderError),
+    /// The NodeClaims could not be listed.
+    #[error("listing nodeclaims")]
+    Claims(#[source] kube::Error),
+}
+
+/// One round: lists the instances, then the NodeClaims (in that order, so that a claim created
+/// while the instances are listed is seen), collects the leaked instances and deletes the Nodes
+/// among `nodes` that they backed. Returns how many instances were collected.
 pub async fn round(
     client: &Client,
     cloud: &dyn CloudProvider,
-    claims: &[Arc<NodeClaim>],
     nodes: &[Arc<Node>],
     grace: Duration,
-) -> Result<usize, crate::cloudprovider::CloudProviderError> {
-    let collected = collect_instances(cloud, claims, Timestamp::now(), grace).await?;
+) -> Result<usize, RoundError> {
+    let instances = cloud.list().await.map_err(RoundError::Instances)?;
+    let claims = list_claims(client).await.map_err(RoundError::Claims)?;
+    let collected = collect_instances(cloud, &instances, &claims, Timestamp::now(), grace).await;
     let api: Api<Node> = Api::all(client.clone());
     for instance in &collected {
         let backed = nodes.iter().filter(|n| {
@@ -128,7 +170,7 @@ pub async fn round(
         for node in backed {
             match api.delete(&node.name_any(), &DeleteParams::default()).await {
                 Ok(_) => {
-                    tracing::info!(Node = %node.name_any(), provider_id = %instance.provider_id, "garbage collected node");
+                    tracing::info!(Node = %node.name_any(), "provider-id" = %instance.provider_id, "garbage collected node");
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
@@ -148,12 +190,11 @@ pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bo
     }
     let mut rounds = 0u32;
     loop {
-        let claims = state.nodeclaims.state();
         let nodes = state.nodes.state();
-        match round(&ctx.client, ctx.cloud.as_ref(), &claims, &nodes, GRACE).await {
+        match round(&ctx.client, ctx.cloud.as_ref(), &nodes, GRACE).await {
             Ok(_) => rounds = rounds.saturating_add(1),
             Err(e) => {
-                tracing::error!(controller = "instance.garbagecollection", error = %error_chain(&e), "listing cloudprovider instances")
+                tracing::error!(controller = "instance.garbagecollection", error = %error_chain(&e), "Reconciler error")
             }
         }
         let wait = if rounds <= FAST_ROUNDS { FAST_INTERVAL } else { INTERVAL };
@@ -178,11 +219,8 @@ mod tests {
         }
     }
 
-    fn claim(name: &str, provider_id: Option<&str>) -> Arc<NodeClaim> {
-        let mut c = stand_in(&instance("i-0", Some(name), "2026-01-01T00:00:00Z", "running"));
-        c.status =
-            Some(NodeClaimStatus { provider_id: provider_id.map(str::to_string), ..Default::default() });
-        Arc::new(c)
+    fn claim(name: &str, provider_id: Option<&str>) -> KnownClaim {
+        KnownClaim { name: name.to_string(), provider_id: provider_id.map(str::to_string) }
     }
 
     #[test]
