@@ -256,8 +256,10 @@ fn add_template_label_rules(schema: &mut Schema) {
 }
 
 /// Version of the NodePool hash scheme, written next to the hash so that a change of scheme is
-/// not mistaken for drift.
-pub const NODEPOOL_HASH_VERSION: &str = "v3";
+/// not mistaken for drift. Distinct from upstream's versions: the hashes differ, and NodeClaims
+/// made by upstream Karpenter (or by this controller, after a switch back) are re-stamped rather
+/// than compared.
+pub const NODEPOOL_HASH_VERSION: &str = "rs-v1";
 
 impl NodePool {
     /// The pool's weight, 0 when unset.

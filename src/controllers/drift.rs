@@ -3,8 +3,10 @@
 //! and clears it when they match again.
 //!
 //! A NodeClaim has drifted, checked in this order, when:
-//! 1. its `karpenter.sh/nodepool-hash` annotation differs from its NodePool's (same hash
-//!    version): the NodePool's template changed (`NodePoolDrifted`);
+//! 1. its `karpenter.sh/nodepool-hash` annotation differs from its NodePool's current hash: the
+//!    NodePool's template changed (`NodePoolDrifted`). A claim whose hash is of another scheme
+//!    (`karpenter.sh/nodepool-hash-version`), such as one upstream Karpenter made, is re-stamped
+//!    with the current hash instead, as upstream does when its scheme changes;
 //! 2. one of its labels has a value its NodePool's requirements no longer allow
 //!    (`RequirementsDrifted`);
 //! 3. the cloud provider says so, e.g. a new AMI or other subnets (`AMIDrift`, `SubnetDrift`,
@@ -27,6 +29,7 @@ use super::Context;
 use super::nodeclaim::logic::{ConditionUpdate, is_true, set_condition};
 use crate::apis::labels::{ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, LABEL_NODEPOOL};
 use crate::apis::nodeclaim::conditions::{DRIFTED, LAUNCHED};
+use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::CloudProvider;
 use crate::operator::leader::error_chain;
@@ -40,14 +43,17 @@ pub const NODEPOOL_DRIFTED: &str = "NodePoolDrifted";
 /// A label of the NodeClaim is no longer allowed by its NodePool.
 pub const REQUIREMENTS_DRIFTED: &str = "RequirementsDrifted";
 
+/// Whether `claim`'s NodePool hash is of the current scheme (else it is re-stamped, not
+/// compared).
+pub fn current_hash_scheme(claim: &NodeClaim) -> bool {
+    claim.annotations().get(ANNOTATION_NODEPOOL_HASH_VERSION).map(String::as_str)
+        == Some(NODEPOOL_HASH_VERSION)
+}
+
 /// Whether `claim` drifted from `pool` without asking the cloud provider: the reason, if so.
 pub fn static_drift(claim: &NodeClaim, pool: &NodePool) -> Option<&'static str> {
-    let (claim_notes, pool_notes) = (claim.annotations(), pool.annotations());
-    if let (Some(c), Some(p)) =
-        (claim_notes.get(ANNOTATION_NODEPOOL_HASH), pool_notes.get(ANNOTATION_NODEPOOL_HASH))
-        && claim_notes.get(ANNOTATION_NODEPOOL_HASH_VERSION)
-            == pool_notes.get(ANNOTATION_NODEPOOL_HASH_VERSION)
-        && c != p
+    if current_hash_scheme(claim)
+        && claim.annotations().get(ANNOTATION_NODEPOOL_HASH).is_some_and(|h| *h != pool.hash())
     {
         return Some(NODEPOOL_DRIFTED);
     }
@@ -75,6 +81,13 @@ pub async fn round(
             continue;
         }
         let pool = claim.labels().get(LABEL_NODEPOOL).and_then(|p| pools.get(p).copied());
+        if let Some(pool) = pool
+            && !current_hash_scheme(claim)
+        {
+            // The claim changed: the next round looks at it again.
+            restamp(&api, claim, pool).await;
+            continue;
+        }
         let mut reason = pool.and_then(|p| static_drift(claim, p));
         if reason.is_none() {
             match cloud.is_drifted(claim).await {
@@ -128,6 +141,26 @@ pub async fn round(
     changed
 }
 
+/// Writes `pool`'s current hash onto `claim`, whose hash is of another scheme.
+async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": claim.resource_version(),
+            "annotations": {
+                ANNOTATION_NODEPOOL_HASH: pool.hash(),
+                ANNOTATION_NODEPOOL_HASH_VERSION: NODEPOOL_HASH_VERSION,
+            },
+        },
+    });
+    match api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => tracing::debug!(NodeClaim = %claim.name_any(), "re-stamped the nodeclaim's nodepool hash"),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+        Err(e) => {
+            tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "re-stamping the nodeclaim's nodepool hash")
+        }
+    }
+}
+
 /// Runs the controller until `stop` turns true.
 pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
     tokio::select! {
@@ -154,12 +187,12 @@ mod tests {
     use crate::cloudprovider::{BoxFuture, CloudProviderError, DriftReason, Instance, Result};
     use crate::scheduling::instancetypes::InstanceType;
 
-    fn pool(hash: &str, zones: &[&str]) -> NodePool {
+    /// A NodePool whose template labels its nodes `team=<team>`.
+    fn pool(team: &str, zones: &[&str]) -> NodePool {
         serde_json::from_value(json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-            "metadata": {"name": "default", "annotations": {
-                ANNOTATION_NODEPOOL_HASH: hash, ANNOTATION_NODEPOOL_HASH_VERSION: "v3"}},
-            "spec": {"template": {"spec": {
+            "metadata": {"name": "default"},
+            "spec": {"template": {"metadata": {"labels": {"team": team}}, "spec": {
                 "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
                 "requirements": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": zones}],
             }}}
@@ -187,14 +220,18 @@ mod tests {
 
     #[test]
     fn static_drift_reasons() {
-        let p = pool("h1", &["us-west-2a", "us-west-2b"]);
-        assert_eq!(static_drift(&claim("c", "h1", "v3", Some("us-west-2a")), &p), None);
-        assert_eq!(static_drift(&claim("c", "h0", "v3", Some("us-west-2a")), &p), Some(NODEPOOL_DRIFTED));
-        // Hashes of different versions are not compared.
-        assert_eq!(static_drift(&claim("c", "h0", "v2", Some("us-west-2a")), &p), None);
-        assert_eq!(static_drift(&claim("c", "h1", "v3", Some("us-west-2c")), &p), Some(REQUIREMENTS_DRIFTED));
+        let p = pool("a", &["us-west-2a", "us-west-2b"]);
+        let (h, v) = (p.hash(), NODEPOOL_HASH_VERSION);
+        assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2a")), &p), None);
+        assert_eq!(static_drift(&claim("c", "0", v, Some("us-west-2a")), &p), Some(NODEPOOL_DRIFTED));
+        // The template changed.
+        let changed = pool("b", &["us-west-2a", "us-west-2b"]);
+        assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2a")), &changed), Some(NODEPOOL_DRIFTED));
+        // A hash of another scheme (upstream's v3) is not compared.
+        assert_eq!(static_drift(&claim("c", "0", "v3", Some("us-west-2a")), &p), None);
+        assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2c")), &p), Some(REQUIREMENTS_DRIFTED));
         // A label the claim does not have is not drift.
-        assert_eq!(static_drift(&claim("c", "h1", "v3", None), &p), None);
+        assert_eq!(static_drift(&claim("c", &h, v, None), &p), None);
     }
 
     /// A cloud whose instances drift when the test says so.
@@ -234,14 +271,15 @@ mod tests {
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         let name = format!("drift-{:x}-{nanos:x}", std::process::id());
-        api.create(&PostParams::default(), &claim(&name, "h1", "v3", Some("us-west-2a"))).await.unwrap();
+        // Made by upstream Karpenter: a hash of its own scheme.
+        api.create(&PostParams::default(), &claim(&name, "1234", "v3", Some("us-west-2a"))).await.unwrap();
         let launched = json!({"status": {"conditions": [{
             "type": LAUNCHED, "status": "True", "reason": "Launched", "message": "",
             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&launched)).await.unwrap();
 
         let cloud = DriftingCloud(Mutex::new(None));
-        let pools = [Arc::new(pool("h1", &["us-west-2a"]))];
+        let pools = [Arc::new(pool("a", &["us-west-2a"]))];
         let drifted = |c: &NodeClaim| {
             c.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == DRIFTED)).cloned()
         };
@@ -259,6 +297,14 @@ mod tests {
 
         let (changed, c) = look(&client, &name, &cloud, &pools).await;
         assert_eq!((changed, drifted(&c)), (0, None), "nothing drifted");
+        let notes = c.annotations();
+        assert_eq!(notes.get(ANNOTATION_NODEPOOL_HASH), Some(&pools[0].hash()), "re-stamped");
+        assert_eq!(
+            notes.get(ANNOTATION_NODEPOOL_HASH_VERSION).map(String::as_str),
+            Some(NODEPOOL_HASH_VERSION)
+        );
+        let (changed, c) = look(&client, &name, &cloud, &pools).await;
+        assert_eq!((changed, drifted(&c)), (0, None), "still nothing drifted");
 
         *cloud.0.lock().unwrap() = Some(DriftReason::Ami);
         let (changed, c) = look(&client, &name, &cloud, &pools).await;
@@ -275,7 +321,7 @@ mod tests {
         assert_eq!(changed, 0, "an unchanged condition is not written again");
 
         // The NodePool's template changed: that reason comes first.
-        let changed_pool = [Arc::new(pool("h2", &["us-west-2a"]))];
+        let changed_pool = [Arc::new(pool("b", &["us-west-2a"]))];
         let (_, c) = look(&client, &name, &cloud, &changed_pool).await;
         assert_eq!(drifted(&c).unwrap().reason, NODEPOOL_DRIFTED);
 

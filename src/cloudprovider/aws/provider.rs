@@ -31,7 +31,7 @@ use crate::scheduling::resources::Resources;
 /// How long an offering that ran out of capacity is left out.
 pub const UNAVAILABLE_OFFERING_TTL: Duration = Duration::from_secs(180);
 /// Version of the node-class hash written to NodeClaims.
-pub const NODE_CLASS_HASH_VERSION: &str = "v1";
+pub const NODE_CLASS_HASH_VERSION: &str = "rs-v1";
 
 /// The AWS service clients the provider uses.
 #[derive(Clone, Debug)]
@@ -777,7 +777,12 @@ impl AwsCloudProvider {
         let (_, id) = crate::cloudprovider::parse_provider_id(pid)?;
         let (class, status) = self.ready_class(&node_claim.spec.node_class_ref.name)?;
         let inst = instance::get(&self.clients.ec2, &id).await?;
-        let hash = node_claim.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH));
+        // A hash of another scheme (upstream's, say) cannot be compared with ours.
+        let annotations = node_claim.metadata.annotations.as_ref();
+        let same_scheme =
+            annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH_VERSION)).map(String::as_str)
+                == Some(NODE_CLASS_HASH_VERSION);
+        let hash = annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH)).filter(|_| same_scheme);
         Ok(drift(&inst, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
     }
 }
