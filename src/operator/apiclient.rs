@@ -38,6 +38,34 @@ pub async fn client(qps: u32, burst: u32) -> Result<Client, kube::Error> {
     Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
 }
 
+/// The CA bundle the client trusts for the API server (from the kubeconfig or the in-cluster
+/// service account), base64-encoded PEM as `CLUSTER_CA_BUNDLE` takes it. `None` when the
+/// configuration names no CA of its own.
+pub async fn cluster_ca_bundle() -> Option<String> {
+    let config = Config::infer().await.ok()?;
+    ca_bundle(config.root_cert.as_deref()?)
+}
+
+/// Base64 of the PEM encoding of DER certificates.
+pub fn ca_bundle(certificates: &[Vec<u8>]) -> Option<String> {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    if certificates.is_empty() {
+        return None;
+    }
+    let mut pem = String::new();
+    for der in certificates {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let body = STANDARD.encode(der);
+        for line in body.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    Some(STANDARD.encode(pem))
+}
+
 /// A token bucket: `rate` tokens a second, holding at most `capacity`.
 #[derive(Debug)]
 pub struct TokenBucket {
@@ -204,6 +232,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ca_bundles_are_base64_pem() {
+        use base64::Engine;
+        assert_eq!(ca_bundle(&[]), None);
+        let der = vec![0x30u8; 100];
+        let bundle = ca_bundle(&[der.clone(), vec![1, 2, 3]]).unwrap();
+        let pem =
+            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(bundle).unwrap()).unwrap();
+        let lines: Vec<&str> = pem.lines().collect();
+        assert_eq!(lines[0], "-----BEGIN CERTIFICATE-----");
+        assert_eq!(lines[1].len(), 64, "wrapped at 64 characters");
+        assert_eq!(base64::engine::general_purpose::STANDARD.decode(lines[1..4].concat()).unwrap(), der);
+        assert_eq!(lines[4], "-----END CERTIFICATE-----");
+        assert_eq!(lines[5..], ["-----BEGIN CERTIFICATE-----", "AQID", "-----END CERTIFICATE-----"]);
+    }
 
     #[test]
     fn the_bucket_allows_a_burst_then_the_rate() {

@@ -262,7 +262,12 @@ async fn cloud_provider(
             let clients = AwsClients::from_env().await.map_err(fail)?;
             let mut options = Options::new(settings.cluster_name.clone().unwrap_or_default());
             options.cluster_endpoint = settings.cluster_endpoint.clone();
-            options.cluster_ca_bundle = settings.cluster_ca_bundle.clone();
+            // Without CLUSTER_CA_BUNDLE, nodes trust the CA this controller trusts (in a cluster,
+            // its service account's), as upstream; EKS's answer only when there is none.
+            options.cluster_ca_bundle = match &settings.cluster_ca_bundle {
+                Some(ca) => Some(ca.clone()),
+                None => apiclient::cluster_ca_bundle().await,
+            };
             options.kubernetes_version = match client.apiserver_version().await {
                 Ok(info) => {
                     Some(crate::cloudprovider::aws::provider::minor_version(&info.major, &info.minor))

@@ -78,6 +78,11 @@ pub enum UserDataError {
     /// The Bottlerocket settings could not be placed into the user data's TOML.
     #[error("user data has no room for settings.kubernetes")]
     Settings,
+    /// AL2023 nodes need the cluster's service CIDR, which only EKS DescribeCluster gives.
+    #[error(
+        "the cluster's service CIDR is unknown (EKS DescribeCluster did not answer); AL2023 nodes need it"
+    )]
+    MissingServiceCidr,
     /// Windows families are not supported yet.
     #[error("AMI family {0:?} is not supported")]
     Unsupported(AmiFamily),
@@ -323,9 +328,9 @@ fn al2023(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
     cluster.insert("name".into(), json!(b.cluster.name));
     cluster.insert("apiServerEndpoint".into(), json!(b.cluster.endpoint));
     cluster.insert("certificateAuthority".into(), json!(b.cluster.ca_bundle));
-    if let Some(cidr) = &b.cluster.service_cidr {
-        cluster.insert("cidr".into(), json!(cidr));
-    }
+    // nodeadm refuses a NodeConfig without the service CIDR.
+    let cidr = b.cluster.service_cidr.as_ref().ok_or(UserDataError::MissingServiceCidr)?;
+    cluster.insert("cidr".into(), json!(cidr));
     let mut spec = json!({"cluster": Value::Object(cluster), "kubelet": Value::Object(kubelet)});
     if b.instance_store_raid0 {
         spec["instance"] = json!({"localStorage": {"strategy": "RAID0"}});
@@ -975,5 +980,14 @@ legacy = ["x:NoSchedule"]
         assert_eq!(argv[0], ["apiclient", "ephemeral-storage", "init"]);
         assert_eq!(argv[1][..4], ["apiclient", "ephemeral-storage", "bind", "--dirs"]);
         assert!(commands.get("010-mine").is_some(), "the class's own commands stay: {br}");
+    }
+
+    #[test]
+    fn al2023_needs_the_service_cidr() {
+        let c = ClusterInfo { service_cidr: None, ..cluster() };
+        let labels = labels();
+        let err = generate(&bootstrap(&c, AmiFamily::AL2023, &labels, &[], None)).unwrap_err();
+        assert!(matches!(err, UserDataError::MissingServiceCidr), "{err}");
+        assert!(generate(&bootstrap(&c, AmiFamily::AL2, &labels, &[], None)).is_ok(), "AL2 does without");
     }
 }
