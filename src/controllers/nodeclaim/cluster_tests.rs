@@ -336,16 +336,21 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
         (initialized.reason == reasons::STARTUP_TAINTS_EXIST).then_some(())
     })
     .await;
-    let node = nodes.get(&name).await.unwrap();
-    let kept: Vec<_> = node
-        .spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.key != "example.com/agent-not-ready")
-        .collect();
-    let patch = json!({ "metadata": { "resourceVersion": node.metadata.resource_version }, "spec": { "taints": kept } });
-    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    // The agent removes its taint; the controller may be writing the Node meanwhile, so a
+    // conflict is retried as any client would.
+    eventually("the startup taint removed", limit, || async {
+        let node = nodes.get(&name).await.ok()?;
+        let kept: Vec<_> = node
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.key != "example.com/agent-not-ready")
+            .collect();
+        let patch = json!({ "metadata": { "resourceVersion": node.metadata.resource_version }, "spec": { "taints": kept } });
+        nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.ok().map(|_| ())
+    })
+    .await;
 
     let ready = eventually("initialization", limit, || async {
         let c = claims.get(&name).await.ok()?;
