@@ -142,9 +142,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             tracing::debug!(count = seeded, "node classes known from the API");
         }
         let mut tasks = JoinSet::new();
+        let mut first_refresh = None;
         if let Some(aws) = &aws {
-            // The first launches wait (a little) for the instance types and current prices, so
-            // that a NodePool allowing spot does not start on on-demand for want of spot prices.
             let (fetched_tx, fetched) = tokio::sync::oneshot::channel();
             tasks.spawn(controllers::refresh::run(
                 aws.clone(),
@@ -152,11 +151,22 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
                 fetched_tx,
                 ctrl_stop.clone(),
             ));
-            if tokio::time::timeout(FIRST_REFRESH_WAIT, fetched).await.is_err() {
-                tracing::warn!("instance types and prices are not fetched yet; starting without them");
-            }
+            first_refresh = Some(fetched);
         }
-        tasks.spawn(controllers::provisioning::run(ctx.clone(), state.clone(), changes, ctrl_stop.clone()));
+        {
+            // The first launches wait (a little) for the instance types and current prices, so
+            // that a NodePool allowing spot does not start on on-demand for want of spot prices.
+            // The other controllers start at once.
+            let (ctx, state, stop) = (ctx.clone(), state.clone(), ctrl_stop.clone());
+            tasks.spawn(async move {
+                if let Some(fetched) = first_refresh
+                    && tokio::time::timeout(FIRST_REFRESH_WAIT, fetched).await.is_err()
+                {
+                    tracing::warn!("instance types and prices are not fetched yet; starting without them");
+                }
+                controllers::provisioning::run(ctx, state, changes, stop).await;
+            });
+        }
         tasks.spawn(controllers::garbagecollection::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
         tasks.spawn(controllers::drift::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
         tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));

@@ -64,9 +64,11 @@ impl Catalog {
                 *state = Some((data.clone(), now));
                 Ok(data)
             }
-            Err(e) => match state.as_ref() {
-                Some((data, _)) => {
+            Err(e) => match state.as_mut() {
+                Some((data, at)) => {
                     tracing::warn!(error = %e, "refreshing the instance-type catalog failed; keeping the old one");
+                    // Not asked again on every use: the refresh controller retries with backoff.
+                    *at = now;
                     Ok(data.clone())
                 }
                 None => Err(e),
