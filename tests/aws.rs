@@ -1036,3 +1036,26 @@ async fn the_instance_profile_follows_the_role() {
     let roles: Vec<&str> = second.roles().iter().map(|r| r.role_name()).collect();
     assert_eq!(roles, [other.as_str()]);
 }
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn concurrent_launches_create_one_launch_template() {
+    let (p, cluster) = provider("ltrace").await;
+    let claims: Vec<NodeClaim> =
+        (0..4).map(|i| node_claim(&format!("ltrace-{i}"), &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).collect();
+    let launches = futures::future::join_all(claims.iter().map(|c| p.create(c))).await;
+    assert!(launches.iter().all(Result::is_ok), "{launches:?}");
+    let described = p
+        .clients()
+        .ec2
+        .describe_launch_templates()
+        .filters(Filter::builder().name("tag:karpenter.k8s.aws/cluster").values(&cluster).build())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(described.launch_templates().len(), 1, "{:?}", described.launch_templates());
+    // Deleting the class's templates goes by ID and finds nothing left behind.
+    let deleted = p.delete_launch_templates("default").await.unwrap();
+    assert_eq!(deleted.len(), 1);
+    assert!(launch_templates_of(&p, &cluster).await.is_empty());
+}

@@ -38,13 +38,8 @@ impl Kind {
             Kind::InstanceTypes => provider.refresh_catalog().await,
             Kind::OnDemandPrices => provider.refresh_on_demand_prices().await,
             Kind::SpotPrices => provider.refresh_spot_prices().await,
-            Kind::UnusedLaunchTemplates => {
-                let deleted = provider.delete_unused_launch_templates().await?;
-                for name in &deleted {
-                    tracing::info!(launch_template = %name, "deleted launch template");
-                }
-                Ok(deleted.len())
-            }
+            // Each deletion is logged as it happens.
+            Kind::UnusedLaunchTemplates => Ok(provider.delete_unused_launch_templates().await?.len()),
         }
     }
 
@@ -56,7 +51,6 @@ impl Kind {
                 offering_count = count,
                 "updated spot pricing with instance types and offerings"
             ),
-            // Each deletion is logged as it happens.
             Kind::UnusedLaunchTemplates => {}
         }
     }

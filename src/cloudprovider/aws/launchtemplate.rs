@@ -154,6 +154,11 @@ fn is_not_found<E: aws_sdk_ec2::error::ProvideErrorMetadata>(e: &E) -> bool {
 
 /// The names of the launch templates tagged `tags` (all of them).
 async fn names_tagged(ec2: &Ec2Client, tags: &[(&str, &str)]) -> Result<Vec<String>> {
+    Ok(templates_tagged(ec2, tags).await?.into_iter().map(|(_, name)| name).collect())
+}
+
+/// The IDs and names of the launch templates tagged `tags` (all of them).
+async fn templates_tagged(ec2: &Ec2Client, tags: &[(&str, &str)]) -> Result<Vec<(String, String)>> {
     let mut names = Vec::new();
     let mut token: Option<String> = None;
     loop {
@@ -166,9 +171,9 @@ async fn names_tagged(ec2: &Ec2Client, tags: &[(&str, &str)]) -> Result<Vec<Stri
             .send()
             .await
             .map_err(|e| sdk_error("DescribeLaunchTemplates", e))?;
-        names.extend(
-            out.launch_templates().iter().filter_map(|t| t.launch_template_name()).map(str::to_string),
-        );
+        names.extend(out.launch_templates().iter().filter_map(|t| {
+            Some((t.launch_template_id()?.to_string(), t.launch_template_name()?.to_string()))
+        }));
         match out.next_token() {
             Some(next) if !next.is_empty() => token = Some(next.to_string()),
             _ => break,
@@ -179,7 +184,27 @@ async fn names_tagged(ec2: &Ec2Client, tags: &[(&str, &str)]) -> Result<Vec<Stri
 
 /// Deletes the launch template `name`; `Ok(false)` when it was already gone.
 async fn delete(ec2: &Ec2Client, name: &str) -> Result<bool> {
-    match ec2.delete_launch_template().launch_template_name(name).send().await {
+    answer(ec2.delete_launch_template().launch_template_name(name).send().await)
+}
+
+/// Deletes the launch template with ID `id`; `Ok(false)` when it was already gone.
+async fn delete_id(ec2: &Ec2Client, id: &str) -> Result<bool> {
+    answer(ec2.delete_launch_template().launch_template_id(id).send().await)
+}
+
+fn answer<T, R>(
+    out: std::result::Result<
+        T,
+        aws_sdk_ec2::error::SdkError<
+            aws_sdk_ec2::operation::delete_launch_template::DeleteLaunchTemplateError,
+            R,
+        >,
+    >,
+) -> Result<bool>
+where
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    match out {
         Ok(_) => Ok(true),
         Err(e) if e.as_service_error().is_some_and(is_not_found) => Ok(false),
         Err(e) => Err(sdk_error("DeleteLaunchTemplate", e)),
@@ -191,8 +216,9 @@ async fn delete(ec2: &Ec2Client, name: &str) -> Result<bool> {
 /// skipped.
 pub async fn delete_for_class(ec2: &Ec2Client, cluster: &str, class: &str) -> Result<Vec<String>> {
     let mut deleted = Vec::new();
-    for name in names_tagged(ec2, &[(CLUSTER_TAG, cluster), (LABEL_EC2NODECLASS, class)]).await? {
-        if delete(ec2, &name).await? {
+    // By ID: each template found is the one deleted, even if another had the same name.
+    for (id, name) in templates_tagged(ec2, &[(CLUSTER_TAG, cluster), (LABEL_EC2NODECLASS, class)]).await? {
+        if delete_id(ec2, &id).await? {
             deleted.push(name);
         }
     }
@@ -215,6 +241,9 @@ pub struct LaunchTemplates {
     deleting: tokio::sync::RwLock<()>,
     /// Whether the templates an earlier run created have been taken in.
     hydrated: AtomicBool,
+    /// Held while a template missing from the cache is looked up and created, so that launches
+    /// of the same content create it once.
+    creating: tokio::sync::Mutex<()>,
 }
 
 impl LaunchTemplates {
@@ -226,6 +255,7 @@ impl LaunchTemplates {
             known: TtlCache::new(LAUNCH_TEMPLATE_TTL, clock),
             deleting: tokio::sync::RwLock::new(()),
             hydrated: AtomicBool::new(false),
+            creating: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -234,6 +264,10 @@ impl LaunchTemplates {
     pub async fn ensure(&self, lt: &LaunchTemplate) -> Result<String> {
         let _using = self.deleting.read().await;
         let name = lt.name();
+        if self.known.refresh(&name) {
+            return Ok(name);
+        }
+        let _creating = self.creating.lock().await;
         if self.known.refresh(&name) {
             return Ok(name);
         }
