@@ -31,7 +31,7 @@ use crate::apis::labels::{ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VER
 use crate::apis::nodeclaim::conditions::{DRIFTED, LAUNCHED};
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{NodeClaim, NodePool};
-use crate::cloudprovider::CloudProvider;
+use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::operator::leader::error_chain;
 use crate::scheduling::Requirements;
 use crate::state::ClusterState;
@@ -92,6 +92,12 @@ pub async fn round(
         if reason.is_none() {
             match cloud.is_drifted(claim).await {
                 Ok(r) => reason = r.map(|r| r.as_str()),
+                // An instance that is gone, or one another provider launched, is the lifecycle's
+                // business, not drift.
+                Err(e @ (CloudProviderError::NotFound(_) | CloudProviderError::InvalidProviderId(_))) => {
+                    tracing::debug!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "not checking the nodeclaim for drift");
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "checking the nodeclaim for drift");
                     continue;
