@@ -20,7 +20,7 @@ use aws_sdk_ec2::types::Filter;
 use base64::Engine;
 use karpenter::apis::labels::*;
 use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool};
-use karpenter::cloudprovider::aws::cache::ManualClock;
+use karpenter::cloudprovider::aws::cache::{Clock, ManualClock, SystemClock};
 use karpenter::cloudprovider::aws::catalog;
 use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
 use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
@@ -124,6 +124,13 @@ async fn provider(prefix: &str) -> (AwsCloudProvider, String) {
 async fn provider_with_faults(prefix: &str) -> (AwsCloudProvider, String, FaultInjector) {
     let cluster = unique_cluster(prefix);
     seed(&cluster);
+    let (p, faults) = provider_for(&cluster, Arc::new(SystemClock)).await;
+    (p, cluster, faults)
+}
+
+/// A provider for `cluster` (seeded already) whose caches `clock` times, with a fault injector
+/// on EC2 and the resolved, ready `default` node class.
+async fn provider_for(cluster: &str, clock: Arc<dyn Clock>) -> (AwsCloudProvider, FaultInjector) {
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .endpoint_url(endpoint())
         .region(aws_config::Region::new(region()))
@@ -135,11 +142,11 @@ async fn provider_with_faults(prefix: &str) -> (AwsCloudProvider, String, FaultI
     clients.ec2 = aws_sdk_ec2::Client::from_conf(
         aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
     );
-    let p = AwsCloudProvider::new(clients, Options::new(&cluster)).await.unwrap();
-    let mut class = node_class(&cluster, "al2023@latest");
+    let p = AwsCloudProvider::with_clock(clients, Options::new(cluster), clock).await.unwrap();
+    let mut class = node_class(cluster, "al2023@latest");
     class.status = Some(p.resolve_node_class(&class).await.unwrap());
     p.node_classes().upsert(class);
-    (p, cluster, faults)
+    (p, faults)
 }
 
 async fn instances_tagged(p: &AwsCloudProvider, claim: &str) -> Vec<String> {
@@ -755,16 +762,9 @@ async fn a_launch_template_deleted_behind_our_back_is_created_again() {
     assert_eq!(launched.instance_type, "m5.large");
 }
 
-/// A provider for `cluster` (seeded already) whose caches `clock` times, with the resolved,
-/// ready `default` node class.
+/// A provider for `cluster` (seeded already) whose caches `clock` times.
 async fn provider_with_clock(cluster: &str, clock: &ManualClock) -> AwsCloudProvider {
-    let p = AwsCloudProvider::with_clock(clients().await, Options::new(cluster), Arc::new(clock.clone()))
-        .await
-        .unwrap();
-    let mut class = node_class(cluster, "al2023@latest");
-    class.status = Some(p.resolve_node_class(&class).await.unwrap());
-    p.node_classes().upsert(class);
-    p
+    provider_for(cluster, Arc::new(clock.clone())).await.0
 }
 
 #[tokio::test]
@@ -893,23 +893,8 @@ async fn a_launch_whose_answer_is_lost_is_adopted_not_repeated() {
 async fn provider_with_faults_and_clock(prefix: &str) -> (AwsCloudProvider, FaultInjector, ManualClock) {
     let cluster = unique_cluster(prefix);
     seed(&cluster);
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(endpoint())
-        .region(aws_config::Region::new(region()))
-        .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))
-        .load()
-        .await;
-    let faults = FaultInjector::new();
-    let mut clients = AwsClients::from_config(&config).unwrap();
-    clients.ec2 = aws_sdk_ec2::Client::from_conf(
-        aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
-    );
     let clock = ManualClock::default();
-    let p =
-        AwsCloudProvider::with_clock(clients, Options::new(&cluster), Arc::new(clock.clone())).await.unwrap();
-    let mut class = node_class(&cluster, "al2023@latest");
-    class.status = Some(p.resolve_node_class(&class).await.unwrap());
-    p.node_classes().upsert(class);
+    let (p, faults) = provider_for(&cluster, Arc::new(clock.clone())).await;
     (p, faults, clock)
 }
 

@@ -24,6 +24,13 @@ use crate::operator::metrics::Metrics;
 
 pub use events::Events;
 
+/// A delay that doubles with each consecutive failure (`failures` from 1): `base`, `2 × base`,
+/// `4 × base`, ... up to `cap`.
+pub fn doubling(base: std::time::Duration, failures: u32, cap: std::time::Duration) -> std::time::Duration {
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
+    base.saturating_mul(factor).min(cap)
+}
+
 /// What every controller shares.
 #[derive(Clone)]
 pub struct Context {

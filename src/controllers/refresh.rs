@@ -79,8 +79,7 @@ pub fn next_fetch(interval: Duration, failures: u32) -> Duration {
     if failures == 0 {
         return interval;
     }
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
-    RETRY_BASE.saturating_mul(factor).min(interval)
+    super::doubling(RETRY_BASE, failures, interval)
 }
 
 /// Runs the controller until `stop` turns true. `first_round` is told once every kind has been

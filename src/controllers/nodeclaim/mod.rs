@@ -219,8 +219,7 @@ fn error_policy(claim: Arc<NodeClaim>, error: &Error, state: Arc<State>) -> Acti
 /// Delay before retry number `attempts` (from 1) of a failing claim: doubling from one second up
 /// to two minutes.
 pub fn backoff(attempts: u32) -> Duration {
-    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
-    BACKOFF_MIN.saturating_mul(factor).min(BACKOFF_MAX)
+    super::doubling(BACKOFF_MIN, attempts, BACKOFF_MAX)
 }
 
 async fn reconcile(claim: Arc<NodeClaim>, state: Arc<State>) -> Result<Action, Error> {

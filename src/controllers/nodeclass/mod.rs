@@ -204,8 +204,7 @@ pub fn discoveries(
 
 /// The delay before retrying after the `failures`-th consecutive failure (1-based).
 pub fn backoff(failures: u32) -> Duration {
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
-    BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX)
+    super::doubling(BACKOFF_BASE, failures, BACKOFF_MAX)
 }
 
 /// What the reconciler shares.
