@@ -47,7 +47,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    operator::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {
         None => controller(&cli.settings),

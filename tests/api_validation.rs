@@ -25,7 +25,6 @@ fn repo() -> PathBuf {
 }
 
 async fn client() -> Client {
-    karpenter::operator::install_crypto_provider();
     let client = Client::try_default()
         .await
         .expect("a kubeconfig for the local control plane (run through `make test`, or eval \"$(make -s cluster-up)\")");

@@ -72,7 +72,7 @@ fn seed(cluster: &str) {
 }
 
 async fn clients() -> AwsClients {
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    let config = karpenter::cloudprovider::aws::config_loader()
         .endpoint_url(endpoint())
         .region(aws_config::Region::new(region()))
         .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))
@@ -131,7 +131,7 @@ async fn provider_with_faults(prefix: &str) -> (AwsCloudProvider, String, FaultI
 /// A provider for `cluster` (seeded already) whose caches `clock` times, with a fault injector
 /// on EC2 and the resolved, ready `default` node class.
 async fn provider_for(cluster: &str, clock: Arc<dyn Clock>) -> (AwsCloudProvider, FaultInjector) {
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    let config = karpenter::cloudprovider::aws::config_loader()
         .endpoint_url(endpoint())
         .region(aws_config::Region::new(region()))
         .credentials_provider(aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"))

@@ -58,7 +58,6 @@ async fn holder(client: &Client, lease: &str) -> Option<String> {
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn one_leader_takeover_on_death_and_handover_on_release() {
-    karpenter::operator::install_crypto_provider();
     let client = Client::try_default().await.expect("a kubeconfig for the local control plane (make test)");
     let lease = format!("leader-test-{}", std::process::id());
     let api: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);

@@ -271,7 +271,6 @@ mod tests {
     #[tokio::test]
     #[ignore = "needs the local control plane"]
     async fn marks_and_clears_the_drifted_condition() {
-        crate::operator::install_crypto_provider();
         let client = Client::try_default().await.unwrap();
         let api: Api<NodeClaim> = Api::all(client.clone());
         let nanos =

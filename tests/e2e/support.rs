@@ -35,7 +35,6 @@ pub async fn serial() -> MutexGuard<'static, ()> {
 static CRDS: OnceCell<()> = OnceCell::const_new();
 
 pub async fn client() -> Client {
-    karpenter::operator::install_crypto_provider();
     let client = Client::try_default()
         .await
         .expect("a kubeconfig for the local control plane (run through `make test`, or eval \"$(make -s cluster-up)\")");
@@ -704,7 +703,7 @@ impl Ec2Instance {
 
 /// An EC2 client for the emulator.
 pub async fn ec2() -> aws_sdk_ec2::Client {
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    let config = karpenter::cloudprovider::aws::config_loader()
         .endpoint_url(aws_var("AWS_ENDPOINT_URL"))
         .region(aws_config::Region::new(aws_var("AWS_REGION")))
         .credentials_provider(aws_sdk_ec2::config::Credentials::new(

@@ -21,6 +21,19 @@ pub use provider::{AwsClients, AwsCloudProvider, NodeClassStore, Options};
 
 use super::CloudProviderError;
 
+/// The SDK configuration loader every AWS client of the project starts from: the default
+/// credential chain, region and endpoint resolution, and an HTTPS client on rustls with ring, the
+/// same TLS stack as the Kubernetes client (so only one crypto library is linked).
+pub fn config_loader() -> aws_config::ConfigLoader {
+    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https_client())
+}
+
+/// The HTTPS client of every AWS client of the project (see [`config_loader`]).
+pub fn https_client() -> aws_sdk_ec2::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
+}
+
 /// Converts an SDK error into [`CloudProviderError::Api`], keeping the error code.
 pub(crate) fn sdk_error<E, R>(operation: &'static str, err: SdkError<E, R>) -> CloudProviderError
 where

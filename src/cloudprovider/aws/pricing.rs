@@ -407,6 +407,7 @@ mod tests {
             .behavior_version(aws_sdk_pricing::config::BehaviorVersion::latest())
             .region(aws_sdk_pricing::config::Region::new("eu-central-1"))
             .endpoint_url(url)
+            .http_client(crate::cloudprovider::aws::https_client())
             .credentials_provider(aws_sdk_pricing::config::Credentials::new(
                 "AKID", "SECRET", None, None, "test",
             ))

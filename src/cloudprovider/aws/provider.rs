@@ -54,7 +54,7 @@ impl AwsClients {
     /// Clients configured from the environment (credentials chain, `AWS_REGION`,
     /// `AWS_ENDPOINT_URL`, ...).
     pub async fn from_env() -> Result<Self> {
-        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let config = super::config_loader().load().await;
         Self::from_config(&config)
     }
 
@@ -980,7 +980,6 @@ mod kube_dns_tests {
     #[tokio::test]
     #[ignore = "needs the local control plane"]
     async fn nodes_get_the_kube_dns_service_address() {
-        crate::operator::install_crypto_provider();
         let client = kube::Client::try_default().await.unwrap();
         let services: kube::Api<Service> = kube::Api::namespaced(client.clone(), "kube-system");
         let created = match services.get_opt("kube-dns").await.unwrap() {

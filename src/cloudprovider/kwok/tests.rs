@@ -214,7 +214,6 @@ fn unique(prefix: &str) -> String {
 }
 
 async fn provider(delay: Duration) -> KwokCloudProvider {
-    crate::operator::install_crypto_provider();
     let client = Client::try_default().await.expect("a kubeconfig for the local control plane");
     KwokCloudProvider::new(client, embedded::instance_types().unwrap(), delay)
 }
@@ -311,7 +310,6 @@ async fn creates_the_node_after_the_registration_delay() {
 #[tokio::test]
 async fn instance_types_serve_every_node_pool() {
     // A client that is never used: instance_types does not talk to the API server.
-    crate::operator::install_crypto_provider();
     let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
     let client = Client::try_from(config).unwrap();
     let cloud = KwokCloudProvider::new(client, catalog(), Duration::ZERO);

@@ -208,7 +208,6 @@ fn unique(prefix: &str) -> String {
 
 async fn client() -> Client {
     let _ = tracing_subscriber::fmt().json().with_test_writer().with_env_filter("karpenter=debug").try_init();
-    crate::operator::install_crypto_provider();
     Client::try_default().await.expect("a kubeconfig for the local control plane")
 }
 

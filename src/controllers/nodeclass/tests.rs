@@ -246,7 +246,6 @@ async fn templates_of(ec2: &aws_sdk_ec2::Client, cluster: &str, class: &str) -> 
 #[tokio::test]
 #[ignore = "needs the local control plane and AWS emulator"]
 async fn resolves_waits_for_nodeclaims_and_cleans_up() {
-    crate::operator::install_crypto_provider();
     let cluster = std::env::var("CLUSTER_NAME").unwrap_or_else(|_| "karpenter-demo".to_string());
     let client = Client::try_default().await.unwrap();
     let provider = Arc::new(

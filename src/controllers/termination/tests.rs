@@ -152,7 +152,6 @@ impl Harness {
     /// Starts a controller that watches only the nodes labelled for this test.
     async fn start(prefix: &str, cache: Option<Cache>) -> Harness {
         use clap::Parser;
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(tracing_subscriber::EnvFilter::new("karpenter=debug,kube=warn"))
