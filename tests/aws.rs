@@ -28,7 +28,7 @@ use karpenter::cloudprovider::aws::launchtemplate::LAUNCH_TEMPLATE_TTL;
 use karpenter::cloudprovider::aws::nodeclass::conditions;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
-use karpenter::controllers::garbagecollection::{self, KnownClaim, collect_instances};
+use karpenter::controllers::nodeclaim::garbagecollection::{self, KnownClaim, collect_instances};
 use serde_json::json;
 
 const IGNORE: &str = "needs the AWS emulator: make test";

@@ -4,6 +4,7 @@
 //! [`aws`] implements it for EC2, [`kwok`] with Node objects that kwok keeps alive.
 
 pub mod aws;
+pub mod catalog;
 pub mod kwok;
 pub mod metered;
 

@@ -4,15 +4,12 @@
 //! Every controller receives the shared [`Context`]: the Kubernetes client, the one
 //! [`CloudProvider`], the settings, the metrics and the event recorder.
 
-pub mod drift;
 pub mod events;
-pub mod garbagecollection;
+pub mod kit;
+pub mod node;
 pub mod nodeclaim;
-pub mod nodeclass;
 pub mod nodepool;
 pub mod provisioning;
-pub mod refresh;
-pub mod termination;
 
 use std::sync::Arc;
 
@@ -23,13 +20,6 @@ use crate::operator::Settings;
 use crate::operator::metrics::Metrics;
 
 pub use events::Events;
-
-/// A delay that doubles with each consecutive failure (`failures` from 1): `base`, `2 × base`,
-/// `4 × base`, ... up to `cap`.
-pub fn doubling(base: std::time::Duration, failures: u32, cap: std::time::Duration) -> std::time::Duration {
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
-    base.saturating_mul(factor).min(cap)
-}
 
 /// What every controller shares.
 #[derive(Clone)]

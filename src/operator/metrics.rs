@@ -94,6 +94,11 @@ pub struct Metrics {
     pub cluster_state_node_count: GaugeFamily,
     /// `karpenter_cluster_state_synced`: 1 once every watch has listed.
     pub cluster_state_synced: GaugeFamily,
+    /// `controller_runtime_reconcile_total{controller,result}`: reconciles, by controller and
+    /// outcome (`success`, `error`), under controller-runtime's name.
+    pub controller_reconcile: CounterFamily,
+    /// `controller_runtime_reconcile_errors_total{controller}`: failed reconciles.
+    pub controller_reconcile_errors: CounterFamily,
 }
 
 impl Metrics {
@@ -127,8 +132,20 @@ impl Metrics {
             nodepools_limit: GaugeFamily::default(),
             cluster_state_node_count: GaugeFamily::default(),
             cluster_state_synced: GaugeFamily::default(),
+            controller_reconcile: CounterFamily::default(),
+            controller_reconcile_errors: CounterFamily::default(),
         };
         let r = registry;
+        r.register(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller.",
+            m.controller_reconcile.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller.",
+            m.controller_reconcile_errors.clone(),
+        );
         r.register(
             "karpenter_build_info",
             "A metric with a constant '1' value labeled by the version karpenter was built from.",

@@ -145,7 +145,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         let mut first_refresh = None;
         if let Some(aws) = &aws {
             let (fetched_tx, fetched) = tokio::sync::oneshot::channel();
-            tasks.spawn(controllers::refresh::run(
+            tasks.spawn(crate::cloudprovider::aws::controllers::refresh::run(
                 aws.clone(),
                 settings.isolated_vpc,
                 fetched_tx,
@@ -167,17 +167,21 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
                 controllers::provisioning::run(ctx, state, changes, stop).await;
             });
         }
-        tasks.spawn(controllers::garbagecollection::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
-        tasks.spawn(controllers::drift::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
-        tasks.spawn(controllers::nodepool::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
-        tasks.spawn(controllers::nodeclaim::run(ctx.clone(), ctrl_stop.clone()));
-        let cache = controllers::termination::Cache {
+        tasks.spawn(controllers::nodeclaim::garbagecollection::run(
+            ctx.clone(),
+            state.clone(),
+            ctrl_stop.clone(),
+        ));
+        tasks.spawn(controllers::nodeclaim::drift::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
+        tasks.spawn(controllers::nodepool::status::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
+        tasks.spawn(controllers::nodeclaim::lifecycle::run(ctx.clone(), ctrl_stop.clone()));
+        let cache = controllers::node::termination::Cache {
             pods: state.pods.clone(),
             nodeclaims: state.nodeclaims.clone(),
         };
-        tasks.spawn(controllers::termination::run(ctx.clone(), cache, ctrl_stop.clone()));
+        tasks.spawn(controllers::node::termination::run(ctx.clone(), cache, ctrl_stop.clone()));
         if let Some(aws) = &aws {
-            tasks.spawn(controllers::nodeclass::run(
+            tasks.spawn(crate::cloudprovider::aws::controllers::nodeclass::run(
                 client.clone(),
                 aws.clone(),
                 ctx.events.clone(),

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 
+use crate::cloudprovider::catalog::Catalog;
 use crate::scheduling::MinValuesPolicy;
-use crate::simulate::Catalog;
 
 /// Which cloud provider the controller drives.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

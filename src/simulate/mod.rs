@@ -9,7 +9,6 @@
 //! and count for topology); other pods with a `spec.nodeName`, and pods that have finished, are
 //! ignored with a warning. Nodes labelled with a NodePool count toward that NodePool's limits.
 
-pub mod catalog;
 pub mod input;
 pub mod report;
 
@@ -27,7 +26,7 @@ use crate::scheduling::{
     ExistingNode, InstanceType, NodePoolInput, Resources, SchedulingError, SchedulingInput, schedule,
 };
 
-pub use catalog::Catalog;
+pub use crate::cloudprovider::catalog::Catalog;
 pub use input::{Manifests, load_paths, parse_str};
 pub use report::Report;
 
@@ -54,17 +53,9 @@ pub enum SimulateError {
         /// What is wrong.
         message: String,
     },
-    /// A catalog file is malformed.
-    #[error("instance-type catalog {file}: {message}")]
-    Catalog {
-        /// The file.
-        file: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// The embedded AWS catalog cannot be used.
-    #[error("loading the aws instance-type catalog")]
-    AwsCatalog(#[source] crate::cloudprovider::aws::embedded::EmbeddedCatalogError),
+    /// The instance-type catalog cannot be loaded.
+    #[error(transparent)]
+    Catalog(#[from] crate::cloudprovider::catalog::CatalogError),
     /// A NodePool cannot be turned into scheduler input.
     #[error("invalid NodePool")]
     NodePool(#[from] SchedulingError),

@@ -55,7 +55,8 @@ fn manifests(docs: &[&str]) -> Manifests {
 #[test]
 fn anti_affinity_deployment_gets_one_claim_per_pod_and_huge_pod_is_unschedulable() {
     let m = manifests(&[NODEPOOL, DEPLOYMENT, HUGE]);
-    let (report, warnings) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    let (report, warnings) =
+        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(report.node_claims.len(), 3);
     let mut pods: Vec<String> = report.node_claims.iter().flat_map(|c| c.pods.clone()).collect();
@@ -69,7 +70,7 @@ fn anti_affinity_deployment_gets_one_claim_per_pod_and_huge_pod_is_unschedulable
         assert_eq!(c.instance_type, "c-2x-amd64");
         assert_eq!(c.capacity_type, "spot");
         assert!(c.price_per_hour > 0.0);
-        assert!(catalog::KWOK_ZONES.contains(&c.zone.as_str()));
+        assert!(crate::cloudprovider::catalog::KWOK_ZONES.contains(&c.zone.as_str()));
     }
     let total: f64 = report.node_claims.iter().map(|c| c.price_per_hour).sum();
     assert!((report.total_price_per_hour - total).abs() < 1e-9);
@@ -103,7 +104,7 @@ spec:
   containers: [{name: c, resources: {requests: {cpu: '1'}}}]
 ";
     let m = manifests(&[NODEPOOL, node, bound, small]);
-    let (report, _) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    let (report, _) = simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
     assert!(report.node_claims.is_empty());
     assert_eq!(report.existing_placements.len(), 1);
     assert_eq!(report.existing_placements[0].node, "node-1");
@@ -114,7 +115,7 @@ spec:
 #[test]
 fn renders_every_format() {
     let m = manifests(&[NODEPOOL, DEPLOYMENT, HUGE]);
-    let (report, _) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    let (report, _) = simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
     let table = render(&report, OutputFormat::Table).expect("table");
     assert!(table.starts_with("NODEPOOL"), "{table}");
     assert!(table.contains("UNSCHEDULABLE-POD") && table.contains("TOTAL $/h:"), "{table}");
@@ -224,7 +225,8 @@ spec:
   volumes: [{name: data, persistentVolumeClaim: {claimName: gone}}]
 ";
     let m = manifests(&[NODEPOOL, volumes, pods]);
-    let (report, warnings) = simulate(&m, &catalog::kwok_instance_types()).expect("simulates");
+    let (report, warnings) =
+        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
     assert!(warnings.is_empty() && m.warnings.is_empty(), "{warnings:?} {:?}", m.warnings);
     let zone_of = |pod: &str| {
         report.node_claims.iter().find(|c| c.pods.iter().any(|p| p == pod)).map(|c| c.zone.clone())

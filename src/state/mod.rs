@@ -8,6 +8,9 @@
 //! are dropped before caching, and so are the parts of a pod no decision reads (see
 //! [`trim_pod`]), which keeps memory proportional to what the decisions use.
 
+pub mod feed;
+pub mod index;
+pub mod marks;
 pub mod snapshot;
 
 use std::fmt::Debug;

@@ -4,6 +4,7 @@
 pub mod amifamily;
 pub mod cache;
 pub mod catalog;
+pub mod controllers;
 pub mod embedded;
 pub mod faults;
 pub mod fleet;

@@ -41,9 +41,9 @@ use crate::apis::labels::{
 };
 use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
 use crate::cloudprovider::aws::embedded::{self, EmbeddedCatalogError};
+use crate::cloudprovider::catalog::{Catalog, CatalogError};
 use crate::operator::Settings;
 use crate::scheduling::{InstanceType, Offering, Requirements, Resources};
-use crate::simulate::{Catalog, SimulateError};
 
 /// Prefix of the provider IDs of kwok nodes: `kwok://<node name>`.
 pub const PROVIDER_ID_PREFIX: &str = "kwok://";
@@ -61,7 +61,7 @@ pub const STATE_RUNNING: &str = "running";
 pub enum KwokError {
     /// The catalog (file or generated) cannot be loaded.
     #[error("loading the kwok instance-type catalog")]
-    Catalog(#[source] SimulateError),
+    Catalog(#[source] CatalogError),
     /// The embedded EC2 catalog cannot be used.
     #[error("loading the embedded aws instance-type catalog")]
     AwsCatalog(#[source] EmbeddedCatalogError),

@@ -7,7 +7,7 @@
 //! back through its watch yet) are existing capacity, so a burst of pods never produces
 //! duplicate claims.
 
-pub mod nodeclaim;
+pub mod template;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -261,7 +261,7 @@ impl Provisioner {
             .new_node_claims
             .iter()
             .enumerate()
-            .filter_map(|(i, new)| Some((i, nodeclaim::build(new, nodepools.get(&new.nodepool)?))))
+            .filter_map(|(i, new)| Some((i, template::build(new, nodepools.get(&new.nodepool)?))))
             .collect();
         let created: Vec<(usize, Result<NodeClaim, kube::Error>)> = futures::stream::iter(creations)
             .map(|(i, claim)| {
@@ -282,7 +282,7 @@ impl Provisioner {
                         NodeClaim = %name,
                         requests = %format_requests(&new.requests),
                         pods = new.pods.len(),
-                        instance_types = %nodeclaim::summarize_instance_types(&new.instance_type_names, 5),
+                        instance_types = %template::summarize_instance_types(&new.instance_type_names, 5),
                         "created nodeclaim"
                     );
                     self.ctx

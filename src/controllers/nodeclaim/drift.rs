@@ -25,13 +25,13 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::Context;
-use super::nodeclaim::logic::{ConditionUpdate, is_true, set_condition};
+use super::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
 use crate::apis::labels::{ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, LABEL_NODEPOOL};
 use crate::apis::nodeclaim::conditions::{DRIFTED, LAUNCHED};
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{CloudProvider, CloudProviderError};
+use crate::controllers::Context;
 use crate::operator::leader::error_chain;
 use crate::scheduling::Requirements;
 use crate::state::ClusterState;

@@ -42,11 +42,11 @@ use serde_json::json;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use super::Context;
-use super::events::reasons;
 use crate::apis::NodeClaim;
 use crate::apis::labels::{FINALIZER_TERMINATION, LABEL_NODEPOOL, TAINT_DISRUPTED};
 use crate::cloudprovider::CloudProviderError;
+use crate::controllers::Context;
+use crate::controllers::events::reasons;
 use crate::operator::leader::error_chain;
 use crate::operator::metrics::observe;
 

@@ -22,9 +22,9 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-use super::Context;
 use crate::apis::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 use crate::cloudprovider::{CloudProvider, Instance};
+use crate::controllers::Context;
 use crate::operator::leader::error_chain;
 use crate::state::ClusterState;
 

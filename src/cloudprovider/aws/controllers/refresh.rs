@@ -79,7 +79,7 @@ pub fn next_fetch(interval: Duration, failures: u32) -> Duration {
     if failures == 0 {
         return interval;
     }
-    super::doubling(RETRY_BASE, failures, interval)
+    crate::controllers::kit::Backoff::new(RETRY_BASE, interval).delay(failures)
 }
 
 /// Runs the controller until `stop` turns true. `first_round` is told once every kind has been

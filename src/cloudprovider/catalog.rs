@@ -56,7 +56,30 @@ use crate::cloudprovider::aws::embedded;
 use crate::scheduling::resources::{CPU, MEMORY, PODS, parse_quantity_for};
 use crate::scheduling::{InstanceType, Offering, Overhead, Requirements, Resources};
 
-use super::SimulateError;
+/// A catalog cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The catalog file cannot be read.
+    #[error("reading {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The catalog file is malformed.
+    #[error("instance-type catalog {file}: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The embedded EC2 catalog cannot be used.
+    #[error("loading the aws instance-type catalog")]
+    Aws(#[source] embedded::EmbeddedCatalogError),
+}
 
 /// Zones of the kwok catalog.
 pub const KWOK_ZONES: [&str; 3] = ["test-zone-a", "test-zone-b", "test-zone-c"];
@@ -118,10 +141,10 @@ impl std::fmt::Display for Catalog {
 
 impl Catalog {
     /// The catalog's instance types.
-    pub fn load(&self) -> Result<Vec<Arc<InstanceType>>, SimulateError> {
+    pub fn load(&self) -> Result<Vec<Arc<InstanceType>>, CatalogError> {
         match self {
             Catalog::Kwok => Ok(kwok_instance_types()),
-            Catalog::Aws => embedded::instance_types().map_err(SimulateError::AwsCatalog),
+            Catalog::Aws => embedded::instance_types().map_err(CatalogError::Aws),
             Catalog::File(path) => load_file(Path::new(path)),
         }
     }
@@ -240,15 +263,15 @@ fn default_true() -> bool {
 }
 
 /// Reads a catalog file.
-pub fn load_file(path: &Path) -> Result<Vec<Arc<InstanceType>>, SimulateError> {
+pub fn load_file(path: &Path) -> Result<Vec<Arc<InstanceType>>, CatalogError> {
     let text = std::fs::read_to_string(path)
-        .map_err(|source| SimulateError::Read { path: path.display().to_string(), source })?;
+        .map_err(|source| CatalogError::Read { path: path.display().to_string(), source })?;
     parse_catalog(&text, &path.display().to_string())
 }
 
 /// Parses a catalog file's text; `file` names it in messages.
-pub fn parse_catalog(text: &str, file: &str) -> Result<Vec<Arc<InstanceType>>, SimulateError> {
-    let err = |message: String| SimulateError::Catalog { file: file.to_string(), message };
+pub fn parse_catalog(text: &str, file: &str) -> Result<Vec<Arc<InstanceType>>, CatalogError> {
+    let err = |message: String| CatalogError::Invalid { file: file.to_string(), message };
     let entries: Vec<CatalogEntry> = serde_saphyr::from_str(text).map_err(|e| err(e.to_string()))?;
     let mut types = Vec::new();
     for (i, e) in entries.into_iter().enumerate() {

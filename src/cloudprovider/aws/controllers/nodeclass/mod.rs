@@ -204,7 +204,7 @@ pub fn discoveries(
 
 /// The delay before retrying after the `failures`-th consecutive failure (1-based).
 pub fn backoff(failures: u32) -> Duration {
-    super::doubling(BACKOFF_BASE, failures, BACKOFF_MAX)
+    crate::controllers::kit::Backoff::new(BACKOFF_BASE, BACKOFF_MAX).delay(failures)
 }
 
 /// What the reconciler shares.

@@ -1,0 +1,773 @@
+//! The NodeClaim lifecycle controller: takes every NodeClaim from launch through registration and
+//! initialization to Ready, deletes claims that do not launch or register in time, and on
+//! deletion removes the claim's Node and instance before letting the claim go.
+//!
+//! The steps of one reconcile, in order:
+//! 1. the `karpenter.sh/termination` finalizer on every claim that is not being deleted;
+//! 2. liveness: a claim not launched [`logic::LAUNCH_TTL`] after its creation, or not registered
+//!    [`logic::REGISTRATION_TTL`] after its launch, is deleted;
+//! 3. launch through the cloud provider (idempotent: a retried create returns the same instance);
+//!    insufficient capacity deletes the claim so that the provisioner retries elsewhere;
+//! 4. registration: the Node with the claim's provider ID gets the claim's labels, annotations,
+//!    taints, an owner reference and the termination finalizer, and loses the unregistered taint;
+//! 5. initialization: the Node is Ready, its start-up and ephemeral taints are gone and the
+//!    requested extended resources are allocatable;
+//! 6. Ready = Launched and Registered and Initialized.
+//!
+//! Deletion (finalization) deletes the Node and waits for it to go (the node termination
+//! controller drains it), then terminates the instance until the cloud provider reports it gone,
+//! then removes the finalizer.
+//!
+//! The decisions live in [`logic`] as pure functions; this module only reads and writes.
+
+pub mod logic;
+
+#[cfg(test)]
+mod cluster_tests;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Error as ControllerError};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, applier, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::apis::NodeClaim;
+use crate::apis::labels::{
+    ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, FINALIZER_TERMINATION, LABEL_INITIALIZED,
+};
+use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUNCHED, REGISTERED};
+use crate::cloudprovider::{CloudProviderError, Instance};
+use crate::controllers::Context;
+use crate::controllers::events::reasons as event_reasons;
+use crate::operator::error_chain;
+use crate::operator::metrics::observe;
+use logic::{ConditionUpdate, Liveness, is_true, reasons, set_condition};
+
+/// Name of the controller, in logs.
+pub const CONTROLLER: &str = "nodeclaim.lifecycle";
+
+/// How often a claim waiting on its Node's deletion or its instance's termination is checked.
+const TERMINATION_POLL: Duration = Duration::from_secs(5);
+/// How often a launched claim checks for its Node while it is not initialized.
+const NODE_POLL: Duration = Duration::from_secs(30);
+/// How often a claim whose node class is not ready retries its launch.
+const NODE_CLASS_RETRY: Duration = Duration::from_secs(15);
+/// Longest wait for the Node cache before a reconcile gives up (and retries).
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// First and longest delay between retries of a failing claim.
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(120);
+
+/// Why a reconcile failed; the claim is retried with backoff.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// An API server call failed.
+    #[error("{action} failed")]
+    Kube {
+        /// What was attempted.
+        action: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A cloud provider call failed.
+    #[error("cloud provider {method} failed")]
+    Cloud {
+        /// The method (`create`, `delete`, `list`).
+        method: &'static str,
+        /// The provider's error.
+        #[source]
+        source: CloudProviderError,
+    },
+    /// The Node cache did not fill in time.
+    #[error("the Node cache is not synced yet")]
+    CacheNotSynced,
+}
+
+impl Error {
+    fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let action = action.into();
+        move |source| Error::Kube { action, source }
+    }
+
+    /// Whether the error is an optimistic-concurrency conflict (another writer was first).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+    }
+}
+
+fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 404)
+}
+
+/// What the reconciler shares between claims.
+struct State {
+    ctx: Context,
+    claims: Api<NodeClaim>,
+    nodes: Api<Node>,
+    node_cache: Store<Node>,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+/// Runs the lifecycle controller for every NodeClaim until `stop` turns true.
+pub async fn run(ctx: Context, stop: watch::Receiver<bool>) {
+    run_with(ctx, stop, watcher::Config::default(), watcher::Config::default()).await;
+}
+
+/// [`run`] restricted to the NodeClaims and Nodes the watch configurations select.
+pub(crate) async fn run_with(
+    ctx: Context,
+    mut stop: watch::Receiver<bool>,
+    claim_watch: watcher::Config,
+    node_watch: watcher::Config,
+) {
+    let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let (claim_cache, claim_writer) = reflector::store::<NodeClaim>();
+    let (node_cache, node_writer) = reflector::store::<Node>();
+
+    let claim_triggers = reflector(claim_writer, watcher(claims.clone(), claim_watch))
+        .default_backoff()
+        .touched_objects()
+        .map_ok(|claim: NodeClaim| ObjectRef::from_obj(&claim));
+    let lookup = claim_cache.clone();
+    let node_triggers = reflector(node_writer, watcher(nodes.clone(), node_watch))
+        .default_backoff()
+        .touched_objects()
+        .map_ok(move |node: Node| claim_of_node(&lookup, &node))
+        .try_filter_map(|claim| futures::future::ready(Ok(claim)));
+    let stopped = async move {
+        // An error means the sender is gone: stop as well.
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    };
+    let queue = stream::select(claim_triggers, node_triggers).take_until(stopped);
+
+    let state = Arc::new(State { ctx, claims, nodes, node_cache, failures: Mutex::new(HashMap::new()) });
+    tracing::info!(controller = CONTROLLER, "starting controller");
+    applier(
+        |claim, state| Box::pin(reconcile(claim, state)),
+        error_policy,
+        state,
+        claim_cache,
+        queue,
+        ControllerConfig::default().concurrency(10),
+    )
+    .for_each(|result| async move {
+        match result {
+            // Logged by the error policy.
+            Ok(_) | Err(ControllerError::ReconcilerFailed(..)) => {}
+            // A claim deleted between its event and its reconcile.
+            Err(error @ ControllerError::ObjectNotFound(_)) => {
+                tracing::debug!(controller = CONTROLLER, error = %error_chain(&error), "skipped reconcile");
+            }
+            // Watch errors (the API server unreachable, an object that does not deserialize):
+            // the watchers retry with backoff.
+            Err(error) => {
+                tracing::warn!(controller = CONTROLLER, error = %error_chain(&error), "watch failed");
+            }
+        }
+    })
+    .await;
+    tracing::info!(controller = CONTROLLER, "stopped controller");
+}
+
+/// The NodeClaim whose provider ID `node` carries, from the cache.
+fn claim_of_node(cache: &Store<NodeClaim>, node: &Node) -> Option<ObjectRef<NodeClaim>> {
+    let provider_id = node.spec.as_ref()?.provider_id.as_deref().filter(|p| !p.is_empty())?;
+    cache
+        .find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
+        .map(|c| ObjectRef::from_obj(&*c))
+}
+
+fn error_policy(claim: Arc<NodeClaim>, error: &Error, state: Arc<State>) -> Action {
+    let name = claim.name_any();
+    let attempts = match state.failures.lock() {
+        Ok(mut failures) => {
+            let n = failures.entry(name.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        }
+        Err(_) => 1,
+    };
+    let delay = backoff(attempts);
+    if error.is_conflict() {
+        tracing::debug!(controller = CONTROLLER, nodeclaim = %name, error = %error_chain(error), "conflict, retrying");
+    } else {
+        tracing::error!(
+            controller = CONTROLLER,
+            nodeclaim = %name,
+            error = %error_chain(error),
+            retry_in = ?delay,
+            "Reconciler error"
+        );
+    }
+    Action::requeue(delay)
+}
+
+/// Delay before retry number `attempts` (from 1) of a failing claim: doubling from one second up
+/// to two minutes.
+pub fn backoff(attempts: u32) -> Duration {
+    crate::controllers::kit::Backoff::new(BACKOFF_MIN, BACKOFF_MAX).delay(attempts)
+}
+
+async fn reconcile(claim: Arc<NodeClaim>, state: Arc<State>) -> Result<Action, Error> {
+    let result = reconcile_claim(&claim, &state).await;
+    if result.is_ok()
+        && let Ok(mut failures) = state.failures.lock()
+    {
+        failures.remove(&claim.name_any());
+    }
+    result
+}
+
+async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Error> {
+    match tokio::time::timeout(CACHE_SYNC_TIMEOUT, state.node_cache.wait_until_ready()).await {
+        Ok(Ok(())) => {}
+        _ => return Err(Error::CacheNotSynced),
+    }
+    let now = Timestamp::now();
+    if claim.metadata.deletion_timestamp.is_some() {
+        return finalize(claim, state, now).await;
+    }
+    let claim = ensure_finalizer(claim, state).await?;
+
+    if let Liveness::Expired { reason, metric_reason, message } = logic::liveness(&claim, now) {
+        expire(&claim, state, reason, metric_reason, message).await?;
+        return Ok(Action::await_change());
+    }
+
+    let stored = claim.clone();
+    let mut claim = claim;
+    let generation = claim.metadata.generation;
+    logic::initialize_conditions(
+        &mut claim.status.get_or_insert_with(Default::default).conditions,
+        generation,
+        now,
+    );
+
+    let mut failure = None;
+    let mut retry = None;
+    let mut transitions = Vec::new();
+    if !is_true(logic::conditions(&claim), LAUNCHED) {
+        match launch(&mut claim, state, now).await {
+            Launch::Launched(instance) => transitions.push(Transition::Launched(instance)),
+            Launch::Deleted => return Ok(Action::await_change()),
+            Launch::Retry(after) => retry = Some(after),
+            Launch::Failed(error) => failure = Some(error),
+        }
+    }
+    // A failure to sync the Node must not lose the launch: the status is written regardless.
+    if is_true(logic::conditions(&claim), LAUNCHED) {
+        match register(&mut claim, state, now).await {
+            Ok(None) => {}
+            Ok(Some((node, registered))) => {
+                if registered {
+                    transitions.push(Transition::Registered(node.clone()));
+                }
+                match initialize(&mut claim, &node, state, now).await {
+                    Ok(true) => transitions.push(Transition::Initialized(node)),
+                    Ok(false) => {}
+                    Err(error) => failure = failure.or(Some(error)),
+                }
+            }
+            Err(error) => failure = failure.or(Some(error)),
+        }
+    }
+    let status = claim.status.get_or_insert_with(Default::default);
+    logic::update_ready(&mut status.conditions, generation, now);
+
+    let claim = write(&stored, &claim, state).await?;
+    // Only now, with the status written (and conditional on the version read), is each transition
+    // reported: a reconcile of a stale copy fails its write instead of reporting twice.
+    for transition in transitions {
+        report(&claim, &transition, state);
+    }
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    let deadline = match logic::liveness(&claim, now) {
+        Liveness::Alive(after) => after,
+        Liveness::Expired { .. } => Some(Duration::from_secs(1)),
+    };
+    // Node events trigger reconciles, but one that arrives before the claim's provider ID is in the
+    // cache maps to no claim: poll as a safety net while waiting for the Node.
+    let conditions = logic::conditions(&claim);
+    let waiting = (is_true(conditions, LAUNCHED) && !is_true(conditions, INITIALIZED)).then_some(NODE_POLL);
+    Ok(match [retry, deadline, waiting].into_iter().flatten().min() {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+fn has_finalizer<K: Resource>(object: &K) -> bool {
+    object.finalizers().iter().any(|f| f == FINALIZER_TERMINATION)
+}
+
+async fn ensure_finalizer(claim: &NodeClaim, state: &State) -> Result<NodeClaim, Error> {
+    if has_finalizer(claim) {
+        return Ok(claim.clone());
+    }
+    let mut finalizers = claim.finalizers().to_vec();
+    finalizers.push(FINALIZER_TERMINATION.to_string());
+    let patch = json!({
+        "metadata": { "finalizers": finalizers, "resourceVersion": claim.resource_version() }
+    });
+    state
+        .claims
+        .patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube("adding the termination finalizer"))
+}
+
+/// Deletes `claim` (only that incarnation of it: the delete is conditional on its uid).
+async fn delete_claim(claim: &NodeClaim, state: &State) -> Result<(), Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: claim.uid(), resource_version: None }),
+        ..DeleteParams::default()
+    };
+    match state.claims.delete(&claim.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(error) if is_not_found(&error) => Ok(()),
+        Err(source) => Err(Error::Kube { action: "deleting the nodeclaim".into(), source }),
+    }
+}
+
+async fn expire(
+    claim: &NodeClaim,
+    state: &State,
+    reason: &'static str,
+    metric_reason: &'static str,
+    message: String,
+) -> Result<(), Error> {
+    tracing::info!(
+        controller = CONTROLLER,
+        nodeclaim = %claim.name_any(),
+        nodepool = %logic::nodepool(claim),
+        reason,
+        message = %message,
+        "deleting nodeclaim, liveness check failed"
+    );
+    state.ctx.events.warning(claim, reason, message).await;
+    delete_claim(claim, state).await?;
+    count_disruption(claim, state, metric_reason);
+    Ok(())
+}
+
+fn count_disruption(claim: &NodeClaim, state: &State, reason: &str) {
+    let labels = vec![("reason", reason.to_string()), ("nodepool", logic::nodepool(claim))];
+    state.ctx.metrics.nodeclaims_disrupted.get_or_create(&labels).inc();
+}
+
+/// A lifecycle step a reconcile completed, reported once the claim's status is written.
+enum Transition {
+    Launched(Box<Instance>),
+    Registered(Node),
+    Initialized(Node),
+}
+
+/// Logs and counts `transition` of `claim`, with upstream's messages and metrics.
+fn report(claim: &NodeClaim, transition: &Transition, state: &State) {
+    let name = claim.name_any();
+    let nodepool = logic::nodepool(claim);
+    let by_nodepool = vec![("nodepool", nodepool.clone())];
+    let metrics = &state.ctx.metrics;
+    let provider_id =
+        |node: &Node| node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    match transition {
+        Transition::Launched(instance) => {
+            tracing::info!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                nodepool = %nodepool,
+                "provider-id" = %instance.provider_id,
+                "instance-type" = %instance.instance_type,
+                zone = %instance.zone,
+                "capacity-type" = %instance.capacity_type,
+                allocatable = %describe_resources(&instance.allocatable),
+                "launched nodeclaim"
+            );
+            metrics.nodeclaims_launched.get_or_create(&by_nodepool).inc();
+        }
+        Transition::Registered(node) => {
+            tracing::info!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                nodepool = %nodepool,
+                "provider-id" = %provider_id(node),
+                node = %node.name_any(),
+                "registered nodeclaim"
+            );
+            metrics.nodeclaims_registered.get_or_create(&by_nodepool).inc();
+            metrics.nodes_created.get_or_create(&by_nodepool).inc();
+        }
+        Transition::Initialized(node) => {
+            let allocatable = node.status.as_ref().and_then(|s| s.allocatable.clone()).unwrap_or_default();
+            tracing::info!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                nodepool = %nodepool,
+                "provider-id" = %provider_id(node),
+                node = %node.name_any(),
+                allocatable = %describe_resources(&allocatable),
+                "initialized nodeclaim"
+            );
+            metrics.nodeclaims_initialized.get_or_create(&by_nodepool).inc();
+        }
+    }
+}
+
+/// Outcome of the launch step.
+enum Launch {
+    Launched(Box<Instance>),
+    Deleted,
+    Retry(Duration),
+    Failed(Error),
+}
+
+async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch {
+    let name = claim.name_any();
+    let generation = claim.metadata.generation;
+    let result = state.ctx.cloud.create(claim).await;
+    match result {
+        Ok(instance) => {
+            logic::apply_instance(claim, &instance);
+            let update = ConditionUpdate::true_(reasons::LAUNCHED);
+            set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
+            Launch::Launched(Box::new(instance))
+        }
+        Err(error @ CloudProviderError::InsufficientCapacity { .. }) => {
+            let message = error.to_string();
+            tracing::error!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                error = %message,
+                "failed launching nodeclaim"
+            );
+            state.ctx.events.warning(&*claim, event_reasons::INSUFFICIENT_CAPACITY_ERROR, message).await;
+            match delete_claim(claim, state).await {
+                Ok(()) => {
+                    count_disruption(claim, state, "insufficient_capacity");
+                    Launch::Deleted
+                }
+                Err(error) => Launch::Failed(error),
+            }
+        }
+        Err(error @ CloudProviderError::NodeClassNotReady { .. }) => {
+            let message = error.to_string();
+            tracing::info!(controller = CONTROLLER, nodeclaim = %name, reason = %message, "waiting for the node class");
+            let update = ConditionUpdate::false_(reasons::NODE_CLASS_NOT_READY, message.clone());
+            set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
+            state.ctx.events.warning(&*claim, event_reasons::NODE_CLASS_NOT_READY, message).await;
+            Launch::Retry(NODE_CLASS_RETRY)
+        }
+        Err(error) => {
+            let message = logic::launch_failure_message(&error_chain(&error));
+            let update = ConditionUpdate::false_(reasons::LAUNCH_FAILED, message);
+            set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
+            Launch::Failed(Error::Cloud { method: "create", source: error })
+        }
+    }
+}
+
+fn conditions_mut(claim: &mut NodeClaim) -> &mut Vec<crate::apis::Condition> {
+    &mut claim.status.get_or_insert_with(Default::default).conditions
+}
+
+fn describe_resources(resources: &crate::apis::ResourceList) -> String {
+    resources.iter().map(|(k, v)| format!("{k}={}", v.0)).collect::<Vec<_>>().join(",")
+}
+
+/// Finds the claim's Node and, on first registration, syncs the claim onto it. Returns the Node.
+async fn register(
+    claim: &mut NodeClaim,
+    state: &State,
+    now: Timestamp,
+) -> Result<Option<(Node, bool)>, Error> {
+    let generation = claim.metadata.generation;
+    let found = state.node_cache.state_filter(|n| logic::is_claims_node(claim, n));
+    let registered = is_true(logic::conditions(claim), REGISTERED);
+    let status = claim.status.get_or_insert_with(Default::default);
+    let node = match found.as_slice() {
+        [] => {
+            if !registered {
+                let update =
+                    ConditionUpdate::unknown(reasons::NODE_NOT_FOUND, reasons::NODE_NOT_FOUND_MESSAGE);
+                set_condition(&mut status.conditions, REGISTERED, update, generation, now);
+            }
+            if !is_true(&status.conditions, INITIALIZED) {
+                let update =
+                    ConditionUpdate::unknown(reasons::NODE_NOT_FOUND, reasons::NODE_NOT_FOUND_MESSAGE);
+                set_condition(&mut status.conditions, INITIALIZED, update, generation, now);
+            }
+            return Ok(None);
+        }
+        [node] => node.clone(),
+        many => {
+            let names: Vec<String> = many.iter().map(|n| n.name_any()).collect();
+            let update = ConditionUpdate::false_(
+                reasons::MULTIPLE_NODES_FOUND,
+                format!("invariant violated, matched multiple nodes [{}]", names.join(", ")),
+            );
+            set_condition(&mut status.conditions, REGISTERED, update, generation, now);
+            return Ok(None);
+        }
+    };
+    if registered {
+        return Ok(Some(((*node).clone(), false)));
+    }
+    let desired = logic::registered_node(claim, &node);
+    let node = if desired == *node { desired } else { patch_node(&node, &desired, state).await? };
+    let status = claim.status.get_or_insert_with(Default::default);
+    status.node_name = Some(node.name_any());
+    set_condition(
+        &mut status.conditions,
+        REGISTERED,
+        ConditionUpdate::true_(reasons::REGISTERED),
+        generation,
+        now,
+    );
+    Ok(Some((node, true)))
+}
+
+/// Writes the metadata and taints `after` adds to `before`, conditional on `before`'s resource
+/// version so that lists (finalizers, owners, taints) written whole replace nothing unseen.
+async fn patch_node(before: &Node, after: &Node, state: &State) -> Result<Node, Error> {
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("resourceVersion".into(), json!(before.resource_version()));
+    let m = &after.metadata;
+    for (key, value) in [
+        ("labels", m.labels.as_ref().map(|v| json!(v))),
+        ("annotations", m.annotations.as_ref().map(|v| json!(v))),
+        ("finalizers", m.finalizers.as_ref().map(|v| json!(v))),
+        ("ownerReferences", m.owner_references.as_ref().map(|v| json!(v))),
+    ] {
+        if let Some(value) = value {
+            metadata.insert(key.into(), value);
+        }
+    }
+    let mut patch = json!({ "metadata": metadata });
+    if let Some(taints) = after.spec.as_ref().and_then(|s| s.taints.as_ref()) {
+        patch["spec"] = json!({ "taints": taints });
+    }
+    let name = before.name_any();
+    state
+        .nodes
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube(format!("syncing node {name}")))
+}
+
+/// Checks the claim's Node and marks both initialized once it is; true when that happened now.
+async fn initialize(
+    claim: &mut NodeClaim,
+    node: &Node,
+    state: &State,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    let generation = claim.metadata.generation;
+    if is_true(logic::conditions(claim), INITIALIZED) {
+        return Ok(false);
+    }
+    if let Err(update) = logic::initialization(claim, node) {
+        let status = claim.status.get_or_insert_with(Default::default);
+        set_condition(&mut status.conditions, INITIALIZED, update, generation, now);
+        return Ok(false);
+    }
+    if node.labels().get(LABEL_INITIALIZED).map(String::as_str) != Some("true") {
+        let patch = json!({ "metadata": { "labels": { LABEL_INITIALIZED: "true" } } });
+        let name = node.name_any();
+        state
+            .nodes
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube(format!("labelling node {name} initialized")))?;
+    }
+    let status = claim.status.get_or_insert_with(Default::default);
+    set_condition(
+        &mut status.conditions,
+        INITIALIZED,
+        ConditionUpdate::true_(reasons::INITIALIZED),
+        generation,
+        now,
+    );
+    Ok(true)
+}
+
+/// Writes what changed from `stored` to `claim`: labels and annotations first (so that a launch
+/// is never recorded without its labels), then the status, conditional on the resource version.
+async fn write(stored: &NodeClaim, claim: &NodeClaim, state: &State) -> Result<NodeClaim, Error> {
+    let name = claim.name_any();
+    let mut current = stored.clone();
+    if claim.labels() != stored.labels() || claim.annotations() != stored.annotations() {
+        let patch = json!({
+            "metadata": { "labels": claim.labels(), "annotations": claim.annotations() }
+        });
+        current = state
+            .claims
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube("writing the nodeclaim's labels"))?;
+    }
+    if claim.status != stored.status {
+        let patch = json!({
+            "metadata": { "resourceVersion": current.resource_version() },
+            "status": claim.status,
+        });
+        current = state
+            .claims
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube("writing the nodeclaim's status"))?;
+    }
+    Ok(current)
+}
+
+async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Action, Error> {
+    if !has_finalizer(claim) {
+        return Ok(Action::await_change());
+    }
+    let claim = &annotate_termination_deadline(claim, state).await?;
+    let name = claim.name_any();
+    let nodes = state.node_cache.state_filter(|n| logic::is_claims_node(claim, n));
+    if !nodes.is_empty() {
+        for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+            let node_name = node.name_any();
+            let params = DeleteParams {
+                preconditions: Some(Preconditions { uid: node.uid(), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match state.nodes.delete(&node_name, &params).await {
+                Ok(_) => {
+                    tracing::info!(controller = CONTROLLER, nodeclaim = %name, node = %node_name, "deleting node")
+                }
+                Err(error) if is_not_found(&error) => {}
+                Err(source) => {
+                    return Err(Error::Kube { action: format!("deleting node {node_name}"), source });
+                }
+            }
+        }
+        return Ok(Action::requeue(TERMINATION_POLL));
+    }
+
+    if !instances_terminated(claim, state).await? {
+        let mut updated = claim.clone();
+        let status = updated.status.get_or_insert_with(Default::default);
+        let update = ConditionUpdate::true_(reasons::INSTANCE_TERMINATING);
+        if set_condition(&mut status.conditions, INSTANCE_TERMINATING, update, claim.metadata.generation, now)
+        {
+            write(claim, &updated, state).await?;
+        }
+        return Ok(Action::requeue(TERMINATION_POLL));
+    }
+    let labels = logic::terminated_labels(claim);
+    let nodepool = logic::nodepool(claim);
+    if let Some(since) = logic::condition(logic::conditions(claim), INSTANCE_TERMINATING)
+        .and_then(|c| c.last_transition_time.parse::<Timestamp>().ok())
+    {
+        let elapsed = logic::elapsed(since, now);
+        observe(
+            &state.ctx.metrics.nodeclaims_instance_termination_duration,
+            vec![("nodepool", nodepool.clone())],
+            elapsed,
+        );
+    }
+
+    let finalizers: Vec<&String> =
+        claim.finalizers().iter().filter(|f| *f != FINALIZER_TERMINATION).collect();
+    let patch = json!({
+        "metadata": { "finalizers": finalizers, "resourceVersion": claim.resource_version() }
+    });
+    match state.claims.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+        Err(source) => {
+            return Err(Error::Kube { action: "removing the termination finalizer".into(), source });
+        }
+    }
+    tracing::info!(
+        controller = CONTROLLER,
+        nodeclaim = %name,
+        nodepool = %nodepool,
+        "provider-id" = %claim.status.as_ref().and_then(|s| s.provider_id.as_deref()).unwrap_or_default(),
+        "deleted nodeclaim"
+    );
+    state.ctx.metrics.nodeclaims_terminated.get_or_create(&labels).inc();
+    if let Some(deleted) = &claim.metadata.deletion_timestamp {
+        let elapsed = logic::elapsed(deleted.0, now);
+        observe(&state.ctx.metrics.nodeclaims_termination_duration, vec![("nodepool", nodepool)], elapsed);
+    }
+    Ok(Action::await_change())
+}
+
+/// Records by when the claim's node must be gone, for the node termination controller.
+async fn annotate_termination_deadline(claim: &NodeClaim, state: &State) -> Result<NodeClaim, Error> {
+    let Some(deadline) = logic::termination_deadline(claim) else {
+        return Ok(claim.clone());
+    };
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": claim.resource_version(),
+            "annotations": { ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP: deadline },
+        }
+    });
+    let name = claim.name_any();
+    let updated = state
+        .claims
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube("annotating the termination deadline"))?;
+    tracing::info!(
+        controller = CONTROLLER,
+        nodeclaim = %name,
+        "karpenter.sh/nodeclaim-termination-timestamp" = %deadline,
+        "annotated nodeclaim"
+    );
+    let message = format!("All pods will be deleted by {deadline}");
+    state.ctx.events.warning(claim, event_reasons::TERMINATION_GRACE_PERIOD_EXPIRING, message).await;
+    Ok(updated)
+}
+
+/// Asks the cloud provider to terminate the claim's instance; true once it reports the instance
+/// gone. A claim without a provider ID may still have an instance (a launch whose answer was lost):
+/// it is looked up by the claim's name.
+async fn instances_terminated(claim: &NodeClaim, state: &State) -> Result<bool, Error> {
+    let has_provider_id =
+        claim.status.as_ref().and_then(|s| s.provider_id.as_deref()).is_some_and(|p| !p.is_empty());
+    let targets = if has_provider_id {
+        vec![claim.clone()]
+    } else {
+        let name = claim.name_any();
+        let instances =
+            state.ctx.cloud.list().await.map_err(|source| Error::Cloud { method: "list", source })?;
+        instances
+            .into_iter()
+            .filter(|i| i.node_claim.as_deref() == Some(name.as_str()))
+            .map(|i| {
+                let mut target = claim.clone();
+                target.status.get_or_insert_with(Default::default).provider_id = Some(i.provider_id);
+                target
+            })
+            .collect()
+    };
+    let mut terminated = true;
+    for target in &targets {
+        match state.ctx.cloud.delete(target).await {
+            Err(error) if error.is_not_found() => {}
+            Ok(()) => terminated = false,
+            Err(source) => return Err(Error::Cloud { method: "delete", source }),
+        }
+    }
+    Ok(terminated)
+}

@@ -1,0 +1,238 @@
+//! Indexes over the caches, kept current by the watches: which Node and which NodeClaim carry a
+//! provider ID, and which pods are bound to a node. Lookups are hash-map lookups, so joining a
+//! Node with its NodeClaim, or finding a node's pods, costs the same with ten nodes or ten
+//! thousand.
+//!
+//! The caches and the indexes are updated one after the other by the same watch task, so a
+//! reader may see one a moment ahead of the other: callers check what they fetch through an index
+//! (the NodeClaim found for a provider ID still carries it) rather than trust it blindly.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// `(namespace, name)` of a pod.
+pub type PodKey = (String, String);
+
+#[derive(Debug, Default)]
+struct Joins {
+    /// Name → provider ID.
+    provider_of: HashMap<String, String>,
+    /// Provider ID → names.
+    by_provider: HashMap<String, BTreeSet<String>>,
+}
+
+impl Joins {
+    fn set(&mut self, name: &str, provider_id: Option<&str>) {
+        let provider_id = provider_id.filter(|p| !p.is_empty());
+        if self.provider_of.get(name).map(String::as_str) == provider_id {
+            return;
+        }
+        self.remove(name);
+        if let Some(pid) = provider_id {
+            self.provider_of.insert(name.to_string(), pid.to_string());
+            self.by_provider.entry(pid.to_string()).or_default().insert(name.to_string());
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(old) = self.provider_of.remove(name)
+            && let Some(names) = self.by_provider.get_mut(&old)
+        {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_provider.remove(&old);
+            }
+        }
+    }
+
+    fn replace(&mut self, entries: Vec<(String, Option<String>)>) {
+        *self = Joins::default();
+        for (name, pid) in entries {
+            self.set(&name, pid.as_deref());
+        }
+    }
+
+    fn names(&self, provider_id: &str) -> Vec<String> {
+        self.by_provider.get(provider_id).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Bindings {
+    node_of: HashMap<PodKey, String>,
+    pods_of: HashMap<String, BTreeSet<PodKey>>,
+}
+
+impl Bindings {
+    fn set(&mut self, pod: PodKey, node: Option<&str>) {
+        let node = node.filter(|n| !n.is_empty());
+        if self.node_of.get(&pod).map(String::as_str) == node {
+            return;
+        }
+        self.remove(&pod);
+        if let Some(node) = node {
+            self.node_of.insert(pod.clone(), node.to_string());
+            self.pods_of.entry(node.to_string()).or_default().insert(pod);
+        }
+    }
+
+    fn remove(&mut self, pod: &PodKey) {
+        if let Some(old) = self.node_of.remove(pod)
+            && let Some(pods) = self.pods_of.get_mut(&old)
+        {
+            pods.remove(pod);
+            if pods.is_empty() {
+                self.pods_of.remove(&old);
+            }
+        }
+    }
+}
+
+/// The indexes.
+#[derive(Debug, Default)]
+pub struct Index {
+    nodes: RwLock<Joins>,
+    claims: RwLock<Joins>,
+    pods: RwLock<Bindings>,
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Index {
+    /// Records the provider ID of Node `name` (none yet: `None`).
+    pub fn set_node(&self, name: &str, provider_id: Option<&str>) {
+        write(&self.nodes).set(name, provider_id);
+    }
+
+    /// Forgets Node `name`.
+    pub fn remove_node(&self, name: &str) {
+        write(&self.nodes).remove(name);
+    }
+
+    /// Replaces every Node entry (after the watch listed the Nodes again).
+    pub fn replace_nodes(&self, entries: Vec<(String, Option<String>)>) {
+        write(&self.nodes).replace(entries);
+    }
+
+    /// Records the provider ID of NodeClaim `name`.
+    pub fn set_nodeclaim(&self, name: &str, provider_id: Option<&str>) {
+        write(&self.claims).set(name, provider_id);
+    }
+
+    /// Forgets NodeClaim `name`.
+    pub fn remove_nodeclaim(&self, name: &str) {
+        write(&self.claims).remove(name);
+    }
+
+    /// Replaces every NodeClaim entry.
+    pub fn replace_nodeclaims(&self, entries: Vec<(String, Option<String>)>) {
+        write(&self.claims).replace(entries);
+    }
+
+    /// Records the node a pod is bound to (`None`: not bound, or finished).
+    pub fn set_pod(&self, pod: PodKey, node: Option<&str>) {
+        write(&self.pods).set(pod, node);
+    }
+
+    /// Forgets a pod.
+    pub fn remove_pod(&self, pod: &PodKey) {
+        write(&self.pods).remove(pod);
+    }
+
+    /// Replaces every pod entry.
+    pub fn replace_pods(&self, entries: Vec<(PodKey, Option<String>)>) {
+        let mut bindings = Bindings::default();
+        for (pod, node) in entries {
+            bindings.set(pod, node.as_deref());
+        }
+        *write(&self.pods) = bindings;
+    }
+
+    /// Names of the Nodes with `provider_id` (normally one).
+    pub fn nodes_with_provider_id(&self, provider_id: &str) -> Vec<String> {
+        read(&self.nodes).names(provider_id)
+    }
+
+    /// Names of the NodeClaims with `provider_id` (normally one).
+    pub fn nodeclaims_with_provider_id(&self, provider_id: &str) -> Vec<String> {
+        read(&self.claims).names(provider_id)
+    }
+
+    /// The pods bound to Node `node`.
+    pub fn pods_on(&self, node: &str) -> Vec<PodKey> {
+        read(&self.pods).pods_of.get(node).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// How many entries the indexes hold: Nodes, NodeClaims, bound pods.
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        (
+            read(&self.nodes).provider_of.len(),
+            read(&self.claims).provider_of.len(),
+            read(&self.pods).node_of.len(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> PodKey {
+        ("ns".to_string(), name.to_string())
+    }
+
+    #[test]
+    fn provider_ids_join_nodes_and_claims() {
+        let index = Index::default();
+        index.set_nodeclaim("claim-a", None);
+        assert!(index.nodeclaims_with_provider_id("kwok://a").is_empty());
+        index.set_nodeclaim("claim-a", Some("kwok://a"));
+        index.set_node("node-a", Some("kwok://a"));
+        assert_eq!(index.nodeclaims_with_provider_id("kwok://a"), ["claim-a"]);
+        assert_eq!(index.nodes_with_provider_id("kwok://a"), ["node-a"]);
+        // A second node with the same provider ID is visible as such.
+        index.set_node("node-b", Some("kwok://a"));
+        assert_eq!(index.nodes_with_provider_id("kwok://a"), ["node-a", "node-b"]);
+        index.set_node("node-b", Some("kwok://b"));
+        assert_eq!(index.nodes_with_provider_id("kwok://a"), ["node-a"]);
+        index.remove_node("node-a");
+        index.remove_nodeclaim("claim-a");
+        assert!(index.nodes_with_provider_id("kwok://a").is_empty());
+        assert!(index.nodeclaims_with_provider_id("kwok://a").is_empty());
+        assert_eq!(index.sizes(), (1, 0, 0));
+    }
+
+    #[test]
+    fn pods_follow_their_binding() {
+        let index = Index::default();
+        index.set_pod(key("p"), None);
+        assert!(index.pods_on("n1").is_empty());
+        index.set_pod(key("p"), Some("n1"));
+        index.set_pod(key("q"), Some("n1"));
+        assert_eq!(index.pods_on("n1"), [key("p"), key("q")]);
+        index.set_pod(key("p"), None);
+        assert_eq!(index.pods_on("n1"), [key("q")]);
+        index.remove_pod(&key("q"));
+        assert!(index.pods_on("n1").is_empty());
+        assert_eq!(index.sizes(), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_relist_replaces_everything() {
+        let index = Index::default();
+        index.set_node("stale", Some("kwok://stale"));
+        index.set_pod(key("stale"), Some("stale"));
+        index.replace_nodes(vec![("fresh".into(), Some("kwok://fresh".into())), ("bare".into(), None)]);
+        index.replace_pods(vec![(key("fresh"), Some("fresh".into()))]);
+        assert!(index.nodes_with_provider_id("kwok://stale").is_empty());
+        assert_eq!(index.nodes_with_provider_id("kwok://fresh"), ["fresh"]);
+        assert!(index.pods_on("stale").is_empty());
+        assert_eq!(index.pods_on("fresh"), [key("fresh")]);
+    }
+}
