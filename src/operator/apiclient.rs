@@ -30,10 +30,14 @@ pub const MAX_IN_FLIGHT: usize = 32;
 /// Queue length of the buffer in front of kube's service stack.
 const BUFFER: usize = 1024;
 
-/// A client for the cluster of the kubeconfig or in-cluster configuration, with the limits of
-/// `qps`, `burst` and [`MAX_IN_FLIGHT`].
-pub async fn client(qps: u32, burst: u32) -> Result<Client, kube::Error> {
-    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+/// The configuration of the kubeconfig or in-cluster service account.
+pub async fn config() -> Result<Config, kube::Error> {
+    Config::infer().await.map_err(kube::Error::InferConfig)
+}
+
+/// A client for the cluster of `config`, with the limits of `qps`, `burst` and
+/// [`MAX_IN_FLIGHT`].
+pub fn limited(config: Config, qps: u32, burst: u32) -> Result<Client, kube::Error> {
     let layer = LimitLayer::new(qps, burst, MAX_IN_FLIGHT);
     Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
 }

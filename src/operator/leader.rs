@@ -4,6 +4,12 @@
 //! Expiry is judged the way client-go judges it: by how long this process has watched the
 //! Lease's record stay unchanged, on its own monotonic clock, so clock skew between replicas
 //! cannot hand the Lease to two holders.
+//!
+//! The elector talks to the API server on a client of its own, outside the request throttle and
+//! the in-flight limit of the controllers' client, so that a burst of evictions or events never
+//! delays a renewal; every call is bounded by [`Timing::call_timeout`]. A leader that has not
+//! renewed for the renew deadline steps down at that very moment, even while a call hangs, which
+//! is before the Lease can expire for the other replicas (renew deadline < lease duration).
 
 use std::time::Duration;
 
@@ -27,6 +33,14 @@ pub struct Timing {
     pub renew_deadline: Duration,
     /// Pause between attempts.
     pub retry_period: Duration,
+}
+
+impl Timing {
+    /// The longest one call to the API server may take: half of what is left of the renew
+    /// deadline after a retry period, so that at least two attempts fit in it.
+    pub fn call_timeout(&self) -> Duration {
+        (self.renew_deadline.saturating_sub(self.retry_period) / 2).max(Duration::from_millis(100))
+    }
 }
 
 impl Default for Timing {
@@ -69,9 +83,22 @@ pub struct LeaderElector {
 }
 
 impl LeaderElector {
-    /// An elector for `namespace/name` under `identity` (unique per process, e.g. the pod name).
-    pub fn new(client: Client, namespace: &str, name: &str, identity: &str, timing: Timing) -> Self {
-        LeaderElector {
+    /// An elector for `namespace/name` under `identity` (unique per process, e.g. the pod name),
+    /// with a client of its own for the API server of `config`.
+    pub fn new(
+        config: &kube::Config,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        timing: Timing,
+    ) -> Result<Self, kube::Error> {
+        let mut config = config.clone();
+        let call = timing.call_timeout();
+        config.connect_timeout = Some(call);
+        config.read_timeout = Some(call);
+        config.write_timeout = Some(call);
+        let client = Client::try_from(config)?;
+        Ok(LeaderElector {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -79,7 +106,7 @@ impl LeaderElector {
             timing,
             observed: None,
             observed_at: Instant::now(),
-        }
+        })
     }
 
     /// This elector's identity.
@@ -96,29 +123,47 @@ impl LeaderElector {
             if *stop.borrow() {
                 break;
             }
-            let attempt = self.try_acquire_or_renew().await;
+            let is_leading = *leading.borrow();
+            let deadline = last_renewal + self.timing.renew_deadline;
+            let timeout = self.timing.call_timeout().saturating_mul(2);
+            let attempt = tokio::select! {
+                // Both calls of an attempt are bounded, and so is the attempt.
+                a = tokio::time::timeout(timeout, self.try_acquire_or_renew()) => Some(a),
+                // A leader must not outlive its renew deadline, whatever the attempt does.
+                _ = tokio::time::sleep_until(deadline), if is_leading => None,
+            };
             let now = Instant::now();
             match attempt {
-                Ok(true) => {
+                None => {
+                    tracing::error!(lease = %self.name, identity = %self.identity, "failed to renew lease within the deadline, stepping down");
+                    leading.send_replace(false);
+                    break;
+                }
+                Some(Ok(Ok(true))) => {
                     last_renewal = now;
-                    if !*leading.borrow() {
+                    if !is_leading {
                         tracing::info!(lease = %self.name, identity = %self.identity, "successfully acquired lease");
                         leading.send_replace(true);
                     }
                 }
-                Ok(false) => {
-                    if *leading.borrow() {
+                Some(Ok(Ok(false))) => {
+                    if is_leading {
                         tracing::error!(lease = %self.name, identity = %self.identity, "leader election lost");
                         leading.send_replace(false);
+                        break;
                     }
                 }
-                Err(error) => {
+                Some(Ok(Err(error))) => {
                     tracing::warn!(error = %error_chain(&error), "error retrieving or updating the lease");
-                    if *leading.borrow() && now.duration_since(last_renewal) > self.timing.renew_deadline {
-                        tracing::error!(lease = %self.name, identity = %self.identity, "failed to renew lease within the deadline, stepping down");
-                        leading.send_replace(false);
-                    }
                 }
+                Some(Err(_)) => {
+                    tracing::warn!(lease = %self.name, timeout = ?timeout, "retrieving or updating the lease timed out");
+                }
+            }
+            if *leading.borrow() && now.duration_since(last_renewal) > self.timing.renew_deadline {
+                tracing::error!(lease = %self.name, identity = %self.identity, "failed to renew lease within the deadline, stepping down");
+                leading.send_replace(false);
+                break;
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.timing.retry_period) => {}
@@ -127,9 +172,10 @@ impl LeaderElector {
         }
         if *leading.borrow() {
             leading.send_replace(false);
-            match self.release().await {
-                Ok(()) => tracing::info!(lease = %self.name, identity = %self.identity, "released lease"),
-                Err(error) => tracing::warn!(error = %error_chain(&error), "failed to release lease"),
+            match tokio::time::timeout(self.timing.call_timeout().saturating_mul(2), self.release()).await {
+                Ok(Ok(())) => tracing::info!(lease = %self.name, identity = %self.identity, "released lease"),
+                Ok(Err(error)) => tracing::warn!(error = %error_chain(&error), "failed to release lease"),
+                Err(_) => tracing::warn!(lease = %self.name, "releasing the lease timed out"),
             }
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::apiclient;
@@ -55,8 +55,9 @@ const FIRST_REFRESH_WAIT: Duration = Duration::from_secs(30);
 pub async fn run(settings: Settings) -> Result<(), RunError> {
     let settings = Arc::new(settings);
     tracing::info!(settings = ?settings.summary(), version = env!("CARGO_PKG_VERSION"), "starting karpenter");
-    let client = apiclient::client(settings.kube_client_qps, settings.kube_client_burst)
-        .await
+    settings.warn_unimplemented();
+    let config = apiclient::config().await.map_err(RunError::Kube)?;
+    let client = apiclient::limited(config.clone(), settings.kube_client_qps, settings.kube_client_burst)
         .map_err(RunError::Kube)?;
 
     let mut registry = Registry::default();
@@ -87,8 +88,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         events,
     };
 
-    let (changes_tx, changes) = mpsc::unbounded_channel();
-    let (state, watches) = ClusterState::start(client.clone(), changes_tx);
+    // The caches are kept on every replica, so that a standby that takes over acts at once.
+    let (state, watches) = ClusterState::start(client.clone());
     let watches = tokio::spawn(watches);
     {
         let state = state.clone();
@@ -108,13 +109,9 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let elector = if settings.disable_leader_election {
         None
     } else {
-        let elector = LeaderElector::new(
-            client.clone(),
-            &settings.system_namespace,
-            LEASE_NAME,
-            &identity,
-            Timing::default(),
-        );
+        let elector =
+            LeaderElector::new(&config, &settings.system_namespace, LEASE_NAME, &identity, Timing::default())
+                .map_err(RunError::Kube)?;
         tracing::info!(lease = LEASE_NAME, namespace = %settings.system_namespace, identity = %identity, "attempting to acquire leader lease");
         Some(tokio::spawn(elector.run(leading_tx, elector_stop)))
     };
@@ -130,64 +127,11 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     }
 
     let mut outcome = Ok(());
-    if !*stop.borrow() {
+    if !*stop.borrow() && *leading.borrow() {
         tracing::info!("starting controllers");
         let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
-        if let Some(aws) = &aws {
-            // Launches after a restart must not wait for the node-class controller to resolve
-            // the classes again: the provisioner and the NodeClaim lifecycle start from the
-            // status a previous run resolved.
-            state.wait_synced().await;
-            let seeded = aws.node_classes().seed(state.nodeclasses.state().iter().map(|c| (**c).clone()));
-            tracing::debug!(count = seeded, "node classes known from the API");
-        }
-        let mut tasks = JoinSet::new();
-        let mut first_refresh = None;
-        if let Some(aws) = &aws {
-            let (fetched_tx, fetched) = tokio::sync::oneshot::channel();
-            tasks.spawn(crate::cloudprovider::aws::controllers::refresh::run(
-                aws.clone(),
-                settings.isolated_vpc,
-                fetched_tx,
-                ctrl_stop.clone(),
-            ));
-            first_refresh = Some(fetched);
-        }
-        {
-            // The first launches wait (a little) for the instance types and current prices, so
-            // that a NodePool allowing spot does not start on on-demand for want of spot prices.
-            // The other controllers start at once.
-            let (ctx, state, stop) = (ctx.clone(), state.clone(), ctrl_stop.clone());
-            tasks.spawn(async move {
-                if let Some(fetched) = first_refresh
-                    && tokio::time::timeout(FIRST_REFRESH_WAIT, fetched).await.is_err()
-                {
-                    tracing::warn!("instance types and prices are not fetched yet; starting without them");
-                }
-                controllers::provisioning::run(ctx, state, changes, stop).await;
-            });
-        }
-        tasks.spawn(controllers::nodeclaim::garbagecollection::run(
-            ctx.clone(),
-            state.clone(),
-            ctrl_stop.clone(),
-        ));
-        tasks.spawn(controllers::nodeclaim::drift::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
-        tasks.spawn(controllers::nodepool::status::run(ctx.clone(), state.clone(), ctrl_stop.clone()));
-        tasks.spawn(controllers::nodeclaim::lifecycle::run(ctx.clone(), ctrl_stop.clone()));
-        let cache = controllers::node::termination::Cache {
-            pods: state.pods.clone(),
-            nodeclaims: state.nodeclaims.clone(),
-        };
-        tasks.spawn(controllers::node::termination::run(ctx.clone(), cache, ctrl_stop.clone()));
-        if let Some(aws) = &aws {
-            tasks.spawn(crate::cloudprovider::aws::controllers::nodeclass::run(
-                client.clone(),
-                aws.clone(),
-                ctx.events.clone(),
-                ctrl_stop.clone(),
-            ));
-        }
+        state.wait_synced().await;
+        let mut tasks = start_controllers(&ctx, &state, aws.as_ref(), &ctrl_stop);
         let mut stopping = stop.clone();
         loop {
             tokio::select! {
@@ -200,14 +144,29 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
                 }
             }
         }
-        tracing::info!("stopping controllers");
-        ctrl_stop_tx.send_replace(true);
-        let drained =
-            tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await;
-        if drained.is_err() {
-            tracing::warn!("controllers did not stop within {SHUTDOWN_GRACE:?}; aborting them");
+        if outcome.is_err() {
+            // Another replica may lead as soon as the Lease expires: nothing more is done here,
+            // not even finishing what is under way.
+            tracing::error!("leadership lost, stopping every controller now");
             tasks.abort_all();
+        } else {
+            tracing::info!("stopping controllers");
+            ctrl_stop_tx.send_replace(true);
+            let drained = async {
+                tokio::select! {
+                    _ = async { while tasks.join_next().await.is_some() {} } => true,
+                    _ = leading.wait_for(|l| !*l) => false,
+                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => false,
+                }
+            };
+            if !drained.await {
+                tracing::warn!(
+                    "controllers did not stop within {SHUTDOWN_GRACE:?} (or leadership ended); aborting them"
+                );
+                tasks.abort_all();
+            }
         }
+        while tasks.join_next().await.is_some() {}
     }
     elector_stop_tx.send_replace(true);
     if let Some(elector) = elector {
@@ -218,6 +177,59 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     while servers.join_next().await.is_some() {}
     tracing::info!("stopped");
     outcome
+}
+
+/// Starts every controller, each stopping when `stop` turns true.
+fn start_controllers(
+    ctx: &Context,
+    state: &ClusterState,
+    aws: Option<&Arc<AwsCloudProvider>>,
+    stop: &watch::Receiver<bool>,
+) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
+    let mut first_refresh = None;
+    if let Some(aws) = aws {
+        // Launches after a restart must not wait for the node-class controller to resolve the
+        // classes again: the provisioner and the NodeClaim lifecycle start from the status a
+        // previous run resolved.
+        let seeded = aws.node_classes().seed(state.nodeclasses.state().iter().map(|c| (**c).clone()));
+        tracing::debug!(count = seeded, "node classes known from the API");
+        let (fetched_tx, fetched) = tokio::sync::oneshot::channel();
+        tasks.spawn(crate::cloudprovider::aws::controllers::refresh::run(
+            aws.clone(),
+            ctx.settings.isolated_vpc,
+            fetched_tx,
+            stop.clone(),
+        ));
+        first_refresh = Some(fetched);
+        tasks.spawn(crate::cloudprovider::aws::controllers::nodeclass::run(
+            ctx.client.clone(),
+            state.clone(),
+            aws.clone(),
+            ctx.events.clone(),
+            stop.clone(),
+        ));
+    }
+    {
+        // The first launches wait (a little) for the instance types and current prices, so that a
+        // NodePool allowing spot does not start on on-demand for want of spot prices. The other
+        // controllers start at once.
+        let (ctx, state, stop) = (ctx.clone(), state.clone(), stop.clone());
+        tasks.spawn(async move {
+            if let Some(fetched) = first_refresh
+                && tokio::time::timeout(FIRST_REFRESH_WAIT, fetched).await.is_err()
+            {
+                tracing::warn!("instance types and prices are not fetched yet; starting without them");
+            }
+            controllers::provisioning::run(ctx, state, stop).await;
+        });
+    }
+    tasks.spawn(controllers::nodeclaim::lifecycle::run(ctx.clone(), state.clone(), stop.clone()));
+    tasks.spawn(controllers::node::termination::run(ctx.clone(), state.clone(), stop.clone()));
+    tasks.spawn(controllers::nodeclaim::garbagecollection::run(ctx.clone(), state.clone(), stop.clone()));
+    tasks.spawn(controllers::nodeclaim::drift::run(ctx.clone(), state.clone(), stop.clone()));
+    tasks.spawn(controllers::nodepool::status::run(ctx.clone(), state.clone(), stop.clone()));
+    tasks
 }
 
 /// The identity in the Lease and in events: the pod name in a cluster, else host and process.

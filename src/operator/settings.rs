@@ -42,6 +42,8 @@ pub struct FeatureGates {
     pub node_overlay: bool,
     /// NodePools with a fixed number of replicas.
     pub static_capacity: bool,
+    /// The gates named in the setting, whatever their value.
+    pub explicit: Vec<String>,
 }
 
 impl Default for FeatureGates {
@@ -52,6 +54,7 @@ impl Default for FeatureGates {
             reserved_capacity: true,
             node_overlay: false,
             static_capacity: false,
+            explicit: Vec::new(),
         }
     }
 }
@@ -73,6 +76,7 @@ impl std::str::FromStr for FeatureGates {
                 .trim()
                 .parse()
                 .map_err(|_| format!("feature gate {name}: {value:?} is neither true nor false"))?;
+            gates.explicit.push(name.trim().to_string());
             match name.trim() {
                 "SpotToSpotConsolidation" => gates.spot_to_spot_consolidation = value,
                 "NodeRepair" => gates.node_repair = value,
@@ -233,6 +237,44 @@ impl Settings {
         Ok(())
     }
 
+    /// What the settings ask for that this version does not do yet, one sentence each.
+    pub fn unimplemented(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(queue) = self.interruption_queue.as_deref().filter(|q| !q.is_empty()) {
+            out.push(format!(
+                "INTERRUPTION_QUEUE ({queue}) is set, but interruption handling is not implemented yet: the queue is not read"
+            ));
+        }
+        let gates = &self.feature_gates;
+        for (name, on, explicit_only) in [
+            ("SpotToSpotConsolidation", gates.spot_to_spot_consolidation, false),
+            ("NodeRepair", gates.node_repair, false),
+            ("NodeOverlay", gates.node_overlay, false),
+            ("StaticCapacity", gates.static_capacity, false),
+            // On by default upstream: only worth a word when asked for.
+            ("ReservedCapacity", gates.reserved_capacity, true),
+        ] {
+            if on && (!explicit_only || gates.explicit.iter().any(|g| g == name)) {
+                out.push(format!(
+                    "feature gate {name} is enabled, but this version does not implement it yet: ignored"
+                ));
+            }
+        }
+        if self.preference_policy == PreferencePolicy::Ignore {
+            out.push(
+                "PREFERENCE_POLICY=Ignore is not implemented yet: preferences are respected".to_string(),
+            );
+        }
+        out
+    }
+
+    /// Logs one warning per setting that is accepted but not acted on yet.
+    pub fn warn_unimplemented(&self) {
+        for message in self.unimplemented() {
+            tracing::warn!(message = %message, "setting ignored");
+        }
+    }
+
     /// The settings as `name=value` pairs, for the start-up log line.
     pub fn summary(&self) -> BTreeMap<&'static str, String> {
         BTreeMap::from([
@@ -286,6 +328,29 @@ mod tests {
     #[case("-1s")]
     fn bad_durations(#[case] input: &str) {
         assert!(parse_duration(input).is_err(), "{input}");
+    }
+
+    #[test]
+    fn settings_not_acted_on_yet_are_named() {
+        let quiet = parse(&["--cluster-name", "demo"]).unwrap();
+        assert!(quiet.unimplemented().is_empty(), "{:?}", quiet.unimplemented());
+        let s = parse(&[
+            "--cluster-name",
+            "demo",
+            "--interruption-queue",
+            "demo-queue",
+            "--feature-gates",
+            "SpotToSpotConsolidation=true,ReservedCapacity=true,NodeRepair=false",
+            "--preference-policy",
+            "Ignore",
+        ])
+        .unwrap();
+        let messages = s.unimplemented();
+        assert_eq!(messages.len(), 4, "{messages:?}");
+        assert!(messages[0].contains("INTERRUPTION_QUEUE (demo-queue)"));
+        assert!(messages[1].contains("SpotToSpotConsolidation"));
+        assert!(messages[2].contains("ReservedCapacity"));
+        assert!(messages[3].contains("PREFERENCE_POLICY"));
     }
 
     #[test]

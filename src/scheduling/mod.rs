@@ -32,6 +32,7 @@
 //! `allowedTopologies`) and CSI attach limits of existing nodes (see [`volumes`]). Not modelled:
 //! capacity reservations, and pod priority/preemption.
 
+pub mod daemonsets;
 pub mod hostports;
 pub mod instancetypes;
 pub mod requirements;

@@ -156,6 +156,16 @@ impl Resources {
         r
     }
 
+    /// `self - other` with no amount below zero.
+    pub fn sub_floored(&self, other: &Resources) -> Resources {
+        let mut r = self.sub(other);
+        for v in [&mut r.cpu, &mut r.memory, &mut r.ephemeral_storage, &mut r.pods] {
+            *v = (*v).max(0);
+        }
+        r.extended.retain(|_, v| *v > 0);
+        r
+    }
+
     /// Element-wise maximum.
     pub fn max(&self, other: &Resources) -> Resources {
         let mut r = Resources {

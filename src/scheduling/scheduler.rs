@@ -1229,22 +1229,7 @@ impl<'a> Pool<'a> {
                     .collect()
             })
             .collect();
-        let mut ds_overhead = Resources::default();
-        for ds in &input.daemonsets {
-            let tolerations = ds.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
-            if check_tolerated(&np.taints, tolerations).is_err() {
-                continue;
-            }
-            let Ok((base, required, _)) = pod_node_requirements(ds) else { continue };
-            let mut strict = base;
-            if let Some(t) = required.first() {
-                strict.add_all(t);
-            }
-            if np.requirements.compatible(&strict, true).is_err() {
-                continue;
-            }
-            ds_overhead.add_assign(&pod_requests(ds));
-        }
+        let ds_overhead = super::daemonsets::overhead(&input.daemonsets, &np.requirements, &np.taints);
         Pool {
             input: np,
             its: its.into_iter().map(|(_, i)| i).collect(),

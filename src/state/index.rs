@@ -88,6 +88,15 @@ impl Bindings {
     }
 }
 
+/// The kinds joined by provider ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Joined {
+    /// Nodes (`spec.providerID`).
+    Nodes,
+    /// NodeClaims (`status.providerID`).
+    NodeClaims,
+}
+
 /// The indexes.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -105,34 +114,26 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 }
 
 impl Index {
-    /// Records the provider ID of Node `name` (none yet: `None`).
-    pub fn set_node(&self, name: &str, provider_id: Option<&str>) {
-        write(&self.nodes).set(name, provider_id);
+    fn joins(&self, kind: Joined) -> &RwLock<Joins> {
+        match kind {
+            Joined::Nodes => &self.nodes,
+            Joined::NodeClaims => &self.claims,
+        }
     }
 
-    /// Forgets Node `name`.
-    pub fn remove_node(&self, name: &str) {
-        write(&self.nodes).remove(name);
+    /// Records the provider ID of the Node or NodeClaim `name` (none yet: `None`).
+    pub fn set(&self, kind: Joined, name: &str, provider_id: Option<&str>) {
+        write(self.joins(kind)).set(name, provider_id);
     }
 
-    /// Replaces every Node entry (after the watch listed the Nodes again).
-    pub fn replace_nodes(&self, entries: Vec<(String, Option<String>)>) {
-        write(&self.nodes).replace(entries);
+    /// Forgets the Node or NodeClaim `name`.
+    pub fn remove(&self, kind: Joined, name: &str) {
+        write(self.joins(kind)).remove(name);
     }
 
-    /// Records the provider ID of NodeClaim `name`.
-    pub fn set_nodeclaim(&self, name: &str, provider_id: Option<&str>) {
-        write(&self.claims).set(name, provider_id);
-    }
-
-    /// Forgets NodeClaim `name`.
-    pub fn remove_nodeclaim(&self, name: &str) {
-        write(&self.claims).remove(name);
-    }
-
-    /// Replaces every NodeClaim entry.
-    pub fn replace_nodeclaims(&self, entries: Vec<(String, Option<String>)>) {
-        write(&self.claims).replace(entries);
+    /// Replaces every entry of `kind` (after the watch listed the kind again).
+    pub fn replace(&self, kind: Joined, entries: Vec<(String, Option<String>)>) {
+        write(self.joins(kind)).replace(entries);
     }
 
     /// Records the node a pod is bound to (`None`: not bound, or finished).
@@ -154,14 +155,9 @@ impl Index {
         *write(&self.pods) = bindings;
     }
 
-    /// Names of the Nodes with `provider_id` (normally one).
-    pub fn nodes_with_provider_id(&self, provider_id: &str) -> Vec<String> {
-        read(&self.nodes).names(provider_id)
-    }
-
-    /// Names of the NodeClaims with `provider_id` (normally one).
-    pub fn nodeclaims_with_provider_id(&self, provider_id: &str) -> Vec<String> {
-        read(&self.claims).names(provider_id)
+    /// Names of the Nodes or NodeClaims with `provider_id` (normally one).
+    pub fn with_provider_id(&self, kind: Joined, provider_id: &str) -> Vec<String> {
+        read(self.joins(kind)).names(provider_id)
     }
 
     /// The pods bound to Node `node`.
@@ -190,21 +186,21 @@ mod tests {
     #[test]
     fn provider_ids_join_nodes_and_claims() {
         let index = Index::default();
-        index.set_nodeclaim("claim-a", None);
-        assert!(index.nodeclaims_with_provider_id("kwok://a").is_empty());
-        index.set_nodeclaim("claim-a", Some("kwok://a"));
-        index.set_node("node-a", Some("kwok://a"));
-        assert_eq!(index.nodeclaims_with_provider_id("kwok://a"), ["claim-a"]);
-        assert_eq!(index.nodes_with_provider_id("kwok://a"), ["node-a"]);
+        index.set(Joined::NodeClaims, "claim-a", None);
+        assert!(index.with_provider_id(Joined::NodeClaims, "kwok://a").is_empty());
+        index.set(Joined::NodeClaims, "claim-a", Some("kwok://a"));
+        index.set(Joined::Nodes, "node-a", Some("kwok://a"));
+        assert_eq!(index.with_provider_id(Joined::NodeClaims, "kwok://a"), ["claim-a"]);
+        assert_eq!(index.with_provider_id(Joined::Nodes, "kwok://a"), ["node-a"]);
         // A second node with the same provider ID is visible as such.
-        index.set_node("node-b", Some("kwok://a"));
-        assert_eq!(index.nodes_with_provider_id("kwok://a"), ["node-a", "node-b"]);
-        index.set_node("node-b", Some("kwok://b"));
-        assert_eq!(index.nodes_with_provider_id("kwok://a"), ["node-a"]);
-        index.remove_node("node-a");
-        index.remove_nodeclaim("claim-a");
-        assert!(index.nodes_with_provider_id("kwok://a").is_empty());
-        assert!(index.nodeclaims_with_provider_id("kwok://a").is_empty());
+        index.set(Joined::Nodes, "node-b", Some("kwok://a"));
+        assert_eq!(index.with_provider_id(Joined::Nodes, "kwok://a"), ["node-a", "node-b"]);
+        index.set(Joined::Nodes, "node-b", Some("kwok://b"));
+        assert_eq!(index.with_provider_id(Joined::Nodes, "kwok://a"), ["node-a"]);
+        index.remove(Joined::Nodes, "node-a");
+        index.remove(Joined::NodeClaims, "claim-a");
+        assert!(index.with_provider_id(Joined::Nodes, "kwok://a").is_empty());
+        assert!(index.with_provider_id(Joined::NodeClaims, "kwok://a").is_empty());
         assert_eq!(index.sizes(), (1, 0, 0));
     }
 
@@ -226,12 +222,15 @@ mod tests {
     #[test]
     fn a_relist_replaces_everything() {
         let index = Index::default();
-        index.set_node("stale", Some("kwok://stale"));
+        index.set(Joined::Nodes, "stale", Some("kwok://stale"));
         index.set_pod(key("stale"), Some("stale"));
-        index.replace_nodes(vec![("fresh".into(), Some("kwok://fresh".into())), ("bare".into(), None)]);
+        index.replace(
+            Joined::Nodes,
+            vec![("fresh".into(), Some("kwok://fresh".into())), ("bare".into(), None)],
+        );
         index.replace_pods(vec![(key("fresh"), Some("fresh".into()))]);
-        assert!(index.nodes_with_provider_id("kwok://stale").is_empty());
-        assert_eq!(index.nodes_with_provider_id("kwok://fresh"), ["fresh"]);
+        assert!(index.with_provider_id(Joined::Nodes, "kwok://stale").is_empty());
+        assert_eq!(index.with_provider_id(Joined::Nodes, "kwok://fresh"), ["fresh"]);
         assert!(index.pods_on("stale").is_empty());
         assert_eq!(index.pods_on("fresh"), [key("fresh")]);
     }

@@ -1,55 +1,171 @@
-//! Cluster state: in-memory caches of the objects the decisions look at, fed by watches
-//! (kube-runtime reflectors), and the snapshot the pure parts are given.
+//! Cluster state: the one in-memory model of the cluster that every controller reads.
 //!
-//! One watch per kind, shared by every controller that reads through [`ClusterState`]. The
-//! Karpenter custom resources are watched untyped and converted object by object, so a single
-//! object that does not parse is logged (with its name) and skipped instead of stalling its
-//! watch. Managed fields and the `kubectl.kubernetes.io/last-applied-configuration` annotation
-//! are dropped before caching, and so are the parts of a pod no decision reads (see
-//! [`trim_pod`]), which keeps memory proportional to what the decisions use.
+//! - **Caches**: one watch per kind ([`watches`]), shared by every controller, objects trimmed of
+//!   what no decision reads; a Karpenter custom resource that does not parse is logged with its
+//!   name and skipped.
+//! - **Indexes** ([`index`]): Node ↔ NodeClaim by provider ID, pods by node, kept current by the
+//!   watches.
+//! - **Marks** ([`marks`]): nominations and deletion decisions this process made.
+//! - **The change feed** ([`feed`]): what changed, for the controllers that react to the cluster as
+//!   a whole; any number of them follow it at their own pace.
+//! - **Notices** to the keyed controllers that run ([`ClusterState::on_nodeclaim`] and friends):
+//!   each maps an object that changed to the keys it reconciles.
+//! - **Snapshots** ([`snapshot`]) and what the pure parts make of them: the [`statenode`] join,
+//!   the scheduler's input ([`input`]), NodePool usage ([`usage`]).
 
 pub mod feed;
 pub mod index;
+pub mod input;
 pub mod marks;
+pub mod pods;
 pub mod snapshot;
+pub mod statenode;
+pub mod usage;
+pub mod watches;
 
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use kube::api::{Api, DynamicObject};
-use kube::core::{ApiResource, ObjectMeta};
-use kube::runtime::reflector::{self, Store};
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher::Config};
 use kube::{Client, Resource};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
+use crate::cloudprovider::CloudProvider;
+use crate::operator::error_chain;
+use crate::scheduling::InstanceType;
 
+pub use feed::{Changes, Feed, Interest, Subscription};
+pub use index::{Joined, PodKey};
+pub use marks::Marks;
 pub use snapshot::Snapshot;
+pub use statenode::StateNode;
 
-/// What changed, for the controllers that react to changes (the provisioner).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    /// A provisionable pod was added or updated.
-    Pod,
-    /// A NodeClaim was deleted.
-    NodeClaimDeleted,
-    /// A NodeClaim was created or changed.
-    NodeClaimUpdated,
-    /// A NodePool was added, updated or deleted.
-    NodePool,
-    /// A node was deleted.
-    NodeDeleted,
+/// What a keyed controller is told about an object of a kind it follows.
+#[derive(Debug)]
+pub enum Notice<'a, K> {
+    /// The object was added or changed (or listed again after the watch restarted).
+    Applied(&'a K),
+    /// The object was deleted.
+    Deleted(&'a K),
+    /// The object was found missing when the watch listed its kind again: it was deleted while
+    /// the watch was down. Only its namespace and name are known.
+    Gone {
+        /// Its namespace.
+        namespace: Option<&'a str>,
+        /// Its name.
+        name: &'a str,
+    },
 }
 
-/// The caches.
+impl<K> Clone for Notice<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Notice<'_, K> {}
+
+impl<K: Resource> Notice<'_, K> {
+    /// The object's name.
+    pub fn name(&self) -> String {
+        match self {
+            Notice::Applied(o) | Notice::Deleted(o) => o.meta().name.clone().unwrap_or_default(),
+            Notice::Gone { name, .. } => name.to_string(),
+        }
+    }
+
+    /// Whether the object is gone (deleted, or found missing).
+    pub fn is_gone(&self) -> bool {
+        !matches!(self, Notice::Applied(_))
+    }
+}
+
+type Handler<K> = Arc<dyn for<'a> Fn(Notice<'a, K>) + Send + Sync>;
+
+/// The keyed controllers following one kind.
+pub struct Subscribers<K> {
+    next: AtomicU64,
+    list: RwLock<Vec<(u64, Handler<K>)>>,
+}
+
+impl<K> Default for Subscribers<K> {
+    fn default() -> Self {
+        Subscribers { next: AtomicU64::new(0), list: RwLock::new(Vec::new()) }
+    }
+}
+
+impl<K: 'static> Subscribers<K> {
+    fn notify(&self, notice: Notice<'_, K>) {
+        let list = self.list.read().unwrap_or_else(PoisonError::into_inner);
+        for (_, handler) in list.iter() {
+            handler(notice);
+        }
+    }
+
+    fn add(self: &Arc<Self>, handler: Handler<K>) -> Registration {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.list.write().unwrap_or_else(PoisonError::into_inner).push((id, handler));
+        let me = Arc::downgrade(self);
+        Registration {
+            remove: Some(Box::new(move || {
+                if let Some(me) = me.upgrade() {
+                    me.list.write().unwrap_or_else(PoisonError::into_inner).retain(|(i, _)| *i != id);
+                }
+            })),
+        }
+    }
+
+    /// How many controllers follow the kind.
+    pub fn len(&self) -> usize {
+        self.list.read().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Whether no controller follows the kind.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A keyed controller's subscription to a kind; dropping it unsubscribes.
+pub struct Registration {
+    remove: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(remove) = self.remove.take() {
+            remove();
+        }
+    }
+}
+
+impl Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct AllSubscribers {
+    nodeclaims: Arc<Subscribers<NodeClaim>>,
+    nodes: Arc<Subscribers<Node>>,
+    pods: Arc<Subscribers<Pod>>,
+    nodeclasses: Arc<Subscribers<EC2NodeClass>>,
+    nodepools: Arc<Subscribers<NodePool>>,
+}
+
+/// The caches and everything kept with them. Cheap to clone: clones share everything.
 #[derive(Clone)]
 pub struct ClusterState {
     /// Pods of every namespace.
@@ -76,7 +192,12 @@ pub struct ClusterState {
     pub storage_classes: Store<StorageClass>,
     /// CSINodes (volume attach limits per node).
     pub csi_nodes: Store<CSINode>,
-    /// Turns true once every cache has listed its kind.
+    /// Provider-ID joins and pods by node.
+    pub index: Arc<index::Index>,
+    /// Nominations and deletion decisions of this process.
+    pub marks: Arc<Marks>,
+    feed: Arc<Feed>,
+    subscribers: Arc<AllSubscribers>,
     synced: watch::Receiver<bool>,
 }
 
@@ -90,55 +211,160 @@ impl Debug for ClusterState {
     }
 }
 
-/// Drops what no decision reads, before an object is cached.
-fn trim<K: Resource>(obj: &mut K) {
-    let meta: &mut ObjectMeta = obj.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+/// Names (with namespaces) of the objects of one kind the watch has seen, to tell which ones a
+/// new list no longer has.
+#[derive(Default)]
+struct Known {
+    names: HashSet<(Option<String>, String)>,
+    relisting: Option<HashSet<(Option<String>, String)>>,
+}
+
+fn key_of<K: Resource>(obj: &K) -> (Option<String>, String) {
+    (obj.meta().namespace.clone(), obj.meta().name.clone().unwrap_or_default())
+}
+
+impl Known {
+    /// Follows `event`; at the end of a new list, returns the objects it no longer has.
+    fn follow<K: Resource>(&mut self, event: &Event<K>) -> Vec<(Option<String>, String)> {
+        match event {
+            Event::Apply(o) => {
+                self.names.insert(key_of(o));
+            }
+            Event::Delete(o) => {
+                self.names.remove(&key_of(o));
+            }
+            Event::Init => self.relisting = Some(HashSet::new()),
+            Event::InitApply(o) => {
+                self.relisting.get_or_insert_with(HashSet::new).insert(key_of(o));
+            }
+            Event::InitDone => {
+                let fresh = self.relisting.take().unwrap_or_default();
+                let gone = self.names.difference(&fresh).cloned().collect();
+                self.names = fresh;
+                return gone;
+            }
+        }
+        Vec::new()
     }
 }
 
-/// Drops the parts of a pod that neither scheduling nor draining reads: container environments,
-/// commands, probes, mounts and security contexts; ephemeral (debug) containers; volumes other
-/// than persistent volume claims and generic ephemeral volumes; container statuses and
-/// addresses. Kept: metadata, every scheduling field of the spec, container names, resources,
-/// ports and restart policies, and the pod's phase and conditions.
-pub fn trim_pod(pod: &mut Pod) {
-    trim(pod);
-    if let Some(spec) = pod.spec.as_mut() {
-        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
-            *c = k8s_openapi::api::core::v1::Container {
-                name: std::mem::take(&mut c.name),
-                resources: c.resources.take(),
-                resize_policy: c.resize_policy.take(),
-                ports: c.ports.take(),
-                restart_policy: c.restart_policy.take(),
-                ..Default::default()
-            };
+/// Keeps the indexes, the feed and the subscribers of one kind current with its watch events.
+struct Follower<K: 'static> {
+    known: Known,
+    subscribers: Arc<Subscribers<K>>,
+}
+
+impl<K: Resource + 'static> Follower<K> {
+    fn new(subscribers: Arc<Subscribers<K>>) -> Self {
+        Follower { known: Known::default(), subscribers }
+    }
+
+    /// Tells the subscribers; returns the objects gone at the end of a list.
+    fn notify(&mut self, event: &Event<K>) -> Vec<(Option<String>, String)> {
+        let gone = self.known.follow(event);
+        if self.subscribers.is_empty() {
+            return gone;
         }
-        spec.ephemeral_containers = None;
-        if let Some(volumes) = spec.volumes.as_mut() {
-            volumes.retain(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some());
+        match event {
+            Event::Apply(o) | Event::InitApply(o) => self.subscribers.notify(Notice::Applied(o)),
+            Event::Delete(o) => self.subscribers.notify(Notice::Deleted(o)),
+            Event::InitDone => {
+                for (namespace, name) in &gone {
+                    self.subscribers.notify(Notice::Gone { namespace: namespace.as_deref(), name });
+                }
+            }
+            Event::Init => {}
+        }
+        gone
+    }
+}
+
+/// Index entries collected while a kind is listed again.
+#[derive(Default)]
+struct Relist<T> {
+    entries: Option<Vec<T>>,
+}
+
+impl<T> Relist<T> {
+    /// Follows `event` with `entry` (the index entry of an `InitApply` object); returns every
+    /// entry at the end of the list.
+    fn follow<K>(&mut self, event: &Event<K>, entry: impl FnOnce(&K) -> T) -> Option<Vec<T>> {
+        match event {
+            Event::Init => self.entries = Some(Vec::new()),
+            Event::InitApply(o) => self.entries.get_or_insert_with(Vec::new).push(entry(o)),
+            Event::InitDone => return Some(self.entries.take().unwrap_or_default()),
+            _ => {}
+        }
+        None
+    }
+}
+
+fn pod_key_of(pod: &Pod) -> PodKey {
+    (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
+}
+
+fn bound_node(pod: &Pod) -> Option<String> {
+    if pods::is_terminal(pod) { None } else { pods::node_name(pod).map(str::to_string) }
+}
+
+fn node_provider_id(node: &Node) -> Option<String> {
+    node.spec.as_ref().and_then(|s| s.provider_id.clone()).filter(|p| !p.is_empty())
+}
+
+fn claim_provider_id(claim: &NodeClaim) -> Option<String> {
+    claim.status.as_ref().and_then(|s| s.provider_id.clone()).filter(|p| !p.is_empty())
+}
+
+/// Counts a change of a Node or NodeClaim in the feed.
+fn bump_joined(kind: Joined, deleted: bool) -> impl FnOnce(&mut Changes) {
+    move |c| match kind {
+        Joined::Nodes => {
+            c.nodes += 1;
+            c.node_deletions += u64::from(deleted);
+        }
+        Joined::NodeClaims => {
+            c.nodeclaims += 1;
+            c.nodeclaim_deletions += u64::from(deleted);
         }
     }
-    if let Some(status) = pod.status.as_mut() {
-        status.container_statuses = None;
-        status.init_container_statuses = None;
-        status.ephemeral_container_statuses = None;
-        status.resource_claim_statuses = None;
-        status.host_ips = None;
-        status.pod_ips = None;
+}
+
+/// What the watch of Nodes or NodeClaims does with each event: keep the provider-ID index, the
+/// feed and the subscribers current.
+fn follow_joined<K: Resource + 'static>(
+    kind: Joined,
+    provider_id: fn(&K) -> Option<String>,
+    index: &Arc<index::Index>,
+    feed: &Arc<Feed>,
+    subscribers: Arc<Subscribers<K>>,
+) -> impl FnMut(&Event<K>) + Send + use<K> {
+    let (index, feed) = (index.clone(), feed.clone());
+    let mut follower = Follower::new(subscribers);
+    let mut relist = Relist::default();
+    move |ev: &Event<K>| {
+        let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+        match ev {
+            Event::Apply(o) => index.set(kind, &name(o), provider_id(o).as_deref()),
+            Event::Delete(o) => index.remove(kind, &name(o)),
+            _ => {}
+        }
+        let gone = follower.notify(ev);
+        if let Some(entries) = relist.follow(ev, |o| (name(o), provider_id(o))) {
+            index.replace(kind, entries);
+            feed.bump(bump_joined(kind, !gone.is_empty()));
+        }
+        match ev {
+            Event::Apply(_) => feed.bump(bump_joined(kind, false)),
+            Event::Delete(_) => feed.bump(bump_joined(kind, true)),
+            _ => {}
+        }
     }
 }
 
 impl ClusterState {
-    /// Starts one watch per kind. Returns the caches, and the future that drives the watches
-    /// (spawn it; it runs until dropped). Changes are reported on `changes`.
-    pub fn start(
-        client: Client,
-        changes: mpsc::UnboundedSender<Change>,
-    ) -> (ClusterState, impl Future<Output = ()> + Send + 'static) {
+    /// Starts one watch per kind. Returns the state, and the future that drives the watches
+    /// (spawn it; it runs until dropped).
+    pub fn start(client: Client) -> (ClusterState, impl Future<Output = ()> + Send + 'static) {
         let (pods, pods_w) = reflector::store();
         let (nodes, nodes_w) = reflector::store();
         let (nodeclaims, nodeclaims_w) = reflector::store();
@@ -151,69 +377,106 @@ impl ClusterState {
         let (persistent_volume_claims, pvcs_w) = reflector::store();
         let (storage_classes, storage_classes_w) = reflector::store();
         let (csi_nodes, csi_nodes_w) = reflector::store();
+        let index = Arc::new(index::Index::default());
+        let feed = Arc::new(Feed::default());
+        let subscribers = Arc::new(AllSubscribers::default());
+        let (synced_tx, synced) = watch::channel(false);
 
-        let pod_changes = changes.clone();
-        let pods_f = drive(
-            "pods",
-            reflector::reflector(pods_w, watch_modified(Api::<Pod>::all(client.clone()), trim_pod)),
-            move |ev: &Event<Pod>| {
-                if let Event::Apply(pod) = ev
-                    && snapshot::is_provisionable(pod)
-                {
-                    let _ = pod_changes.send(Change::Pod);
-                }
-            },
-        );
-        let node_changes = changes.clone();
+        let pods_f = {
+            let (index, feed) = (index.clone(), feed.clone());
+            let mut follower = Follower::new(subscribers.pods.clone());
+            let mut relist = Relist::default();
+            drive(
+                "pods",
+                reflector::reflector(
+                    pods_w,
+                    watches::typed(Api::<Pod>::all(client.clone()), watches::trim_pod),
+                ),
+                move |ev: &Event<Pod>| {
+                    match ev {
+                        Event::Apply(p) => index.set_pod(pod_key_of(p), bound_node(p).as_deref()),
+                        Event::Delete(p) => index.remove_pod(&pod_key_of(p)),
+                        _ => {}
+                    }
+                    for (namespace, name) in follower.notify(ev) {
+                        index.remove_pod(&(namespace.unwrap_or_default(), name));
+                    }
+                    if let Some(entries) = relist.follow(ev, |p| (pod_key_of(p), bound_node(p))) {
+                        index.replace_pods(entries);
+                        feed.bump(|c| {
+                            c.pods += 1;
+                            c.provisionable_pods += 1;
+                        });
+                    }
+                    match ev {
+                        Event::Apply(p) => feed.bump(|c| {
+                            c.pods += 1;
+                            if pods::is_provisionable(p) {
+                                c.provisionable_pods += 1;
+                            }
+                        }),
+                        Event::Delete(_) => feed.bump(|c| c.pods += 1),
+                        _ => {}
+                    }
+                },
+            )
+        };
         let nodes_f = drive(
             "nodes",
-            reflector::reflector(nodes_w, watch_typed(Api::<Node>::all(client.clone()))),
-            move |ev: &Event<Node>| {
-                if matches!(ev, Event::Delete(_)) {
-                    let _ = node_changes.send(Change::NodeDeleted);
-                }
-            },
+            reflector::reflector(
+                nodes_w,
+                watches::typed(Api::<Node>::all(client.clone()), watches::trim_node),
+            ),
+            follow_joined(Joined::Nodes, node_provider_id, &index, &feed, subscribers.nodes.clone()),
         );
-        let nc_changes = changes.clone();
         let nodeclaims_f = drive(
             "nodeclaims",
-            reflector::reflector(nodeclaims_w, watch_lenient::<NodeClaim>(client.clone())),
-            move |ev: &Event<NodeClaim>| match ev {
-                Event::Delete(_) => {
-                    let _ = nc_changes.send(Change::NodeClaimDeleted);
-                }
-                // A launch turns a claim's reserved capacity into its real one, which may free
-                // room under a NodePool limit.
-                Event::Apply(_) => {
-                    let _ = nc_changes.send(Change::NodeClaimUpdated);
-                }
-                _ => {}
-            },
+            reflector::reflector(nodeclaims_w, watches::lenient::<NodeClaim>(client.clone())),
+            follow_joined(
+                Joined::NodeClaims,
+                claim_provider_id,
+                &index,
+                &feed,
+                subscribers.nodeclaims.clone(),
+            ),
         );
-        let np_changes = changes;
-        let nodepools_f = drive(
-            "nodepools",
-            reflector::reflector(nodepools_w, watch_lenient::<NodePool>(client.clone())),
-            move |ev: &Event<NodePool>| {
-                if matches!(ev, Event::Apply(_) | Event::Delete(_)) {
-                    let _ = np_changes.send(Change::NodePool);
-                }
-            },
-        );
-        let nodeclasses_f = drive(
-            "ec2nodeclasses",
-            reflector::reflector(nodeclasses_w, watch_lenient::<EC2NodeClass>(client.clone())),
-            |_: &Event<EC2NodeClass>| {},
-        );
-        // Kinds that are only cached: no controller reacts to their changes.
-        let daemonsets_f = drive_cached::<DaemonSet>("daemonsets", daemonsets_w, &client);
-        let pdbs_f = drive_cached::<PodDisruptionBudget>("poddisruptionbudgets", pdbs_w, &client);
-        let namespaces_f = drive_cached::<Namespace>("namespaces", namespaces_w, &client);
-        let pvs_f = drive_cached::<PersistentVolume>("persistentvolumes", pvs_w, &client);
-        let pvcs_f = drive_cached::<PersistentVolumeClaim>("persistentvolumeclaims", pvcs_w, &client);
-        let storage_classes_f = drive_cached::<StorageClass>("storageclasses", storage_classes_w, &client);
-        let csi_nodes_f = drive_cached::<CSINode>("csinodes", csi_nodes_w, &client);
-        let (synced_tx, synced) = watch::channel(false);
+        let nodepools_f = {
+            let feed = feed.clone();
+            let mut follower = Follower::new(subscribers.nodepools.clone());
+            drive(
+                "nodepools",
+                reflector::reflector(nodepools_w, watches::lenient::<NodePool>(client.clone())),
+                move |ev: &Event<NodePool>| {
+                    follower.notify(ev);
+                    if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
+                        feed.bump(|c| c.nodepools += 1);
+                    }
+                },
+            )
+        };
+        let nodeclasses_f = {
+            let feed = feed.clone();
+            let mut follower = Follower::new(subscribers.nodeclasses.clone());
+            drive(
+                "ec2nodeclasses",
+                reflector::reflector(nodeclasses_w, watches::lenient::<EC2NodeClass>(client.clone())),
+                move |ev: &Event<EC2NodeClass>| {
+                    follower.notify(ev);
+                    if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
+                        feed.bump(|c| c.nodeclasses += 1);
+                    }
+                },
+            )
+        };
+        // Kinds only read: a change bumps the feed's `others`.
+        let daemonsets_f = drive_other::<DaemonSet>("daemonsets", daemonsets_w, &client, &feed);
+        let pdbs_f = drive_other::<PodDisruptionBudget>("poddisruptionbudgets", pdbs_w, &client, &feed);
+        let namespaces_f = drive_other::<Namespace>("namespaces", namespaces_w, &client, &feed);
+        let pvs_f = drive_other::<PersistentVolume>("persistentvolumes", pvs_w, &client, &feed);
+        let pvcs_f = drive_other::<PersistentVolumeClaim>("persistentvolumeclaims", pvcs_w, &client, &feed);
+        let storage_classes_f =
+            drive_other::<StorageClass>("storageclasses", storage_classes_w, &client, &feed);
+        let csi_nodes_f = drive_other::<CSINode>("csinodes", csi_nodes_w, &client, &feed);
         let state = ClusterState {
             pods,
             nodes,
@@ -227,6 +490,10 @@ impl ClusterState {
             persistent_volume_claims,
             storage_classes,
             csi_nodes,
+            index,
+            marks: Arc::new(Marks::default()),
+            feed,
+            subscribers,
             synced,
         };
         // A store wakes only one task waiting for it to be ready, so one task waits for all of
@@ -297,7 +564,115 @@ impl ClusterState {
         );
     }
 
-    /// A consistent-enough copy of the caches for one decision.
+    /// The change feed.
+    pub fn feed(&self) -> &Feed {
+        &self.feed
+    }
+
+    /// Calls `handler` for every change of a NodeClaim, until the registration is dropped.
+    pub fn on_nodeclaim(
+        &self,
+        handler: impl for<'a> Fn(Notice<'a, NodeClaim>) + Send + Sync + 'static,
+    ) -> Registration {
+        self.subscribers.nodeclaims.add(Arc::new(handler))
+    }
+
+    /// Calls `handler` for every change of a Node, until the registration is dropped.
+    pub fn on_node(
+        &self,
+        handler: impl for<'a> Fn(Notice<'a, Node>) + Send + Sync + 'static,
+    ) -> Registration {
+        self.subscribers.nodes.add(Arc::new(handler))
+    }
+
+    /// Calls `handler` for every change of a pod, until the registration is dropped.
+    pub fn on_pod(&self, handler: impl for<'a> Fn(Notice<'a, Pod>) + Send + Sync + 'static) -> Registration {
+        self.subscribers.pods.add(Arc::new(handler))
+    }
+
+    /// Calls `handler` for every change of an EC2NodeClass, until the registration is dropped.
+    pub fn on_nodeclass(
+        &self,
+        handler: impl for<'a> Fn(Notice<'a, EC2NodeClass>) + Send + Sync + 'static,
+    ) -> Registration {
+        self.subscribers.nodeclasses.add(Arc::new(handler))
+    }
+
+    /// Calls `handler` for every change of a NodePool, until the registration is dropped.
+    pub fn on_nodepool(
+        &self,
+        handler: impl for<'a> Fn(Notice<'a, NodePool>) + Send + Sync + 'static,
+    ) -> Registration {
+        self.subscribers.nodepools.add(Arc::new(handler))
+    }
+
+    /// How many keyed controllers follow NodeClaims, Nodes, pods, EC2NodeClasses and NodePools.
+    pub fn subscriber_counts(&self) -> [usize; 5] {
+        let s = &self.subscribers;
+        [s.nodeclaims.len(), s.nodes.len(), s.pods.len(), s.nodeclasses.len(), s.nodepools.len()]
+    }
+
+    /// The cached NodeClaim `name`.
+    pub fn nodeclaim(&self, name: &str) -> Option<Arc<NodeClaim>> {
+        self.nodeclaims.get(&ObjectRef::new(name))
+    }
+
+    /// The cached Node `name`.
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(&ObjectRef::new(name))
+    }
+
+    /// The cached EC2NodeClass `name`.
+    pub fn nodeclass(&self, name: &str) -> Option<Arc<EC2NodeClass>> {
+        self.nodeclasses.get(&ObjectRef::new(name))
+    }
+
+    /// The cached NodePool `name`.
+    pub fn nodepool(&self, name: &str) -> Option<Arc<NodePool>> {
+        self.nodepools.get(&ObjectRef::new(name))
+    }
+
+    /// The cached Nodes carrying `provider_id` (normally at most one).
+    pub fn nodes_with_provider_id(&self, provider_id: &str) -> Vec<Arc<Node>> {
+        self.index
+            .with_provider_id(Joined::Nodes, provider_id)
+            .iter()
+            .filter_map(|name| self.node(name))
+            .filter(|n| node_provider_id(n).as_deref() == Some(provider_id))
+            .collect()
+    }
+
+    /// The cached NodeClaim whose instance has `provider_id`.
+    pub fn nodeclaim_with_provider_id(&self, provider_id: &str) -> Option<Arc<NodeClaim>> {
+        self.index
+            .with_provider_id(Joined::NodeClaims, provider_id)
+            .iter()
+            .filter_map(|name| self.nodeclaim(name))
+            .find(|c| claim_provider_id(c).as_deref() == Some(provider_id))
+    }
+
+    /// The cached pods bound to Node `node`, finished ones excluded.
+    pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        self.index
+            .pods_on(node)
+            .into_iter()
+            .filter_map(|(namespace, name)| self.pods.get(&ObjectRef::new(&name).within(&namespace)))
+            .filter(|p| pods::node_name(p) == Some(node) && !pods::is_terminal(p))
+            .collect()
+    }
+
+    /// This state with caches of pods and NodeClaims that never saw any, for tests of what a
+    /// lagging cache must not break.
+    #[cfg(test)]
+    pub(crate) fn forgetting_pods_and_nodeclaims(&self) -> ClusterState {
+        let mut stale = self.clone();
+        stale.pods = reflector::store().0;
+        stale.nodeclaims = reflector::store().0;
+        stale.index = Arc::new(index::Index::default());
+        stale
+    }
+
+    /// A consistent-enough copy of the caches and marks for one decision, without instance types.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             pods: self.pods.state(),
@@ -306,103 +681,81 @@ impl ClusterState {
             nodepools: self.nodepools.state(),
             nodeclasses: self.nodeclasses.state(),
             daemonsets: self.daemonsets.state(),
+            pdbs: self.pdbs.state(),
             namespaces: self.namespaces.state(),
             persistent_volumes: self.persistent_volumes.state(),
             persistent_volume_claims: self.persistent_volume_claims.state(),
             storage_classes: self.storage_classes.state(),
             csi_nodes: self.csi_nodes.state(),
+            nominated: self.marks.nominated(),
+            marked_for_deletion: self.marks.marked_for_deletion(),
+            ..Default::default()
         }
+    }
+
+    /// [`ClusterState::snapshot`] with the instance types of every NodePool that is not being
+    /// deleted, from `cloud`; a NodePool whose types cannot be resolved is logged and left out.
+    pub async fn snapshot_with_instance_types(
+        &self,
+        cloud: &dyn CloudProvider,
+        controller: &str,
+    ) -> Snapshot {
+        let snapshot = self.snapshot();
+        let pool_types = instance_types_of_pools(&snapshot, cloud, controller).await;
+        snapshot.with_instance_types(pool_types)
     }
 }
 
-/// A watch of a built-in kind (validated by the API server, so always parsable).
-fn watch_typed<K>(api: Api<K>) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    watch_modified(api, trim)
-}
-
-/// A watch of a built-in kind whose objects `modify` trims before they are cached.
-fn watch_modified<K>(
-    api: Api<K>,
-    modify: fn(&mut K),
-) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    watcher::watcher(api, Config::default()).default_backoff().modify(modify)
-}
-
-/// A watch of a custom resource that converts each object on its own: an object that does not
-/// parse as `K` is logged and left out instead of failing the whole list.
-fn watch_lenient<K>(client: Client) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + 'static,
-{
-    let ar = ApiResource::erase::<K>(&());
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    watcher::watcher(api, Config::default()).default_backoff().filter_map(move |ev| {
-        let kind = ar.kind.clone();
-        async move {
-            match ev {
-                Err(e) => Some(Err(e)),
-                Ok(ev) => convert_event::<K>(ev, &kind).map(Ok),
+/// The instance types of each live NodePool of `snapshot`, from `cloud`; failures are logged.
+pub async fn instance_types_of_pools(
+    snapshot: &Snapshot,
+    cloud: &dyn CloudProvider,
+    controller: &str,
+) -> BTreeMap<String, Vec<Arc<InstanceType>>> {
+    let mut out = BTreeMap::new();
+    for np in snapshot.live_nodepools() {
+        let name = np.metadata.name.clone().unwrap_or_default();
+        match cloud.instance_types(np).await {
+            Ok(types) => {
+                out.insert(name, types);
             }
-        }
-    })
-}
-
-fn convert<K: DeserializeOwned + Resource>(obj: DynamicObject, kind: &str) -> Option<K> {
-    let name = obj.metadata.name.clone().unwrap_or_default();
-    let value = match serde_json::to_value(&obj) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::error!(kind, name, error = %e, "skipping object that cannot be encoded");
-            return None;
-        }
-    };
-    match serde_json::from_value::<K>(value) {
-        Ok(mut k) => {
-            trim(&mut k);
-            Some(k)
-        }
-        Err(e) => {
-            tracing::error!(kind, name, error = %e, "skipping malformed object");
-            None
+            Err(error) => tracing::error!(
+                controller,
+                NodePool = %name,
+                error = %error_chain(&error),
+                "skipping, unable to resolve instance types"
+            ),
         }
     }
+    out
 }
 
-fn convert_event<K: DeserializeOwned + Resource>(ev: Event<DynamicObject>, kind: &str) -> Option<Event<K>> {
-    Some(match ev {
-        Event::Apply(o) => Event::Apply(convert(o, kind)?),
-        Event::Delete(o) => Event::Delete(convert(o, kind)?),
-        Event::InitApply(o) => Event::InitApply(convert(o, kind)?),
-        Event::Init => Event::Init,
-        Event::InitDone => Event::InitDone,
-    })
-}
-
-/// Drives the watch of a built-in kind into its cache, reacting to nothing.
-fn drive_cached<K>(
+/// Drives the watch of a kind that is only read: changes bump the feed's `others`.
+fn drive_other<K>(
     kind: &'static str,
     writer: reflector::store::Writer<K>,
     client: &Client,
+    feed: &Arc<Feed>,
 ) -> impl Future<Output = ()> + Send + use<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let stream = reflector::reflector(writer, watch_typed(Api::<K>::all(client.clone())));
-    drive(kind, stream, |_: &Event<K>| {})
+    let stream =
+        reflector::reflector(writer, watches::typed(Api::<K>::all(client.clone()), watches::trim::<K>));
+    let feed = feed.clone();
+    drive(kind, stream, move |ev: &Event<K>| {
+        if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
+            feed.bump(|c| c.others += 1);
+        }
+    })
 }
 
 /// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
 /// (the watcher retries with backoff on its own).
-async fn drive<K, S, F>(kind: &'static str, stream: S, on_event: F)
+async fn drive<K, S, F>(kind: &'static str, stream: S, mut on_event: F)
 where
     S: Stream<Item = watcher::Result<Event<K>>> + Send,
-    F: Fn(&Event<K>) + Send,
+    F: FnMut(&Event<K>) + Send,
 {
     let stream = stream.inspect_ok(|ev| on_event(ev));
     futures::pin_mut!(stream);
@@ -416,86 +769,54 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduling::resources::pod_requests;
+
+    fn pod(name: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("ns".into());
+        p
+    }
 
     #[test]
-    fn a_trimmed_pod_keeps_what_scheduling_and_draining_read() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "labels": {"app": "web"},
-                "annotations": {"karpenter.sh/do-not-disrupt": "true",
-                    "kubectl.kubernetes.io/last-applied-configuration": "{}"},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "r1"}],
-                "managedFields": [{"manager": "kubectl"}]},
-            "spec": {
-                "nodeSelector": {"karpenter.sh/capacity-type": "spot"},
-                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}},
-                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
-                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}],
-                "priorityClassName": "high", "priority": 1000, "terminationGracePeriodSeconds": 30,
-                "overhead": {"cpu": "10m"},
-                "initContainers": [{"name": "proxy", "image": "proxy", "restartPolicy": "Always",
-                    "env": [{"name": "A", "value": "b"}], "resources": {"requests": {"cpu": "100m"}}}],
-                "containers": [{"name": "app", "image": "app:1", "command": ["/app"], "args": ["--port", "80"],
-                    "env": [{"name": "A", "value": "b"}],
-                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    "livenessProbe": {"httpGet": {"path": "/", "port": 80}},
-                    "ports": [{"containerPort": 80, "hostPort": 8080, "protocol": "TCP"}],
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
-                "ephemeralContainers": [{"name": "debug", "image": "busybox"}],
-                "volumes": [
-                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-web"}},
-                    {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
-                    {"name": "config", "configMap": {"name": "web"}},
-                    {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]
-            },
-            "status": {"phase": "Pending", "nominatedNodeName": "n1",
-                "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
-                "containerStatuses": [{"name": "app", "image": "app:1", "imageID": "", "ready": false, "restartCount": 0}],
-                "podIPs": [{"ip": "10.0.0.1"}]}
-        }))
-        .unwrap();
-        let requests = pod_requests(&pod);
-        let mut trimmed = pod.clone();
-        trim_pod(&mut trimmed);
+    fn a_new_list_reports_what_went_missing() {
+        let mut known = Known::default();
+        known.follow(&Event::Apply(pod("a")));
+        known.follow(&Event::Apply(pod("b")));
+        known.follow(&Event::Delete(pod("b")));
+        known.follow(&Event::Apply(pod("c")));
+        assert!(known.follow(&Event::<Pod>::Init).is_empty());
+        known.follow(&Event::InitApply(pod("c")));
+        known.follow(&Event::InitApply(pod("d")));
+        let gone = known.follow(&Event::<Pod>::InitDone);
+        assert_eq!(gone, [(Some("ns".to_string()), "a".to_string())]);
+    }
 
-        // What decisions read is untouched.
-        assert_eq!(pod_requests(&trimmed), requests);
-        let (spec, full) = (trimmed.spec.as_ref().unwrap(), pod.spec.as_ref().unwrap());
-        assert_eq!(spec.node_selector, full.node_selector);
-        assert_eq!(spec.affinity, full.affinity);
-        assert_eq!(spec.tolerations, full.tolerations);
-        assert_eq!(spec.topology_spread_constraints, full.topology_spread_constraints);
-        assert_eq!(spec.priority_class_name, full.priority_class_name);
-        assert_eq!(spec.termination_grace_period_seconds, full.termination_grace_period_seconds);
-        assert_eq!(spec.containers[0].ports, full.containers[0].ports);
-        assert_eq!(spec.init_containers.as_ref().unwrap()[0].restart_policy.as_deref(), Some("Always"));
-        let volumes: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
-        assert_eq!(volumes, ["data", "scratch"]);
-        assert_eq!(trimmed.metadata.labels, pod.metadata.labels);
-        assert_eq!(trimmed.metadata.owner_references, pod.metadata.owner_references);
-        assert!(trimmed.metadata.annotations.as_ref().unwrap().contains_key("karpenter.sh/do-not-disrupt"));
-        let status = trimmed.status.as_ref().unwrap();
-        assert_eq!(status.phase.as_deref(), Some("Pending"));
-        assert_eq!(status.conditions, pod.status.as_ref().unwrap().conditions);
-        assert_eq!(status.nominated_node_name.as_deref(), Some("n1"));
-        assert!(snapshot::is_provisionable(&trimmed));
-
-        // The rest is gone.
-        let c = &spec.containers[0];
-        assert!(c.env.is_none() && c.command.is_none() && c.args.is_none() && c.image.is_none());
-        assert!(c.volume_mounts.is_none() && c.liveness_probe.is_none());
-        assert!(spec.ephemeral_containers.is_none());
-        assert!(status.container_statuses.is_none() && status.pod_ips.is_none());
-        assert!(trimmed.metadata.managed_fields.is_none());
-        assert!(
-            !trimmed
-                .metadata
-                .annotations
-                .as_ref()
-                .unwrap()
-                .contains_key("kubectl.kubernetes.io/last-applied-configuration")
+    #[test]
+    fn subscribers_hear_until_they_unsubscribe() {
+        let subs: Arc<Subscribers<Pod>> = Arc::default();
+        let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let registration = subs.add(Arc::new(move |n: Notice<'_, Pod>| {
+            h.lock().unwrap().push((n.name(), n.is_gone()));
+        }));
+        let mut follower = Follower::new(subs.clone());
+        follower.notify(&Event::Apply(pod("a")));
+        follower.notify(&Event::Delete(pod("a")));
+        follower.notify(&Event::Apply(pod("b")));
+        follower.notify(&Event::<Pod>::Init);
+        follower.notify(&Event::<Pod>::InitDone);
+        assert_eq!(
+            *heard.lock().unwrap(),
+            [
+                ("a".to_string(), false),
+                ("a".to_string(), true),
+                ("b".to_string(), false),
+                ("b".to_string(), true)
+            ]
         );
+        drop(registration);
+        assert!(subs.is_empty());
+        follower.notify(&Event::Apply(pod("c")));
+        assert_eq!(heard.lock().unwrap().len(), 4);
     }
 }

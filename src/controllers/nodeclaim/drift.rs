@@ -32,6 +32,7 @@ use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::controllers::Context;
+use crate::controllers::kit::{Next, Options, Timer, run_singleton};
 use crate::operator::leader::error_chain;
 use crate::scheduling::Requirements;
 use crate::state::ClusterState;
@@ -168,18 +169,18 @@ async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
 }
 
 /// Runs the controller until `stop` turns true.
-pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
-    tokio::select! {
-        _ = state.wait_synced() => {}
-        _ = stop.wait_for(|s| *s) => return,
-    }
-    loop {
-        round(&ctx.client, ctx.cloud.as_ref(), &state.nodeclaims.state(), &state.nodepools.state()).await;
-        tokio::select! {
-            _ = tokio::time::sleep(INTERVAL) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    run_singleton(
+        Options::new("nodeclaim.disruption.drift"),
+        Some(ctx.metrics.clone()),
+        Timer,
+        stop,
+        || async {
+            round(&ctx.client, ctx.cloud.as_ref(), &state.nodeclaims.state(), &state.nodepools.state()).await;
+            Ok::<_, std::convert::Infallible>(Next::After(INTERVAL))
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use crate::apis::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 use crate::cloudprovider::{CloudProvider, Instance};
 use crate::controllers::Context;
+use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
 use crate::operator::leader::error_chain;
 use crate::state::ClusterState;
 
@@ -70,15 +71,19 @@ pub async fn list_claims(client: &Client) -> Result<Vec<KnownClaim>, kube::Error
 /// Instance states in which the instance is already going away.
 const GOING: [&str; 2] = ["shutting-down", "terminated"];
 
-/// The instances no NodeClaim accounts for, launched at least `grace` before `now`. Instances
-/// without a launch time, or already shutting down, are never chosen.
+/// The instances no NodeClaim accounts for, launched at least `grace` before `now`. An instance is
+/// accounted for when a NodeClaim records its provider ID, or when the NodeClaim its
+/// `karpenter.sh/nodeclaim` tag names exists and records no instance yet (its launch is under
+/// way). An instance whose NodeClaim records another instance is a duplicate, and collected.
+/// Instances without a launch time, or already shutting down, are never chosen.
 pub fn orphans<'a>(
     instances: &'a [Instance],
     claims: &[KnownClaim],
     now: Timestamp,
     grace: Duration,
 ) -> Vec<&'a Instance> {
-    let names: HashSet<&str> = claims.iter().map(|c| c.name.as_str()).collect();
+    let launching: HashSet<&str> =
+        claims.iter().filter(|c| c.provider_id.is_none()).map(|c| c.name.as_str()).collect();
     let provider_ids: HashSet<&str> =
         claims.iter().filter_map(|c| c.provider_id.as_deref()).filter(|p| !p.is_empty()).collect();
     let cutoff = now.as_second().saturating_sub(i64::try_from(grace.as_secs()).unwrap_or(i64::MAX));
@@ -86,7 +91,7 @@ pub fn orphans<'a>(
         .iter()
         .filter(|i| !GOING.contains(&i.state.as_str()))
         .filter(|i| !provider_ids.contains(i.provider_id.as_str()))
-        .filter(|i| i.node_claim.as_deref().is_none_or(|n| !names.contains(n)))
+        .filter(|i| i.node_claim.as_deref().is_none_or(|n| !launching.contains(n)))
         .filter(|i| {
             i.launch_time
                 .as_deref()
@@ -182,27 +187,20 @@ pub async fn round(
     Ok(collected.len())
 }
 
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "instance.garbagecollection";
+
 /// Runs the controller until `stop` turns true.
-pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
-    tokio::select! {
-        _ = state.wait_synced() => {}
-        _ = stop.wait_for(|s| *s) => return,
-    }
-    let mut rounds = 0u32;
-    loop {
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let rounds = std::sync::atomic::AtomicU32::new(0);
+    let options = Options::new(CONTROLLER).backoff(Backoff::new(FAST_INTERVAL, INTERVAL));
+    run_singleton(options, Some(ctx.metrics.clone()), Timer, stop, || async {
         let nodes = state.nodes.state();
-        match round(&ctx.client, ctx.cloud.as_ref(), &nodes, GRACE).await {
-            Ok(_) => rounds = rounds.saturating_add(1),
-            Err(e) => {
-                tracing::error!(controller = "instance.garbagecollection", error = %error_chain(&e), "Reconciler error")
-            }
-        }
-        let wait = if rounds <= FAST_ROUNDS { FAST_INTERVAL } else { INTERVAL };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
+        round(&ctx.client, ctx.cloud.as_ref(), &nodes, GRACE).await?;
+        let done = rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        Ok::<_, RoundError>(Next::After(if done <= FAST_ROUNDS { FAST_INTERVAL } else { INTERVAL }))
+    })
+    .await;
 }
 
 #[cfg(test)]
@@ -237,12 +235,18 @@ mod tests {
             Instance { launch_time: None, ..instance("i-undated", None, old, "running") },
         ];
         let claims = [claim("a", None), claim("x", Some("aws:///us-west-2a/i-recorded"))];
+        let mut instances = instances.to_vec();
+        // A second instance tagged for a NodeClaim that records the first one: a duplicate.
+        instances.push(instance("i-duplicate", Some("x"), old, "running"));
         let now: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
         let got: Vec<&str> =
             orphans(&instances, &claims, now, GRACE).iter().map(|i| i.provider_id.as_str()).collect();
-        assert_eq!(got, ["aws:///us-west-2a/i-orphan", "aws:///us-west-2a/i-untagged"]);
+        assert_eq!(
+            got,
+            ["aws:///us-west-2a/i-orphan", "aws:///us-west-2a/i-untagged", "aws:///us-west-2a/i-duplicate"]
+        );
         // At the grace period's end exactly, the young instance is due too.
         let later: Timestamp = "2026-01-01T00:01:15Z".parse().unwrap();
-        assert_eq!(orphans(&instances, &claims, later, GRACE).len(), 3);
+        assert_eq!(orphans(&instances, &claims, later, GRACE).len(), 4);
     }
 }

@@ -21,13 +21,18 @@ use crate::apis::labels::{
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{ConditionStatus, EC2NodeClass, NodePool, NodePoolStatus, common::set_condition};
 use crate::controllers::Context;
+use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::operator::settings::CloudProviderKind;
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
-use crate::state::{ClusterState, Snapshot};
+use crate::state::statenode::state_nodes;
+use crate::state::usage::{Counted, nodepool_usage};
+use crate::state::{ClusterState, Interest, Snapshot, Subscription};
 
-/// How often the statuses are recomputed.
-const PERIOD: Duration = Duration::from_secs(5);
+/// How often the statuses are recomputed when nothing changes.
+const PERIOD: Duration = Duration::from_secs(60);
+/// Changes within this time of each other are handled in one pass.
+const COALESCE: Duration = Duration::from_millis(500);
 
 /// Condition: the pool's node class exists and is ready.
 pub const NODE_CLASS_READY: &str = "NodeClassReady";
@@ -36,18 +41,37 @@ pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
 /// Condition: the pool can launch nodes.
 pub const READY: &str = "Ready";
 
-/// Runs until `stop` turns true.
-pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
-    state.wait_synced().await;
-    loop {
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "nodepool.status";
+
+/// Runs until `stop` turns true: a pass at start, after every change of Nodes, NodeClaims,
+/// NodePools or node classes (a burst of changes makes one pass), and every [`PERIOD`].
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let interest = Interest {
+        nodes: true,
+        node_deletions: true,
+        nodeclaims: true,
+        nodeclaim_deletions: true,
+        nodepools: true,
+        nodeclasses: true,
+        pods: true,
+        ..Interest::default()
+    };
+    let changes = Coalesced(state.feed().subscribe(interest));
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), changes, stop, || async {
         reconcile(&ctx, &state).await;
-        tokio::select! {
-            _ = tokio::time::sleep(PERIOD) => {}
-            _ = stop.changed() => {}
-        }
-        if *stop.borrow() {
-            break;
-        }
+        Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
+    })
+    .await;
+}
+
+/// A feed subscription that lets a burst of changes settle for [`COALESCE`].
+struct Coalesced(Subscription);
+
+impl Wake for Coalesced {
+    async fn changed(&mut self) {
+        self.0.next().await;
+        tokio::time::sleep(COALESCE).await;
     }
 }
 
@@ -55,7 +79,8 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
     let snapshot = state.snapshot();
     let api: Api<NodePool> = Api::all(ctx.client.clone());
     let now = Timestamp::now().to_string();
-    let usage = usage(&snapshot);
+    let nodes = state_nodes(&snapshot);
+    let usage = nodepool_usage(&nodes, Counted::Launched);
     ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
     record_pod_states(ctx, &snapshot);
     for np in &snapshot.nodepools {
@@ -70,7 +95,7 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
             let patch = serde_json::json!({ "status": status });
             if let Err(error) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
             {
-                tracing::warn!(controller = "nodepool.status", NodePool = %name, error = %error, "updating nodepool status");
+                tracing::warn!(controller = CONTROLLER, NodePool = %name, error = %error, "updating nodepool status");
             }
         }
         let hash = np.hash();
@@ -161,36 +186,6 @@ pub fn pod_state_labels(snapshot: &Snapshot) -> Vec<crate::operator::metrics::La
 /// Quantities are kept in milli-units for CPU; the metrics report whole units, as upstream.
 fn display_value(resource: &str, v: i64) -> f64 {
     if resource == "cpu" { v as f64 / 1000.0 } else { v as f64 }
-}
-
-/// Resources of the nodes of each pool: the capacity of its registered nodes, or of its
-/// NodeClaims that launched but have not registered yet; `nodes` counts them.
-pub fn usage(snapshot: &Snapshot) -> BTreeMap<String, Resources> {
-    let mut out: BTreeMap<String, Resources> = BTreeMap::new();
-    let mut with_node: HashMap<&str, ()> = HashMap::new();
-    for node in &snapshot.nodes {
-        let Some(np) = node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) else { continue };
-        if let Some(pid) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
-            with_node.insert(pid, ());
-        }
-        let used = out.entry(np.clone()).or_default();
-        let cap = node.status.as_ref().and_then(|s| s.capacity.clone()).unwrap_or_default();
-        used.add_assign(&Resources::from_list(&cap).unwrap_or_default());
-        used.set(NODES, used.get(NODES) + 1);
-    }
-    for claim in &snapshot.nodeclaims {
-        let Some(np) = claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) else { continue };
-        let status = claim.status.as_ref();
-        let Some(pid) = status.and_then(|s| s.provider_id.as_deref()) else { continue };
-        if with_node.contains_key(pid) {
-            continue;
-        }
-        let used = out.entry(np.clone()).or_default();
-        let cap = status.and_then(|s| s.capacity.clone()).unwrap_or_default();
-        used.add_assign(&Resources::from_list(&cap).unwrap_or_default());
-        used.set(NODES, used.get(NODES) + 1);
-    }
-    out
 }
 
 /// Whether the pool's node class is ready, and why not.
@@ -340,7 +335,7 @@ spec:
             nodes: vec![node("a", "general", "2"), node("b", "general", "4"), node("c", "other", "8")],
             ..Default::default()
         };
-        let u = usage(&snapshot);
+        let u = nodepool_usage(&state_nodes(&snapshot), Counted::Launched);
         assert_eq!(u["general"].get("cpu"), 6000);
         assert_eq!(u["general"].get(NODES), 2);
         let np = nodepool("Gt");

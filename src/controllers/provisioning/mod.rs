@@ -17,84 +17,93 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::reasons;
-use crate::operator::error_chain;
+use crate::controllers::kit::stopped;
 use crate::operator::metrics::observe;
-use crate::scheduling::{
-    ExistingNode, InstanceType, NodePoolInput, SchedulerOptions, SchedulingInput, SchedulingResults, schedule,
-};
-use crate::state::snapshot::{self, Snapshot, pod_key};
-use crate::state::{Change, ClusterState};
+use crate::scheduling::{SchedulerOptions, SchedulingInput, SchedulingResults, schedule};
+use crate::state::input::{Built, Scenario, scheduling_input};
+use crate::state::marks::nomination_window;
+use crate::state::pods::key as pod_key;
+use crate::state::statenode::state_nodes;
+use crate::state::{Changes, ClusterState, Interest, Snapshot, Subscription};
 
+/// Name of the controller, in logs.
+pub const CONTROLLER: &str = "provisioner";
 /// How long a NodeClaim this process created counts as capacity before it shows up in the
 /// cache; far longer than a watch takes to deliver it.
 const CREATED_GRACE: Duration = Duration::from_secs(60);
-/// A pass also runs this often while provisionable pods remain, so that pods left pending (no
-/// capacity, limits reached) are retried when the world changes in ways no watch reports.
+/// A pass also runs this often, so that pods left pending (no capacity, limits reached) are
+/// retried when the world changes in ways no watch reports.
 const RESYNC: Duration = Duration::from_secs(60);
 /// Events sent at once.
 const EVENT_CONCURRENCY: usize = 32;
 /// NodeClaims created at once.
 const CREATE_CONCURRENCY: usize = 16;
 
-/// Runs the provisioner until `stop` turns true.
-pub async fn run(
-    ctx: Context,
-    state: ClusterState,
-    mut changes: mpsc::UnboundedReceiver<Change>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut provisioner = Provisioner::new(ctx, state);
-    provisioner.state.wait_synced().await;
-    // Pods that were already pending when the controller started.
-    let mut pending_start = true;
-    loop {
-        let window = if pending_start {
-            pending_start = false;
-            Some(Duration::ZERO)
-        } else {
-            tokio::select! {
-                w = next_batch(&mut changes, provisioner.ctx.settings.batch_idle_duration, provisioner.ctx.settings.batch_max_duration) => w,
-                _ = tokio::time::sleep(RESYNC) => Some(Duration::ZERO),
-                _ = stop.changed() => None,
-            }
-        };
-        if *stop.borrow() {
-            break;
-        }
-        let Some(window) = window else { break };
-        observe(&provisioner.ctx.metrics.provisioner_batch_window_duration, vec![], window);
-        provisioner.reconcile().await;
+/// The changes that open a batch: a provisionable pod, a node or NodeClaim going away (its pods
+/// need a place), a NodeClaim changing (a launch frees room under a limit), a NodePool changing.
+fn interest() -> Interest {
+    Interest {
+        provisionable_pods: true,
+        nodeclaims: true,
+        nodeclaim_deletions: true,
+        node_deletions: true,
+        nodepools: true,
+        nodeclasses: true,
+        ..Interest::default()
     }
 }
 
-/// Waits for a batch: returns how long it stayed open, or `None` when the channel closed. Any
-/// change opens a batch; only new pods keep it open (NodeClaim updates come in bursts while
-/// nodes launch and would otherwise delay the pass).
-async fn next_batch(
-    changes: &mut mpsc::UnboundedReceiver<Change>,
-    idle: Duration,
-    max: Duration,
-) -> Option<Duration> {
-    changes.recv().await?;
+/// Runs the provisioner until `stop` turns true.
+pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
+    let mut changes = state.feed().subscribe(interest());
+    let mut provisioner = Provisioner::new(ctx, state);
+    tracing::info!(controller = CONTROLLER, "starting controller");
+    // Pods that were already pending when the controller started.
+    let mut window = Some(Duration::ZERO);
+    loop {
+        if let Some(window) = window.take() {
+            observe(&provisioner.ctx.metrics.provisioner_batch_window_duration, vec![], window);
+            tokio::select! {
+                _ = provisioner.reconcile() => {}
+                _ = stopped(&mut stop) => break,
+            }
+        }
+        let (idle, max) =
+            (provisioner.ctx.settings.batch_idle_duration, provisioner.ctx.settings.batch_max_duration);
+        window = tokio::select! {
+            w = next_batch(&mut changes, idle, max) => Some(w),
+            _ = tokio::time::sleep(RESYNC) => Some(Duration::ZERO),
+            _ = stopped(&mut stop) => break,
+        };
+    }
+    tracing::info!(controller = CONTROLLER, "stopped controller");
+}
+
+/// Waits for a batch and returns how long it stayed open. Any change the provisioner follows
+/// opens a batch; only new provisionable pods keep it open, for at most `max` (NodeClaim updates
+/// come in bursts while nodes launch and would otherwise delay the pass).
+async fn next_batch(changes: &mut Subscription, idle: Duration, max: Duration) -> Duration {
+    let mut seen: Changes = changes.next().await;
     let start = tokio::time::Instant::now();
     let mut last = start;
     loop {
         let deadline = (last + idle).min(start + max);
         tokio::select! {
-            msg = changes.recv() => match msg {
-                Some(Change::NodeClaimUpdated) => {}
-                Some(_) => last = tokio::time::Instant::now(),
-                None => break,
-            },
+            now = changes.next() => {
+                if now.provisionable_pods != seen.provisionable_pods {
+                    last = tokio::time::Instant::now();
+                }
+                seen = now;
+            }
             _ = tokio::time::sleep_until(deadline) => break,
         }
     }
-    Some(start.elapsed())
+    start.elapsed()
 }
 
 struct Provisioner {
@@ -111,34 +120,65 @@ impl Provisioner {
         Provisioner { ctx, state, created: vec![], told: HashMap::new() }
     }
 
+    /// Whether a pass has anything to place: provisionable pods, or pods of nodes going away.
+    fn has_work(snapshot: &Snapshot, pending: &[Arc<Pod>]) -> bool {
+        if !pending.is_empty() {
+            return true;
+        }
+        state_nodes(snapshot).iter().any(|n| n.marked_for_deletion && n.reschedulable_pods().next().is_some())
+    }
+
     async fn reconcile(&mut self) {
         let start = Instant::now();
-        let snapshot = self.state.snapshot();
-        let mut pods: Vec<Arc<Pod>> =
-            snapshot.pods.iter().filter(|p| snapshot::is_provisionable(p)).map(Arc::clone).collect();
-        if pods.is_empty() {
+        let mut snapshot = self.state.snapshot();
+        let pending = snapshot.provisionable_pods();
+        if !Self::has_work(&snapshot, &pending) {
             return;
         }
-        pods.sort_by_cached_key(|p| pod_key(p));
-        self.ctx.metrics.provisioner_batch_size.get_or_create(&vec![]).set(pods.len() as f64);
-        tracing::info!(
-            controller = "provisioner",
-            Pods = %summarize_pods(&pods, 10),
-            count = pods.len(),
-            duration = ?start.elapsed(),
-            "found provisionable pod(s)"
-        );
+        if !pending.is_empty() {
+            self.ctx.metrics.provisioner_batch_size.get_or_create(&vec![]).set(pending.len() as f64);
+            tracing::info!(
+                controller = CONTROLLER,
+                Pods = %summarize_pods(&pending, 10),
+                count = pending.len(),
+                duration = ?start.elapsed(),
+                "found provisionable pod(s)"
+            );
+        }
 
-        let known: HashSet<&str> =
-            snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.as_deref()).collect();
+        // Claims this process created count as capacity until the cache has them.
+        let known: HashSet<String> =
+            snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.clone()).collect();
         self.created.retain(|(at, c)| {
-            at.elapsed() < CREATED_GRACE && !c.metadata.name.as_deref().is_some_and(|n| known.contains(n))
+            at.elapsed() < CREATED_GRACE && !c.metadata.name.as_ref().is_some_and(|n| known.contains(n))
         });
-
-        let input = match self.scheduling_input(&snapshot, pods).await {
-            Some(input) => input,
-            None => return,
+        snapshot.nodeclaims.extend(self.created.iter().map(|(_, c)| Arc::clone(c)));
+        let pool_types =
+            crate::state::instance_types_of_pools(&snapshot, self.ctx.cloud.as_ref(), CONTROLLER).await;
+        let snapshot = snapshot.with_instance_types(pool_types);
+        let nodes = state_nodes(&snapshot);
+        let pending_count = pending.len();
+        let scenario = Scenario {
+            options: SchedulerOptions {
+                min_values_policy: self.ctx.settings.min_values_policy,
+                ..SchedulerOptions::default()
+            },
+            ..Scenario::default()
         };
+        let Built { input, skipped_pools, displaced_pods } =
+            scheduling_input(&snapshot, &nodes, pending, &scenario);
+        for (pool, why) in &skipped_pools {
+            if snapshot.pool_types.contains_key(pool) {
+                tracing::error!(controller = CONTROLLER, NodePool = %pool, error = %why, "skipping, invalid nodepool");
+            }
+        }
+        if displaced_pods > 0 {
+            tracing::debug!(
+                controller = CONTROLLER,
+                pods = displaced_pods,
+                "placing the pods of nodes going away"
+            );
+        }
         let sim_start = Instant::now();
         let results = match tokio::task::spawn_blocking(move || {
             let results = schedule(&input);
@@ -148,112 +188,39 @@ impl Provisioner {
         {
             Ok(r) => r,
             Err(error) => {
-                tracing::error!(controller = "provisioner", error = %error, "scheduling simulation failed");
+                tracing::error!(controller = CONTROLLER, error = %error, "scheduling simulation failed");
                 return;
             }
         };
         observe(
             &self.ctx.metrics.scheduler_scheduling_duration,
-            vec![("controller", "provisioner".into())],
+            vec![("controller", CONTROLLER.into())],
             sim_start.elapsed(),
         );
         let (input, results) = results;
         if !results.new_node_claims.is_empty() {
             tracing::info!(
-                controller = "provisioner",
+                controller = CONTROLLER,
                 nodeclaims = results.new_node_claims.len(),
                 pods = results.new_node_claims.iter().map(|c| c.pods.len()).sum::<usize>(),
                 duration = ?sim_start.elapsed(),
                 "computed new nodeclaim(s) to fit pod(s)"
             );
         }
-        self.apply(&snapshot, &input, results).await;
+        self.apply(&snapshot, &input, pending_count, results).await;
         observe(&self.ctx.metrics.provisioner_scheduling_duration, vec![], start.elapsed());
     }
 
-    /// Builds the simulation's input from the snapshot; `None` when nothing can be decided.
-    async fn scheduling_input(
+    async fn apply(
         &mut self,
         snapshot: &Snapshot,
-        pods: Vec<Arc<Pod>>,
-    ) -> Option<SchedulingInput> {
-        let mut catalog: HashMap<String, Arc<InstanceType>> = HashMap::new();
-        let mut pools: Vec<(Arc<NodePool>, Vec<Arc<InstanceType>>)> = Vec::new();
-        for np in &snapshot.nodepools {
-            if np.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let name = np.metadata.name.clone().unwrap_or_default();
-            match self.ctx.cloud.instance_types(np).await {
-                Ok(types) => {
-                    for t in &types {
-                        catalog.entry(t.name.clone()).or_insert_with(|| t.clone());
-                    }
-                    pools.push((np.clone(), types));
-                }
-                Err(error) => {
-                    tracing::error!(
-                        controller = "provisioner",
-                        NodePool = %name,
-                        error = %error_chain(&error),
-                        "skipping, unable to resolve instance types"
-                    );
-                }
-            }
-        }
-        // Limits count the nodes and NodeClaims only, in-flight claims of this process included.
-        let usage_snapshot = Snapshot {
-            nodes: snapshot.nodes.clone(),
-            nodeclaims: snapshot
-                .nodeclaims
-                .iter()
-                .chain(self.created.iter().map(|(_, c)| c))
-                .cloned()
-                .collect(),
-            ..Default::default()
-        };
-        let usage = snapshot::nodepool_usage(&usage_snapshot, &catalog);
-        let mut nodepools = Vec::new();
-        for (np, types) in pools {
-            let name = np.metadata.name.clone().unwrap_or_default();
-            let used = usage.get(&name).cloned().unwrap_or_default();
-            match NodePoolInput::from_nodepool(&np, types, &used) {
-                Ok(input) => nodepools.push(input),
-                Err(error) => tracing::error!(
-                    controller = "provisioner",
-                    NodePool = %name,
-                    error = %error_chain(&error),
-                    "skipping, invalid nodepool"
-                ),
-            }
-        }
-        let mut existing: Vec<ExistingNode> = snapshot::existing_nodes(snapshot);
-        let in_flight = Snapshot {
-            nodeclaims: self.created.iter().map(|(_, c)| Arc::clone(c)).collect(),
-            ..Default::default()
-        };
-        existing.extend(snapshot::existing_nodes(&in_flight));
-        Some(SchedulingInput {
-            pods,
-            nodepools,
-            existing_nodes: existing,
-            daemonsets: snapshot::daemonset_pods(snapshot),
-            namespace_labels: snapshot::namespace_labels(snapshot),
-            volumes: snapshot::volume_input(snapshot),
-            options: SchedulerOptions {
-                min_values_policy: self.ctx.settings.min_values_policy,
-                ..SchedulerOptions::default()
-            },
-        })
-    }
-
-    async fn apply(&mut self, snapshot: &Snapshot, input: &SchedulingInput, results: SchedulingResults) {
-        let nodepools: BTreeMap<String, Arc<NodePool>> = snapshot
-            .nodepools
-            .iter()
-            .map(|np| (np.metadata.name.clone().unwrap_or_default(), np.clone()))
-            .collect();
+        input: &SchedulingInput,
+        pending_count: usize,
+        results: SchedulingResults,
+    ) {
+        let nodepools: BTreeMap<String, Arc<NodePool>> = crate::state::input::nodepools_by_name(snapshot);
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+        let window = nomination_window(self.ctx.settings.batch_max_duration);
         let mut nominations: Vec<(usize, String)> = Vec::new();
 
         // New NodeClaims.
@@ -277,7 +244,7 @@ impl Provisioner {
                 Ok(claim) => {
                     let name = claim.metadata.name.clone().unwrap_or_default();
                     tracing::info!(
-                        controller = "provisioner",
+                        controller = CONTROLLER,
                         NodePool = %new.nodepool,
                         NodeClaim = %name,
                         requests = %format_requests(&new.requests),
@@ -294,13 +261,14 @@ impl Provisioner {
                             ("min_values_relaxed", new.min_values_relaxed.to_string()),
                         ])
                         .inc();
+                    self.state.marks.nominate(&name, window);
                     for p in &new.pods {
                         nominations.push((p.index, format!("nodeclaim/{name}")));
                     }
                     self.created.push((Instant::now(), Arc::new(claim)));
                 }
                 Err(error) => tracing::error!(
-                    controller = "provisioner",
+                    controller = CONTROLLER,
                     NodePool = %new.nodepool,
                     error = %error,
                     "creating nodeclaim"
@@ -308,16 +276,14 @@ impl Provisioner {
             }
         }
 
-        // Pods placed on capacity that is still coming up.
-        let claims: HashSet<&str> = snapshot
-            .nodeclaims
-            .iter()
-            .filter_map(|c| c.metadata.name.as_deref())
-            .chain(self.created.iter().filter_map(|(_, c)| c.metadata.name.as_deref()))
-            .collect();
+        // Pods placed on existing capacity: the node is nominated (not to be disrupted while
+        // they come), and pods headed for capacity still coming up are told where they go.
+        let claims: HashSet<&str> =
+            snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.as_deref()).collect();
         let uninitialized: HashSet<&str> =
             input.existing_nodes.iter().filter(|n| !n.initialized).map(|n| n.name.as_str()).collect();
         for placement in &results.existing_placements {
+            self.state.marks.nominate(&placement.node, window);
             if !uninitialized.contains(placement.node.as_str()) {
                 continue;
             }
@@ -327,9 +293,12 @@ impl Provisioner {
             }
         }
 
+        // Events go to the pending pods only: the pods of nodes going away are bound.
         let mut events: Vec<(Arc<Pod>, bool, &'static str, String)> = Vec::new();
         for (index, target) in nominations {
-            if let Some(pod) = input.pods.get(index) {
+            if index < pending_count
+                && let Some(pod) = input.pods.get(index)
+            {
                 events.push((
                     Arc::clone(pod),
                     false,
@@ -339,15 +308,15 @@ impl Provisioner {
             }
         }
         for error in &results.errors {
-            if let Some(pod) = input.pods.get(error.pod.index) {
-                let message = format!("Failed to schedule pod, {error}");
-                tracing::error!(
-                    controller = "provisioner",
-                    Pod = %error.pod,
-                    error = %error,
-                    "could not schedule pod"
-                );
-                events.push((Arc::clone(pod), true, reasons::FAILED_SCHEDULING, message));
+            let Some(pod) = input.pods.get(error.pod.index) else { continue };
+            tracing::error!(controller = CONTROLLER, Pod = %error.pod, error = %error, "could not schedule pod");
+            if error.pod.index < pending_count {
+                events.push((
+                    Arc::clone(pod),
+                    true,
+                    reasons::FAILED_SCHEDULING,
+                    format!("Failed to schedule pod, {error}"),
+                ));
             }
         }
         let events: Vec<_> = events
@@ -390,21 +359,22 @@ fn format_requests(r: &crate::scheduling::Resources) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::Feed;
 
     // Real time, scaled down; only bounds that cannot depend on the machine's speed are asserted.
     #[tokio::test]
     async fn a_batch_closes_when_idle() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        tx.send(Change::Pod).unwrap();
+        let feed = Arc::new(Feed::default());
+        let mut sub = feed.subscribe(interest());
+        feed.bump(|c| c.provisionable_pods += 1);
+        let f = feed.clone();
         let sender = tokio::spawn(async move {
             for _ in 0..3 {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                tx.send(Change::Pod).unwrap();
+                f.bump(|c| c.provisionable_pods += 1);
             }
-            // Keep the channel open.
-            tokio::time::sleep(Duration::from_secs(60)).await;
         });
-        let window = next_batch(&mut rx, Duration::from_millis(100), Duration::from_secs(30)).await.unwrap();
+        let window = next_batch(&mut sub, Duration::from_millis(100), Duration::from_secs(30)).await;
         // Three more pods kept it open past the first idle window; then it closed for being idle,
         // long before the maximum.
         assert!(window >= Duration::from_millis(250) && window < Duration::from_secs(30), "{window:?}");
@@ -413,26 +383,36 @@ mod tests {
 
     #[tokio::test]
     async fn a_busy_batch_closes_at_the_maximum() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        tx.send(Change::Pod).unwrap();
+        let feed = Arc::new(Feed::default());
+        let mut sub = feed.subscribe(interest());
+        feed.bump(|c| c.provisionable_pods += 1);
+        let f = feed.clone();
         let sender = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(30)).await;
-                if tx.send(Change::Pod).is_err() {
-                    break;
-                }
+                f.bump(|c| c.provisionable_pods += 1);
             }
         });
-        let window = next_batch(&mut rx, Duration::from_millis(100), Duration::from_secs(1)).await.unwrap();
+        let window = next_batch(&mut sub, Duration::from_millis(100), Duration::from_secs(1)).await;
         // Pods kept coming faster than the idle window: only the maximum closed it.
         assert!(window >= Duration::from_secs(1), "{window:?}");
         sender.abort();
     }
 
     #[tokio::test]
-    async fn a_closed_channel_ends_batching() {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Change>();
-        drop(tx);
-        assert!(next_batch(&mut rx, Duration::from_secs(1), Duration::from_secs(10)).await.is_none());
+    async fn nodeclaim_updates_open_a_batch_but_do_not_keep_it_open() {
+        let feed = Arc::new(Feed::default());
+        let mut sub = feed.subscribe(interest());
+        feed.bump(|c| c.nodeclaims += 1);
+        let f = feed.clone();
+        let sender = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                f.bump(|c| c.nodeclaims += 1);
+            }
+        });
+        let window = next_batch(&mut sub, Duration::from_millis(200), Duration::from_secs(10)).await;
+        assert!(window < Duration::from_secs(10), "{window:?}");
+        sender.abort();
     }
 }

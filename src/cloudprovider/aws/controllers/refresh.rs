@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use crate::cloudprovider::CloudProviderError;
 use crate::cloudprovider::aws::AwsCloudProvider;
 use crate::cloudprovider::aws::catalog::REFRESH_INTERVAL;
-use crate::operator::leader::error_chain;
+use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
 
 /// First delay before trying a failed fetch again.
 const RETRY_BASE: Duration = Duration::from_secs(60);
@@ -64,6 +64,16 @@ impl Kind {
         }
     }
 
+    /// The controller's name, in logs.
+    fn controller(self) -> &'static str {
+        match self {
+            Kind::InstanceTypes => "providers.instancetype",
+            Kind::OnDemandPrices => "providers.pricing.ondemand",
+            Kind::SpotPrices => "providers.pricing.spot",
+            Kind::UnusedLaunchTemplates => "providers.launchtemplate",
+        }
+    }
+
     /// The delay between two successful runs.
     fn interval(self) -> Duration {
         match self {
@@ -79,7 +89,7 @@ pub fn next_fetch(interval: Duration, failures: u32) -> Duration {
     if failures == 0 {
         return interval;
     }
-    crate::controllers::kit::Backoff::new(RETRY_BASE, interval).delay(failures)
+    Backoff::new(RETRY_BASE, interval).delay(failures)
 }
 
 /// Runs the controller until `stop` turns true. `first_round` is told once every kind has been
@@ -112,34 +122,41 @@ pub async fn run(
     while loops.join_next().await.is_some() {}
 }
 
+/// A fetch that failed; the last good data stays.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct RefreshError {
+    what: &'static str,
+    #[source]
+    source: CloudProviderError,
+}
+
 /// Fetches `kind` until `stop` turns true; `first` is told after the first attempt.
 async fn keep_current(
     kind: Kind,
     provider: Arc<AwsCloudProvider>,
     first: oneshot::Sender<()>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let mut first = Some(first);
-    let mut failures = 0u32;
-    loop {
-        match kind.fetch(&provider).await {
-            Ok(count) => {
-                failures = 0;
-                kind.log(count);
+    let first = std::sync::Mutex::new(Some(first));
+    let options = Options::new(kind.controller()).backoff(Backoff::new(RETRY_BASE, kind.interval()));
+    run_singleton(options, None, Timer, stop, || {
+        let (provider, first) = (&provider, &first);
+        async move {
+            let result = kind.fetch(provider).await;
+            if let Some(first) = first.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+                let _ = first.send(());
             }
-            Err(e) => {
-                failures = failures.saturating_add(1);
-                tracing::warn!(error = %error_chain(&e), retry_in = ?next_fetch(kind.interval(), failures), "{}", kind.failure());
+            match result {
+                Ok(count) => {
+                    kind.log(count);
+                    Ok(Next::After(kind.interval()))
+                }
+                Err(source) => Err(RefreshError { what: kind.failure(), source }),
             }
         }
-        if let Some(first) = first.take() {
-            let _ = first.send(());
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(next_fetch(kind.interval(), failures)) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -7,19 +7,18 @@
 
 use std::borrow::Borrow;
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::apis::labels::{
-    ANNOTATION_MIRROR_POD, ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP,
-    PRIORITY_CLASS_SYSTEM_CLUSTER_CRITICAL, PRIORITY_CLASS_SYSTEM_NODE_CRITICAL, TAINT_DISRUPTED,
-};
-use crate::apis::{NodeClaim, Taint, TaintEffect};
+use crate::apis::NodeClaim;
+use crate::apis::labels::ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP;
 use crate::operator::settings::parse_duration;
-use crate::scheduling::taints::tolerates;
+pub use crate::state::pods::{
+    is_critical, is_mirror, is_owned_by_daemonset as is_daemonset_pod, is_terminal, is_terminating,
+    tolerates_disrupted_taint,
+};
 
 /// How long past its own deletion deadline a terminating pod may linger before it no longer holds
 /// up the drain: the kubelet of a broken node may never confirm the deletion.
@@ -55,25 +54,6 @@ impl DrainGroup {
     }
 }
 
-/// Whether `pod` has finished (phase `Succeeded` or `Failed`): it holds no resources any more.
-pub fn is_terminal(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-}
-
-/// Whether `pod` is the API server's mirror of a static pod: it cannot be evicted, it goes away
-/// with its kubelet.
-pub fn is_mirror(pod: &Pod) -> bool {
-    let annotated = pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_MIRROR_POD));
-    let owned_by_node =
-        pod.metadata.owner_references.as_ref().is_some_and(|refs| refs.iter().any(|r| r.kind == "Node"));
-    annotated || owned_by_node
-}
-
-/// Whether `pod` is being deleted.
-pub fn is_terminating(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
-}
-
 /// Whether `pod` is still terminating more than [`STUCK_TERMINATING_AFTER`] past its deletion
 /// deadline.
 pub fn is_stuck_terminating(pod: &Pod, now: Timestamp) -> bool {
@@ -81,32 +61,6 @@ pub fn is_stuck_terminating(pod: &Pod, now: Timestamp) -> bool {
         .deletion_timestamp
         .as_ref()
         .is_some_and(|t| now.duration_since(t.0) > STUCK_TERMINATING_AFTER)
-}
-
-/// Whether `pod` tolerates the `karpenter.sh/disrupted:NoSchedule` taint: such a pod could be
-/// scheduled right back, so it is not drained.
-pub fn tolerates_disrupted_taint(pod: &Pod) -> bool {
-    let taint = Taint::new(TAINT_DISRUPTED, TaintEffect::NoSchedule);
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_ref())
-        .is_some_and(|tolerations| tolerations.iter().any(|t| tolerates(t, &taint)))
-}
-
-/// Whether `pod` runs with the `system-cluster-critical` or `system-node-critical` priority class.
-pub fn is_critical(pod: &Pod) -> bool {
-    matches!(
-        pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()),
-        Some(PRIORITY_CLASS_SYSTEM_CLUSTER_CRITICAL | PRIORITY_CLASS_SYSTEM_NODE_CRITICAL)
-    )
-}
-
-/// Whether `pod` belongs to a DaemonSet.
-pub fn is_daemonset_pod(pod: &Pod) -> bool {
-    pod.metadata
-        .owner_references
-        .as_ref()
-        .is_some_and(|refs| refs.iter().any(|r| r.kind == "DaemonSet" && r.api_version.starts_with("apps/")))
 }
 
 /// Whether `pod` must be gone before the node counts as drained: it has not finished, is no
@@ -243,14 +197,13 @@ pub fn pending_volume_attachments(
         .collect()
 }
 
-/// Exponential backoff: `base` doubled `attempt` times, at most `cap`.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
-    base.checked_mul(2u32.saturating_pow(attempt)).unwrap_or(cap).min(cap)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apis::labels::{
+        ANNOTATION_MIRROR_POD, PRIORITY_CLASS_SYSTEM_CLUSTER_CRITICAL, PRIORITY_CLASS_SYSTEM_NODE_CRITICAL,
+        TAINT_DISRUPTED,
+    };
     use k8s_openapi::api::core::v1::{
         PersistentVolumeClaimVolumeSource, PodSpec, PodStatus, Toleration, Volume,
     };
@@ -583,19 +536,5 @@ mod tests {
         let claims: Vec<String> =
             claims_of_undrained_pods(&pods, ts(NOW)).into_iter().map(|(_, c)| c).collect();
         assert_eq!(claims, ["b", "c", "e"]);
-    }
-
-    #[rstest]
-    #[case(0, 1)]
-    #[case(1, 2)]
-    #[case(3, 8)]
-    #[case(5, 10)]
-    #[case(40, 10)]
-    #[case(u32::MAX, 10)]
-    fn backoff_doubles_up_to_the_cap(#[case] attempt: u32, #[case] secs: u64) {
-        assert_eq!(
-            backoff(attempt, Duration::from_secs(1), Duration::from_secs(10)),
-            Duration::from_secs(secs)
-        );
     }
 }

@@ -34,9 +34,6 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use thiserror::Error;
@@ -47,9 +44,15 @@ use crate::apis::labels::{FINALIZER_TERMINATION, LABEL_NODEPOOL, TAINT_DISRUPTED
 use crate::cloudprovider::CloudProviderError;
 use crate::controllers::Context;
 use crate::controllers::events::reasons;
+use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::operator::leader::error_chain;
 use crate::operator::metrics::observe;
+use crate::state::{ClusterState, Notice};
 
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "node.termination";
+/// Nodes terminated at once.
+const WORKERS: usize = 10;
 /// First delay before looking at a node again while its drain or volume detachment is pending.
 const WAIT_BASE: Duration = Duration::from_secs(1);
 /// Longest delay between two looks at a node whose drain is pending.
@@ -107,36 +110,12 @@ struct Progress {
     instance_termination_started: Option<Instant>,
 }
 
-/// The controller's state: the shared context, the caches it reads and the per-node progress.
+/// The controller's state: the shared context, the cluster state it reads and the per-node
+/// progress.
 struct Terminator {
     ctx: Context,
-    cache: Option<Cache>,
+    cluster: ClusterState,
     progress: Mutex<HashMap<String, Progress>>,
-}
-
-/// The cluster-state caches of pods and NodeClaims.
-#[derive(Clone)]
-pub struct Cache {
-    /// Pods of every namespace.
-    pub pods: Store<Pod>,
-    /// NodeClaims.
-    pub nodeclaims: Store<NodeClaim>,
-}
-
-impl Cache {
-    /// The cached pods bound to `node`.
-    fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
-        let mut pods = self.pods.state();
-        pods.retain(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
-        pods
-    }
-
-    /// The cached NodeClaim with `provider_id`.
-    fn node_claim(&self, provider_id: &str) -> Option<NodeClaim> {
-        self.nodeclaims
-            .find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
-            .map(|c| (*c).clone())
-    }
 }
 
 impl Terminator {
@@ -152,92 +131,99 @@ impl Terminator {
     /// The delay before the next look at a node that is waiting, with one more attempt counted.
     fn wait(&self, node: &str, cap: Duration) -> Duration {
         self.with_progress(node, |p| {
-            let delay = drain::backoff(p.attempts, WAIT_BASE, cap);
             p.attempts = p.attempts.saturating_add(1);
-            delay
+            Backoff::new(WAIT_BASE, cap).delay(p.attempts)
         })
     }
 }
 
-/// Runs the node termination controller, reading pods and NodeClaims from `cache`, until `stop`
-/// turns `true` (or its sender goes away).
-pub async fn run(ctx: Context, cache: Cache, stop: watch::Receiver<bool>) {
-    run_watching(ctx, Some(cache), stop, watcher::Config::default()).await;
+impl Reconcile for Terminator {
+    type Key = String;
+    type Error = Error;
+
+    async fn reconcile(&self, name: &String) -> Result<Next, Error> {
+        match self.cluster.node(name) {
+            Some(node) => reconcile(node, self).await,
+            None => {
+                self.forget(name);
+                Ok(Next::Wait)
+            }
+        }
+    }
 }
 
-/// Runs the controller on the nodes `config` selects; without `cache`, pods and NodeClaims are
-/// listed from the API server.
-async fn run_watching(
+fn is_terminating(node: &Node) -> bool {
+    node.metadata.deletion_timestamp.is_some() && has_finalizer(node)
+}
+
+/// Runs the node termination controller until `stop` turns `true` (or its sender goes away).
+pub async fn run(ctx: Context, cluster: ClusterState, stop: watch::Receiver<bool>) {
+    run_selected(ctx, cluster, Arc::new(Queue::new()), stop, |_| true).await;
+}
+
+/// [`run`] for the Nodes `select` accepts (tests keep to their own), taking work from `queue`.
+pub(crate) async fn run_selected(
     ctx: Context,
-    cache: Option<Cache>,
-    mut stop: watch::Receiver<bool>,
-    config: watcher::Config,
+    cluster: ClusterState,
+    queue: Arc<Queue<String>>,
+    stop: watch::Receiver<bool>,
+    select: impl Fn(&Node) -> bool + Send + Sync + 'static,
 ) {
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let terminator = Arc::new(Terminator { ctx, cache, progress: Mutex::new(HashMap::new()) });
-    let stopped = tokio::spawn(async move {
-        let _ = stop.wait_for(|stop| *stop).await;
-    });
-    tracing::info!(controller = "node.termination", "starting controller");
-    Controller::new(nodes, config)
-        .graceful_shutdown_on(async move {
-            let _ = stopped.await;
-        })
-        .run(reconcile, error_policy, terminator.clone())
-        .for_each(|result| {
-            let terminator = terminator.clone();
-            async move {
-            match result {
-                Ok(_) => {}
-                // Already logged by the error policy.
-                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
-                Err(kube::runtime::controller::Error::ObjectNotFound(object)) => {
-                    terminator.forget(&object.name);
-                    tracing::debug!(controller = "node.termination", node = %object.name, "node is gone");
-                }
-                Err(error) => {
-                    tracing::warn!(controller = "node.termination", error = %error_chain(&error), "watch failed");
-                }
-            }
+    let terminator =
+        Arc::new(Terminator { ctx, cluster: cluster.clone(), progress: Mutex::new(HashMap::new()) });
+    let select = Arc::new(select);
+    let _nodes = {
+        let (queue, terminator, select) = (queue.clone(), terminator.clone(), select.clone());
+        cluster.on_node(move |notice| match notice {
+            Notice::Applied(node) if is_terminating(node) && select(node) => queue.add(node.name_any()),
+            Notice::Applied(_) => {}
+            gone => {
+                let name = gone.name();
+                queue.forget(&name);
+                terminator.forget(&name);
             }
         })
-        .await;
-    tracing::info!(controller = "node.termination", "stopped controller");
-}
-
-fn error_policy(node: Arc<Node>, error: &Error, terminator: Arc<Terminator>) -> Action {
-    let name = node.name_any();
-    let delay = terminator.with_progress(&name, |p| {
-        let delay = drain::backoff(p.attempts, WAIT_BASE, ERROR_CAP);
-        p.attempts = p.attempts.saturating_add(1);
-        delay
-    });
-    tracing::error!(
-        controller = "node.termination",
-        node = %name,
-        error = %error_chain(error),
-        retry_in = ?delay,
-        "failed to terminate node"
-    );
-    Action::requeue(delay)
+    };
+    // A pod leaving a draining node lets the drain go on at once.
+    let _pods = {
+        let (queue, cluster, select) = (queue.clone(), cluster.clone(), select.clone());
+        cluster.clone().on_pod(move |notice| {
+            let (Notice::Applied(pod) | Notice::Deleted(pod)) = notice else { return };
+            let Some(node) = crate::state::pods::node_name(pod) else { return };
+            if let Some(node) = cluster.node(node)
+                && is_terminating(&node)
+                && select(&node)
+            {
+                queue.add(node.name_any());
+            }
+        })
+    };
+    for node in cluster.nodes.state() {
+        if is_terminating(&node) && select(&node) {
+            queue.add(node.name_any());
+        }
+    }
+    let metrics = Some(terminator.ctx.metrics.clone());
+    let options = Options::new(CONTROLLER).workers(WORKERS).backoff(Backoff::new(WAIT_BASE, ERROR_CAP));
+    run_keyed(terminator, queue, options, metrics, stop).await;
 }
 
 fn has_finalizer(node: &Node) -> bool {
     node.finalizers().iter().any(|f| f == FINALIZER_TERMINATION)
 }
 
-async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Action, Error> {
+async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Error> {
     let name = node.name_any();
     if !has_finalizer(&node) {
         terminator.forget(&name);
-        return Ok(Action::await_change());
+        return Ok(Next::Wait);
     }
     let Some(deleted_at) = node.metadata.deletion_timestamp.as_ref().map(|t| t.0) else {
-        return Ok(Action::await_change());
+        return Ok(Next::Wait);
     };
-    let t = &*terminator;
+    let t = terminator;
     let ctx = &t.ctx;
-    let node_claim = find_node_claim(ctx, t.cache.as_ref(), &node).await?;
+    let node_claim = find_node_claim(ctx, &t.cluster, &node).await?;
     let claim_name = node_claim.as_ref().map(|c| c.name_any()).unwrap_or_default();
     let nodepool = node_pool(&node, node_claim.as_ref());
 
@@ -254,17 +240,10 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
 
     // Drain.
     let now = Timestamp::now();
-    let pods = match &t.cache {
-        Some(cache) => {
-            let cached = cache.pods_on(&name);
-            // The cache may lag behind: a node it shows drained is confirmed with the API server.
-            if drain::plan(&cached, now, deadline).is_drained() {
-                node_pods(ctx, &name).await?
-            } else {
-                cached
-            }
-        }
-        None => node_pods(ctx, &name).await?,
+    let pods = {
+        let cached = t.cluster.pods_on(&name);
+        // The cache may lag behind: a node it shows drained is confirmed with the API server.
+        if drain::plan(&cached, now, deadline).is_drained() { node_pods(ctx, &name).await? } else { cached }
     };
     let plan = drain::plan(&pods, now, deadline);
     if !plan.is_drained() {
@@ -298,7 +277,7 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
         if outcome.evicted + outcome.deleted > 0 {
             t.with_progress(&name, |p| p.attempts = 0);
         }
-        return Ok(Action::requeue(t.wait(&name, WAIT_CAP)));
+        return Ok(Next::After(t.wait(&name, WAIT_CAP)));
     }
     let expired = plan.expired;
     let first_drain = t.with_progress(&name, |p| !std::mem::replace(&mut p.drained, true));
@@ -323,7 +302,7 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
                 volumeattachments = ?pending,
                 "waiting for volume attachments to be deleted"
             );
-            return Ok(Action::requeue(t.wait(&name, WAIT_CAP)));
+            return Ok(Next::After(t.wait(&name, WAIT_CAP)));
         }
     }
 
@@ -335,7 +314,7 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
         match ctx.cloud.delete(claim).await {
             Ok(()) => {
                 tracing::info!(node = %name, nodeclaim = %claim_name, "terminating instance");
-                return Ok(Action::requeue(INSTANCE_POLL));
+                return Ok(Next::After(INSTANCE_POLL));
             }
             Err(error) if error.is_not_found() => {
                 if let Some(started) = t.with_progress(&name, |p| p.instance_termination_started.take()) {
@@ -372,14 +351,14 @@ async fn reconcile(node: Arc<Node>, terminator: Arc<Terminator>) -> Result<Actio
         Duration::try_from(elapsed).unwrap_or_default(),
     );
     t.forget(&name);
-    Ok(Action::await_change())
+    Ok(Next::Wait)
 }
 
 /// The NodeClaim whose `status.providerID` is the node's `spec.providerID`: the cached one, else
 /// the API server's (a NodeClaim missed here would leave its instance running).
 async fn find_node_claim(
     ctx: &Context,
-    cache: Option<&Cache>,
+    cluster: &ClusterState,
     node: &Node,
 ) -> Result<Option<NodeClaim>, Error> {
     let Some(provider_id) =
@@ -387,8 +366,8 @@ async fn find_node_claim(
     else {
         return Ok(None);
     };
-    if let Some(claim) = cache.and_then(|c| c.node_claim(provider_id)) {
-        return Ok(Some(claim));
+    if let Some(claim) = cluster.nodeclaim_with_provider_id(provider_id) {
+        return Ok(Some((*claim).clone()));
     }
     let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
     let list = claims.list(&ListParams::default()).await.map_err(kube_error("list nodeclaims"))?;

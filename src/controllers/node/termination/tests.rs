@@ -146,11 +146,13 @@ struct Harness {
     metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
     controller: tokio::task::JoinHandle<()>,
+    watches: tokio::task::JoinHandle<()>,
 }
 
 impl Harness {
-    /// Starts a controller that watches only the nodes labelled for this test.
-    async fn start(prefix: &str, cache: Option<Cache>) -> Harness {
+    /// Starts a controller that terminates only the nodes labelled for this test; with `stale`, it
+    /// reads pods and NodeClaims from caches that never saw any.
+    async fn start(prefix: &str, stale: bool) -> Harness {
         use clap::Parser;
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
@@ -170,15 +172,20 @@ impl Harness {
             events: Events::new(client.clone(), Some(name.clone())),
         };
         let (stop, stop_rx) = watch::channel(false);
-        let config = watcher::Config::default().labels(&format!("{TEST_LABEL}={name}"));
-        let controller = tokio::spawn(run_watching(ctx, cache, stop_rx, config));
+        let (cluster, watches) = ClusterState::start(client.clone());
+        let watches = tokio::spawn(watches);
+        cluster.wait_synced().await;
+        let cluster = if stale { cluster.forgetting_pods_and_nodeclaims() } else { cluster };
+        let selected = name.clone();
+        let select = move |n: &Node| n.labels().get(TEST_LABEL) == Some(&selected);
+        let controller = tokio::spawn(run_selected(ctx, cluster, Arc::new(Queue::new()), stop_rx, select));
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let namespace = Namespace {
             metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
             ..Default::default()
         };
         namespaces.create(&PostParams::default(), &namespace).await.unwrap();
-        Harness { client, name, cloud, metrics, stop, controller }
+        Harness { client, name, cloud, metrics, stop, controller, watches }
     }
 
     /// A fake node managed by kwok, with our finalizer and provider ID `kwok://<name>`.
@@ -300,6 +307,7 @@ impl Harness {
     async fn cleanup(self) {
         let _ = self.stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(10), self.controller).await;
+        self.watches.abort();
         let nodes: Api<Node> = Api::all(self.client.clone());
         let release = json!({"metadata": {"finalizers": null}});
         let _ = nodes.patch(&self.name, &PatchParams::default(), &Patch::Merge(&release)).await;
@@ -330,16 +338,16 @@ where
     F: FnOnce(Arc<Harness>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    with_harness_cached(prefix, None, body).await;
+    with_harness_cached(prefix, false, body).await;
 }
 
-/// Runs `body` with a harness whose controller reads `cache`.
-async fn with_harness_cached<F, Fut>(prefix: &str, cache: Option<Cache>, body: F)
+/// Runs `body` with a harness whose controller reads stale caches or not.
+async fn with_harness_cached<F, Fut>(prefix: &str, stale: bool, body: F)
 where
     F: FnOnce(Arc<Harness>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let harness = Arc::new(Harness::start(prefix, cache).await);
+    let harness = Arc::new(Harness::start(prefix, stale).await);
     let result = tokio::spawn(body(harness.clone())).await;
     if let Ok(harness) = Arc::try_unwrap(harness) {
         harness.cleanup().await;
@@ -471,10 +479,7 @@ async fn pods_tolerating_the_disrupted_taint_do_not_hold_the_node() {
 #[ignore = "needs the local control plane"]
 async fn a_cache_that_lags_behind_never_ends_a_drain_early() {
     // Caches that never saw anything: no pods on the node, no NodeClaim for it.
-    let (pods, _) = kube::runtime::reflector::store::<Pod>();
-    let (nodeclaims, _) = kube::runtime::reflector::store::<NodeClaim>();
-    let cache = Cache { pods, nodeclaims };
-    with_harness_cached("term-stale", Some(cache), |h| async move {
+    with_harness_cached("term-stale", true, |h| async move {
         h.create_node().await;
         h.create_claim(None).await;
         h.create_pod("free", "free", 1).await;

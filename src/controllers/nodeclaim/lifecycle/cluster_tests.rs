@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
@@ -24,10 +23,12 @@ use crate::cloudprovider::{
     BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result as CloudResult,
 };
 use crate::controllers::events::reasons as event_reasons;
+use crate::controllers::kit::Queue;
 use crate::controllers::{Context, Events};
 use crate::operator::Settings;
 use crate::operator::metrics::Metrics;
 use crate::scheduling::instancetypes::InstanceType;
+use crate::state::ClusterState;
 
 use super::logic::{self, reasons};
 
@@ -58,6 +59,7 @@ struct FakeCloud {
     mode: Mode,
     instances: Mutex<HashMap<String, (Instance, Phase)>>,
     deletes: Mutex<Vec<String>>,
+    creates: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeCloud {
@@ -68,6 +70,7 @@ impl FakeCloud {
             mode,
             instances: Mutex::new(HashMap::new()),
             deletes: Mutex::new(Vec::new()),
+            creates: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -138,6 +141,7 @@ impl FakeCloud {
 
 impl CloudProvider for FakeCloud {
     fn create<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, CloudResult<Instance>> {
+        self.creates.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Box::pin(self.launch(node_claim))
     }
 
@@ -211,23 +215,36 @@ async fn client() -> Client {
     Client::try_default().await.expect("a kubeconfig for the local control plane")
 }
 
-/// Starts the controller, restricted to this run's claims and nodes.
+/// Starts the controller, restricted to this run's claims, with its own cluster state.
 fn start(client: &Client, cloud: Arc<FakeCloud>, run: &str) -> (watch::Sender<bool>, JoinHandle<()>) {
+    start_with(client, cloud, run, Arc::new(Queue::new()), Arc::new(Metrics::unregistered()))
+}
+
+/// [`start`] with the controller's queue and metrics.
+fn start_with(
+    client: &Client,
+    cloud: Arc<FakeCloud>,
+    run: &str,
+    queue: Arc<Queue<String>>,
+    metrics: Arc<Metrics>,
+) -> (watch::Sender<bool>, JoinHandle<()>) {
     let ctx = Context {
         client: client.clone(),
         cloud,
         settings: Arc::new(Cli::parse_from(["karpenter"]).settings),
-        metrics: Arc::new(Metrics::unregistered()),
+        metrics,
         events: Events::new(client.clone(), Some("lifecycle-test".into())),
     };
-    let selector = format!("{RUN_LABEL}={run}");
     let (stop, stop_rx) = watch::channel(false);
-    let task = tokio::spawn(super::run_with(
-        ctx,
-        stop_rx,
-        watcher::Config::default().labels(&selector),
-        watcher::Config::default().labels(&selector),
-    ));
+    let (cluster, watches) = ClusterState::start(client.clone());
+    let run = run.to_string();
+    let task = tokio::spawn(async move {
+        let watches = tokio::spawn(watches);
+        cluster.wait_synced().await;
+        let select = move |c: &NodeClaim| c.labels().get(RUN_LABEL) == Some(&run);
+        super::run_selected(ctx, cluster, queue, stop_rx, select).await;
+        watches.abort();
+    });
     (stop, task)
 }
 
@@ -452,4 +469,167 @@ async fn an_instance_whose_launch_answer_was_lost_is_terminated_with_its_claim()
 
     stop.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+}
+
+/// Blocks every status write of NodeClaims labelled `BLOCK_LABEL`, through a
+/// ValidatingAdmissionPolicy of the API server; dropped (best effort) with the guard.
+const BLOCK_LABEL: &str = "lifecycle-test.karpenter.sh/block-status";
+
+async fn block_status_writes(client: &Client, run: &str) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let gvk = |kind: &str| GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    let policies: Api<DynamicObject> =
+        Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk("ValidatingAdmissionPolicy")));
+    let bindings: Api<DynamicObject> =
+        Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk("ValidatingAdmissionPolicyBinding")));
+    let name = format!("block-status-{run}");
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["karpenter.sh"], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": ["nodeclaims/status"]}]},
+            "validations": [{
+                "expression": format!("!has(object.metadata.labels) || !('{BLOCK_LABEL}' in object.metadata.labels)"),
+                "message": "status writes are blocked by the test"}]
+        }
+    }))
+    .unwrap();
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}
+    }))
+    .unwrap();
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    // The API server takes a moment to enforce a new policy: wait until a probe is refused.
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let probe_name = format!("{run}-probe");
+    let mut probe = claim(&probe_name, &format!("{run}-probe"));
+    probe.metadata.labels.get_or_insert_default().insert(BLOCK_LABEL.into(), "true".into());
+    claims.create(&PostParams::default(), &probe).await.unwrap();
+    let status = json!({"status": {"imageID": "probe"}});
+    eventually("the policy enforced", Duration::from_secs(30), || async {
+        claims
+            .patch_status(&probe_name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    claims.delete(&probe_name, &Default::default()).await.unwrap();
+}
+
+async fn unblock_status_writes(client: &Client, run: &str) {
+    use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind};
+    let name = format!("block-status-{run}");
+    for kind in ["ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy"] {
+        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+}
+
+/// A launch whose status write fails (here the API server refuses it) is remembered: the retries
+/// write the same instance instead of launching another one.
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_failed_status_write_after_a_launch_never_launches_again() {
+    let client = client().await;
+    let run = unique("lcw");
+    block_status_writes(&client, &run).await;
+    let name = format!("{run}-a");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::Normal));
+    let metrics = Arc::new(Metrics::unregistered());
+    let (stop, task) = start_with(&client, cloud.clone(), &run, Arc::new(Queue::new()), metrics.clone());
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let mut blocked = claim(&name, &run);
+    blocked.metadata.labels.get_or_insert_default().insert(BLOCK_LABEL.into(), "true".into());
+    claims.create(&PostParams::default(), &blocked).await.unwrap();
+
+    // The launch happened and its status write keeps failing, retried with backoff.
+    let errors = || {
+        metrics
+            .controller_reconcile_errors
+            .get_or_create(&vec![("controller", super::CONTROLLER.to_string())])
+            .get()
+    };
+    eventually("three failed status writes", Duration::from_secs(60), || async {
+        (errors() >= 3).then_some(())
+    })
+    .await;
+    assert_eq!(
+        cloud.creates.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one launch, however many retries"
+    );
+    let c = claims.get(&name).await.unwrap();
+    assert!(!condition_is(&c, LAUNCHED, "True"), "the status write was refused");
+
+    // Once the API server takes status writes again, the remembered launch is recorded.
+    let unlabel = json!({"metadata": {"labels": {BLOCK_LABEL: null}}});
+    claims.patch(&name, &PatchParams::default(), &Patch::Merge(&unlabel)).await.unwrap();
+    let launched = eventually("the launch recorded", Duration::from_secs(60), || async {
+        let c = claims.get(&name).await.ok()?;
+        condition_is(&c, LAUNCHED, "True").then_some(c)
+    })
+    .await;
+    assert_eq!(cloud.creates.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let provider_id = launched.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    assert!(provider_id.ends_with(&name.replace('-', "")), "{provider_id}");
+
+    unblock_status_writes(&client, &run).await;
+    claims.delete(&name, &Default::default()).await.unwrap();
+    // We stand in for the node termination controller.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let release = json!({ "metadata": { "finalizers": null } });
+    eventually("the node released", Duration::from_secs(30), || async {
+        nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&release)).await.ok().map(|_| ())
+    })
+    .await;
+    eventually("the claim gone", Duration::from_secs(60), || async {
+        claims.get_opt(&name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    stop.send_replace(true);
+    task.await.unwrap();
+}
+
+/// What the controller keeps about a failing claim (its retry timer and failure count) goes
+/// when the claim does.
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn the_bookkeeping_of_a_failing_claim_goes_with_it() {
+    let client = client().await;
+    let run = unique("lcq");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::LostResponse));
+    let queue: Arc<Queue<String>> = Arc::new(Queue::new());
+    let (stop, task) =
+        start_with(&client, cloud.clone(), &run, queue.clone(), Arc::new(Metrics::unregistered()));
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let names: Vec<String> = (0..3).map(|i| format!("{run}-{i}")).collect();
+    for name in &names {
+        claims.create(&PostParams::default(), &claim(name, &run)).await.unwrap();
+    }
+    eventually("every claim failing", Duration::from_secs(30), || async {
+        names.iter().all(|n| queue.failures(n) >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(queue.tracked(), 3);
+    for name in &names {
+        claims.delete(name, &Default::default()).await.unwrap();
+    }
+    eventually("the claims gone", Duration::from_secs(60), || async {
+        let left = claims.list(&ListParams::default().labels(&format!("{RUN_LABEL}={run}"))).await.ok()?;
+        left.items.is_empty().then_some(())
+    })
+    .await;
+    eventually("nothing kept about them", Duration::from_secs(10), || async {
+        (queue.tracked() == 0).then_some(())
+    })
+    .await;
+    stop.send_replace(true);
+    task.await.unwrap();
 }

@@ -28,16 +28,12 @@ mod cluster_tests;
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Error as ControllerError};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
-use kube::runtime::{WatchStreamExt, applier, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use thiserror::Error;
@@ -51,8 +47,10 @@ use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUN
 use crate::cloudprovider::{CloudProviderError, Instance};
 use crate::controllers::Context;
 use crate::controllers::events::reasons as event_reasons;
+use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::operator::error_chain;
 use crate::operator::metrics::observe;
+use crate::state::{ClusterState, Notice};
 use logic::{ConditionUpdate, Liveness, is_true, reasons, set_condition};
 
 /// Name of the controller, in logs.
@@ -64,11 +62,10 @@ const TERMINATION_POLL: Duration = Duration::from_secs(5);
 const NODE_POLL: Duration = Duration::from_secs(30);
 /// How often a claim whose node class is not ready retries its launch.
 const NODE_CLASS_RETRY: Duration = Duration::from_secs(15);
-/// Longest wait for the Node cache before a reconcile gives up (and retries).
-const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
-/// First and longest delay between retries of a failing claim.
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(120);
+/// Retry delays of a failing claim: doubling from one second up to two minutes.
+const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(120));
+/// NodeClaims reconciled at once.
+const WORKERS: usize = 10;
 
 /// Why a reconcile failed; the claim is retried with backoff.
 #[derive(Debug, Error)]
@@ -115,128 +112,115 @@ fn is_not_found(error: &kube::Error) -> bool {
 /// What the reconciler shares between claims.
 struct State {
     ctx: Context,
+    cluster: ClusterState,
     claims: Api<NodeClaim>,
     nodes: Api<Node>,
-    node_cache: Store<Node>,
-    failures: Mutex<HashMap<String, u32>>,
+    /// Instances launched for NodeClaims whose status does not record them yet, by NodeClaim UID:
+    /// a reconcile after a failed status write finds its launch here instead of launching again.
+    launched: Mutex<HashMap<String, Instance>>,
+}
+
+impl State {
+    fn launched(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instance>> {
+        self.launched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The lifecycle controller as a keyed reconciler of NodeClaims, by name.
+struct Lifecycle(Arc<State>);
+
+impl Reconcile for Lifecycle {
+    type Key = String;
+    type Error = Error;
+
+    async fn reconcile(&self, name: &String) -> Result<Next, Error> {
+        let state = &self.0;
+        let Some(claim) = state.cluster.nodeclaim(name) else {
+            return Ok(Next::Wait);
+        };
+        let result = reconcile_claim(&claim, state).await;
+        if claim.metadata.deletion_timestamp.is_some() || logic::is_true(logic::conditions(&claim), LAUNCHED)
+        {
+            // The launch is in the status (or no longer matters): nothing to remember.
+            if let Some(uid) = claim.metadata.uid.as_deref()
+                && result.is_ok()
+            {
+                state.launched().remove(uid);
+            }
+        }
+        result
+    }
 }
 
 /// Runs the lifecycle controller for every NodeClaim until `stop` turns true.
-pub async fn run(ctx: Context, stop: watch::Receiver<bool>) {
-    run_with(ctx, stop, watcher::Config::default(), watcher::Config::default()).await;
+pub async fn run(ctx: Context, cluster: ClusterState, stop: watch::Receiver<bool>) {
+    run_selected(ctx, cluster, Arc::new(Queue::new()), stop, |_| true).await;
 }
 
-/// [`run`] restricted to the NodeClaims and Nodes the watch configurations select.
-pub(crate) async fn run_with(
+/// [`run`] for the NodeClaims `select` accepts (tests keep to their own), taking work from
+/// `queue`.
+pub(crate) async fn run_selected(
     ctx: Context,
-    mut stop: watch::Receiver<bool>,
-    claim_watch: watcher::Config,
-    node_watch: watcher::Config,
+    cluster: ClusterState,
+    queue: Arc<Queue<String>>,
+    stop: watch::Receiver<bool>,
+    select: impl Fn(&NodeClaim) -> bool + Send + Sync + 'static,
 ) {
-    let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let (claim_cache, claim_writer) = reflector::store::<NodeClaim>();
-    let (node_cache, node_writer) = reflector::store::<Node>();
-
-    let claim_triggers = reflector(claim_writer, watcher(claims.clone(), claim_watch))
-        .default_backoff()
-        .touched_objects()
-        .map_ok(|claim: NodeClaim| ObjectRef::from_obj(&claim));
-    let lookup = claim_cache.clone();
-    let node_triggers = reflector(node_writer, watcher(nodes.clone(), node_watch))
-        .default_backoff()
-        .touched_objects()
-        .map_ok(move |node: Node| claim_of_node(&lookup, &node))
-        .try_filter_map(|claim| futures::future::ready(Ok(claim)));
-    let stopped = async move {
-        // An error means the sender is gone: stop as well.
-        let _ = stop.wait_for(|stopped| *stopped).await;
-    };
-    let queue = stream::select(claim_triggers, node_triggers).take_until(stopped);
-
-    let state = Arc::new(State { ctx, claims, nodes, node_cache, failures: Mutex::new(HashMap::new()) });
-    tracing::info!(controller = CONTROLLER, "starting controller");
-    applier(
-        |claim, state| Box::pin(reconcile(claim, state)),
-        error_policy,
-        state,
-        claim_cache,
-        queue,
-        ControllerConfig::default().concurrency(10),
-    )
-    .for_each(|result| async move {
-        match result {
-            // Logged by the error policy.
-            Ok(_) | Err(ControllerError::ReconcilerFailed(..)) => {}
-            // A claim deleted between its event and its reconcile.
-            Err(error @ ControllerError::ObjectNotFound(_)) => {
-                tracing::debug!(controller = CONTROLLER, error = %error_chain(&error), "skipped reconcile");
+    let state = Arc::new(State {
+        claims: Api::all(ctx.client.clone()),
+        nodes: Api::all(ctx.client.clone()),
+        ctx,
+        cluster: cluster.clone(),
+        launched: Mutex::new(HashMap::new()),
+    });
+    let select = Arc::new(select);
+    let _claims = {
+        let (queue, state, select) = (queue.clone(), state.clone(), select.clone());
+        cluster.on_nodeclaim(move |notice| match notice {
+            Notice::Applied(claim) if select(claim) => queue.add(claim.name_any()),
+            Notice::Applied(_) => {}
+            Notice::Deleted(claim) => {
+                queue.forget(&claim.name_any());
+                if let Some(uid) = claim.metadata.uid.as_deref() {
+                    state.launched().remove(uid);
+                }
             }
-            // Watch errors (the API server unreachable, an object that does not deserialize):
-            // the watchers retry with backoff.
-            Err(error) => {
-                tracing::warn!(controller = CONTROLLER, error = %error_chain(&error), "watch failed");
-            }
-        }
-    })
-    .await;
-    tracing::info!(controller = CONTROLLER, "stopped controller");
-}
-
-/// The NodeClaim whose provider ID `node` carries, from the cache.
-fn claim_of_node(cache: &Store<NodeClaim>, node: &Node) -> Option<ObjectRef<NodeClaim>> {
-    let provider_id = node.spec.as_ref()?.provider_id.as_deref().filter(|p| !p.is_empty())?;
-    cache
-        .find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
-        .map(|c| ObjectRef::from_obj(&*c))
-}
-
-fn error_policy(claim: Arc<NodeClaim>, error: &Error, state: Arc<State>) -> Action {
-    let name = claim.name_any();
-    let attempts = match state.failures.lock() {
-        Ok(mut failures) => {
-            let n = failures.entry(name.clone()).or_insert(0);
-            *n = n.saturating_add(1);
-            *n
-        }
-        Err(_) => 1,
+            Notice::Gone { name, .. } => queue.forget(&name.to_string()),
+        })
     };
-    let delay = backoff(attempts);
-    if error.is_conflict() {
-        tracing::debug!(controller = CONTROLLER, nodeclaim = %name, error = %error_chain(error), "conflict, retrying");
-    } else {
-        tracing::error!(
-            controller = CONTROLLER,
-            nodeclaim = %name,
-            error = %error_chain(error),
-            retry_in = ?delay,
-            "Reconciler error"
-        );
+    let _nodes = {
+        let (queue, cluster, select) = (queue.clone(), cluster.clone(), select.clone());
+        cluster.clone().on_node(move |notice| {
+            let (Notice::Applied(node) | Notice::Deleted(node)) = notice else { return };
+            let Some(pid) =
+                node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|p| !p.is_empty())
+            else {
+                return;
+            };
+            if let Some(claim) = cluster.nodeclaim_with_provider_id(pid)
+                && select(&claim)
+            {
+                queue.add(claim.name_any());
+            }
+        })
+    };
+    for claim in cluster.nodeclaims.state() {
+        if select(&claim) {
+            queue.add(claim.name_any());
+        }
     }
-    Action::requeue(delay)
+    let options = Options::new(CONTROLLER).workers(WORKERS).backoff(BACKOFF);
+    let metrics = Some(state.ctx.metrics.clone());
+    run_keyed(Arc::new(Lifecycle(state)), queue, options, metrics, stop).await;
 }
 
 /// Delay before retry number `attempts` (from 1) of a failing claim: doubling from one second up
 /// to two minutes.
 pub fn backoff(attempts: u32) -> Duration {
-    crate::controllers::kit::Backoff::new(BACKOFF_MIN, BACKOFF_MAX).delay(attempts)
+    BACKOFF.delay(attempts)
 }
 
-async fn reconcile(claim: Arc<NodeClaim>, state: Arc<State>) -> Result<Action, Error> {
-    let result = reconcile_claim(&claim, &state).await;
-    if result.is_ok()
-        && let Ok(mut failures) = state.failures.lock()
-    {
-        failures.remove(&claim.name_any());
-    }
-    result
-}
-
-async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Error> {
-    match tokio::time::timeout(CACHE_SYNC_TIMEOUT, state.node_cache.wait_until_ready()).await {
-        Ok(Ok(())) => {}
-        _ => return Err(Error::CacheNotSynced),
-    }
+async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Next, Error> {
     let now = Timestamp::now();
     if claim.metadata.deletion_timestamp.is_some() {
         return finalize(claim, state, now).await;
@@ -245,7 +229,7 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Err
 
     if let Liveness::Expired { reason, metric_reason, message } = logic::liveness(&claim, now) {
         expire(&claim, state, reason, metric_reason, message).await?;
-        return Ok(Action::await_change());
+        return Ok(Next::Wait);
     }
 
     let stored = claim.clone();
@@ -263,7 +247,7 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Err
     if !is_true(logic::conditions(&claim), LAUNCHED) {
         match launch(&mut claim, state, now).await {
             Launch::Launched(instance) => transitions.push(Transition::Launched(instance)),
-            Launch::Deleted => return Ok(Action::await_change()),
+            Launch::Deleted => return Ok(Next::Wait),
             Launch::Retry(after) => retry = Some(after),
             Launch::Failed(error) => failure = Some(error),
         }
@@ -306,8 +290,8 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Action, Err
     let conditions = logic::conditions(&claim);
     let waiting = (is_true(conditions, LAUNCHED) && !is_true(conditions, INITIALIZED)).then_some(NODE_POLL);
     Ok(match [retry, deadline, waiting].into_iter().flatten().min() {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
+        Some(after) => Next::After(after),
+        None => Next::Wait,
     })
 }
 
@@ -439,9 +423,25 @@ enum Launch {
 async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch {
     let name = claim.name_any();
     let generation = claim.metadata.generation;
-    let result = state.ctx.cloud.create(claim).await;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let remembered = state.launched().get(&uid).cloned();
+    let result = match remembered {
+        Some(instance) => {
+            tracing::info!(
+                controller = CONTROLLER,
+                nodeclaim = %name,
+                "provider-id" = %instance.provider_id,
+                "using the instance of an earlier launch whose status was not written"
+            );
+            Ok(instance)
+        }
+        None => state.ctx.cloud.create(claim).await,
+    };
     match result {
         Ok(instance) => {
+            if !uid.is_empty() {
+                state.launched().insert(uid, instance.clone());
+            }
             logic::apply_instance(claim, &instance);
             let update = ConditionUpdate::true_(reasons::LAUNCHED);
             set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
@@ -496,7 +496,7 @@ async fn register(
     now: Timestamp,
 ) -> Result<Option<(Node, bool)>, Error> {
     let generation = claim.metadata.generation;
-    let found = state.node_cache.state_filter(|n| logic::is_claims_node(claim, n));
+    let found = claims_nodes(claim, state);
     let registered = is_true(logic::conditions(claim), REGISTERED);
     let status = claim.status.get_or_insert_with(Default::default);
     let node = match found.as_slice() {
@@ -539,6 +539,14 @@ async fn register(
         now,
     );
     Ok(Some((node, true)))
+}
+
+/// The cached Nodes with the claim's provider ID.
+fn claims_nodes(claim: &NodeClaim, state: &State) -> Vec<Arc<Node>> {
+    match claim.status.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|p| !p.is_empty()) {
+        Some(pid) => state.cluster.nodes_with_provider_id(pid),
+        None => Vec::new(),
+    }
 }
 
 /// Writes the metadata and taints `after` adds to `before`, conditional on `before`'s resource
@@ -634,13 +642,13 @@ async fn write(stored: &NodeClaim, claim: &NodeClaim, state: &State) -> Result<N
     Ok(current)
 }
 
-async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Action, Error> {
+async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Next, Error> {
     if !has_finalizer(claim) {
-        return Ok(Action::await_change());
+        return Ok(Next::Wait);
     }
     let claim = &annotate_termination_deadline(claim, state).await?;
     let name = claim.name_any();
-    let nodes = state.node_cache.state_filter(|n| logic::is_claims_node(claim, n));
+    let nodes = claims_nodes(claim, state);
     if !nodes.is_empty() {
         for node in nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
             let node_name = node.name_any();
@@ -658,7 +666,7 @@ async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Ac
                 }
             }
         }
-        return Ok(Action::requeue(TERMINATION_POLL));
+        return Ok(Next::After(TERMINATION_POLL));
     }
 
     if !instances_terminated(claim, state).await? {
@@ -669,7 +677,7 @@ async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Ac
         {
             write(claim, &updated, state).await?;
         }
-        return Ok(Action::requeue(TERMINATION_POLL));
+        return Ok(Next::After(TERMINATION_POLL));
     }
     let labels = logic::terminated_labels(claim);
     let nodepool = logic::nodepool(claim);
@@ -691,7 +699,7 @@ async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Ac
     });
     match state.claims.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => {}
-        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+        Err(error) if is_not_found(&error) => return Ok(Next::Wait),
         Err(source) => {
             return Err(Error::Kube { action: "removing the termination finalizer".into(), source });
         }
@@ -708,7 +716,7 @@ async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Ac
         let elapsed = logic::elapsed(deleted.0, now);
         observe(&state.ctx.metrics.nodeclaims_termination_duration, vec![("nodepool", nodepool)], elapsed);
     }
-    Ok(Action::await_change())
+    Ok(Next::Wait)
 }
 
 /// Records by when the claim's node must be gone, for the node termination controller.

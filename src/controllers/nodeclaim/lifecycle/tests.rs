@@ -390,22 +390,6 @@ fn conditions_record_whole_seconds() {
     assert_eq!(elapsed(at("2026-01-01T00:01:00Z"), at(T0)), Duration::ZERO);
 }
 
-#[test]
-fn a_node_event_maps_to_the_claim_with_its_provider_id() {
-    use kube::runtime::reflector::{self, ObjectRef};
-    use kube::runtime::watcher::Event;
-    let (store, mut writer) = reflector::store::<NodeClaim>();
-    let mut other = claim();
-    other.metadata.name = Some("other".into());
-    other.status.as_mut().unwrap().provider_id = Some("aws:///us-west-2a/i-9".into());
-    writer.apply_watcher_event(&Event::Apply(claim()));
-    writer.apply_watcher_event(&Event::Apply(other));
-    let node = node(true, json!([]), json!({}));
-    assert_eq!(super::claim_of_node(&store, &node), Some(ObjectRef::new("default-abcde")));
-    let stranger: Node = serde_json::from_value(json!({"metadata": {"name": "n"}, "spec": {}})).unwrap();
-    assert_eq!(super::claim_of_node(&store, &stranger), None);
-}
-
 #[rstest]
 #[case::no_grace_period(None, Some(T0), None, None)]
 #[case::not_deleted(Some("1h"), None, None, None)]

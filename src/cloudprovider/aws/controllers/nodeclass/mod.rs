@@ -22,11 +22,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -36,7 +32,9 @@ use crate::apis::{EC2NodeClass, EC2NodeClassStatus, NodeClaim};
 use crate::cloudprovider::CloudProviderError;
 use crate::cloudprovider::aws::AwsCloudProvider;
 use crate::controllers::Events;
+use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::operator::error_chain;
+use crate::state::{ClusterState, Notice};
 
 /// How often a class is resolved again when nothing changes.
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -204,16 +202,15 @@ pub fn discoveries(
 
 /// The delay before retrying after the `failures`-th consecutive failure (1-based).
 pub fn backoff(failures: u32) -> Duration {
-    crate::controllers::kit::Backoff::new(BACKOFF_BASE, BACKOFF_MAX).delay(failures)
+    Backoff::new(BACKOFF_BASE, BACKOFF_MAX).delay(failures)
 }
 
 /// What the reconciler shares.
 struct Reconciler {
     client: Client,
+    cluster: ClusterState,
     provider: Arc<AwsCloudProvider>,
     events: Events,
-    /// Consecutive failures per class, for the backoff.
-    failures: Mutex<HashMap<String, u32>>,
     /// The NodeClaims last announced as blocking each class's deletion.
     waiting: Mutex<HashMap<String, Vec<String>>>,
 }
@@ -222,93 +219,95 @@ impl Reconciler {
     fn classes(&self) -> Api<EC2NodeClass> {
         Api::all(self.client.clone())
     }
+}
 
-    fn succeeded(&self, name: &str) {
-        self.failures.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
-    }
+impl Reconcile for Reconciler {
+    type Key = String;
+    type Error = Error;
 
-    fn failed(&self, name: &str) -> u32 {
-        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = failures.entry(name.to_string()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+    async fn reconcile(&self, name: &String) -> Result<Next, Error> {
+        let Some(class) = self.cluster.nodeclass(name) else {
+            self.waiting.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
+            return Ok(Next::Wait);
+        };
+        match step(&class) {
+            Step::AddFinalizer => add_finalizer(&class, self).await,
+            Step::Resolve => resolve(&class, self).await,
+            Step::Finalize => finalize(&class, self).await,
+            Step::Done => Ok(Next::Wait),
+        }
     }
 }
+
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "nodeclass";
 
 /// Runs the EC2NodeClass controller until `stop` turns true.
 pub async fn run(
     client: Client,
+    cluster: ClusterState,
     provider: Arc<AwsCloudProvider>,
     events: Events,
     stop: watch::Receiver<bool>,
 ) {
-    run_watching(client, provider, events, stop, watcher::Config::default()).await;
+    run_selected(client, cluster, provider, events, stop, |_| true).await;
 }
 
-/// As [`run`], for the classes `config` selects (tests restrict it to their own classes).
-pub(crate) async fn run_watching(
+/// As [`run`], for the classes `select` accepts (tests keep to their own classes).
+pub(crate) async fn run_selected(
     client: Client,
+    cluster: ClusterState,
     provider: Arc<AwsCloudProvider>,
     events: Events,
-    mut stop: watch::Receiver<bool>,
-    config: watcher::Config,
+    stop: watch::Receiver<bool>,
+    select: impl Fn(&EC2NodeClass) -> bool + Send + Sync + 'static,
 ) {
     let reconciler = Arc::new(Reconciler {
-        client: client.clone(),
+        client,
+        cluster: cluster.clone(),
         provider,
         events,
-        failures: Mutex::new(HashMap::new()),
         waiting: Mutex::new(HashMap::new()),
     });
-    let controller = Controller::new(Api::<EC2NodeClass>::all(client.clone()), config);
-    let store = controller.store();
-    controller
-        .watches(Api::<NodeClaim>::all(client), watcher::Config::default(), move |claim| {
-            class_to_wake(&store, &claim)
+    let queue: Arc<Queue<String>> = Arc::new(Queue::new());
+    let select = Arc::new(select);
+    let _classes = {
+        let (queue, select) = (queue.clone(), select.clone());
+        cluster.on_nodeclass(move |notice| match notice {
+            Notice::Applied(class) if select(class) => queue.add(class.name_any()),
+            Notice::Applied(_) => {}
+            gone => queue.forget(&gone.name()),
         })
-        .graceful_shutdown_on(async move {
-            while !*stop.borrow_and_update() {
-                if stop.changed().await.is_err() {
-                    break;
-                }
+    };
+    // A NodeClaim going away may be the last one a class being deleted waits for.
+    let _claims = {
+        let (queue, cluster, select) = (queue.clone(), cluster.clone(), select.clone());
+        cluster.clone().on_nodeclaim(move |notice| {
+            let (Notice::Applied(claim) | Notice::Deleted(claim)) = notice else { return };
+            if let Some(class) = class_to_wake(&cluster, claim)
+                && select(&class)
+            {
+                queue.add(class.name_any());
             }
         })
-        .run(reconcile, error_policy, reconciler)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(error = %error_chain(&error), "ec2nodeclass controller");
-            }
-        })
-        .await;
+    };
+    for class in cluster.nodeclasses.state() {
+        if select(&class) {
+            queue.add(class.name_any());
+        }
+    }
+    let options = Options::new(CONTROLLER).workers(2).backoff(Backoff::new(BACKOFF_BASE, BACKOFF_MAX));
+    run_keyed(reconciler, queue, options, None, stop).await;
     tracing::info!("ec2nodeclass controller stopped");
 }
 
 /// The class a NodeClaim change should wake: the one it references, while it is being deleted.
-fn class_to_wake(store: &Store<EC2NodeClass>, claim: &NodeClaim) -> Option<ObjectRef<EC2NodeClass>> {
+fn class_to_wake(cluster: &ClusterState, claim: &NodeClaim) -> Option<Arc<EC2NodeClass>> {
     let r = &claim.spec.node_class_ref;
     if r.group != NODE_CLASS_GROUP {
         return None;
     }
-    let key = ObjectRef::new(&r.name);
-    store.get(&key).filter(|c| c.metadata.deletion_timestamp.is_some()).map(|_| key)
-}
-
-fn error_policy(class: Arc<EC2NodeClass>, error: &Error, reconciler: Arc<Reconciler>) -> Action {
-    let name = class.name_any();
-    let delay = backoff(reconciler.failed(&name));
-    tracing::error!(ec2nodeclass = %name, error = %error_chain(error), retry_in = ?delay, "reconciling ec2nodeclass failed");
-    Action::requeue(delay)
-}
-
-async fn reconcile(class: Arc<EC2NodeClass>, reconciler: Arc<Reconciler>) -> Result<Action, Error> {
-    let action = match step(&class) {
-        Step::AddFinalizer => add_finalizer(&class, &reconciler).await?,
-        Step::Resolve => resolve(&class, &reconciler).await?,
-        Step::Finalize => finalize(&class, &reconciler).await?,
-        Step::Done => Action::await_change(),
-    };
-    reconciler.succeeded(&class.name_any());
-    Ok(action)
+    cluster.nodeclass(&r.name).filter(|c| c.metadata.deletion_timestamp.is_some())
 }
 
 /// Patches the class's finalizers (guarded by its resourceVersion, so a concurrent change of the
@@ -338,16 +337,16 @@ fn is_status(error: &kube::Error, code: u16) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == code)
 }
 
-async fn add_finalizer(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Action, Error> {
+async fn add_finalizer(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, Error> {
     let Some(finalizers) = with_finalizer(class.finalizers()) else {
-        return Ok(Action::await_change());
+        return Ok(Next::Wait);
     };
     // The patch wakes the class again, and that reconciliation resolves it.
     patch_finalizers(class, finalizers, reconciler, "add the finalizer").await?;
-    Ok(Action::await_change())
+    Ok(Next::Wait)
 }
 
-async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Action, Error> {
+async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, Error> {
     let name = class.name_any();
     let provider = &reconciler.provider;
     let status = match provider.resolve_node_class(class).await {
@@ -368,7 +367,7 @@ async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Action
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() };
         match reconciler.classes().patch_status(&name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {}
-            Err(e) if is_status(&e, 404) => return Ok(Action::await_change()),
+            Err(e) if is_status(&e, 404) => return Ok(Next::Wait),
             Err(source) => return Err(Error::Kube { name, action: "update the status", source }),
         }
         let ready = crate::cloudprovider::aws::nodeclass::is_ready(Some(&status));
@@ -380,10 +379,10 @@ async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Action
     let mut resolved = class.clone();
     resolved.status = Some(status);
     provider.node_classes().upsert(resolved);
-    Ok(Action::requeue(RESYNC))
+    Ok(Next::After(RESYNC))
 }
 
-async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Action, Error> {
+async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, Error> {
     let name = class.name_any();
     let claims = Api::<NodeClaim>::all(reconciler.client.clone())
         .list(&ListParams::default())
@@ -400,7 +399,7 @@ async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Actio
             tracing::info!(ec2nodeclass = %name, nodeclaims = ?waiting, "waiting on nodeclaim termination");
             reconciler.events.normal(class, reasons::WAITING_ON_NODECLAIM_TERMINATION, message).await;
         }
-        return Ok(Action::requeue(WAIT_ON_NODECLAIMS));
+        return Ok(Next::After(WAIT_ON_NODECLAIMS));
     }
     reconciler.waiting.lock().unwrap_or_else(PoisonError::into_inner).remove(&name);
     let provider = &reconciler.provider;
@@ -433,5 +432,5 @@ async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Actio
     {
         tracing::info!(ec2nodeclass = %name, "deleted ec2nodeclass");
     }
-    Ok(Action::await_change())
+    Ok(Next::Wait)
 }

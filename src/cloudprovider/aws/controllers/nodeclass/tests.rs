@@ -253,13 +253,17 @@ async fn resolves_waits_for_nodeclaims_and_cleans_up() {
     );
     let run_id = unique("run");
     let (stop_tx, stop_rx) = watch::channel(false);
-    let config = watcher::Config::default().labels(&format!("{TEST_LABEL}={run_id}"));
-    let controller = tokio::spawn(run_watching(
+    let (cluster_state, watches) = crate::state::ClusterState::start(client.clone());
+    let watches = tokio::spawn(watches);
+    cluster_state.wait_synced().await;
+    let selected = run_id.clone();
+    let controller = tokio::spawn(run_selected(
         client.clone(),
+        cluster_state,
         provider.clone(),
         Events::new(client.clone(), None),
         stop_rx,
-        config,
+        move |c: &EC2NodeClass| c.labels().get(TEST_LABEL) == Some(&selected),
     ));
 
     let classes: Api<EC2NodeClass> = Api::all(client.clone());
@@ -375,4 +379,5 @@ async fn resolves_waits_for_nodeclaims_and_cleans_up() {
 
     stop_tx.send_replace(true);
     tokio::time::timeout(Duration::from_secs(10), controller).await.unwrap().unwrap();
+    watches.abort();
 }

@@ -1,0 +1,300 @@
+//! The one function that turns a snapshot into the scheduler's input: the provisioner, `karpenter
+//! simulate` and disruption all call [`scheduling_input`], so they all see the same cluster.
+//!
+//! What it decides:
+//! - **Pods to place**: the given pending pods, plus the reschedulable pods of every node that
+//!   is going away (marked for deletion, being deleted) or that the scenario leaves out (a
+//!   disruption's candidates), so that their capacity is found before they are evicted.
+//! - **Existing capacity**: every other node, in-flight NodeClaims included, with the requests of
+//!   its pods plus the DaemonSet pods that will still come to it (a node not initialized yet, or
+//!   a NodeClaim not registered, runs none of them yet but will).
+//! - **NodePools**: those not being deleted whose instance types are known, with their limits
+//!   minus the capacity of all their nodes (see [`super::usage`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::operator::error_chain;
+use crate::scheduling::{
+    ExistingNode, NodePoolInput, Requirements, SchedulerOptions, SchedulingInput, daemonsets,
+};
+
+use super::snapshot::{self, Snapshot};
+use super::statenode::StateNode;
+use super::usage::{Counted, nodepool_usage};
+
+/// How a simulation departs from the cluster as it is.
+#[derive(Clone, Debug, Default)]
+pub struct Scenario {
+    /// Names of StateNodes to simulate without (a disruption's candidates): their reschedulable
+    /// pods need a place.
+    pub without: HashSet<String>,
+    /// Scheduler tunables.
+    pub options: SchedulerOptions,
+}
+
+/// The scheduler's input, and the NodePools left out of it with the reason.
+#[derive(Clone, Debug, Default)]
+pub struct Built {
+    /// The input.
+    pub input: SchedulingInput,
+    /// NodePools that could not be used: `(name, why)`.
+    pub skipped_pools: Vec<(String, String)>,
+    /// How many of the input's pods come from nodes going away or left out (they follow the
+    /// pending pods in [`SchedulingInput::pods`]).
+    pub displaced_pods: usize,
+}
+
+/// An existing node as the scheduler sees it: the requests of its pods, plus what the DaemonSet
+/// pods that will run there and are not running yet will take.
+pub fn existing_node(node: &StateNode, daemonset_pods: &[Pod]) -> ExistingNode {
+    let requirements = Requirements::from_labels(&node.labels);
+    let expected = daemonsets::overhead(daemonset_pods, &requirements, &node.effective_taints());
+    let mut requested = node.pod_requests.clone();
+    requested.add_assign(&expected.sub_floored(&node.daemonset_requests));
+    ExistingNode {
+        name: node.name.clone(),
+        labels: node.labels.clone(),
+        taints: node.taints.clone(),
+        startup_taints: node.startup_taints.clone(),
+        initialized: node.initialized,
+        allocatable: node.allocatable.clone(),
+        requested,
+        pods: node.pods.clone(),
+    }
+}
+
+/// Builds the scheduler's input from `snapshot`, its `nodes` ([`super::statenode::state_nodes`]
+/// of it) and the `pending` pods, for `scenario`.
+pub fn scheduling_input(
+    snapshot: &Snapshot,
+    nodes: &[StateNode],
+    pending: Vec<Arc<Pod>>,
+    scenario: &Scenario,
+) -> Built {
+    let usage = nodepool_usage(nodes, Counted::All);
+    let mut skipped_pools = Vec::new();
+    let mut nodepools = Vec::new();
+    for np in snapshot.live_nodepools() {
+        let name = np.metadata.name.clone().unwrap_or_default();
+        let Some(types) = snapshot.pool_types.get(&name) else {
+            skipped_pools.push((name, "its instance types are not known".to_string()));
+            continue;
+        };
+        let used = usage.get(&name).cloned().unwrap_or_default();
+        match NodePoolInput::from_nodepool(np, types.clone(), &used) {
+            Ok(input) => nodepools.push(input),
+            Err(error) => skipped_pools.push((name, error_chain(&error))),
+        }
+    }
+
+    let daemonset_pods = snapshot::daemonset_pods(snapshot);
+    let mut seen: HashSet<String> = pending.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+    let mut pods = pending;
+    let pending_count = pods.len();
+    let mut existing_nodes = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        if node.marked_for_deletion || scenario.without.contains(&node.name) {
+            for pod in node.reschedulable_pods() {
+                if pod.metadata.uid.as_ref().is_none_or(|uid| seen.insert(uid.clone())) {
+                    pods.push(Arc::clone(pod));
+                }
+            }
+            continue;
+        }
+        existing_nodes.push(existing_node(node, &daemonset_pods));
+    }
+    let displaced_pods = pods.len() - pending_count;
+    Built {
+        input: SchedulingInput {
+            pods,
+            nodepools,
+            existing_nodes,
+            daemonsets: daemonset_pods,
+            namespace_labels: snapshot::namespace_labels(snapshot),
+            volumes: snapshot::volume_input(snapshot),
+            options: scenario.options.clone(),
+        },
+        skipped_pools,
+        displaced_pods,
+    }
+}
+
+/// Names of the NodePools of `snapshot`, by name, for lookups.
+pub fn nodepools_by_name(snapshot: &Snapshot) -> BTreeMap<String, Arc<crate::apis::NodePool>> {
+    snapshot
+        .nodepools
+        .iter()
+        .map(|np| (np.metadata.name.clone().unwrap_or_default(), Arc::clone(np)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::scheduling::{InstanceType, Resources, schedule};
+    use crate::state::statenode::state_nodes;
+
+    fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn pending(name: &str, cpu: &str) -> Arc<Pod> {
+        obj(json!({"metadata": {"name": name, "namespace": "ns", "uid": name},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}))
+    }
+
+    fn bound(name: &str, node: &str, cpu: &str) -> Arc<Pod> {
+        obj(json!({"metadata": {"name": name, "namespace": "ns", "uid": name},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+            "status": {"phase": "Running"}}))
+    }
+
+    fn claim(name: &str, pid: Option<&str>, cpu: &str) -> Arc<crate::apis::NodeClaim> {
+        let status = match pid {
+            Some(p) => {
+                json!({"providerID": p, "allocatable": {"cpu": cpu, "pods": "110"}, "capacity": {"cpu": cpu, "pods": "110"}})
+            }
+            None => json!({}),
+        };
+        obj(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": "default"}},
+            "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["four"]}],
+                "resources": {"requests": {"cpu": cpu, "pods": "1"}}},
+            "status": status}))
+    }
+
+    fn node(name: &str, cpu: &str, extra: serde_json::Value) -> Arc<k8s_openapi::api::core::v1::Node> {
+        let mut v = json!({"metadata": {"name": name, "labels": {"karpenter.sh/nodepool": "default",
+                "karpenter.sh/initialized": "true", "node.kubernetes.io/instance-type": "four"}},
+            "spec": {"providerID": format!("kwok://{name}")},
+            "status": {"allocatable": {"cpu": cpu, "pods": "110"}, "capacity": {"cpu": cpu, "pods": "110"}}});
+        if let Some(m) = extra.as_object() {
+            for (k, val) in m {
+                v["metadata"][k] = val.clone();
+            }
+        }
+        obj(v)
+    }
+
+    fn daemonset(cpu: &str) -> Arc<k8s_openapi::api::apps::v1::DaemonSet> {
+        obj(json!({"metadata": {"name": "agent", "namespace": "kube-system"},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}}}}))
+    }
+
+    fn pool(limit_cpu: Option<&str>) -> Arc<crate::apis::NodePool> {
+        let mut v = json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+            "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": []}}}});
+        if let Some(l) = limit_cpu {
+            v["spec"]["limits"] = json!({"cpu": l});
+        }
+        obj(v)
+    }
+
+    fn four() -> Arc<InstanceType> {
+        Arc::new(InstanceType::new(
+            "four",
+            Requirements::from_labels(&BTreeMap::from([(
+                "node.kubernetes.io/instance-type".to_string(),
+                "four".to_string(),
+            )])),
+            Resources::from_pairs([("cpu", 4000), ("pods", 110)]),
+            Default::default(),
+            vec![crate::scheduling::Offering {
+                zone: "z".into(),
+                capacity_type: "on-demand".into(),
+                price: 0.1,
+                available: true,
+            }],
+        ))
+    }
+
+    fn snapshot(
+        nodes: Vec<Arc<k8s_openapi::api::core::v1::Node>>,
+        claims: Vec<Arc<crate::apis::NodeClaim>>,
+        pods: Vec<Arc<Pod>>,
+    ) -> Snapshot {
+        Snapshot { nodes, nodeclaims: claims, pods, nodepools: vec![pool(None)], ..Default::default() }
+            .with_instance_types([("default".to_string(), vec![four()])].into())
+    }
+
+    #[test]
+    fn in_flight_claims_keep_room_for_the_daemonsets_they_will_run() {
+        // A claim made for 1500m of pods plus a 500m DaemonSet: only the pods' share is free.
+        let mut s = snapshot(vec![], vec![claim("c1", None, "2")], vec![]);
+        s.daemonsets = vec![daemonset("500m")];
+        let nodes = state_nodes(&s);
+        let built = scheduling_input(&s, &nodes, vec![], &Scenario::default());
+        let c1 = &built.input.existing_nodes[0];
+        assert_eq!((c1.allocatable.get("cpu"), c1.requested.get("cpu")), (2000, 500));
+        // A registered, initialized node already runs its DaemonSet pod: nothing more is reserved.
+        let mut ds_pod = (*bound("agent-x", "n1", "500m")).clone();
+        ds_pod.metadata.owner_references =
+            Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "DaemonSet".into(),
+                name: "agent".into(),
+                uid: "d".into(),
+                ..Default::default()
+            }]);
+        let mut s = snapshot(vec![node("n1", "4", json!({}))], vec![], vec![Arc::new(ds_pod)]);
+        s.daemonsets = vec![daemonset("500m")];
+        let nodes = state_nodes(&s);
+        let built = scheduling_input(&s, &nodes, vec![], &Scenario::default());
+        assert_eq!(built.input.existing_nodes[0].requested.get("cpu"), 500, "counted once");
+    }
+
+    #[test]
+    fn pods_of_nodes_going_away_need_a_place_too() {
+        let s = snapshot(
+            vec![
+                node("n1", "4", json!({})),
+                node("n2", "4", json!({"deletionTimestamp": "2026-01-01T00:00:00Z"})),
+            ],
+            vec![],
+            vec![bound("a", "n1", "1"), bound("b", "n2", "1"), pending("p", "1")],
+        );
+        let nodes = state_nodes(&s);
+        let pending = s.provisionable_pods();
+        let built = scheduling_input(&s, &nodes, pending, &Scenario::default());
+        let names: Vec<&str> = built.input.pods.iter().map(|p| p.metadata.name.as_deref().unwrap()).collect();
+        assert_eq!(names, ["p", "b"]);
+        assert_eq!(built.displaced_pods, 1);
+        assert_eq!(built.input.existing_nodes.len(), 1);
+        // Leaving n1 out as well: its pod needs a place, and a new node is the only one.
+        let scenario = Scenario { without: ["n1".to_string()].into(), ..Default::default() };
+        let built = scheduling_input(&s, &nodes, vec![], &scenario);
+        assert_eq!(built.displaced_pods, 2);
+        assert!(built.input.existing_nodes.is_empty());
+        let results = schedule(&built.input);
+        assert_eq!(results.new_node_claims.len(), 1);
+        assert!(results.errors.is_empty());
+    }
+
+    #[test]
+    fn limits_count_launched_and_unlaunched_claims() {
+        let mut s = snapshot(vec![node("n1", "4", json!({}))], vec![claim("c2", None, "1")], vec![]);
+        s.nodepools = vec![pool(Some("10"))];
+        let nodes = state_nodes(&s);
+        let built = scheduling_input(&s, &nodes, vec![], &Scenario::default());
+        let remaining = built.input.nodepools[0].remaining_limits.as_ref().unwrap();
+        assert_eq!(remaining["cpu"], 10_000 - 4000 - 4000, "the unlaunched claim counts as its largest type");
+    }
+
+    #[test]
+    fn pools_without_instance_types_are_skipped_with_the_reason() {
+        let s = Snapshot { nodepools: vec![pool(None)], ..Default::default() };
+        let built = scheduling_input(&s, &[], vec![], &Scenario::default());
+        assert!(built.input.nodepools.is_empty());
+        assert_eq!(built.skipped_pools[0].0, "default");
+    }
+}

@@ -1,0 +1,219 @@
+//! The watch streams behind the caches: one per kind, objects trimmed of what no decision reads,
+//! the Karpenter custom resources converted one object at a time so that one that does not parse
+//! is logged with its name and skipped instead of stalling its whole watch.
+
+use std::fmt::Debug;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, ObjectMeta};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Config, Event};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Drops what no decision reads, before an object is cached: managed fields and the
+/// `kubectl.kubernetes.io/last-applied-configuration` annotation.
+pub fn trim<K: Resource>(obj: &mut K) {
+    let meta: &mut ObjectMeta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// Drops the parts of a pod that neither scheduling nor draining reads: container environments,
+/// commands, probes, mounts and security contexts; ephemeral (debug) containers; volumes other
+/// than persistent volume claims and generic ephemeral volumes; container statuses and
+/// addresses. Kept: metadata, every scheduling field of the spec, container names, resources,
+/// ports and restart policies, and the pod's phase, start time and conditions.
+pub fn trim_pod(pod: &mut Pod) {
+    trim(pod);
+    if let Some(spec) = pod.spec.as_mut() {
+        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
+            *c = k8s_openapi::api::core::v1::Container {
+                name: std::mem::take(&mut c.name),
+                resources: c.resources.take(),
+                resize_policy: c.resize_policy.take(),
+                ports: c.ports.take(),
+                restart_policy: c.restart_policy.take(),
+                ..Default::default()
+            };
+        }
+        spec.ephemeral_containers = None;
+        if let Some(volumes) = spec.volumes.as_mut() {
+            volumes.retain(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some());
+        }
+    }
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.ephemeral_container_statuses = None;
+        status.resource_claim_statuses = None;
+        status.host_ips = None;
+        status.pod_ips = None;
+    }
+}
+
+/// Drops the parts of a Node no decision reads: the images it holds (often the largest part of a
+/// real node's status) and the kubelet's daemon endpoints.
+pub fn trim_node(node: &mut Node) {
+    trim(node);
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.daemon_endpoints = None;
+    }
+}
+
+/// A watch of a built-in kind (validated by the API server, so always parsable) whose objects
+/// `modify` trims before they are cached.
+pub fn typed<K>(
+    api: Api<K>,
+    modify: fn(&mut K),
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher::watcher(api, Config::default()).default_backoff().modify(modify)
+}
+
+/// A watch of a custom resource that converts each object on its own: an object that does not
+/// parse as `K` is logged and left out instead of failing the whole list.
+pub fn lenient<K>(client: Client) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + 'static,
+{
+    let ar = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    watcher::watcher(api, Config::default()).default_backoff().filter_map(move |ev| {
+        let kind = ar.kind.clone();
+        async move {
+            match ev {
+                Err(e) => Some(Err(e)),
+                Ok(ev) => convert_event::<K>(ev, &kind).map(Ok),
+            }
+        }
+    })
+}
+
+/// `obj` as a `K`, or `None` (logged with the object's name) when it does not parse.
+pub fn convert<K: DeserializeOwned + Resource>(obj: DynamicObject, kind: &str) -> Option<K> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let value = match serde_json::to_value(&obj) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(kind, name, error = %e, "skipping object that cannot be encoded");
+            return None;
+        }
+    };
+    match serde_json::from_value::<K>(value) {
+        Ok(mut k) => {
+            trim(&mut k);
+            Some(k)
+        }
+        Err(e) => {
+            tracing::error!(kind, name, error = %e, "skipping malformed object");
+            None
+        }
+    }
+}
+
+fn convert_event<K: DeserializeOwned + Resource>(ev: Event<DynamicObject>, kind: &str) -> Option<Event<K>> {
+    Some(match ev {
+        Event::Apply(o) => Event::Apply(convert(o, kind)?),
+        Event::Delete(o) => Event::Delete(convert(o, kind)?),
+        Event::InitApply(o) => Event::InitApply(convert(o, kind)?),
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduling::resources::pod_requests;
+    use crate::state::pods;
+
+    #[test]
+    fn a_trimmed_pod_keeps_what_scheduling_and_draining_read() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "labels": {"app": "web"},
+                "annotations": {"karpenter.sh/do-not-disrupt": "true",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-1", "uid": "r1"}],
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {
+                "nodeSelector": {"karpenter.sh/capacity-type": "spot"},
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}},
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}],
+                "priorityClassName": "high", "priority": 1000, "terminationGracePeriodSeconds": 30,
+                "overhead": {"cpu": "10m"},
+                "initContainers": [{"name": "proxy", "image": "proxy", "restartPolicy": "Always",
+                    "env": [{"name": "A", "value": "b"}], "resources": {"requests": {"cpu": "100m"}}}],
+                "containers": [{"name": "app", "image": "app:1", "command": ["/app"], "args": ["--port", "80"],
+                    "env": [{"name": "A", "value": "b"}],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "livenessProbe": {"httpGet": {"path": "/", "port": 80}},
+                    "ports": [{"containerPort": 80, "hostPort": 8080, "protocol": "TCP"}],
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+                "ephemeralContainers": [{"name": "debug", "image": "busybox"}],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-web"}},
+                    {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
+                    {"name": "config", "configMap": {"name": "web"}},
+                    {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]
+            },
+            "status": {"phase": "Pending", "nominatedNodeName": "n1",
+                "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+                "containerStatuses": [{"name": "app", "image": "app:1", "imageID": "", "ready": false, "restartCount": 0}],
+                "podIPs": [{"ip": "10.0.0.1"}]}
+        }))
+        .unwrap();
+        let requests = pod_requests(&pod);
+        let mut trimmed = pod.clone();
+        trim_pod(&mut trimmed);
+
+        // What decisions read is untouched.
+        assert_eq!(pod_requests(&trimmed), requests);
+        let (spec, full) = (trimmed.spec.as_ref().unwrap(), pod.spec.as_ref().unwrap());
+        assert_eq!(spec.node_selector, full.node_selector);
+        assert_eq!(spec.affinity, full.affinity);
+        assert_eq!(spec.tolerations, full.tolerations);
+        assert_eq!(spec.topology_spread_constraints, full.topology_spread_constraints);
+        assert_eq!(spec.priority_class_name, full.priority_class_name);
+        assert_eq!(spec.termination_grace_period_seconds, full.termination_grace_period_seconds);
+        assert_eq!(spec.containers[0].ports, full.containers[0].ports);
+        assert_eq!(spec.init_containers.as_ref().unwrap()[0].restart_policy.as_deref(), Some("Always"));
+        let volumes: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
+        assert_eq!(volumes, ["data", "scratch"]);
+        assert_eq!(trimmed.metadata.labels, pod.metadata.labels);
+        assert_eq!(trimmed.metadata.owner_references, pod.metadata.owner_references);
+        assert!(trimmed.metadata.annotations.as_ref().unwrap().contains_key("karpenter.sh/do-not-disrupt"));
+        let status = trimmed.status.as_ref().unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        assert_eq!(status.conditions, pod.status.as_ref().unwrap().conditions);
+        assert_eq!(status.nominated_node_name.as_deref(), Some("n1"));
+        assert!(pods::is_provisionable(&trimmed));
+
+        // The rest is gone.
+        let c = &spec.containers[0];
+        assert!(c.env.is_none() && c.command.is_none() && c.args.is_none() && c.image.is_none());
+        assert!(c.volume_mounts.is_none() && c.liveness_probe.is_none());
+        assert!(spec.ephemeral_containers.is_none());
+        assert!(status.container_statuses.is_none() && status.pod_ips.is_none());
+        assert!(trimmed.metadata.managed_fields.is_none());
+        assert!(
+            !trimmed
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key("kubectl.kubernetes.io/last-applied-configuration")
+        );
+    }
+}
