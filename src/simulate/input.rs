@@ -3,7 +3,6 @@
 //! Each document is read first as a generic value to look at its `kind`, then converted into the
 //! typed object. Workloads are expanded into the pods their controllers would create.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,7 +18,7 @@ use serde_json::Value;
 
 use crate::apis::labels::{GROUP, VERSION};
 use crate::apis::{EC2NodeClass, NodePool};
-use crate::scheduling::VolumeInput;
+use crate::state::Snapshot;
 
 use super::SimulateError;
 
@@ -35,16 +34,44 @@ pub struct Manifests {
     pub node_classes: Vec<EC2NodeClass>,
     /// Pods, given directly or expanded from workloads; shared with the scheduler's input.
     pub pods: Vec<Arc<Pod>>,
-    /// One pod per DaemonSet, built from its template.
-    pub daemonsets: Vec<Pod>,
+    /// DaemonSets: each puts one pod on every node it fits.
+    pub daemonsets: Vec<DaemonSet>,
     /// Existing nodes.
     pub nodes: Vec<Node>,
-    /// Labels of the namespaces given as `Namespace` objects.
-    pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
-    /// PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSINodes.
-    pub volumes: VolumeInput,
+    /// Namespaces (their labels, for affinity namespace selectors).
+    pub namespaces: Vec<Namespace>,
+    /// PersistentVolumeClaims.
+    pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
+    /// PersistentVolumes.
+    pub persistent_volumes: Vec<PersistentVolume>,
+    /// StorageClasses.
+    pub storage_classes: Vec<StorageClass>,
+    /// CSINodes.
+    pub csi_nodes: Vec<CSINode>,
     /// Documents that were skipped, and why.
     pub warnings: Vec<String>,
+}
+
+impl Manifests {
+    /// The objects as a cluster-state snapshot: what the scheduler-input builder reads.
+    pub fn snapshot(&self) -> Snapshot {
+        fn arcs<T: Clone>(items: &[T]) -> Vec<Arc<T>> {
+            items.iter().cloned().map(Arc::new).collect()
+        }
+        Snapshot {
+            pods: self.pods.clone(),
+            nodes: arcs(&self.nodes),
+            nodepools: arcs(&self.nodepools),
+            nodeclasses: arcs(&self.node_classes),
+            daemonsets: arcs(&self.daemonsets),
+            namespaces: arcs(&self.namespaces),
+            persistent_volumes: arcs(&self.persistent_volumes),
+            persistent_volume_claims: arcs(&self.persistent_volume_claims),
+            storage_classes: arcs(&self.storage_classes),
+            csi_nodes: arcs(&self.csi_nodes),
+            ..Snapshot::default()
+        }
+    }
 }
 
 /// Where a document comes from, for messages.
@@ -232,25 +259,20 @@ fn add_value(value: Value, origin: &Origin<'_>, manifests: &mut Manifests) -> Re
             expand(&j.metadata, &spec.template, spec.parallelism.unwrap_or(1), manifests);
         }
         "DaemonSet" => {
-            let ds: DaemonSet = typed(value, &kind, origin)?;
-            let spec = ds.spec.unwrap_or_default();
-            let name = ds.metadata.name.clone().unwrap_or_default();
-            manifests.daemonsets.push(pod_from_template(&ds.metadata, &spec.template, name));
+            let mut ds: DaemonSet = typed(value, &kind, origin)?;
+            default_namespace(&mut ds.metadata);
+            manifests.daemonsets.push(ds);
         }
         "Node" => manifests.nodes.push(typed(value, &kind, origin)?),
-        "Namespace" => {
-            let ns: Namespace = typed(value, &kind, origin)?;
-            let name = ns.metadata.name.unwrap_or_default();
-            manifests.namespace_labels.insert(name, ns.metadata.labels.unwrap_or_default());
-        }
+        "Namespace" => manifests.namespaces.push(typed(value, &kind, origin)?),
         "PersistentVolumeClaim" => {
             let mut pvc: PersistentVolumeClaim = typed(value, &kind, origin)?;
             default_namespace(&mut pvc.metadata);
-            manifests.volumes.add_claim(&pvc);
+            manifests.persistent_volume_claims.push(pvc);
         }
-        "PersistentVolume" => manifests.volumes.add_volume(&typed::<PersistentVolume>(value, &kind, origin)?),
-        "StorageClass" => manifests.volumes.add_class(&typed::<StorageClass>(value, &kind, origin)?),
-        "CSINode" => manifests.volumes.add_csi_node(&typed::<CSINode>(value, &kind, origin)?),
+        "PersistentVolume" => manifests.persistent_volumes.push(typed(value, &kind, origin)?),
+        "StorageClass" => manifests.storage_classes.push(typed(value, &kind, origin)?),
+        "CSINode" => manifests.csi_nodes.push(typed(value, &kind, origin)?),
         other => manifests
             .warnings
             .push(format!("{}: skipping unsupported kind {other:?} ({api_version})", origin.describe())),

@@ -12,19 +12,18 @@
 pub mod input;
 pub mod report;
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use thiserror::Error;
 
-use crate::apis::labels::LABEL_NODEPOOL;
 use crate::apis::{Taint, TaintEffect};
-use crate::scheduling::resources::{NODES, pod_requests};
-use crate::scheduling::{
-    ExistingNode, InstanceType, NodePoolInput, Resources, SchedulingError, SchedulingInput, schedule,
-};
+use crate::scheduling::{InstanceType, Resources, SchedulingInput, schedule};
+use crate::state::input::{Scenario, scheduling_input as build_input};
+use crate::state::pods;
+use crate::state::statenode::state_nodes;
 
 pub use crate::cloudprovider::catalog::Catalog;
 pub use input::{Manifests, load_paths, parse_str};
@@ -57,8 +56,8 @@ pub enum SimulateError {
     #[error(transparent)]
     Catalog(#[from] crate::cloudprovider::catalog::CatalogError),
     /// A NodePool cannot be turned into scheduler input.
-    #[error("invalid NodePool")]
-    NodePool(#[from] SchedulingError),
+    #[error("invalid NodePool: {0}")]
+    InvalidNodePool(String),
     /// A node's allocatable or taints are malformed.
     #[error("node {node}: {message}")]
     Node {
@@ -119,79 +118,57 @@ fn node_resources(node: &Node, capacity: bool) -> Result<Resources, SimulateErro
     })
 }
 
-fn is_finished(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-}
-
-fn pod_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
-/// Builds the scheduler's input; returns warnings about ignored pods alongside.
+/// Builds the scheduler's input with the one builder the controller uses (see
+/// [`crate::state::input`]); returns warnings about ignored pods alongside.
 pub fn scheduling_input(
     manifests: &Manifests,
     instance_types: &[Arc<InstanceType>],
 ) -> Result<(SchedulingInput, Vec<String>), SimulateError> {
     let mut warnings = Vec::new();
-    let mut existing: Vec<ExistingNode> = Vec::new();
-    let mut usage: BTreeMap<String, Resources> = BTreeMap::new();
+    let node_names: BTreeSet<String> =
+        manifests.nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
     for node in &manifests.nodes {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        if let Some(np) = labels.get(LABEL_NODEPOOL) {
-            let used = usage.entry(np.clone()).or_default();
-            used.add_assign(&node_resources(node, true)?);
-            used.set(NODES, used.get(NODES) + 1);
-        }
-        existing.push(ExistingNode {
-            name,
-            labels,
-            taints: node_taints(node)?,
-            startup_taints: vec![],
-            initialized: true,
-            allocatable: node_resources(node, false)?,
-            requested: Resources::default(),
-            pods: vec![],
-        });
+        // Reported here, with the node named; the cluster state would skip such values.
+        node_taints(node)?;
+        node_resources(node, true)?;
+        node_resources(node, false)?;
     }
+    let mut snapshot = manifests.snapshot();
     let mut pending = Vec::new();
-    for pod in &manifests.pods {
-        if is_finished(pod) {
-            warnings.push(format!("pod {}: finished, ignored", pod_name(pod)));
-            continue;
+    snapshot.pods.retain(|pod| {
+        if pods::is_terminal(pod) {
+            warnings.push(format!("pod {}: finished, ignored", pods::key(pod)));
+            return false;
         }
-        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty()) {
-            None => pending.push(Arc::clone(pod)),
-            Some(node) => match existing.iter_mut().find(|n| n.name == node) {
-                Some(n) => {
-                    n.requested.add_assign(&pod_requests(pod));
-                    n.pods.push(Arc::clone(pod));
+        match pods::node_name(pod) {
+            None => {
+                if !pods::is_owned_by_daemonset(pod) && !pods::is_mirror(pod) {
+                    pending.push(Arc::clone(pod));
                 }
-                None => warnings
-                    .push(format!("pod {}: bound to node {node:?} not in the input, ignored", pod_name(pod))),
-            },
+                true
+            }
+            Some(node) if node_names.contains(node) => true,
+            Some(node) => {
+                warnings.push(format!(
+                    "pod {}: bound to node {node:?} not in the input, ignored",
+                    pods::key(pod)
+                ));
+                false
+            }
         }
+    });
+    let pool_types = manifests
+        .nodepools
+        .iter()
+        .map(|np| (np.metadata.name.clone().unwrap_or_default(), instance_types.to_vec()))
+        .collect();
+    let snapshot = snapshot.with_instance_types(pool_types);
+    let nodes = state_nodes(&snapshot);
+    let built = build_input(&snapshot, &nodes, pending, &Scenario::default());
+    if let Some((_, why)) = built.skipped_pools.first() {
+        return Err(SimulateError::InvalidNodePool(why.clone()));
     }
-    let mut nodepools = Vec::new();
-    for np in &manifests.nodepools {
-        let name = np.metadata.name.clone().unwrap_or_default();
-        let used = usage.get(&name).cloned().unwrap_or_default();
-        nodepools.push(NodePoolInput::from_nodepool(np, instance_types.to_vec(), &used)?);
-    }
-    let input = SchedulingInput {
-        pods: pending,
-        nodepools,
-        existing_nodes: existing,
-        daemonsets: manifests.daemonsets.clone(),
-        namespace_labels: manifests.namespace_labels.clone(),
-        volumes: manifests.volumes.clone(),
-        options: Default::default(),
-    };
-    Ok((input, warnings))
+    Ok((built.input, warnings))
 }
 
 /// Runs the simulation over parsed manifests; returns the report and warnings.

@@ -236,5 +236,6 @@ spec:
     assert_eq!(report.unschedulable.len(), 1);
     assert_eq!(report.unschedulable[0].pod, "default/orphan");
     assert_eq!(report.unschedulable[0].reasons, vec!["persistentvolumeclaim default/gone not found"]);
-    assert_eq!(m.volumes.attach_limits["node-1"]["ebs.csi.aws.com"], 25);
+    let volumes = crate::state::snapshot::volume_input(&m.snapshot());
+    assert_eq!(volumes.attach_limits["node-1"]["ebs.csi.aws.com"], 25);
 }
