@@ -10,6 +10,13 @@ use karpenter::apis::crds;
 use karpenter::operator::{self, Settings, error_chain};
 use karpenter::simulate;
 
+/// jemalloc hands freed memory back to the system after a short decay (its background thread,
+/// started with the controller, does the purging): a controller whose caches shrink after a burst
+/// (nodes scaled away) shrinks with them, where glibc's allocator keeps the pages of its
+/// per-thread arenas.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Karpenter, the Kubernetes node autoscaler, for AWS EKS.
 #[derive(Parser, Debug)]
 #[command(name = "karpenter", version, about, args_conflicts_with_subcommands = true)]
@@ -88,6 +95,9 @@ fn run_simulate(
 
 fn controller(settings: &Settings) -> ExitCode {
     operator::init_logging(&settings.log_level);
+    if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!(error = %error, "cannot start the allocator's background thread; freed memory is returned later");
+    }
     if let Err(error) = settings.validate() {
         tracing::error!(error = %error, "invalid settings");
         return ExitCode::FAILURE;

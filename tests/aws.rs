@@ -835,6 +835,50 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     assert!(collect_instances(&p, &instances, &claims, later, garbagecollection::GRACE).await.is_empty());
 }
 
+/// A second instance tagged for a NodeClaim that records another instance is a duplicate (a
+/// launch repeated after its result was lost): it is collected, the recorded one stays.
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn garbage_collection_terminates_a_duplicate_of_a_live_claim() {
+    let (p, cluster) = provider("gcdup").await;
+    let kept = p.create(&node_claim("gc-dup", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let image = p.get(&kept.provider_id).await.unwrap().image_id;
+    let tag = |k: &str, v: &str| aws_sdk_ec2::types::Tag::builder().key(k).value(v).build();
+    let duplicate = p
+        .clients()
+        .ec2
+        .run_instances()
+        .image_id(image)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                .tags(tag(&format!("kubernetes.io/cluster/{cluster}"), "owned"))
+                .tags(tag("karpenter.sh/nodepool", "default"))
+                .tags(tag("karpenter.sh/nodeclaim", "gc-dup"))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let duplicate = duplicate.instances()[0].instance_id().unwrap().to_string();
+    let later = k8s_openapi::jiff::Timestamp::now() + Duration::from_secs(31);
+    let instances = p.list().await.unwrap();
+    assert_eq!(instances.iter().filter(|i| i.node_claim.as_deref() == Some("gc-dup")).count(), 2);
+    // While the claim records no instance yet (its launch under way), both are its own.
+    let launching = [KnownClaim { name: "gc-dup".to_string(), provider_id: None }];
+    assert!(collect_instances(&p, &instances, &launching, later, garbagecollection::GRACE).await.is_empty());
+    // Once it records one, the other is a duplicate.
+    let recorded = [KnownClaim { name: "gc-dup".to_string(), provider_id: Some(kept.provider_id.clone()) }];
+    let collected = collect_instances(&p, &instances, &recorded, later, garbagecollection::GRACE).await;
+    let ids: Vec<&str> = collected.iter().map(|i| i.provider_id.as_str()).collect();
+    assert_eq!(ids.len(), 1);
+    assert!(ids[0].ends_with(&duplicate), "{ids:?} is {duplicate}");
+    assert!(p.get(&kept.provider_id).await.is_ok());
+}
+
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn throttling_and_server_errors_are_retried_with_backoff() {

@@ -24,6 +24,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::buffer::Buffer;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
+use super::metrics::CounterFamily;
+
 /// Requests other than watches that may be outstanding at once.
 pub const MAX_IN_FLIGHT: usize = 32;
 
@@ -38,7 +40,19 @@ pub async fn config() -> Result<Config, kube::Error> {
 /// A client for the cluster of `config`, with the limits of `qps`, `burst` and
 /// [`MAX_IN_FLIGHT`].
 pub fn limited(config: Config, qps: u32, burst: u32) -> Result<Client, kube::Error> {
-    let layer = LimitLayer::new(qps, burst, MAX_IN_FLIGHT);
+    counted(config, qps, burst, None)
+}
+
+/// [`limited`], counting every request in `requests` by method and answer code (client-go's
+/// `rest_client_requests_total`; a request that got no answer counts as `<error>`).
+pub fn counted(
+    config: Config,
+    qps: u32,
+    burst: u32,
+    requests: Option<CounterFamily>,
+) -> Result<Client, kube::Error> {
+    let mut layer = LimitLayer::new(qps, burst, MAX_IN_FLIGHT);
+    layer.requests = requests;
     Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
 }
 
@@ -123,6 +137,7 @@ fn is_watch<B>(req: &Request<B>) -> bool {
 pub struct LimitLayer {
     bucket: Arc<TokenBucket>,
     in_flight: Arc<Semaphore>,
+    requests: Option<CounterFamily>,
 }
 
 impl LimitLayer {
@@ -131,6 +146,7 @@ impl LimitLayer {
         LimitLayer {
             bucket: Arc::new(TokenBucket::new(qps, burst)),
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            requests: None,
         }
     }
 }
@@ -151,6 +167,7 @@ where
             inner: Buffer::new(inner, BUFFER),
             bucket: self.bucket.clone(),
             in_flight: self.in_flight.clone(),
+            requests: self.requests.clone(),
         }
     }
 }
@@ -160,6 +177,7 @@ pub struct LimitService<F> {
     inner: Buffer<Request<Body>, F>,
     bucket: Arc<TokenBucket>,
     in_flight: Arc<Semaphore>,
+    requests: Option<CounterFamily>,
 }
 
 impl<F: Send + 'static> Clone for LimitService<F> {
@@ -168,6 +186,7 @@ impl<F: Send + 'static> Clone for LimitService<F> {
             inner: self.inner.clone(),
             bucket: self.bucket.clone(),
             in_flight: self.in_flight.clone(),
+            requests: self.requests.clone(),
         }
     }
 }
@@ -190,11 +209,20 @@ where
         let inner = self.inner.clone();
         let bucket = self.bucket.clone();
         let in_flight = self.in_flight.clone();
+        let requests = self.requests.clone();
         Box::pin(async move {
             bucket.acquire().await;
             let permit = if is_watch(&req) { None } else { Some(in_flight.acquire_owned().await?) };
-            let response = inner.oneshot(req).await?;
-            Ok(response.map(|body| PermitBody { body, permit }))
+            let method = req.method().to_string();
+            let response = inner.oneshot(req).await;
+            if let Some(requests) = &requests {
+                let code = match &response {
+                    Ok(r) => r.status().as_u16().to_string(),
+                    Err(_) => "<error>".to_string(),
+                };
+                requests.get_or_create(&vec![("code", code), ("method", method)]).inc();
+            }
+            Ok(response?.map(|body| PermitBody { body, permit }))
         })
     }
 }

@@ -99,6 +99,9 @@ pub struct Metrics {
     pub controller_reconcile: CounterFamily,
     /// `controller_runtime_reconcile_errors_total{controller}`: failed reconciles.
     pub controller_reconcile_errors: CounterFamily,
+    /// `rest_client_requests_total{code,method}`: requests to the API server (leader election
+    /// aside), under client-go's name.
+    pub rest_client_requests: CounterFamily,
 }
 
 impl Metrics {
@@ -134,8 +137,14 @@ impl Metrics {
             cluster_state_synced: GaugeFamily::default(),
             controller_reconcile: CounterFamily::default(),
             controller_reconcile_errors: CounterFamily::default(),
+            rest_client_requests: CounterFamily::default(),
         };
         let r = registry;
+        r.register(
+            "rest_client_requests",
+            "Number of HTTP requests to the API server, partitioned by status code and method.",
+            m.rest_client_requests.clone(),
+        );
         r.register(
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller.",

@@ -56,12 +56,16 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let settings = Arc::new(settings);
     tracing::info!(settings = ?settings.summary(), version = env!("CARGO_PKG_VERSION"), "starting karpenter");
     settings.warn_unimplemented();
-    let config = apiclient::config().await.map_err(RunError::Kube)?;
-    let client = apiclient::limited(config.clone(), settings.kube_client_qps, settings.kube_client_burst)
-        .map_err(RunError::Kube)?;
-
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
+    let config = apiclient::config().await.map_err(RunError::Kube)?;
+    let client = apiclient::counted(
+        config.clone(),
+        settings.kube_client_qps,
+        settings.kube_client_burst,
+        Some(metrics.rest_client_requests.clone()),
+    )
+    .map_err(RunError::Kube)?;
     let readiness = Readiness::default();
     let (stop_tx, stop) = watch::channel(false);
 

@@ -98,17 +98,30 @@ where
     })
 }
 
-/// `obj` as a `K`, or `None` (logged with the object's name) when it does not parse.
+/// `obj` as a `K`, or `None` (logged with the object's name) when it does not parse. The object's
+/// fields are moved into the typed object, not copied, and its managed fields never are.
 pub fn convert<K: DeserializeOwned + Resource>(obj: DynamicObject, kind: &str) -> Option<K> {
-    let name = obj.metadata.name.clone().unwrap_or_default();
-    let value = match serde_json::to_value(&obj) {
-        Ok(v) => v,
+    let DynamicObject { types, mut metadata, data } = obj;
+    let name = metadata.name.clone().unwrap_or_default();
+    metadata.managed_fields = None;
+    let mut fields = match data {
+        serde_json::Value::Object(fields) => fields,
+        _ => serde_json::Map::new(),
+    };
+    match serde_json::to_value(metadata) {
+        Ok(meta) => {
+            fields.insert("metadata".to_string(), meta);
+        }
         Err(e) => {
             tracing::error!(kind, name, error = %e, "skipping object that cannot be encoded");
             return None;
         }
-    };
-    match serde_json::from_value::<K>(value) {
+    }
+    if let Some(types) = types {
+        fields.insert("apiVersion".to_string(), serde_json::Value::String(types.api_version));
+        fields.insert("kind".to_string(), serde_json::Value::String(types.kind));
+    }
+    match serde_json::from_value::<K>(serde_json::Value::Object(fields)) {
         Ok(mut k) => {
             trim(&mut k);
             Some(k)
@@ -135,6 +148,31 @@ mod tests {
     use super::*;
     use crate::scheduling::resources::pod_requests;
     use crate::state::pods;
+
+    #[test]
+    fn custom_resources_convert_one_by_one_and_bad_ones_are_skipped() {
+        use crate::apis::NodeClaim;
+        let dynamic = |v: serde_json::Value| -> DynamicObject { serde_json::from_value(v).unwrap() };
+        let good = dynamic(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": "good", "managedFields": [{"manager": "karpenter"}],
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "keep": "me"}},
+            "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": []},
+            "status": {"providerID": "kwok://good"}
+        }));
+        let claim: NodeClaim = convert(good, "NodeClaim").expect("a well-formed claim converts");
+        assert_eq!(claim.metadata.name.as_deref(), Some("good"));
+        assert_eq!(claim.status.unwrap().provider_id.as_deref(), Some("kwok://good"));
+        assert!(claim.metadata.managed_fields.is_none());
+        assert_eq!(claim.metadata.annotations.unwrap().keys().collect::<Vec<_>>(), ["keep"]);
+        let bad = dynamic(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": "bad"},
+            "spec": {"requirements": "not a list"}
+        }));
+        assert!(convert::<NodeClaim>(bad, "NodeClaim").is_none());
+    }
 
     #[test]
     fn a_trimmed_pod_keeps_what_scheduling_and_draining_read() {

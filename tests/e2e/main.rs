@@ -235,6 +235,113 @@ async fn a_thousand_pods_with_kwok() {
     controller.stop_and_check();
 }
 
+/// Many nodes at once, on the kwok provider: `n` pods that each need a node of their own (required
+/// hostname anti-affinity) make exactly `n` NodeClaims, all Ready, all pods Running; then scale to
+/// 0 and delete the claims. A leader and a standby replica run, and the figures of
+/// docs/benchmarks.md are printed: time from the scale command to all pods Running, the leader's
+/// peak RSS, the standby's RSS (at the start and at the end), API requests per NodeClaim.
+async fn many_nodes(n: usize) {
+    let _serial = serial().await;
+    let f = Fixture::new(&format!("nodes{n}")).await;
+    let env = [("DISABLE_LEADER_ELECTION", "false"), ("SYSTEM_NAMESPACE", f.ns.as_str())];
+    let leader = Controller::start("kwok", &env);
+    wait_for("the leader to lead", Duration::from_secs(30), &leader, || async {
+        leader.log_contains("starting controllers")
+    })
+    .await;
+    let standby = Controller::start("kwok", &env);
+    wait_for("the standby's caches", Duration::from_secs(30), &standby, || async {
+        standby.log_contains("cluster state synced")
+    })
+    .await;
+    let standby_at_start = standby.rss_kib();
+    f.apply_class_and_pool(1_000_000).await;
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    let d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "spread", "namespace": f.ns},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "spread"}},
+            "template": {
+                "metadata": {"labels": {"app": "spread"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "nodeSelector": {"karpenter.sh/nodepool": f.pool},
+                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}},
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
+                }
+            }
+        }
+    }))
+    .unwrap();
+    deployments.create(&PostParams::default(), &d).await.unwrap();
+    let requests_before = leader.metric_sum("rest_client_requests_total").await;
+    let start = Instant::now();
+    let scale = json!({"spec": {"replicas": n}});
+    deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
+    f.wait_running(n, Duration::from_secs(600), &leader).await;
+    let running = start.elapsed();
+    wait_for("every NodeClaim Ready", Duration::from_secs(120), &leader, || async {
+        let claims = f.claims().await;
+        claims.len() >= n && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let claims = f.claims().await.len();
+    assert_eq!(claims, n, "exactly one NodeClaim per pod\n{}", leader.log_tail());
+    let requests = leader.metric_sum("rest_client_requests_total").await - requests_before;
+    let leader_peak = leader.peak_rss_kib();
+    eprintln!(
+        "SCALE RESULT: {n} pods on {claims} NodeClaims, all Running {:.1} s after the scale command; \
+         leader peak RSS {:.1} MiB; {:.1} API requests per NodeClaim (creation to Ready, pods included)",
+        running.as_secs_f64(),
+        leader_peak as f64 / 1024.0,
+        requests / n as f64
+    );
+
+    let scale = json!({"spec": {"replicas": 0}});
+    deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
+    f.delete_all_claims().await;
+    wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(600), &leader, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+    let standby_at_end = standby.rss_kib();
+    // Memory freed is handed back to the system after a short decay.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    eprintln!(
+        "SCALE RESULT: standby RSS {:.1} MiB once synced, peak {:.1} MiB, {:.1} MiB when the nodes are gone, \
+         {:.1} MiB 30 s later; leader peak RSS over the whole run {:.1} MiB",
+        standby_at_start as f64 / 1024.0,
+        standby.peak_rss_kib() as f64 / 1024.0,
+        standby_at_end as f64 / 1024.0,
+        standby.rss_kib() as f64 / 1024.0,
+        leader.peak_rss_kib() as f64 / 1024.0
+    );
+    assert!(!standby.log_contains("starting controllers"), "only the leader acts\n{}", standby.log_tail());
+    deployments.delete("spread", &DeleteParams::default()).await.unwrap();
+    f.cleanup().await;
+    standby.stop_and_check();
+    leader.stop_and_check();
+}
+
+/// [`many_nodes`] at 100 nodes, in `make test`.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn a_hundred_nodes_with_kwok() {
+    many_nodes(100).await;
+}
+
+/// [`many_nodes`] at 500 nodes: a benchmark (`make bench`), not part of `make test`.
+#[tokio::test]
+#[ignore = "benchmark: make bench"]
+async fn five_hundred_nodes_with_kwok() {
+    many_nodes(500).await;
+}
+
 /// The getting-started journey with the aws cloud provider against the AWS emulator, the kubelet
 /// stand-in registering a Node for each instance: the EC2NodeClass resolves, six instances launch
 /// for six pods, `kubectl get nodeclaim -o wide` shows their AMIs and instance ids; then, as with
@@ -450,6 +557,11 @@ async fn scale_to_six(f: &Fixture, controller: &Controller, running_within: Dura
     wait_for("6 Ready NodeClaims", Duration::from_secs(60), controller, || async {
         let claims = f.claims().await;
         claims.len() == 6 && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+    })
+    .await;
+    // `kubectl get nodepool` keeps up: NODES shows all six within a couple of seconds.
+    wait_for("the NodePool's NODES column at 6", Duration::from_secs(3), controller, || async {
+        f.nodepool_nodes().await == 6
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;

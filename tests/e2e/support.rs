@@ -115,14 +115,34 @@ impl Controller {
         self.child.id()
     }
 
-    /// Peak resident memory of the process so far (KiB).
-    pub fn peak_rss_kib(&self) -> u64 {
+    /// A memory figure of `/proc/<pid>/status` (KiB): `VmHWM` (peak resident) or `VmRSS`.
+    fn proc_status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Peak resident memory of the process so far (KiB).
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM")
+    }
+
+    /// Resident memory of the process now (KiB).
+    pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS")
+    }
+
+    /// The sum of the samples of a metric family (all label sets) in `/metrics`.
+    pub async fn metric_sum(&self, family: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(family) && l[family.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
     }
 
     /// The text of `/metrics`.
@@ -272,6 +292,12 @@ impl Fixture {
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": id}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
         Fixture { client, ns: id.clone(), pool: id.clone(), class: id }
+    }
+
+    /// The NODES column of `kubectl get nodepool` for the fixture's NodePool.
+    pub async fn nodepool_nodes(&self) -> i64 {
+        let pool = Api::<NodePool>::all(self.client.clone()).get(&self.pool).await.unwrap();
+        pool.status.map(|s| s.nodes).unwrap_or_default()
     }
 
     pub fn claims_api(&self) -> Api<NodeClaim> {

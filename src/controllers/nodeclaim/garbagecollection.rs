@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
-use kube::{Api, Client, ResourceExt};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 
 use crate::apis::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
@@ -47,25 +47,60 @@ pub struct KnownClaim {
     pub provider_id: Option<String>,
 }
 
-/// Every NodeClaim of the cluster, read as plain JSON so that one this version cannot parse
+/// How many NodeClaims one list request returns at most.
+const LIST_PAGE: u32 = 250;
+
+/// The two fields of a NodeClaim garbage collection reads; serde skips the rest without building
+/// it, so that a thousand NodeClaims cost a few kilobytes, and one that the full type would reject
 /// still counts.
+#[derive(serde::Deserialize)]
+struct SlimClaim {
+    metadata: SlimMeta,
+    #[serde(default)]
+    status: Option<SlimStatus>,
+}
+
+#[derive(serde::Deserialize)]
+struct SlimMeta {
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(serde::Deserialize)]
+struct SlimStatus {
+    #[serde(default, rename = "providerID")]
+    provider_id: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct SlimList {
+    #[serde(default)]
+    items: Vec<SlimClaim>,
+    #[serde(default)]
+    metadata: kube::api::ListMeta,
+}
+
+/// Every NodeClaim of the cluster, fresh from the API server, a page at a time.
 pub async fn list_claims(client: &Client) -> Result<Vec<KnownClaim>, kube::Error> {
-    let resource = ApiResource::erase::<NodeClaim>(&());
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let list = api.list(&ListParams::default()).await?;
-    Ok(list
-        .items
-        .iter()
-        .map(|o| KnownClaim {
-            name: o.name_any(),
-            provider_id: o
-                .data
-                .pointer("/status/providerID")
-                .and_then(|v| v.as_str())
-                .filter(|p| !p.is_empty())
-                .map(str::to_string),
-        })
-        .collect())
+    let request = kube::core::Request::new(NodeClaim::url_path(&(), None));
+    let mut out = Vec::new();
+    let mut continue_token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(LIST_PAGE);
+        if let Some(token) = continue_token.take() {
+            params = params.continue_token(&token);
+        }
+        let http = request.list(&params).map_err(kube::Error::BuildRequest)?;
+        let page: SlimList = client.request(http).await?;
+        out.extend(page.items.into_iter().map(|c| KnownClaim {
+            name: c.metadata.name,
+            provider_id: c.status.and_then(|s| s.provider_id).filter(|p| !p.is_empty()),
+        }));
+        match page.metadata.continue_.filter(|t| !t.is_empty()) {
+            Some(token) => continue_token = Some(token),
+            None => return Ok(out),
+        }
+    }
 }
 
 /// Instance states in which the instance is already going away.

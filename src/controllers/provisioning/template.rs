@@ -7,7 +7,7 @@ use kube::Resource;
 
 use crate::apis::labels::{
     ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED, ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION,
-    LABEL_NODEPOOL,
+    FINALIZER_TERMINATION, LABEL_NODEPOOL,
 };
 use crate::apis::nodeclaim::ResourceRequirements;
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
@@ -58,6 +58,8 @@ pub fn build(new: &NewNodeClaim, nodepool: &NodePool) -> NodeClaim {
     claim.metadata.labels = Some(labels);
     claim.metadata.annotations = Some(annotations);
     claim.metadata.owner_references = owner.map(|o| vec![o]);
+    // The lifecycle would add it first thing: one request less per NodeClaim.
+    claim.metadata.finalizers = Some(vec![FINALIZER_TERMINATION.to_string()]);
     claim
 }
 
@@ -132,6 +134,7 @@ spec:
         assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("NodePool", "u-1"));
         assert_eq!(claim.spec.taints.len(), 1);
         assert_eq!(claim.spec.termination_grace_period.as_deref(), Some("1h"));
+        assert_eq!(claim.metadata.finalizers.as_deref(), Some(&[FINALIZER_TERMINATION.to_string()][..]));
         assert_eq!(claim.spec.expire_after, "720h");
         let it = claim.spec.requirements.iter().find(|r| r.key == LABEL_INSTANCE_TYPE).unwrap();
         assert_eq!(it.values, vec!["m5.large".to_string(), "m5.xlarge".to_string()]);

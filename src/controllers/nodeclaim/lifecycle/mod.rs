@@ -64,8 +64,8 @@ const NODE_POLL: Duration = Duration::from_secs(30);
 const NODE_CLASS_RETRY: Duration = Duration::from_secs(15);
 /// Retry delays of a failing claim: doubling from one second up to two minutes.
 const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(120));
-/// NodeClaims reconciled at once.
-const WORKERS: usize = 10;
+/// NodeClaims reconciled at once: as many as the API client sends requests at once.
+const WORKERS: usize = crate::operator::apiclient::MAX_IN_FLIGHT;
 
 /// Why a reconcile failed; the claim is retried with backoff.
 #[derive(Debug, Error)]
@@ -527,7 +527,12 @@ async fn register(
     if registered {
         return Ok(Some(((*node).clone(), false)));
     }
-    let desired = logic::registered_node(claim, &node);
+    let mut desired = logic::registered_node(claim, &node);
+    // A node that is initialized as soon as it registers (ready, no startup taint) gets both in
+    // one write.
+    if logic::initialization(claim, &desired).is_ok() {
+        desired.labels_mut().insert(LABEL_INITIALIZED.to_string(), "true".to_string());
+    }
     let node = if desired == *node { desired } else { patch_node(&node, &desired, state).await? };
     let status = claim.status.get_or_insert_with(Default::default);
     status.node_name = Some(node.name_any());

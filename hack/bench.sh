@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The benchmarks of docs/benchmarks.md, with the release build:
+#   1. the scheduling simulation (criterion, `cargo bench --bench scheduling`);
+#   2. on the local control plane with the kwok provider: 1000 pods of two Deployments, and 500
+#      pods that each need a node of their own (a leader and a standby replica run).
+# Each prints its figures; record them in docs/benchmarks.md with the date and the machine's load.
+set -euo pipefail
+
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$REPO_ROOT"
+
+start=$(now_s)
+log "== scheduling simulation (cargo bench --bench scheduling)"
+cargo bench --locked --bench scheduling
+
+log "== release binary, local control plane"
+cargo build --locked --release --bin karpenter
+eval "$("$HACK_DIR/cluster-up.sh")"
+"$HACK_DIR/controller-down.sh" >&2
+export KARPENTER_BIN=$REPO_ROOT/target/release/karpenter
+
+log "== 1000 pods, then 500 nodes (kwok)"
+cargo test --locked --test e2e -- --ignored --nocapture --test-threads 1 \
+  a_thousand_pods_with_kwok five_hundred_nodes_with_kwok 2>&1 | grep --line-buffered -E 'SCALE RESULT|^test |test result'
+
+log "benchmarks done in $(elapsed "$start")"
