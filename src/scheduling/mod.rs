@@ -47,7 +47,7 @@ pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;
 pub use scheduler::{
     ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, PodError, PodRef,
-    SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, schedule,
+    PreparedRun, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, prepare, schedule,
 };
 pub use values::ValueSet;
 pub use volumes::VolumeInput;

@@ -305,6 +305,23 @@ pub fn schedule(input: &SchedulingInput) -> SchedulingResults {
     Scheduler::new(input).run()
 }
 
+/// A scheduling run set up but not started: pods parsed, topology groups registered and their
+/// domains counted, NodePools' instance types ordered. [`PreparedRun::run`] places the pods;
+/// `prepare(input).run()` is [`schedule`]. Lets a benchmark time the placement alone.
+pub struct PreparedRun<'a>(Scheduler<'a>);
+
+/// Sets up a scheduling run over `input` without placing any pod.
+pub fn prepare(input: &SchedulingInput) -> PreparedRun<'_> {
+    PreparedRun(Scheduler::new(input))
+}
+
+impl PreparedRun<'_> {
+    /// Places the pods and returns the outcome.
+    pub fn run(self) -> SchedulingResults {
+        self.0.run()
+    }
+}
+
 struct PodInfo<'a> {
     r: PodRef,
     requests: Resources,
