@@ -32,6 +32,7 @@
 //! `allowedTopologies`) and CSI attach limits of existing nodes (see [`volumes`]). Not modelled:
 //! capacity reservations, and pod priority/preemption.
 
+pub mod cost;
 pub mod hostports;
 pub mod instancetypes;
 pub mod requirements;
@@ -46,8 +47,9 @@ pub use instancetypes::{InstanceType, Offering, Overhead};
 pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;
 pub use scheduler::{
-    ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, PodError, PodRef,
-    PreparedRun, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, prepare, schedule,
+    ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, Packing, PodError, PodRef,
+    PreparedRun, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, UNIT_PRICE_TOLERANCE,
+    prepare, schedule,
 };
 pub use values::ValueSet;
 pub use volumes::VolumeInput;
