@@ -556,6 +556,17 @@ struct PoolCosts {
     exotic: Vec<bool>,
     /// 1 / allocatable CPU, memory and pods (infinite where there is none).
     inverse: Vec<[f64; 3]>,
+    /// Per limited resource of the NodePool (in key order): what each type counts toward it.
+    limits: Vec<LimitedAmounts>,
+}
+
+/// What each instance type of a pool counts toward one NodePool limit.
+struct LimitedAmounts(Vec<i64>);
+
+impl LimitedAmounts {
+    fn amount(&self, i: u32) -> i64 {
+        self.0.get(i as usize).copied().unwrap_or(i64::MAX)
+    }
 }
 
 impl PoolCosts {
@@ -573,6 +584,12 @@ impl PoolCosts {
                     let a = it.allocatable();
                     [a.cpu, a.memory, a.pods].map(|v| if v > 0 { 1.0 / v as f64 } else { f64::INFINITY })
                 })
+                .collect(),
+            limits: np
+                .remaining_limits
+                .iter()
+                .flat_map(|l| l.keys())
+                .map(|k| LimitedAmounts(its.iter().map(|it| limited_amount(it, k)).collect()))
                 .collect(),
         }
     }
@@ -607,8 +624,9 @@ impl PoolCosts {
 /// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
 type Reject = (String, bool);
 
-fn limited_capacity(it: &InstanceType, limits: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
-    limits.keys().map(|k| (k.clone(), if k == NODES { 1 } else { it.capacity.get(k) })).collect()
+/// What a node of type `it` counts toward a NodePool limit on `key`.
+fn limited_amount(it: &InstanceType, key: &str) -> i64 {
+    if key == NODES { 1 } else { it.capacity.get(key) }
 }
 
 fn max_alloc(its: &[u32], types: &[Arc<InstanceType>]) -> [i64; 3] {
@@ -966,28 +984,24 @@ impl<'a> Scheduler<'a> {
             None => pool.its.clone(),
             Some(rem) => {
                 let types = &pool.input.instance_types;
+                let limits = &self.costs[pool_i].limits;
                 let kept: Vec<u32> = pool
                     .its
                     .iter()
                     .copied()
-                    .filter(|i| {
-                        types.get(*i as usize).is_some_and(|it| {
-                            limited_capacity(it, rem)
-                                .iter()
-                                .all(|(k, v)| *v <= rem.get(k).copied().unwrap_or(0))
-                        })
-                    })
+                    .filter(|i| rem.values().zip(limits).all(|(left, caps)| caps.amount(*i) <= *left))
                     .collect();
                 if kept.is_empty() {
-                    let over: Vec<&str> =
-                        rem.iter()
-                            .filter(|(k, v)| {
-                                pool.its.iter().filter_map(|i| types.get(*i as usize)).all(|it| {
-                                    (if k.as_str() == NODES { 1 } else { it.capacity.get(k) }) > **v
-                                })
-                            })
-                            .map(|(k, _)| k.as_str())
-                            .collect();
+                    let over: Vec<&str> = rem
+                        .iter()
+                        .filter(|(k, v)| {
+                            pool.its
+                                .iter()
+                                .filter_map(|i| types.get(*i as usize))
+                                .all(|it| limited_amount(it, k) > **v)
+                        })
+                        .map(|(k, _)| k.as_str())
+                        .collect();
                     return Err(format!("would exceed nodepool limits {}", over.join(", ")));
                 }
                 kept
@@ -1273,19 +1287,14 @@ impl<'a> Scheduler<'a> {
         }
 
         // Commit.
+        // Limits count the largest type the claim may launch as.
         let reserved = match &pool.remaining {
-            Some(rem) => {
-                let mut res: BTreeMap<String, i64> = rem.keys().map(|k| (k.clone(), 0)).collect();
-                for &i in &kept {
-                    if let Some(it) = types.get(i as usize) {
-                        for (k, v) in limited_capacity(it, rem) {
-                            let e = res.entry(k).or_insert(0);
-                            *e = (*e).max(v);
-                        }
-                    }
-                }
-                res
-            }
+            Some(_) if kept.len() == claim.its.len() && !claim.pods.is_empty() => claim.reserved.clone(),
+            Some(rem) => rem
+                .keys()
+                .zip(&cost.limits)
+                .map(|(k, caps)| (k.clone(), kept.iter().map(|i| caps.amount(*i)).max().unwrap_or(0)))
+                .collect(),
             None => BTreeMap::new(),
         };
         let pool_mut = &mut pools[claim.pool];
