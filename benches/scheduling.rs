@@ -23,13 +23,13 @@
 //! ordered) are built outside the timed section. `scheduling/schedule/<n>` times the whole
 //! [`schedule`] call, setup included, as the provisioner pays it.
 //!
-//! Before the timings, it prints the cost quality of plans for generic pods only: the hourly price
-//! of the NodeClaims (each at its cheapest type and offering) against two lower bounds. The
-//! per-resource bound (for each of CPU, memory and pods, the requests times the lowest price of a
-//! unit of it on any type; the largest of the three) no packing can beat. The per-pod bound sums
-//! each pod's cheapest share of a whole instance (its largest fraction of any resource, times the
-//! price); it is the tighter yardstick when pods are alike, but pods whose shares complement each
-//! other can share an instance for less.
+//! Before the timings, it prints a cost table (markdown): for upstream's 400 types (NodePool as
+//! above) and for the EC2 catalog built into the binary (a NodePool without requirements), generic
+//! pods and the diverse mix at 100, 1,000 and 5,000 pods, the hourly price of the plan (each
+//! NodeClaim at its cheapest launch) of today's rule ([`Packing::LargestFit`]) and of the
+//! cost-aware one, each over the per-resource and the fractional lower bounds ([`cost`]), and
+//! over a per-pod yardstick; then the same for 1,000 pods of 250m / 256Mi on the EC2 catalog's
+//! on-demand amd64 types under 32 vCPUs, with and without the burstable (`t`) types.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -43,11 +43,15 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use karpenter::apis::labels::{ARCH_AMD64, LABEL_ARCH, LABEL_HOSTNAME, LABEL_OS, LABEL_TOPOLOGY_ZONE};
+use karpenter::apis::labels::{
+    ARCH_AMD64, CAPACITY_TYPE_ON_DEMAND, LABEL_ARCH, LABEL_CAPACITY_TYPE, LABEL_HOSTNAME,
+    LABEL_INSTANCE_CATEGORY, LABEL_INSTANCE_CPU, LABEL_OS, LABEL_TOPOLOGY_ZONE,
+};
+use karpenter::apis::{NodeSelectorRequirementWithMinValues, Operator};
 use karpenter::scheduling::resources::pod_requests;
 use karpenter::scheduling::{
-    InstanceType, NodePoolInput, Offering, Overhead, Requirement, Requirements, Resources, SchedulingInput,
-    prepare, schedule,
+    InstanceType, NodePoolInput, Offering, Overhead, Packing, Requirement, Requirements, Resources,
+    SchedulingInput, cost, prepare, schedule,
 };
 
 const GI: i64 = 1 << 30;
@@ -190,25 +194,31 @@ fn make_pod(i: usize, kind: Kind, rng: &mut Rng) -> Pod {
     }
     let cpu = rng.pick(&["100m", "250m", "500m", "1000m", "1500m"]);
     let memory = rng.pick(&["100Mi", "256Mi", "512Mi", "1024Mi", "2048Mi", "4096Mi"]);
-    spec.containers = vec![Container {
+    let mut pod = sized_pod(i, cpu, memory);
+    pod.metadata.labels = Some(labels);
+    if let Some(s) = pod.spec.as_mut() {
+        s.topology_spread_constraints = spec.topology_spread_constraints;
+        s.affinity = spec.affinity;
+    }
+    pod
+}
+
+/// Pod `i` in namespace `default` requesting `cpu` and `memory`.
+fn sized_pod(i: usize, cpu: &str, memory: &str) -> Pod {
+    let requests =
+        [("cpu".to_string(), Quantity(cpu.into())), ("memory".to_string(), Quantity(memory.into()))];
+    let container = Container {
         name: "app".into(),
-        resources: Some(ResourceRequirements {
-            requests: Some(
-                [("cpu".to_string(), Quantity(cpu.into())), ("memory".to_string(), Quantity(memory.into()))]
-                    .into(),
-            ),
-            ..Default::default()
-        }),
+        resources: Some(ResourceRequirements { requests: Some(requests.into()), ..Default::default() }),
         ..Default::default()
-    }];
+    };
     Pod {
         metadata: ObjectMeta {
             name: Some(format!("pod-{i:05}")),
             namespace: Some("default".into()),
-            labels: Some(labels),
             ..Default::default()
         },
-        spec: Some(spec),
+        spec: Some(PodSpec { containers: vec![container], ..Default::default() }),
         ..Default::default()
     }
 }
@@ -245,59 +255,124 @@ fn input(pods: Vec<Pod>, types: &[Arc<InstanceType>]) -> SchedulingInput {
     }
 }
 
-/// Prints the price of the plan for `n` generic pods against the lower bounds.
-fn cost_quality(n: usize) {
-    let types = instance_types();
-    let inp = input(make_pods(&[(Kind::Generic, n)]), &types);
-    let r = schedule(&inp);
-    let plan: f64 = r
-        .new_node_claims
+/// Each pod's cheapest share of a whole instance (its largest fraction of any allocatable
+/// resource, times the price), summed: what whole pods cost packed alike on the best type for
+/// each. Not a lower bound (pods whose shares complement each other can share an instance for
+/// less), but the yardstick for uniform pods, which no plan beats when they are all alike.
+fn per_pod_yardstick(inp: &SchedulingInput) -> f64 {
+    let np = &inp.nodepools[0];
+    let types: Vec<(f64, &InstanceType)> = np
+        .instance_types
         .iter()
-        .filter_map(|c| c.instance_type_options.first().and_then(|t| t.cheapest_price(&c.requirements)))
-        .sum();
-    let price = |t: &InstanceType| t.cheapest_price(&Requirements::default()).unwrap_or(f64::INFINITY);
-    let requests: Vec<Resources> = inp.pods.iter().map(|p| pod_requests(p)).collect();
-    let unit = |get: fn(&Resources) -> i64| {
-        types
-            .iter()
-            .filter(|t| get(t.allocatable()) > 0)
-            .map(|t| price(t) / get(t.allocatable()) as f64)
-            .fold(f64::INFINITY, f64::min)
-    };
-    let per_resource =
-        [(|r: &Resources| r.cpu) as fn(&Resources) -> i64, |r: &Resources| r.memory, |r: &Resources| r.pods]
-            .into_iter()
-            .map(|get| requests.iter().map(|q| get(q) as f64).sum::<f64>() * unit(get))
-            .fold(0.0, f64::max);
-    let per_pod: f64 = requests
+        .filter(|t| t.is_compatible(&np.requirements))
+        .filter_map(|t| t.cheapest_price(&np.requirements).map(|p| (p, t.as_ref())))
+        .collect();
+    inp.pods
         .iter()
-        .map(|q| {
+        .map(|p| {
+            let q = pod_requests(p);
             types
                 .iter()
-                .filter(|t| t.fits(q))
-                .map(|t| {
+                .filter(|(_, t)| t.fits(&q))
+                .map(|(price, t)| {
                     let a = t.allocatable();
                     let share = [(q.cpu, a.cpu), (q.memory, a.memory), (q.pods, a.pods)]
                         .into_iter()
                         .map(|(x, y)| x as f64 / y as f64)
                         .fold(0.0, f64::max);
-                    share * price(t)
+                    share * price
                 })
                 .fold(f64::INFINITY, f64::min)
         })
-        .sum();
+        .sum()
+}
+
+/// Plans `pods` on `np` with each packing rule; one row of the cost table.
+fn cost_row(catalog: &str, workload: &str, pods: Vec<Pod>, np: &NodePoolInput) {
+    let n = pods.len();
+    let mut inp = SchedulingInput {
+        pods: pods.into_iter().map(Arc::new).collect(),
+        nodepools: vec![np.clone()],
+        ..Default::default()
+    };
+    let mut cells = Vec::new();
+    let mut bounds = (0.0, 0.0);
+    let mut prices = Vec::new();
+    for packing in [Packing::LargestFit, Packing::CostAware] {
+        inp.options.packing = packing;
+        let r = schedule(&inp);
+        let price = cost::plan_price(&r);
+        bounds = (cost::per_resource_lower_bound(&inp, &r), cost::fractional_lower_bound(&inp, &r));
+        let exotic = r.new_node_claims.iter().filter(|c| cost::uses_exotic(c)).count();
+        cells.push(format!(
+            "{price:.2} | {:.3} | {:.3} | {} | {exotic} | {}",
+            price / bounds.0,
+            price / bounds.1,
+            r.new_node_claims.len(),
+            r.errors.len()
+        ));
+        prices.push(price);
+    }
+    let yardstick = per_pod_yardstick(&inp);
     eprintln!(
-        "cost quality, {n} generic pods: plan ${plan:.2}/h on {} nodeclaims; per-resource bound ${per_resource:.2}/h ({:.3}x); per-pod bound ${per_pod:.2}/h ({:.3}x)",
-        r.new_node_claims.len(),
-        plan / per_resource,
-        plan / per_pod
+        "| {catalog} | {workload} | {n} | {:.2} | {:.2} | {} | {} | {:.3} | {yardstick:.2} | {:.3} |",
+        bounds.0,
+        bounds.1,
+        cells[0],
+        cells[1],
+        prices[1] / prices[0],
+        prices[1] / yardstick
     );
 }
 
-fn bench(c: &mut Criterion) {
-    for n in [100, 1000, 5000] {
-        cost_quality(n);
+/// The EC2 catalog built into the binary, in a NodePool without requirements.
+fn ec2_types() -> Vec<Arc<InstanceType>> {
+    match karpenter::cloudprovider::aws::embedded::instance_types() {
+        Ok(types) => types,
+        Err(e) => panic!("the embedded EC2 catalog: {e}"),
     }
+}
+
+/// Prints the cost table: today's rule (`LargestFit`) against the cost-aware one, per catalog,
+/// workload and size, with the per-resource lower bound; then the workload.
+fn cost_table() {
+    eprintln!(
+        "| catalog | pods | n | per-resource bound $/h | fractional bound $/h | today $/h | today / per-resource | today / fractional | today NodeClaims | today exotic | today unschedulable | new $/h | new / per-resource | new / fractional | new NodeClaims | new exotic | new unschedulable | new / today | per-pod yardstick $/h | new / yardstick |"
+    );
+    eprintln!("|{}", " ---: |".repeat(20));
+    let catalogs =
+        [("upstream 400", nodepool(instance_types())), ("EC2", NodePoolInput::new("default", ec2_types()))];
+    for (catalog, np) in &catalogs {
+        for n in [100, 1000, 5000] {
+            cost_row(catalog, "generic", make_pods(&[(Kind::Generic, n)]), np);
+            cost_row(catalog, "diverse", diverse_pods(n), np);
+        }
+    }
+    // The workload: 1000 pods of 250m / 256Mi, on-demand amd64 types under 32 vCPUs.
+    let req = |key: &str, operator: Operator, values: &[&str]| NodeSelectorRequirementWithMinValues {
+        key: key.into(),
+        operator,
+        values: values.iter().map(|v| v.to_string()).collect(),
+        min_values: None,
+    };
+    let mut reqs = vec![
+        req(LABEL_CAPACITY_TYPE, Operator::In, &[CAPACITY_TYPE_ON_DEMAND]),
+        req(LABEL_ARCH, Operator::In, &[ARCH_AMD64]),
+        req(LABEL_INSTANCE_CPU, Operator::Lt, &["32"]),
+    ];
+    let pods = || (0..1000).map(|i| sized_pod(i, "250m", "256Mi")).collect();
+    for catalog in ["EC2 on-demand amd64 < 32 vCPU", "the same without burstable (category t)"] {
+        let np = match NodePoolInput::new("default", ec2_types()).with_requirements(&reqs) {
+            Ok(np) => np,
+            Err(e) => panic!("nodepool requirements: {e}"),
+        };
+        cost_row(catalog, "250m / 256Mi", pods(), &np);
+        reqs.push(req(LABEL_INSTANCE_CATEGORY, Operator::NotIn, &["t"]));
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    cost_table();
     let types = instance_types();
     let mut group = c.benchmark_group("scheduling");
     group.sample_size(10);
