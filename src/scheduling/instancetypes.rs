@@ -121,7 +121,9 @@ impl InstanceType {
     /// Whether the type is "exotic": bare metal (its `instance-size` contains `metal`), or with
     /// GPUs or ML accelerators (GPU, Neuron or Gaudi capacity, or a GPU or accelerator count
     /// label). The scheduler gives such types to a NodeClaim only when no other type can hold its
-    /// pods (see [`scheduler`](super::scheduler)).
+    /// pods (see [`scheduler`](super::scheduler)). Upstream's AWS provider drops the same types
+    /// from a launch (metal sizes; NVIDIA, AMD, Neuron, Neuron core and Gaudi capacity); the count
+    /// labels add GPUs and accelerators of makers without a resource name here.
     pub fn is_exotic(&self) -> bool {
         let labelled = |key: &str| {
             self.requirements.get(key).is_some_and(|r| !r.is_complement() && !r.values().is_empty())
