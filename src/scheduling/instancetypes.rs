@@ -2,7 +2,11 @@
 
 use std::cmp::Ordering;
 
-use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE};
+use crate::apis::labels::{
+    LABEL_CAPACITY_TYPE, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT, LABEL_INSTANCE_SIZE,
+    LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE, RESOURCE_AMD_GPU, RESOURCE_AWS_NEURON,
+    RESOURCE_AWS_NEURON_CORE, RESOURCE_HABANA_GAUDI, RESOURCE_NVIDIA_GPU,
+};
 
 use super::requirements::{Requirement, Requirements};
 use super::resources::Resources;
@@ -113,6 +117,60 @@ impl InstanceType {
     pub fn fits(&self, requests: &Resources) -> bool {
         requests.fits(&self.allocatable)
     }
+
+    /// Whether the type is "exotic": bare metal (its `instance-size` contains `metal`), or with
+    /// GPUs or ML accelerators (GPU, Neuron or Gaudi capacity, or a GPU or accelerator count
+    /// label). The scheduler gives such types to a NodeClaim only when no other type can hold its
+    /// pods (see [`scheduler`](super::scheduler)). Upstream's AWS provider drops the same types
+    /// from a launch (metal sizes; NVIDIA, AMD, Neuron, Neuron core and Gaudi capacity); the count
+    /// labels add GPUs and accelerators of makers without a resource name here.
+    pub fn is_exotic(&self) -> bool {
+        let labelled = |key: &str| {
+            self.requirements.get(key).is_some_and(|r| !r.is_complement() && !r.values().is_empty())
+        };
+        let metal = self
+            .requirements
+            .get(LABEL_INSTANCE_SIZE)
+            .is_some_and(|r| !r.is_complement() && r.values().iter().any(|v| v.contains("metal")));
+        metal
+            || EXOTIC_RESOURCES.iter().any(|r| self.capacity.get(r) > 0)
+            || labelled(LABEL_INSTANCE_GPU_COUNT)
+            || labelled(LABEL_INSTANCE_ACCELERATOR_COUNT)
+    }
+}
+
+/// Resources only exotic instance types have: a pod requesting one needs such a type.
+pub const EXOTIC_RESOURCES: [&str; 5] = [
+    RESOURCE_NVIDIA_GPU,
+    RESOURCE_AMD_GPU,
+    RESOURCE_AWS_NEURON,
+    RESOURCE_AWS_NEURON_CORE,
+    RESOURCE_HABANA_GAUDI,
+];
+
+/// The price of `requests` on a type of hourly `price` and `allocatable` resources when the type
+/// is filled with copies of them up to its binding resource: `price` times the largest fraction of
+/// any allocatable resource that `requests` take. Infinite when the type lacks a requested
+/// resource; zero for empty requests.
+pub fn unit_price(price: f64, requests: &Resources, allocatable: &Resources) -> f64 {
+    let fixed = [
+        (requests.cpu, allocatable.cpu),
+        (requests.memory, allocatable.memory),
+        (requests.ephemeral_storage, allocatable.ephemeral_storage),
+        (requests.pods, allocatable.pods),
+    ];
+    let extended = requests.extended.iter().map(|(k, v)| (*v, allocatable.get(k)));
+    let mut share = 0.0f64;
+    for (v, a) in fixed.into_iter().chain(extended) {
+        if v <= 0 {
+            continue;
+        }
+        if a <= 0 {
+            return f64::INFINITY;
+        }
+        share = share.max(v as f64 / a as f64);
+    }
+    price * share
 }
 
 /// The instance types compatible with `reqs` on which `requests` fit.

@@ -31,7 +31,16 @@
 //! `minValues`, DaemonSet overhead, volume zones (bound PersistentVolumes and StorageClass
 //! `allowedTopologies`) and CSI attach limits of existing nodes (see [`volumes`]). Not modelled:
 //! capacity reservations, and pod priority/preemption.
+//!
+//! # Choosing instance types
+//!
+//! Under [`Packing::CostAware`] (the default) a NodeClaim closes at the size where it is cheapest
+//! per unit of its binding resource, exotic types (bare metal, GPUs, accelerators; see
+//! [`InstanceType::is_exotic`]) are left off NodeClaims that other types can hold, and CPU-heavy
+//! and memory-heavy pods alternate so that nodes fill both; [`Packing::LargestFit`] is the
+//! previous rule, kept for comparison. [`cost`] prices plans and bounds what any plan could cost.
 
+pub mod cost;
 pub mod daemonsets;
 pub mod hostports;
 pub mod instancetypes;
@@ -47,8 +56,9 @@ pub use instancetypes::{InstanceType, Offering, Overhead};
 pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;
 pub use scheduler::{
-    ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, PodError, PodRef,
-    SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, schedule,
+    ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, Packing, PodError, PodRef,
+    PreparedRun, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, UNIT_PRICE_TOLERANCE,
+    prepare, schedule,
 };
 pub use values::ValueSet;
 pub use volumes::VolumeInput;

@@ -25,6 +25,8 @@ struct ItSpec {
     zones: Vec<bool>,
     spot: bool,
     price: u32,
+    /// With a GPU (an exotic type).
+    gpu: bool,
 }
 
 fn it_spec() -> impl Strategy<Value = ItSpec> {
@@ -36,8 +38,9 @@ fn it_spec() -> impl Strategy<Value = ItSpec> {
         prop::collection::vec(any::<bool>(), 3),
         any::<bool>(),
         1u32..1000,
+        prop::bool::weighted(0.2),
     )
-        .prop_map(|(cpu, mem, pods, arm, zones, spot, price)| ItSpec {
+        .prop_map(|(cpu, mem, pods, arm, zones, spot, price, gpu)| ItSpec {
             cpu,
             mem,
             pods,
@@ -45,6 +48,7 @@ fn it_spec() -> impl Strategy<Value = ItSpec> {
             zones,
             spot,
             price,
+            gpu,
         })
 }
 
@@ -71,10 +75,14 @@ fn build_it(i: usize, s: &ItSpec) -> Arc<InstanceType> {
     }
     let arch = if s.arm { ARCH_ARM64 } else { ARCH_AMD64 };
     let labels: BTreeMap<String, String> = [(LABEL_ARCH.to_string(), arch.to_string())].into();
+    let mut capacity = Resources::from_pairs([(CPU, s.cpu * 1000), (MEMORY, s.mem * GI), (PODS, s.pods)]);
+    if s.gpu {
+        capacity.set(RESOURCE_NVIDIA_GPU, 1);
+    }
     Arc::new(InstanceType::new(
         format!("it-{i}"),
         Requirements::from_labels(&labels),
-        Resources::from_pairs([(CPU, s.cpu * 1000), (MEMORY, s.mem * GI), (PODS, s.pods)]),
+        capacity,
         Overhead {
             kube_reserved: Resources::from_pairs([(CPU, 100), (MEMORY, 1 << 28)]),
             ..Default::default()
@@ -218,6 +226,7 @@ proptest! {
         pools in prop::collection::vec(pool_spec(), 1..4),
         pods in prop::collection::vec(pod_spec(), 1..40),
         with_node in any::<bool>(),
+        cost_aware in any::<bool>(),
     ) {
         let types: Vec<Arc<InstanceType>> = its.iter().enumerate().map(|(i, s)| build_it(i, s)).collect();
         let pools: Vec<NodePoolInput> = pools.iter().enumerate().map(|(i, s)| build_pool(i, s, &types)).collect();
@@ -242,6 +251,10 @@ proptest! {
             nodepools: pools.clone(),
             existing_nodes: existing.clone().into_iter().collect(),
             daemonsets: vec![ds],
+            options: SchedulerOptions {
+                packing: if cost_aware { Packing::CostAware } else { Packing::LargestFit },
+                ..Default::default()
+            },
             ..Default::default()
         };
         let r = schedule(&input);
@@ -268,6 +281,11 @@ proptest! {
         for c in &r.new_node_claims {
             let np = by_name[c.nodepool.as_str()];
             prop_assert!(!c.instance_type_options.is_empty());
+            // No pod asks for a GPU: exotic types only when no other type holds the claim.
+            if cost_aware {
+                let exotic = c.instance_type_options.iter().filter(|it| it.is_exotic()).count();
+                prop_assert!(exotic == 0 || exotic == c.instance_type_options.len(), "{:?}", c.instance_type_names);
+            }
             // Requests (pods plus DaemonSet overhead) fit every option, the cheapest included.
             for it in &c.instance_type_options {
                 prop_assert!(c.requests.fits(it.allocatable()), "{} does not fit {}", c.requests, it.name);
@@ -342,7 +360,7 @@ proptest! {
         let types: Vec<Arc<InstanceType>> = [2i64, 4, 8, 16]
             .iter()
             .enumerate()
-            .map(|(i, c)| build_it(i, &ItSpec { cpu: *c, mem: 4 * c, pods: 30, arm: false, zones: vec![true; 3], spot: false, price: 10 * (i as u32 + 1) }))
+            .map(|(i, c)| build_it(i, &ItSpec { cpu: *c, mem: 4 * c, pods: 30, arm: false, zones: vec![true; 3], spot: false, price: 10 * (i as u32 + 1), gpu: false }))
             .collect();
         let key = if host { LABEL_HOSTNAME } else { LABEL_TOPOLOGY_ZONE };
         let pods = shared(sizes

@@ -1,10 +1,16 @@
 //! The bin-packing simulation: places pending pods on existing nodes and on new NodeClaims.
 //!
-//! Pods are taken largest first (CPU, then memory, then age and name). Each pod tries, in order,
-//! the existing and in-flight nodes, the NodeClaims already opened in this run, and finally a new
-//! NodeClaim from each NodePool by weight. A NodeClaim keeps every instance type that can still
-//! hold all its pods plus the DaemonSet overhead; adding a pod narrows its requirements and its
-//! instance types, and fails when none is left. When a pod fits nowhere its preferences are
+//! Pods are taken largest first (CPU, then memory, then age and name), CPU-heavy and
+//! memory-heavy pods alternating (see [`Packing`]). Each pod tries, in order, the existing and
+//! in-flight nodes, the NodeClaims already opened in this run, and finally a new NodeClaim from
+//! each NodePool by weight. A NodeClaim keeps every instance type that can still hold all its pods
+//! plus the DaemonSet overhead; adding a pod narrows its requirements and its instance types, and
+//! fails when none is left, or when every type left would cost clearly more per unit of the
+//! claim's binding resource than the cheapest type its requirements allow (the claim is then
+//! closed at the size where it is cheapest per unit). Exotic types (bare metal, GPUs,
+//! accelerators) are dropped from a NodeClaim whenever other types can hold it, so the
+//! provisioner, `simulate` and every cloud provider, which launch only from a NodeClaim's list,
+//! agree. When a pod fits nowhere its preferences are
 //! relaxed one at a time (other required node-affinity terms, preferred node affinity, then
 //! `ScheduleAnyway` spreads) before it is reported unschedulable with a reason per NodePool.
 
@@ -20,7 +26,7 @@ use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_HOSTNAME, LABEL_NODEPOOL, L
 use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 
 use super::hostports::{HostPort, first_conflict, pod_host_ports};
-use super::instancetypes::{InstanceType, compare_price};
+use super::instancetypes::{InstanceType, compare_price, unit_price};
 use super::requirements::{Requirement, RequirementError, Requirements, keys_compatible};
 use super::resources::{NODES, QuantityError, Resources, parse_quantity_for, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
@@ -71,6 +77,28 @@ impl std::str::FromStr for MinValuesPolicy {
     }
 }
 
+/// How pods are ordered and how far a NodeClaim grows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Packing {
+    /// Pods are taken largest first, alternating between those heavy in CPU and those heavy in
+    /// memory (relative to all pending pods) so that NodeClaims fill both evenly. A NodeClaim
+    /// stops growing once no instance type that can hold it comes within
+    /// [`UNIT_PRICE_TOLERANCE`] of the lowest price per unit of its binding resource among its
+    /// allowed types (unless the pod rides free on the type it needs already), and exotic types
+    /// (see [`InstanceType::is_exotic`]) are dropped from a NodeClaim that other types can hold.
+    #[default]
+    CostAware,
+    /// The rule of upstream's scheduler, and of this one before [`Packing::CostAware`]: pods by
+    /// CPU, then memory; a NodeClaim grows while any allowed type can hold it; exotic types stay.
+    /// Kept so that benchmarks can compare the plans.
+    LargestFit,
+}
+
+/// How much dearer per unit of its binding resource than the cheapest allowed type an instance
+/// type may be and still let a NodeClaim grow into it (3%): larger NodeClaims need fewer nodes
+/// and less DaemonSet overhead, so a near tie goes to the larger type.
+pub const UNIT_PRICE_TOLERANCE: f64 = 0.03;
+
 /// Tunables of a scheduling run.
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
@@ -78,11 +106,17 @@ pub struct SchedulerOptions {
     pub min_values_policy: MinValuesPolicy,
     /// Most instance types listed in a NodeClaim's `instance-type In` requirement.
     pub max_instance_types: usize,
+    /// How pods are ordered and how far NodeClaims grow.
+    pub packing: Packing,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
-        SchedulerOptions { min_values_policy: MinValuesPolicy::Strict, max_instance_types: 60 }
+        SchedulerOptions {
+            min_values_policy: MinValuesPolicy::Strict,
+            max_instance_types: 60,
+            packing: Packing::default(),
+        }
     }
 }
 
@@ -305,6 +339,23 @@ pub fn schedule(input: &SchedulingInput) -> SchedulingResults {
     Scheduler::new(input).run()
 }
 
+/// A scheduling run set up but not started: pods parsed, topology groups registered and their
+/// domains counted, NodePools' instance types ordered. [`PreparedRun::run`] places the pods;
+/// `prepare(input).run()` is [`schedule`]. Lets a benchmark time the placement alone.
+pub struct PreparedRun<'a>(Scheduler<'a>);
+
+/// Sets up a scheduling run over `input` without placing any pod.
+pub fn prepare(input: &SchedulingInput) -> PreparedRun<'_> {
+    PreparedRun(Scheduler::new(input))
+}
+
+impl PreparedRun<'_> {
+    /// Places the pods and returns the outcome.
+    pub fn run(self) -> SchedulingResults {
+        self.0.run()
+    }
+}
+
 struct PodInfo<'a> {
     r: PodRef,
     requests: Resources,
@@ -460,7 +511,11 @@ struct Claim {
     requests: Resources,
     pods: Vec<usize>,
     its: Vec<u32>,
+    /// With [`Packing::CostAware`]: the types its requirements allow that are too small to hold
+    /// it (with `its`, the types whose price per unit sets how far it may grow).
+    small: Vec<u32>,
     ports: Vec<HostPort>,
+    /// Per CPU, memory and pods: the most any type it may still grow into allocates.
     max_alloc: [i64; 3],
     reserved: BTreeMap<String, i64>,
     min_values_relaxed: bool,
@@ -490,13 +545,88 @@ struct Scheduler<'a> {
     offer_idx: OfferingIndex,
     /// Per pod class: bit set of the claims that reject the class for good.
     rejected: Vec<Vec<u64>>,
+    /// Per pool (in `pools` order): prices and exotic flags of its instance types.
+    costs: Vec<PoolCosts>,
+}
+
+/// Per instance type of a pool (by index into its `instance_types`): the price of its cheapest
+/// offering the NodePool allows (infinite without one), and whether it is exotic.
+struct PoolCosts {
+    prices: Vec<f64>,
+    exotic: Vec<bool>,
+    /// 1 / allocatable CPU, memory and pods (infinite where there is none).
+    inverse: Vec<[f64; 3]>,
+    /// Per limited resource of the NodePool (in key order): what each type counts toward it.
+    limits: Vec<LimitedAmounts>,
+}
+
+/// What each instance type of a pool counts toward one NodePool limit.
+struct LimitedAmounts(Vec<i64>);
+
+impl LimitedAmounts {
+    fn amount(&self, i: u32) -> i64 {
+        self.0.get(i as usize).copied().unwrap_or(i64::MAX)
+    }
+}
+
+impl PoolCosts {
+    fn new(np: &NodePoolInput) -> Self {
+        let its = &np.instance_types;
+        PoolCosts {
+            prices: its
+                .iter()
+                .map(|it| it.cheapest_price(&np.requirements).unwrap_or(f64::INFINITY))
+                .collect(),
+            exotic: its.iter().map(|it| it.is_exotic()).collect(),
+            inverse: its
+                .iter()
+                .map(|it| {
+                    let a = it.allocatable();
+                    [a.cpu, a.memory, a.pods].map(|v| if v > 0 { 1.0 / v as f64 } else { f64::INFINITY })
+                })
+                .collect(),
+            limits: np
+                .remaining_limits
+                .iter()
+                .flat_map(|l| l.keys())
+                .map(|k| LimitedAmounts(its.iter().map(|it| limited_amount(it, k)).collect()))
+                .collect(),
+        }
+    }
+
+    /// [`unit_price`] of `requests` on type `i`, without divisions when they ask for CPU, memory
+    /// and pods only.
+    fn unit_price(&self, i: u32, requests: &Resources, types: &[Arc<InstanceType>]) -> f64 {
+        let price = self.price(i);
+        match self.inverse.get(i as usize) {
+            Some(inv) if requests.extended.is_empty() && requests.ephemeral_storage <= 0 => {
+                let share = |v: i64, inv: f64| if v > 0 { v as f64 * inv } else { 0.0 };
+                price
+                    * share(requests.cpu, inv[0])
+                        .max(share(requests.memory, inv[1]))
+                        .max(share(requests.pods, inv[2]))
+            }
+            _ => types
+                .get(i as usize)
+                .map_or(f64::INFINITY, |it| unit_price(price, requests, it.allocatable())),
+        }
+    }
+
+    fn price(&self, i: u32) -> f64 {
+        self.prices.get(i as usize).copied().unwrap_or(f64::INFINITY)
+    }
+
+    fn is_exotic(&self, i: u32) -> bool {
+        self.exotic.get(i as usize).copied().unwrap_or(false)
+    }
 }
 
 /// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
 type Reject = (String, bool);
 
-fn limited_capacity(it: &InstanceType, limits: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
-    limits.keys().map(|k| (k.clone(), if k == NODES { 1 } else { it.capacity.get(k) })).collect()
+/// What a node of type `it` counts toward a NodePool limit on `key`.
+fn limited_amount(it: &InstanceType, key: &str) -> i64 {
+    if key == NODES { 1 } else { it.capacity.get(key) }
 }
 
 fn max_alloc(its: &[u32], types: &[Arc<InstanceType>]) -> [i64; 3] {
@@ -682,13 +812,14 @@ impl<'a> Scheduler<'a> {
         }
 
         let rejected = vec![Vec::new(); classes.len()];
-        Scheduler { input, pods, pools, nodes, claims: vec![], topo, offer_idx, rejected }
+        let costs = pools.iter().map(|p| PoolCosts::new(p.input)).collect();
+        Scheduler { input, pods, pools, nodes, claims: vec![], topo, offer_idx, rejected, costs }
     }
 
     fn run(mut self) -> SchedulingResults {
         let mut queue: Vec<usize> = (0..self.pods.len()).collect();
         let input = self.input;
-        queue.sort_by(|a, b| {
+        let largest_first = |a: &usize, b: &usize| {
             let (pa, pb) = (&self.pods[*a], &self.pods[*b]);
             pb.requests
                 .cpu
@@ -701,7 +832,11 @@ impl<'a> Scheduler<'a> {
                         .cmp(&input.pods[*b].metadata.creation_timestamp)
                 })
                 .then_with(|| pa.r.cmp(&pb.r))
-        });
+        };
+        queue.sort_by(largest_first);
+        if input.options.packing == Packing::CostAware {
+            queue = balanced_order(&queue, &self.pods);
+        }
         let mut errors: BTreeMap<usize, PodError> = BTreeMap::new();
         loop {
             let mut failed = Vec::new();
@@ -849,28 +984,24 @@ impl<'a> Scheduler<'a> {
             None => pool.its.clone(),
             Some(rem) => {
                 let types = &pool.input.instance_types;
+                let limits = &self.costs[pool_i].limits;
                 let kept: Vec<u32> = pool
                     .its
                     .iter()
                     .copied()
-                    .filter(|i| {
-                        types.get(*i as usize).is_some_and(|it| {
-                            limited_capacity(it, rem)
-                                .iter()
-                                .all(|(k, v)| *v <= rem.get(k).copied().unwrap_or(0))
-                        })
-                    })
+                    .filter(|i| rem.values().zip(limits).all(|(left, caps)| caps.amount(*i) <= *left))
                     .collect();
                 if kept.is_empty() {
-                    let over: Vec<&str> =
-                        rem.iter()
-                            .filter(|(k, v)| {
-                                pool.its.iter().filter_map(|i| types.get(*i as usize)).all(|it| {
-                                    (if k.as_str() == NODES { 1 } else { it.capacity.get(k) }) > **v
-                                })
-                            })
-                            .map(|(k, _)| k.as_str())
-                            .collect();
+                    let over: Vec<&str> = rem
+                        .iter()
+                        .filter(|(k, v)| {
+                            pool.its
+                                .iter()
+                                .filter_map(|i| types.get(*i as usize))
+                                .all(|it| limited_amount(it, k) > **v)
+                        })
+                        .map(|(k, _)| k.as_str())
+                        .collect();
                     return Err(format!("would exceed nodepool limits {}", over.join(", ")));
                 }
                 kept
@@ -888,6 +1019,7 @@ impl<'a> Scheduler<'a> {
             requests: pool.ds_overhead.clone(),
             pods: vec![],
             its,
+            small: vec![],
             ports: vec![],
             max_alloc: max,
             reserved: BTreeMap::new(),
@@ -913,7 +1045,7 @@ impl<'a> Scheduler<'a> {
         state: Relax,
         reason: bool,
     ) -> Result<(), Reject> {
-        let Scheduler { claims, pools, pods, topo, offer_idx, input, .. } = self;
+        let Scheduler { claims, pools, pods, topo, offer_idx, input, costs, .. } = self;
         let claim = &mut claims[c];
         let pod = &pods[p];
         let r = &pod.requests;
@@ -1026,34 +1158,40 @@ impl<'a> Scheduler<'a> {
 
         let new_requests = claim.requests.add(r);
         let types = &pool.input.instance_types;
+        let cost_aware = input.options.packing == Packing::CostAware;
+        let reqs_changed = offers_changed || !label_keys.is_empty();
+        // Whether the narrowed requirements still allow type `i`.
+        let allowed = |i: u32, it: &InstanceType| {
+            let labels_ok = label_keys.iter().all(|k| match (it.requirements.get(k), eff_reqs.get(k)) {
+                (Some(ir), Some(nr)) => keys_compatible(ir, nr),
+                _ => true,
+            });
+            labels_ok
+                && (!offers_changed
+                    || match masks {
+                        Some((zm, cm)) => pool
+                            .offers
+                            .get(i as usize)
+                            .is_some_and(|o| o.iter().any(|(z, ct, _)| z & zm != 0 && ct & cm != 0)),
+                        None => it.compatible_offerings(eff_reqs).next().is_some(),
+                    })
+        };
         let mut kept = Vec::with_capacity(claim.its.len());
+        // Allowed types that no longer hold the claim (tracked for the cost-aware rule only).
+        let mut outgrown = Vec::new();
         let (mut fit_fail, mut req_fail) = (0usize, 0usize);
-        'its: for &i in &claim.its {
+        for &i in &claim.its {
             let Some(it) = types.get(i as usize) else { continue };
             if !new_requests.fits(it.allocatable()) {
                 fit_fail += 1;
+                if cost_aware && allowed(i, it) {
+                    outgrown.push(i);
+                }
                 continue;
             }
-            for k in &label_keys {
-                if let (Some(ir), Some(nr)) = (it.requirements.get(k), eff_reqs.get(k))
-                    && !keys_compatible(ir, nr)
-                {
-                    req_fail += 1;
-                    continue 'its;
-                }
-            }
-            if offers_changed {
-                let ok = match masks {
-                    Some((zm, cm)) => pool
-                        .offers
-                        .get(i as usize)
-                        .is_some_and(|o| o.iter().any(|(z, ct, _)| z & zm != 0 && ct & cm != 0)),
-                    None => it.compatible_offerings(eff_reqs).next().is_some(),
-                };
-                if !ok {
-                    req_fail += 1;
-                    continue;
-                }
+            if !allowed(i, it) {
+                req_fail += 1;
+                continue;
             }
             kept.push(i);
         }
@@ -1074,6 +1212,17 @@ impl<'a> Scheduler<'a> {
             };
             return Err((msg, false));
         }
+        let cost = &costs[claim.pool];
+        // Exotic types only when no other type can hold the claim (and minValues still hold
+        // without them).
+        if cost_aware && kept.iter().any(|i| cost.is_exotic(*i)) {
+            let plain: Vec<u32> = kept.iter().copied().filter(|i| !cost.is_exotic(*i)).collect();
+            if !plain.is_empty()
+                && (!pool.has_min_values || check_min_values(eff_reqs, &plain, types).is_ok())
+            {
+                kept = plain;
+            }
+        }
         let mut relaxed = claim.min_values_relaxed;
         if pool.has_min_values
             && let Err(e) = check_min_values(eff_reqs, &kept, types)
@@ -1084,20 +1233,68 @@ impl<'a> Scheduler<'a> {
             }
         }
 
-        // Commit.
-        let reserved = match &pool.remaining {
-            Some(rem) => {
-                let mut res: BTreeMap<String, i64> = rem.keys().map(|k| (k.clone(), 0)).collect();
-                for &i in &kept {
-                    if let Some(it) = types.get(i as usize) {
-                        for (k, v) in limited_capacity(it, rem) {
-                            let e = res.entry(k).or_insert(0);
-                            *e = (*e).max(v);
-                        }
-                    }
+        // How far the claim may grow: into the types that hold it at near the lowest price per
+        // unit of what it holds, or at no more than it costs now. Worked out again when the types
+        // that hold it change (the only time its cheapest type, and so its price, can rise).
+        let mut growth_alloc = None;
+        if cost_aware && (claim.pods.is_empty() || reqs_changed || kept.len() != claim.its.len()) {
+            let unit = |i: u32| cost.unit_price(i, &new_requests, types);
+            let ordinary = !kept.iter().any(|i| cost.is_exotic(*i));
+            let too_small = claim
+                .small
+                .iter()
+                .copied()
+                .filter(|i| !reqs_changed || types.get(*i as usize).is_some_and(|it| allowed(*i, it)))
+                .chain(outgrown.iter().copied());
+            let floor = too_small
+                .chain(kept.iter().copied())
+                .filter(|i| !(ordinary && cost.is_exotic(*i)))
+                .map(unit)
+                .fold(f64::INFINITY, f64::min);
+            let limit = floor * (1.0 + UNIT_PRICE_TOLERANCE);
+            let now = claim.its.first().map_or(f64::INFINITY, |i| cost.price(*i));
+            let cheapest = kept.first().map_or(f64::INFINITY, |i| cost.price(*i));
+            let mut m = [i64::MIN; 3];
+            let mut efficient = false;
+            for &i in &kept {
+                let fits_cheaply = unit(i) <= limit;
+                efficient |= fits_cheaply;
+                if (fits_cheaply || cost.price(i) <= cheapest)
+                    && let Some(it) = types.get(i as usize)
+                {
+                    let a = it.allocatable();
+                    m = [m[0].max(a.cpu), m[1].max(a.memory), m[2].max(a.pods)];
                 }
-                res
             }
+            if !claim.pods.is_empty() && !efficient && cheapest > now {
+                let msg = if reason {
+                    format!(
+                        "no instance type holding {} is among the cheapest per unit of it",
+                        describe_requests(&new_requests)
+                    )
+                } else {
+                    String::new()
+                };
+                return Err((msg, false));
+            }
+            growth_alloc = Some(m);
+        }
+        if cost_aware {
+            if reqs_changed {
+                claim.small.retain(|i| types.get(*i as usize).is_some_and(|it| allowed(*i, it)));
+            }
+            claim.small.extend(outgrown);
+        }
+
+        // Commit.
+        // Limits count the largest type the claim may launch as.
+        let reserved = match &pool.remaining {
+            Some(_) if kept.len() == claim.its.len() && !claim.pods.is_empty() => claim.reserved.clone(),
+            Some(rem) => rem
+                .keys()
+                .zip(&cost.limits)
+                .map(|(k, caps)| (k.clone(), kept.iter().map(|i| caps.amount(*i)).max().unwrap_or(0)))
+                .collect(),
             None => BTreeMap::new(),
         };
         let pool_mut = &mut pools[claim.pool];
@@ -1110,7 +1307,9 @@ impl<'a> Scheduler<'a> {
         if let Some(nr) = new_reqs {
             claim.reqs = nr;
         }
-        if kept.len() != claim.its.len() {
+        if let Some(m) = growth_alloc {
+            claim.max_alloc = m;
+        } else if kept.len() != claim.its.len() {
             claim.max_alloc = max_alloc(&kept, &pool_mut.input.instance_types);
         }
         claim.its = kept;
@@ -1239,6 +1438,54 @@ impl<'a> Pool<'a> {
             has_min_values: np.requirements.iter().any(|(_, r)| r.min_values().is_some()),
         }
     }
+}
+
+/// Reorders pods given largest first so that CPU and memory are taken up evenly: pods whose
+/// share of all pending CPU is at least their share of all pending memory are "CPU-heavy", the
+/// others "memory-heavy"; each kind is taken by its larger share first (ties keep the given
+/// order), and the next pod comes from the kind whose resource has been taken up less so far.
+/// Open NodeClaims then receive a mix close to the whole batch's and fill both resources, where
+/// taking all CPU-heavy pods first fills their CPU and strands their memory.
+fn balanced_order(queue: &[usize], pods: &[PodInfo<'_>]) -> Vec<usize> {
+    let (total_cpu, total_mem) = queue.iter().fold((0.0f64, 0.0f64), |(c, m), p| {
+        let r = &pods[*p].requests;
+        (c + r.cpu.max(0) as f64, m + r.memory.max(0) as f64)
+    });
+    let share = |p: usize| {
+        let r = &pods[p].requests;
+        let of = |v: i64, total: f64| if total > 0.0 { v.max(0) as f64 / total } else { 0.0 };
+        (of(r.cpu, total_cpu), of(r.memory, total_mem))
+    };
+    // (share of the dominant resource, pod) per kind.
+    let mut cpu_heavy: Vec<(f64, usize)> = vec![];
+    let mut mem_heavy: Vec<(f64, usize)> = vec![];
+    for &p in queue {
+        let (c, m) = share(p);
+        if c >= m {
+            cpu_heavy.push((c, p));
+        } else {
+            mem_heavy.push((m, p));
+        }
+    }
+    cpu_heavy.sort_by(|a, b| b.0.total_cmp(&a.0));
+    mem_heavy.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut out = Vec::with_capacity(queue.len());
+    let (mut i, mut j) = (0, 0);
+    let (mut taken_cpu, mut taken_mem) = (0.0f64, 0.0f64);
+    while i < cpu_heavy.len() || j < mem_heavy.len() {
+        let p = if j >= mem_heavy.len() || (i < cpu_heavy.len() && taken_cpu <= taken_mem) {
+            i += 1;
+            cpu_heavy[i - 1].1
+        } else {
+            j += 1;
+            mem_heavy[j - 1].1
+        };
+        let (c, m) = share(p);
+        taken_cpu += c;
+        taken_mem += m;
+        out.push(p);
+    }
+    out
 }
 
 /// Checks that the instance types keep at least `minValues` distinct values of each key that

@@ -1,6 +1,6 @@
 //! Scenario tests of the scheduler.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
@@ -1067,4 +1067,189 @@ fn attach_limits_of_existing_nodes(#[case] claims: &[&str], #[case] new_nodes: u
     assert_eq!(r.new_node_claims.len(), new_nodes);
     let on_n1: usize = r.existing_placements.iter().map(|p| p.pods.len()).sum();
     assert_eq!(on_n1, claims.len() - new_nodes);
+}
+
+/// A type of `cpu` vCPU, 2 GiB per vCPU and `pods` pods in z1 at `price`, with `extra` capacity
+/// (accelerators) and `labels` besides arch, family and size.
+fn priced_type(
+    name: &str,
+    cpu: i64,
+    pods: i64,
+    price: f64,
+    extra: &[(&str, i64)],
+    labels: &[(&str, &str)],
+) -> Arc<InstanceType> {
+    let (family, size) = name.split_once('.').unwrap_or((name, ""));
+    let mut all: BTreeMap<String, String> = [
+        (LABEL_ARCH.to_string(), ARCH_AMD64.to_string()),
+        (LABEL_INSTANCE_FAMILY.to_string(), family.to_string()),
+        (LABEL_INSTANCE_SIZE.to_string(), size.to_string()),
+    ]
+    .into();
+    all.extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let mut capacity = Resources::from_pairs([(CPU, cpu * 1000), (MEMORY, 2 * cpu * GI), (PODS, pods)]);
+    for (k, v) in extra {
+        capacity.set(k, *v);
+    }
+    let offering = Offering { zone: "z1".into(), capacity_type: "on-demand".into(), price, available: true };
+    Arc::new(InstanceType::new(
+        name,
+        Requirements::from_labels(&all),
+        capacity,
+        Overhead::default(),
+        vec![offering],
+    ))
+}
+
+fn with_packing(mut inp: SchedulingInput, packing: Packing) -> SchedulingInput {
+    inp.options.packing = packing;
+    inp
+}
+
+/// The plans of the cost-aware rule and of the largest-fit rule, every pod placed by both.
+fn plans(inp: SchedulingInput) -> (SchedulingResults, SchedulingResults) {
+    let new = schedule(&with_packing(inp.clone(), Packing::CostAware));
+    let old = schedule(&with_packing(inp, Packing::LargestFit));
+    assert!(new.errors.is_empty(), "{}", error_of(&new));
+    assert!(old.errors.is_empty(), "{}", error_of(&old));
+    (new, old)
+}
+
+fn assert_cheaper(new: &SchedulingResults, old: &SchedulingResults) {
+    let (a, b) = (cost::plan_price(new), cost::plan_price(old));
+    assert!(a < b, "{a} vs {b}");
+}
+
+fn with_requests(mut p: Pod, name: &str, amount: &str) -> Pod {
+    let c = &mut spec(&mut p).containers[0];
+    let res = c.resources.get_or_insert_with(Default::default);
+    res.requests.get_or_insert_with(Default::default).insert(name.into(), Quantity(amount.into()));
+    res.limits.get_or_insert_with(Default::default).insert(name.into(), Quantity(amount.into()));
+    p
+}
+
+/// An Inferentia-like type cheaper than the ordinary one, a GPU type, and a bare-metal type.
+fn exotic_catalog() -> Vec<Arc<InstanceType>> {
+    vec![
+        priced_type(
+            "inf.4x",
+            4,
+            50,
+            0.10,
+            &[(RESOURCE_AWS_NEURON, 1)],
+            &[(LABEL_INSTANCE_ACCELERATOR_COUNT, "1")],
+        ),
+        priced_type("m.4x", 4, 50, 0.20, &[], &[]),
+        priced_type("m.metal", 8, 50, 0.30, &[], &[]),
+        priced_type("g.16x", 16, 50, 1.00, &[(RESOURCE_NVIDIA_GPU, 1)], &[(LABEL_INSTANCE_GPU_COUNT, "1")]),
+    ]
+}
+
+#[rstest]
+#[case::ordinary_pods_get_ordinary_types(pod("a", "1", "1Gi"), Packing::CostAware, &["m.4x"])]
+#[case::accelerator_requests_get_accelerators(with_requests(pod("a", "1", "1Gi"), RESOURCE_AWS_NEURON, "1"), Packing::CostAware, &["inf.4x"])]
+#[case::selected_family_is_kept(with_node_selector(pod("a", "1", "1Gi"), LABEL_INSTANCE_FAMILY, "inf"), Packing::CostAware, &["inf.4x"])]
+#[case::selected_metal_is_kept(with_node_selector(pod("a", "1", "1Gi"), LABEL_INSTANCE_SIZE, "metal"), Packing::CostAware, &["m.metal"])]
+#[case::exotic_when_nothing_else_holds(pod("a", "12", "1Gi"), Packing::CostAware, &["g.16x"])]
+#[case::largest_fit_keeps_exotic(pod("a", "1", "1Gi"), Packing::LargestFit, &["inf.4x", "m.4x", "m.metal", "g.16x"])]
+fn exotic_types_only_when_needed(#[case] p: Pod, #[case] packing: Packing, #[case] want: &[&str]) {
+    let r = schedule(&with_packing(
+        input(vec![p], vec![NodePoolInput::new("default", exotic_catalog())]),
+        packing,
+    ));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims[0].instance_type_names, want);
+}
+
+#[test]
+fn ordinary_claims_do_not_grow_into_exotic_types() {
+    // 20 one-vCPU pods: 4 fit an m.4x; growing past 8 vCPU would need the GPU type.
+    let r = schedule(&input(pods_n(20, |p| p), vec![NodePoolInput::new("default", exotic_catalog())]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    for c in &r.new_node_claims {
+        assert!(!cost::uses_exotic(c), "{:?}", c.instance_type_names);
+    }
+}
+
+/// The shape of the issue's EC2 case: the 16-vCPU type is the cheapest per vCPU, the 24-vCPU one
+/// (the largest allowed) is not.
+fn sizing_catalog() -> Vec<Arc<InstanceType>> {
+    vec![
+        priced_type("c.2x", 2, 29, 0.0765, &[], &[]),
+        priced_type("c.16x", 16, 234, 0.612, &[], &[]),
+        priced_type("x.24x", 24, 234, 1.18, &[], &[]),
+    ]
+}
+
+#[test]
+fn claims_close_where_the_price_per_unit_is_lowest() {
+    let pods = (0..100).map(|i| pod(&format!("p{i:03}"), "250m", "256Mi")).collect::<Vec<_>>();
+    let (new, old) = plans(input(pods, vec![NodePoolInput::new("default", sizing_catalog())]));
+    // 64 pods fill a c.16x; the rest go on a second one.
+    let cheapest: Vec<&str> = new.new_node_claims.iter().map(|c| c.instance_type_names[0].as_str()).collect();
+    assert_eq!(cheapest, ["c.16x", "c.16x"]);
+    assert_eq!(new.new_node_claims[0].pods.len(), 64);
+    // Growing while any type holds the pods puts 96 on the 24-vCPU type.
+    let old_cheapest: Vec<&str> =
+        old.new_node_claims.iter().map(|c| c.instance_type_names[0].as_str()).collect();
+    assert_eq!(old_cheapest, ["x.24x", "c.2x"]);
+    assert_cheaper(&new, &old);
+}
+
+#[test]
+fn a_pod_that_rides_free_joins_a_claim_on_a_dear_type() {
+    // The first pod needs the 24-vCPU type; a small one fits beside it at no extra cost.
+    let pods = vec![pod("big", "20", "1Gi"), pod("small", "250m", "256Mi")];
+    let r = schedule(&input(pods, vec![NodePoolInput::new("default", sizing_catalog())]));
+    assert_eq!(
+        r.new_node_claims.len(),
+        1,
+        "{:?}",
+        r.new_node_claims.iter().map(|c| &c.pods).collect::<Vec<_>>()
+    );
+    assert_eq!(r.new_node_claims[0].instance_type_names, ["x.24x"]);
+}
+
+#[test]
+fn cpu_heavy_and_memory_heavy_pods_share_nodes() {
+    let mut pods: Vec<Pod> = (0..16).map(|i| pod(&format!("cpu{i:02}"), "2", "512Mi")).collect();
+    pods.extend((0..16).map(|i| pod(&format!("mem{i:02}"), "250m", "3584Mi")));
+    let (new, old) = plans(input(pods, vec![pool("default")]));
+    // Taking the CPU-heavy pods first fills the first nodes' CPU and strands their memory.
+    let kinds = |c: &NewNodeClaim| c.pods.iter().map(|p| p.name[..3].to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(kinds(&new.new_node_claims[0]).len(), 2, "{:?}", new.new_node_claims[0].pods);
+    assert_eq!(kinds(&old.new_node_claims[0]).len(), 1, "{:?}", old.new_node_claims[0].pods);
+    assert_cheaper(&new, &old);
+}
+
+#[test]
+fn the_issue_workload_on_the_ec2_catalog_costs_at_most_10_30() {
+    // 1000 pods of 250m / 256Mi; on-demand amd64 types under 32 vCPUs.
+    let types = crate::cloudprovider::aws::embedded::instance_types().expect("the embedded catalog loads");
+    let req = |key: &str, op: Operator, values: &[&str]| NodeSelectorRequirementWithMinValues {
+        key: key.into(),
+        operator: op,
+        values: values.iter().map(|v| v.to_string()).collect(),
+        min_values: None,
+    };
+    let np = NodePoolInput::new("default", types)
+        .with_requirements(&[
+            req(LABEL_CAPACITY_TYPE, Operator::In, &[CAPACITY_TYPE_ON_DEMAND]),
+            req(LABEL_ARCH, Operator::In, &[ARCH_AMD64]),
+            req(LABEL_INSTANCE_CPU, Operator::Lt, &["32"]),
+        ])
+        .unwrap();
+    let pods = (0..1000).map(|i| pod(&format!("small-{i}"), "250m", "256Mi")).collect::<Vec<_>>();
+    let (new, old) = plans(input(pods, vec![np]));
+    let price = cost::plan_price(&new);
+    assert!(
+        price <= 10.30,
+        "${price:.2}/h on {:?}",
+        new.new_node_claims.iter().map(|c| &c.instance_type_names[0]).collect::<Vec<_>>()
+    );
+    assert!(new.new_node_claims.iter().all(|c| !cost::uses_exotic(c)));
+    // Before: Inferentia nodes, $12.41/h.
+    assert!(old.new_node_claims.iter().any(cost::uses_exotic));
+    assert!(cost::plan_price(&old) > 12.0, "{}", cost::plan_price(&old));
+    assert_cheaper(&new, &old);
 }

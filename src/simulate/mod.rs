@@ -178,7 +178,7 @@ pub fn simulate(
 ) -> Result<(Report, Vec<String>), SimulateError> {
     let (input, warnings) = scheduling_input(manifests, instance_types)?;
     let results = schedule(&input);
-    Ok((Report::from_results(&results), warnings))
+    Ok((Report::from_results(&input, &results), warnings))
 }
 
 /// Renders a report.

@@ -13,17 +13,23 @@
 //!   }],
 //!   "existingPlacements": [{"node": "node-1", "pods": ["default/web-0"]}],
 //!   "unschedulable": [{"pod": "default/huge", "reasons": ["nodepool \"default\": ..."]}],
-//!   "totalPricePerHour": 0.01560
+//!   "totalPricePerHour": 0.01560,
+//!   "lowerBoundPerHour": 0.01248,
+//!   "priceToLowerBound": 1.25
 //! }
 //! ```
 //!
 //! `instanceType`, `zone`, `capacityType` and `pricePerHour` describe the cheapest launch: the
 //! first instance type option (options are cheapest first) and its cheapest offering the claim's
-//! requirements allow. Prices are rounded to six decimals.
+//! requirements allow. Prices are rounded to six decimals. `lowerBoundPerHour` is a price no plan
+//! for the pods placed on new NodeClaims can beat (the fractional bound of
+//! [`cost`](crate::scheduling::cost), at least the per-resource one); `priceToLowerBound` is the
+//! plan's total over it, to three decimals (absent when the bound is zero). The JSON and YAML list every pod; the table summarises long lists.
 
 use serde::Serialize;
 
-use crate::scheduling::{NewNodeClaim, SchedulingResults};
+use crate::scheduling::cost::fractional_lower_bound;
+use crate::scheduling::{NewNodeClaim, SchedulingInput, SchedulingResults};
 
 /// The plan.
 #[derive(Serialize, Clone, Debug, PartialEq)]
@@ -37,6 +43,11 @@ pub struct Report {
     pub unschedulable: Vec<UnschedulableReport>,
     /// Sum of the NodeClaims' prices.
     pub total_price_per_hour: f64,
+    /// The least any plan could cost for the pods placed on new NodeClaims.
+    pub lower_bound_per_hour: f64,
+    /// `total_price_per_hour` over `lower_bound_per_hour`, when the bound is not zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub price_to_lower_bound: Option<f64>,
 }
 
 /// A NodeClaim to launch.
@@ -101,11 +112,27 @@ fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
     }
 }
 
+/// Most pod names a table cell lists before summarising the rest.
+const LISTED_PODS: usize = 5;
+
+/// `95 pods: default/a, default/b, default/c, default/d, default/e … (+90)`.
+fn summarise_pods(pods: &[String]) -> String {
+    let noun = if pods.len() == 1 { "pod" } else { "pods" };
+    let listed = pods.iter().take(LISTED_PODS).cloned().collect::<Vec<_>>().join(", ");
+    let rest = pods.len().saturating_sub(LISTED_PODS);
+    if rest == 0 {
+        format!("{} {noun}: {listed}", pods.len())
+    } else {
+        format!("{} {noun}: {listed} … (+{rest})", pods.len())
+    }
+}
+
 impl Report {
-    /// Builds the report of a scheduling run.
-    pub fn from_results(results: &SchedulingResults) -> Self {
+    /// Builds the report of a scheduling run over `input`.
+    pub fn from_results(input: &SchedulingInput, results: &SchedulingResults) -> Self {
         let node_claims: Vec<NodeClaimReport> = results.new_node_claims.iter().map(claim_report).collect();
-        let total = node_claims.iter().map(|c| c.price_per_hour).sum();
+        let total = round_price(node_claims.iter().map(|c| c.price_per_hour).sum());
+        let bound = round_price(fractional_lower_bound(input, results));
         Report {
             node_claims,
             existing_placements: results
@@ -127,7 +154,9 @@ impl Report {
                     },
                 })
                 .collect(),
-            total_price_per_hour: round_price(total),
+            total_price_per_hour: total,
+            lower_bound_per_hour: bound,
+            price_to_lower_bound: (bound > 0.0).then(|| (total / bound * 1000.0).round() / 1000.0),
         }
     }
 
@@ -149,7 +178,7 @@ impl Report {
                     c.zone.clone(),
                     c.capacity_type.clone(),
                     format!("{:.4}", c.price_per_hour),
-                    format!("{} ({})", c.pods.len(), c.pods.join(", ")),
+                    summarise_pods(&c.pods),
                 ]);
             }
             push_table(&mut out, &rows);
@@ -158,7 +187,7 @@ impl Report {
             out.push('\n');
             let mut rows = vec![vec!["EXISTING-NODE".to_string(), "PODS".to_string()]];
             for p in &self.existing_placements {
-                rows.push(vec![p.node.clone(), format!("{} ({})", p.pods.len(), p.pods.join(", "))]);
+                rows.push(vec![p.node.clone(), summarise_pods(&p.pods)]);
             }
             push_table(&mut out, &rows);
         }
@@ -171,6 +200,12 @@ impl Report {
             push_table(&mut out, &rows);
         }
         out.push_str(&format!("\nTOTAL $/h: {:.4}\n", self.total_price_per_hour));
+        if let Some(ratio) = self.price_to_lower_bound {
+            out.push_str(&format!(
+                "LOWER BOUND $/h: {:.4} (the plan costs {ratio:.3}x that; no plan for these pods costs less)\n",
+                self.lower_bound_per_hour
+            ));
+        }
         out
     }
 }

@@ -239,3 +239,43 @@ spec:
     let volumes = crate::state::snapshot::volume_input(&m.snapshot());
     assert_eq!(volumes.attach_limits["node-1"]["ebs.csi.aws.com"], 25);
 }
+
+#[test]
+fn the_table_summarises_long_pod_lists_and_prices_the_plan_against_its_lower_bound() {
+    let small = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: small
+spec:
+  replicas: 95
+  selector: {matchLabels: {app: small}}
+  template:
+    metadata: {labels: {app: small}}
+    spec:
+      containers: [{name: c, resources: {requests: {cpu: 100m, memory: 128Mi}}}]
+";
+    let m = manifests(&[NODEPOOL, small]);
+    let (report, _) = simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
+    let table = render(&report, OutputFormat::Table).expect("table");
+    let claim = &report.node_claims[0];
+    assert!(claim.pods.len() > 5, "{claim:?}");
+    let shown =
+        format!("{} pods: {} … (+{})", claim.pods.len(), claim.pods[..5].join(", "), claim.pods.len() - 5);
+    assert!(table.contains(&shown), "{table}");
+    assert!(!table.contains(&claim.pods[5]), "{table}");
+    assert!(table.contains("LOWER BOUND $/h:"), "{table}");
+    assert!(report.lower_bound_per_hour > 0.0);
+    assert!(report.lower_bound_per_hour <= report.total_price_per_hour);
+    let ratio = report.price_to_lower_bound.expect("a ratio");
+    assert!(ratio >= 1.0, "{ratio}");
+    let json: serde_json::Value =
+        serde_json::from_str(&render(&report, OutputFormat::Json).expect("json")).expect("valid json");
+    let listed: usize = json["nodeClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["pods"].as_array().map(Vec::len))
+        .sum();
+    assert_eq!(listed, 95);
+    assert!(json["lowerBoundPerHour"].is_number() && json["priceToLowerBound"].is_number());
+}
