@@ -304,6 +304,7 @@ async fn many_nodes(n: usize) {
 
     let scale = json!({"spec": {"replicas": 0}});
     deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
+    f.wait_pods_gone(Duration::from_secs(300)).await;
     f.delete_all_claims().await;
     wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(600), &leader, || async {
         f.claims().await.is_empty() && f.nodes().await.is_empty()

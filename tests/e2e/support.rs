@@ -566,6 +566,15 @@ impl Fixture {
             .unwrap();
     }
 
+    /// Waits until the namespace has no pods left.
+    pub async fn wait_pods_gone(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.pods().await.is_empty() {
+            assert!(Instant::now() < deadline, "the pods of {} gone", self.ns);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// `kubectl delete nodeclaim` of every claim of the pool.
     pub async fn delete_all_claims(&self) {
         let out = Command::new("kubectl")
@@ -587,6 +596,9 @@ impl Fixture {
         let _ = Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
             .delete("karpenter-inflate", &DeleteParams::default())
             .await;
+        // Pods still running on a NodeClaim being deleted get new capacity (as upstream): the
+        // workloads go first.
+        self.wait_pods_gone(Duration::from_secs(120)).await;
         self.delete_all_claims().await;
         let deadline = Instant::now() + Duration::from_secs(120);
         while !self.claims().await.is_empty() || !self.nodes().await.is_empty() {
