@@ -412,7 +412,8 @@ pub async fn run_keyed<R: Reconcile>(
             (reconciler.clone(), queue.clone(), options.clone(), metrics.clone());
         async move {
             while let Some(key) = queue.next().await {
-                let result = reconciler.reconcile(&key).await;
+                // Boxed: a reconcile's future can be large, and a worker is polled deep in others.
+                let result = Box::pin(reconciler.reconcile(&key)).await;
                 match result {
                     Ok(next) => {
                         queue.done(&key, Ok(next), &options.backoff);
