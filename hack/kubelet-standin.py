@@ -6,7 +6,8 @@ join the cluster. This process plays their kubelet, and the part of the cloud
 controller manager that deletes Nodes of terminated instances:
 
 * every --interval seconds (default 1), DescribeInstances lists the pending and
-  running instances tagged `karpenter.sh/nodepool` (and, unless --cluster is
+  running instances tagged `karpenter.sh/nodepool` or `karpenter.sh/nodeclaim`
+  (a NodeClaim created on its own has no NodePool) (and, unless --cluster is
   empty, tagged `kubernetes.io/cluster/<cluster>` or `eks:eks-cluster-name=<cluster>`);
 * for each one without a Node (Nodes are matched by spec.providerID), it reads
   the user data (DescribeInstanceAttribute userData), extracts the node labels,
@@ -71,6 +72,7 @@ import yaml  # PyYAML, a pinned dependency of moto in hack/moto/requirements.txt
 # --- constants -------------------------------------------------------------------------------
 
 LABEL_NODEPOOL = "karpenter.sh/nodepool"
+TAG_NODECLAIM = "karpenter.sh/nodeclaim"
 TAG_EKS_CLUSTER_NAME = "eks:eks-cluster-name"
 ANNOTATION_KWOK = "kwok.x-k8s.io/node"
 ANNOTATION_STANDIN = "karpenter-rs.dev/kubelet-standin"
@@ -682,7 +684,7 @@ class StandIn:
     def live_instances(self) -> list[dict[str, Any]]:
         filters = [
             {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
-            {"Name": "tag-key", "Values": [LABEL_NODEPOOL]},
+            {"Name": "tag-key", "Values": [LABEL_NODEPOOL, TAG_NODECLAIM]},
         ]
         out = []
         for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):

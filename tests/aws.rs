@@ -28,7 +28,9 @@ use karpenter::cloudprovider::aws::launchtemplate::LAUNCH_TEMPLATE_TTL;
 use karpenter::cloudprovider::aws::nodeclass::conditions;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
-use karpenter::controllers::nodeclaim::garbagecollection::{self, KnownClaim, collect_instances};
+use karpenter::controllers::nodeclaim::garbagecollection::{
+    self, KnownClaim, collect_claims, collect_instances,
+};
 use serde_json::json;
 
 const IGNORE: &str = "needs the AWS emulator: make test";
@@ -819,7 +821,7 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     let (p, _) = provider("gc").await;
     let keep = p.create(&node_claim("gc-keep", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     let lost = p.create(&node_claim("gc-lost", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
-    let claims = [KnownClaim { name: "gc-keep".to_string(), provider_id: None }];
+    let claims = [KnownClaim { name: "gc-keep".to_string(), provider_id: None, ..Default::default() }];
     let now = k8s_openapi::jiff::Timestamp::now();
     let instances = p.list().await.unwrap();
     // Within the grace period nothing is collected.
@@ -833,6 +835,51 @@ async fn garbage_collection_terminates_instances_without_node_claim() {
     // A terminated instance is not listed, so not collected twice.
     let instances = p.list().await.unwrap();
     assert!(collect_instances(&p, &instances, &claims, later, garbagecollection::GRACE).await.is_empty());
+}
+
+/// A Launched NodeClaim whose instance is gone (terminated outside Karpenter) is deleted; one whose
+/// instance runs is kept. Needs the local control plane too.
+#[tokio::test]
+#[ignore = "needs the AWS emulator and the local control plane: make test"]
+async fn garbage_collection_deletes_claims_whose_instance_is_gone() {
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let (p, cluster) = provider("gcclaims").await;
+    let client = kube::Client::try_default().await.expect("a kubeconfig for the local control plane");
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let (gone, alive) = (format!("{cluster}-gone"), format!("{cluster}-alive"));
+    let mut names = Vec::new();
+    for name in [&gone, &alive] {
+        let instance = p.create(&node_claim(name, &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+        claims
+            .create(&PostParams::default(), &node_claim(name, &["m5.large"], CAPACITY_TYPE_ON_DEMAND))
+            .await
+            .unwrap();
+        let status = json!({"status": {"providerID": instance.provider_id, "conditions": [{"type": "Launched",
+            "status": "True", "reason": "Launched", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        claims.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+        names.push((name.clone(), instance));
+    }
+    // Someone terminates one instance behind Karpenter's back.
+    p.delete(&claims.get(&gone).await.unwrap()).await.unwrap();
+
+    let known: Vec<KnownClaim> = garbagecollection::list_claims(&client)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| names.iter().any(|(n, _)| n == &c.name))
+        .collect();
+    assert_eq!(known.len(), 2);
+    let instances = p.list().await.unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let collected = collect_claims(&client, &p, &known, &instances, now, garbagecollection::GRACE).await;
+    assert_eq!(collected, std::slice::from_ref(&gone));
+    assert!(claims.get_opt(&gone).await.unwrap().is_none());
+    assert!(claims.get_opt(&alive).await.unwrap().is_some());
+    // A second round finds nothing more to do.
+    let known: Vec<KnownClaim> = known.into_iter().filter(|c| c.name == alive).collect();
+    assert!(collect_claims(&client, &p, &known, &instances, now, garbagecollection::GRACE).await.is_empty());
+    p.delete(&claims.get(&alive).await.unwrap()).await.unwrap();
+    claims.delete(&alive, &Default::default()).await.unwrap();
 }
 
 /// A second instance tagged for a NodeClaim that records another instance is a duplicate (a
@@ -868,10 +915,14 @@ async fn garbage_collection_terminates_a_duplicate_of_a_live_claim() {
     let instances = p.list().await.unwrap();
     assert_eq!(instances.iter().filter(|i| i.node_claim.as_deref() == Some("gc-dup")).count(), 2);
     // While the claim records no instance yet (its launch under way), both are its own.
-    let launching = [KnownClaim { name: "gc-dup".to_string(), provider_id: None }];
+    let launching = [KnownClaim { name: "gc-dup".to_string(), provider_id: None, ..Default::default() }];
     assert!(collect_instances(&p, &instances, &launching, later, garbagecollection::GRACE).await.is_empty());
     // Once it records one, the other is a duplicate.
-    let recorded = [KnownClaim { name: "gc-dup".to_string(), provider_id: Some(kept.provider_id.clone()) }];
+    let recorded = [KnownClaim {
+        name: "gc-dup".to_string(),
+        provider_id: Some(kept.provider_id.clone()),
+        ..Default::default()
+    }];
     let collected = collect_instances(&p, &instances, &recorded, later, garbagecollection::GRACE).await;
     let ids: Vec<&str> = collected.iter().map(|i| i.provider_id.as_str()).collect();
     assert_eq!(ids.len(), 1);

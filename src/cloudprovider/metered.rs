@@ -57,6 +57,7 @@ fn error_kind(error: &CloudProviderError) -> &'static str {
         CloudProviderError::NotFound(_) => "NotFound",
         CloudProviderError::InsufficientCapacity { .. } => "InsufficientCapacity",
         CloudProviderError::NodeClassNotReady { .. } => "NodeClassNotReady",
+        CloudProviderError::NodeClassNotFound { .. } => "NodeClassNotFound",
         CloudProviderError::NoCompatibleInstanceTypes { .. } => "NoCompatibleInstanceTypes",
         CloudProviderError::InvalidProviderId(_) => "InvalidProviderID",
         CloudProviderError::Api { .. } => "APIError",

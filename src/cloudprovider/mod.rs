@@ -156,6 +156,15 @@ pub enum CloudProviderError {
         /// What is missing.
         reason: String,
     },
+    /// The node class the NodeClaim references does not exist, or is of a kind the provider does
+    /// not serve: the NodeClaim cannot launch, ever.
+    #[error("node class {name} not found: {reason}")]
+    NodeClassNotFound {
+        /// Name of the node class.
+        name: String,
+        /// Details.
+        reason: String,
+    },
     /// No instance type satisfies the NodeClaim's requirements and resource requests.
     #[error("no instance type satisfies the requirements of node claim {node_claim}: {reason}")]
     NoCompatibleInstanceTypes {

@@ -66,12 +66,20 @@ pub mod reasons {
     pub const INSUFFICIENT_CAPACITY_ERROR: &str = "InsufficientCapacityError";
     /// The NodeClaim's node class is not ready.
     pub const NODE_CLASS_NOT_READY: &str = "NodeClassNotReady";
+    /// The node class of a NodeClaim does not exist: the NodeClaim is deleted.
+    pub const NODE_CLASS_NOT_FOUND: &str = "NodeClassNotFound";
     /// Draining a node could not evict some pods yet.
     pub const FAILED_DRAINING: &str = "FailedDraining";
     /// A pod was evicted from a node being drained.
     pub const EVICTED: &str = "Evicted";
     /// A pod is deleted because its node's termination grace period is running out.
     pub const TERMINATION_GRACE_PERIOD_EXPIRING: &str = "TerminationGracePeriodExpiring";
+    /// A NodeClaim whose provider ID the cloud provider cannot act on: its instance is treated as
+    /// gone.
+    pub const INVALID_PROVIDER_ID: &str = "InvalidProviderID";
+    /// A pod deleted at its node's termination deadline, bypassing its PodDisruptionBudget and
+    /// `karpenter.sh/do-not-disrupt`.
+    pub const DISRUPTED: &str = "Disrupted";
     /// Disruption of a node or NodeClaim is blocked.
     pub const DISRUPTION_BLOCKED: &str = "DisruptionBlocked";
     /// A node or NodeClaim is being disrupted.
@@ -80,6 +88,9 @@ pub mod reasons {
     pub const LAUNCH_FAILED: &str = "LaunchFailed";
     /// A NodeClaim did not register in time.
     pub const REGISTRATION_TIMEOUT: &str = "RegistrationTimeout";
+    /// A pod that was given several new NodeClaims and keeps coming back pending gets no new one
+    /// for a while (karpenter-rs only: upstream has no such guard).
+    pub const PROVISIONING_BACKOFF: &str = "ProvisioningBackoff";
 }
 
 /// Publishes events as the `karpenter` controller.

@@ -228,6 +228,13 @@ fn start_controllers(
             controllers::provisioning::run(ctx, state, stop).await;
         });
     }
+    if aws.is_none() {
+        tasks.spawn(crate::cloudprovider::kwok::controllers::run(
+            ctx.client.clone(),
+            state.clone(),
+            stop.clone(),
+        ));
+    }
     tasks.spawn(controllers::nodeclaim::lifecycle::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::node::termination::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::nodeclaim::garbagecollection::run(ctx.clone(), state.clone(), stop.clone()));

@@ -91,6 +91,7 @@ pub fn scheduling_input(
     }
 
     let daemonset_pods = snapshot::daemonset_pods(snapshot);
+    let pending = snapshot::with_limit_range_defaults(snapshot, pending);
     let mut seen: HashSet<String> = pending.iter().filter_map(|p| p.metadata.uid.clone()).collect();
     let mut pods = pending;
     let pending_count = pods.len();

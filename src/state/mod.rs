@@ -16,7 +16,9 @@
 pub mod feed;
 pub mod index;
 pub mod input;
+pub mod limitranges;
 pub mod marks;
+pub mod nodeclass;
 pub mod pods;
 pub mod snapshot;
 pub mod statenode;
@@ -30,7 +32,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::Api;
@@ -192,6 +194,8 @@ pub struct ClusterState {
     pub storage_classes: Store<StorageClass>,
     /// CSINodes (volume attach limits per node).
     pub csi_nodes: Store<CSINode>,
+    /// LimitRanges (the container defaults of pods not created yet, DaemonSet pods among them).
+    pub limit_ranges: Store<LimitRange>,
     /// Provider-ID joins and pods by node.
     pub index: Arc<index::Index>,
     /// Nominations and deletion decisions of this process.
@@ -377,6 +381,7 @@ impl ClusterState {
         let (persistent_volume_claims, pvcs_w) = reflector::store();
         let (storage_classes, storage_classes_w) = reflector::store();
         let (csi_nodes, csi_nodes_w) = reflector::store();
+        let (limit_ranges, limit_ranges_w) = reflector::store();
         let index = Arc::new(index::Index::default());
         let feed = Arc::new(Feed::default());
         let subscribers = Arc::new(AllSubscribers::default());
@@ -477,6 +482,7 @@ impl ClusterState {
         let storage_classes_f =
             drive_other::<StorageClass>("storageclasses", storage_classes_w, &client, &feed);
         let csi_nodes_f = drive_other::<CSINode>("csinodes", csi_nodes_w, &client, &feed);
+        let limit_ranges_f = drive_other::<LimitRange>("limitranges", limit_ranges_w, &client, &feed);
         let state = ClusterState {
             pods,
             nodes,
@@ -490,6 +496,7 @@ impl ClusterState {
             persistent_volume_claims,
             storage_classes,
             csi_nodes,
+            limit_ranges,
             index,
             marks: Arc::new(Marks::default()),
             feed,
@@ -519,7 +526,8 @@ impl ClusterState {
                 pvs_f,
                 pvcs_f,
                 storage_classes_f,
-                csi_nodes_f
+                csi_nodes_f,
+                limit_ranges_f
             );
         };
         (state, fut)
@@ -561,6 +569,7 @@ impl ClusterState {
             ready("persistentvolumeclaims", &self.persistent_volume_claims),
             ready("storageclasses", &self.storage_classes),
             ready("csinodes", &self.csi_nodes),
+            ready("limitranges", &self.limit_ranges),
         );
     }
 
@@ -687,6 +696,7 @@ impl ClusterState {
             persistent_volume_claims: self.persistent_volume_claims.state(),
             storage_classes: self.storage_classes.state(),
             csi_nodes: self.csi_nodes.state(),
+            limit_ranges: self.limit_ranges.state(),
             nominated: self.marks.nominated(),
             marked_for_deletion: self.marks.marked_for_deletion(),
             ..Default::default()
@@ -751,19 +761,23 @@ where
 }
 
 /// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
-/// (the watcher retries with backoff on its own).
-async fn drive<K, S, F>(kind: &'static str, stream: S, mut on_event: F)
+/// (the watcher retries with backoff on its own). Boxed where it is made: a watch's future is
+/// large, and a dozen of them side by side outgrow a thread's stack in a debug build.
+fn drive<K, S, F>(kind: &'static str, stream: S, mut on_event: F) -> futures::future::BoxFuture<'static, ()>
 where
-    S: Stream<Item = watcher::Result<Event<K>>> + Send,
-    F: FnMut(&Event<K>) + Send,
+    K: 'static,
+    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+    F: FnMut(&Event<K>) + Send + 'static,
 {
-    let stream = stream.inspect_ok(|ev| on_event(ev));
-    futures::pin_mut!(stream);
-    while let Some(item) = stream.next().await {
-        if let Err(error) = item {
-            tracing::warn!(kind, error = %error, "watch failed, retrying");
+    Box::pin(async move {
+        let stream = stream.inspect_ok(|ev| on_event(ev));
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(error) = item {
+                tracing::warn!(kind, error = %error, "watch failed, retrying");
+            }
         }
-    }
+    })
 }
 
 #[cfg(test)]

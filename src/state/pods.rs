@@ -3,12 +3,14 @@
 //! answered.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::labels::{
-    ANNOTATION_MIRROR_POD, PRIORITY_CLASS_SYSTEM_CLUSTER_CRITICAL, PRIORITY_CLASS_SYSTEM_NODE_CRITICAL,
-    TAINT_DISRUPTED,
+    ANNOTATION_DO_NOT_DISRUPT, ANNOTATION_MIRROR_POD, PRIORITY_CLASS_SYSTEM_CLUSTER_CRITICAL,
+    PRIORITY_CLASS_SYSTEM_NODE_CRITICAL, TAINT_DISRUPTED,
 };
 use crate::apis::{Taint, TaintEffect};
+use crate::operator::settings::parse_duration;
 use crate::scheduling::taints::tolerates;
 
 /// `namespace/name` of a pod.
@@ -95,6 +97,53 @@ pub fn is_provisionable(pod: &Pod) -> bool {
     })
 }
 
+/// What a pod's `karpenter.sh/do-not-disrupt` annotation says at a given time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DoNotDisrupt {
+    /// No annotation, or a grace period that has elapsed.
+    No,
+    /// The pod must not be disrupted: `"true"` (for ever, `until` is `None`), or a duration from
+    /// the pod's start that has not elapsed (`until` the end of it; `None` while the pod has not
+    /// started).
+    Active {
+        /// When the protection ends, when it ends.
+        until: Option<Timestamp>,
+    },
+    /// The value is neither `"true"` nor a positive duration: it is ignored.
+    Invalid(String),
+}
+
+impl DoNotDisrupt {
+    /// Whether the pod is protected now.
+    pub fn is_active(&self) -> bool {
+        matches!(self, DoNotDisrupt::Active { .. })
+    }
+}
+
+/// The pod's `karpenter.sh/do-not-disrupt` annotation at `now`: `"true"`, or a duration (`1h`,
+/// `90m30s`) counted from the pod's start, as upstream reads it.
+pub fn do_not_disrupt(pod: &Pod, now: Timestamp) -> DoNotDisrupt {
+    let Some(value) = pod.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_DO_NOT_DISRUPT)) else {
+        return DoNotDisrupt::No;
+    };
+    if value == "true" {
+        return DoNotDisrupt::Active { until: None };
+    }
+    let period = match parse_duration(value) {
+        Ok(d) if !d.is_zero() => d,
+        Ok(_) => return DoNotDisrupt::Invalid(format!("{value:?} is not a positive duration")),
+        Err(e) => return DoNotDisrupt::Invalid(e),
+    };
+    let Some(start) = pod.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0) else {
+        return DoNotDisrupt::Active { until: None };
+    };
+    let until = SignedDuration::try_from(period).ok().and_then(|d| start.checked_add(d).ok());
+    match until {
+        Some(until) if now >= until => DoNotDisrupt::No,
+        until => DoNotDisrupt::Active { until },
+    }
+}
+
 /// Whether the pod needs a place elsewhere when its node goes: active (or a terminating
 /// StatefulSet pod, whose replacement keeps its name and waits for it), and neither a DaemonSet
 /// pod nor a mirror pod, which go with the node.
@@ -104,10 +153,15 @@ pub fn is_reschedulable(pod: &Pod) -> bool {
         && !is_mirror(pod)
 }
 
-/// Whether evicting the pod is what draining its node does, so that its PodDisruptionBudgets
-/// matter: active, not a mirror pod, and not tolerating the disrupted taint.
-pub fn is_evictable(pod: &Pod) -> bool {
-    is_active(pod) && !is_mirror(pod) && !tolerates_disrupted_taint(pod)
+/// Whether draining its node evicts the pod (so that its PodDisruptionBudgets matter): active,
+/// not a mirror pod, not tolerating the disrupted taint and not protected by
+/// `karpenter.sh/do-not-disrupt` at `now` (such a pod waits for the node's termination grace
+/// period instead).
+pub fn is_evictable(pod: &Pod, now: Timestamp) -> bool {
+    is_active(pod)
+        && !is_mirror(pod)
+        && !tolerates_disrupted_taint(pod)
+        && !do_not_disrupt(pod, now).is_active()
 }
 
 #[cfg(test)]
@@ -166,6 +220,14 @@ mod tests {
                     pod.spec.as_mut().unwrap().tolerations =
                         Some(vec![Toleration { operator: Some("Exists".into()), ..Default::default() }])
                 }
+                dnd if dnd.starts_with("dnd=") => {
+                    pod.metadata.annotations = Some(
+                        [(ANNOTATION_DO_NOT_DISRUPT.to_string(), dnd.trim_start_matches("dnd=").to_string())]
+                            .into(),
+                    );
+                    pod.status.as_mut().unwrap().start_time =
+                        Some(Time("2026-01-01T00:00:00Z".parse().unwrap()));
+                }
                 other => panic!("unknown flag {other}"),
             }
         }
@@ -202,7 +264,39 @@ mod tests {
     #[case::tolerates_the_disrupted_taint("bound,running,tolerant", false)]
     #[case::mirror("bound,running,mirror", false)]
     #[case::terminating("bound,running,deleting", false)]
+    #[case::do_not_disrupt("bound,running,dnd=true", false)]
+    #[case::do_not_disrupt_elapsed("bound,running,dnd=5m", true)]
     fn evictable(#[case] flags: &str, #[case] expected: bool) {
-        assert_eq!(is_evictable(&pod(flags)), expected);
+        assert_eq!(is_evictable(&pod(flags), "2026-01-01T01:00:00Z".parse().unwrap()), expected);
+    }
+
+    fn annotated(value: &str, started: Option<&str>) -> Pod {
+        let mut p = pod("bound,running");
+        p.metadata.annotations = Some([(ANNOTATION_DO_NOT_DISRUPT.to_string(), value.to_string())].into());
+        p.status.as_mut().unwrap().start_time = started.map(|s| Time(s.parse().unwrap()));
+        p
+    }
+
+    #[rstest]
+    #[case::forever("true", Some("2026-01-01T00:00:00Z"), DoNotDisrupt::Active { until: None })]
+    #[case::within("1h", Some("2026-01-01T00:00:00Z"), DoNotDisrupt::Active { until: Some("2026-01-01T01:00:00Z".parse().unwrap()) })]
+    #[case::mixed_units("30m30s", Some("2026-01-01T00:00:00Z"), DoNotDisrupt::Active { until: Some("2026-01-01T00:30:30Z".parse().unwrap()) })]
+    #[case::elapsed("10m", Some("2026-01-01T00:00:00Z"), DoNotDisrupt::No)]
+    #[case::not_started("10m", None, DoNotDisrupt::Active { until: None })]
+    #[case::false_is_not_a_duration("false", None, DoNotDisrupt::Invalid(String::new()))]
+    #[case::zero("0s", None, DoNotDisrupt::Invalid(String::new()))]
+    #[case::garbage("soon", None, DoNotDisrupt::Invalid(String::new()))]
+    fn do_not_disrupt_values(
+        #[case] value: &str,
+        #[case] started: Option<&str>,
+        #[case] expected: DoNotDisrupt,
+    ) {
+        let now: Timestamp = "2026-01-01T00:20:00Z".parse().unwrap();
+        let got = do_not_disrupt(&annotated(value, started), now);
+        match expected {
+            DoNotDisrupt::Invalid(_) => assert!(matches!(got, DoNotDisrupt::Invalid(_)), "{got:?}"),
+            other => assert_eq!(got, other),
+        }
+        assert_eq!(do_not_disrupt(&pod("bound,running"), now), DoNotDisrupt::No);
     }
 }

@@ -7,15 +7,15 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
 use crate::scheduling::{InstanceType, VolumeInput};
 
-use super::pods;
 use super::statenode::TypesByName;
+use super::{limitranges, pods};
 
 /// The objects a decision looks at.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +44,8 @@ pub struct Snapshot {
     pub storage_classes: Vec<Arc<StorageClass>>,
     /// CSINodes.
     pub csi_nodes: Vec<Arc<CSINode>>,
+    /// LimitRanges.
+    pub limit_ranges: Vec<Arc<LimitRange>>,
     /// Names of the nodes and NodeClaims pods were nominated to within the nomination window.
     pub nominated: HashSet<String>,
     /// Names of the NodeClaims a decision of this process is deleting.
@@ -84,8 +86,10 @@ fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
     meta.name.clone().unwrap_or_default()
 }
 
-/// One pod per DaemonSet, from its template: what each new node will run besides the workload.
+/// One pod per DaemonSet, from its template, with its namespace's LimitRange defaults (see
+/// [`super::limitranges`]): what each new node will run besides the workload.
 pub fn daemonset_pods(snapshot: &Snapshot) -> Vec<Pod> {
+    let defaults = limitranges::defaults_by_namespace(snapshot.limit_ranges.iter().map(AsRef::as_ref));
     snapshot
         .daemonsets
         .iter()
@@ -95,9 +99,20 @@ pub fn daemonset_pods(snapshot: &Snapshot) -> Vec<Pod> {
             let mut meta = template.metadata.unwrap_or_default();
             meta.namespace = ds.metadata.namespace.clone();
             meta.name = ds.metadata.name.clone();
-            Some(Pod { metadata: meta, spec: template.spec, status: None })
+            let mut pod = Pod { metadata: meta, spec: template.spec, status: None };
+            limitranges::apply(&mut pod, &defaults);
+            Some(pod)
         })
         .collect()
+}
+
+/// `pods` with their namespace's LimitRange defaults, for the few that lack them.
+pub fn with_limit_range_defaults(snapshot: &Snapshot, pods: Vec<Arc<Pod>>) -> Vec<Arc<Pod>> {
+    if snapshot.limit_ranges.is_empty() {
+        return pods;
+    }
+    let defaults = limitranges::defaults_by_namespace(snapshot.limit_ranges.iter().map(AsRef::as_ref));
+    pods.iter().map(|p| limitranges::with_defaults(p, &defaults)).collect()
 }
 
 /// Labels of every namespace.

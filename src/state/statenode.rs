@@ -122,10 +122,10 @@ impl StateNode {
         self.pods.iter().filter(|p| pods::is_reschedulable(p))
     }
 
-    /// The pods a drain would evict, whose PodDisruptionBudgets therefore matter (see
+    /// The pods a drain would evict at `now`, whose PodDisruptionBudgets therefore matter (see
     /// [`pods::is_evictable`]).
-    pub fn pdb_relevant_pods(&self) -> impl Iterator<Item = &Arc<Pod>> {
-        self.pods.iter().filter(|p| pods::is_evictable(p))
+    pub fn pdb_relevant_pods(&self, now: Timestamp) -> impl Iterator<Item = &Arc<Pod>> {
+        self.pods.iter().filter(move |p| pods::is_evictable(p, now))
     }
 
     /// The taints pods must tolerate now: a managed node that is not initialized yet does not hold

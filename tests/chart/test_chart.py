@@ -407,6 +407,7 @@ def test_rbac_grants_what_the_controller_needs(defaults) -> None:
         ("", "namespaces"): {"get", "list", "watch"},
         ("", "replicationcontrollers"): {"get", "list", "watch"},
         ("", "services"): {"get", "list", "watch"},
+        ("", "limitranges"): {"get", "list", "watch"},
         ("apps", "daemonsets"): {"list", "watch"},
         ("apps", "deployments"): {"list", "watch"},
         ("apps", "replicasets"): {"list", "watch"},

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use karpenter::apis::NodeClaim;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use support::*;
@@ -631,4 +631,248 @@ async fn limit_holds(f: &Fixture, controller: &Controller) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(f.claims().await.len(), 5, "the limit holds");
     assert!(f.claimed_cpu_millis().await <= 10_000);
+}
+
+/// Where users rely on upstream's exact behaviour (kwok provider, one controller): a NodeClaim
+/// applied by hand becomes a Ready node; a DaemonSet whose requests come from a LimitRange is
+/// planned for, so one pending pod gets exactly one node; and pods the cluster keeps taking off
+/// new nodes get a back-off instead of a node every batch.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn upstream_behaviours_with_kwok() {
+    let _serial = serial().await;
+    let f = Fixture::new("conform").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(100).await;
+    f.wait_class_ready(Duration::from_secs(30), &controller).await;
+
+    standalone_nodeclaim(&f, &controller).await;
+    limit_range_daemonset_overhead(&f, &controller).await;
+    pods_that_never_stay_back_off(&f, &controller).await;
+
+    f.cleanup().await;
+    controller.stop_and_check();
+}
+
+/// `kubectl apply` of a NodeClaim with no NodePool: launched, registered with everything its spec
+/// asks for on the Node, initialized once its startup taint is removed, and deleted cleanly.
+async fn standalone_nodeclaim(f: &Fixture, controller: &Controller) {
+    let name = format!("{}-standalone", f.pool);
+    let manifest = format!(
+        r#"apiVersion: karpenter.sh/v1
+kind: NodeClaim
+metadata:
+  name: {name}
+  labels: {{team: solo}}
+  annotations: {{example.com/owner: e2e}}
+spec:
+  nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class}}}
+  requirements:
+    - {{key: node.kubernetes.io/instance-type, operator: In, values: [m5.large]}}
+    - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
+  taints: [{{key: dedicated, value: solo, effect: NoSchedule}}]
+  startupTaints: [{{key: example.com/agent-not-ready, effect: NoSchedule}}]
+"#,
+        class = f.class
+    );
+    kubectl_apply(&manifest);
+    let claims = f.claims_api();
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(f.client.clone());
+    let node_of =
+        || async { claims.get(&name).await.unwrap().status.and_then(|s| s.node_name).unwrap_or_default() };
+    wait_for("the standalone NodeClaim's node", Duration::from_secs(60), controller, || async {
+        !node_of().await.is_empty()
+    })
+    .await;
+    let node_name = node_of().await;
+    let node = nodes.get(&node_name).await.unwrap();
+    assert_eq!(node.metadata.labels.as_ref().unwrap().get("team").map(String::as_str), Some("solo"));
+    assert!(!node.metadata.labels.as_ref().unwrap().contains_key("karpenter.sh/nodepool"));
+    assert_eq!(
+        node.metadata.annotations.as_ref().unwrap().get("example.com/owner").map(String::as_str),
+        Some("e2e")
+    );
+    let taints: Vec<String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    assert!(
+        taints.contains(&"dedicated".to_string())
+            && taints.contains(&"example.com/agent-not-ready".to_string()),
+        "{taints:?}"
+    );
+    // Until its agent removes the startup taint, the claim is not initialized.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_ne!(condition(&claims.get(&name).await.unwrap(), "Initialized"), Some("True".into()));
+    let out = std::process::Command::new("kubectl")
+        .args(["taint", "node", &node_name, "example.com/agent-not-ready:NoSchedule-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_for("the standalone NodeClaim Ready", Duration::from_secs(60), controller, || async {
+        let claim = claims.get(&name).await.unwrap();
+        condition(&claim, "Initialized") == Some("True".into())
+            && condition(&claim, "Ready") == Some("True".into())
+    })
+    .await;
+    claims.delete(&name, &DeleteParams::default()).await.unwrap();
+    wait_for("the standalone NodeClaim and its node gone", Duration::from_secs(60), controller, || async {
+        claims.get_opt(&name).await.unwrap().is_none() && nodes.get_opt(&node_name).await.unwrap().is_none()
+    })
+    .await;
+}
+
+/// A high-priority DaemonSet whose pods get their requests from the namespace's LimitRange, and
+/// one pending pod: exactly one node, big enough for both, and it stays one.
+async fn limit_range_daemonset_overhead(f: &Fixture, controller: &Controller) {
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: LimitRange
+metadata: {{name: defaults, namespace: {ns}}}
+spec:
+  limits: [{{type: Container, defaultRequest: {{cpu: 1500m, memory: 1Gi}}, default: {{cpu: 1500m, memory: 1Gi}}}}]
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {{name: {ns}-high}}
+value: 1000000
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  selector: {{matchLabels: {{app: agent}}}}
+  template:
+    metadata: {{labels: {{app: agent}}}}
+    spec:
+      priorityClassName: {ns}-high
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      containers: [{{name: agent, image: registry.k8s.io/pause:3.10}}]
+"#,
+        ns = f.ns,
+        pool = f.pool
+    );
+    kubectl_apply(&manifest);
+    let pod = f.create_pod("one", "1", true).await;
+    wait_for("the pod and the DaemonSet pod Running", Duration::from_secs(90), controller, || async {
+        let pods = f.pods().await;
+        let running = |prefix: &str| {
+            pods.iter()
+                .any(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)) && is_running(p))
+        };
+        running("one") && running("agent-")
+    })
+    .await;
+    // Nothing bounces: the kube-scheduler had no reason to preempt, so no second node comes.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(f.claims().await.len(), 1, "exactly one node\n{}", controller.log_tail());
+    let pods = f.pods().await;
+    assert!(pods.iter().all(is_running), "nothing preempted");
+    let _ = pod;
+    f.delete_pod("one").await;
+    kubectl_delete(&format!("daemonset/agent -n {}", f.ns));
+    kubectl_delete(&format!("limitrange/defaults -n {}", f.ns));
+    kubectl_delete(&format!("priorityclass/{}-high", f.ns));
+    f.wait_pods_gone(Duration::from_secs(60)).await;
+    f.delete_all_claims().await;
+    wait_for("the pool empty", Duration::from_secs(60), controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+}
+
+/// A workload whose pods the cluster keeps removing from new nodes (here a NoExecute taint put on
+/// every node of the pool, as a broken agent might): after three bounces its pending pod gets a
+/// ProvisioningBackoff warning and no new NodeClaim.
+async fn pods_that_never_stay_back_off(f: &Fixture, controller: &Controller) {
+    let manifest = format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: bouncer, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: bouncer}}}}
+  template:
+    metadata: {{labels: {{app: bouncer}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 100m}}}}}}]
+"#,
+        ns = f.ns,
+        pool = f.pool
+    );
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(f.client.clone());
+    let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={}", f.pool));
+    let tainter = {
+        let nodes = nodes.clone();
+        let selector = selector.clone();
+        tokio::spawn(async move {
+            loop {
+                for node in nodes.list(&selector).await.map(|l| l.items).unwrap_or_default() {
+                    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+                    if taints.iter().any(|t| t.key == "example.com/broken") {
+                        continue;
+                    }
+                    let mut taints = serde_json::to_value(taints).unwrap();
+                    taints
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"key": "example.com/broken", "effect": "NoExecute"}));
+                    let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": taints}});
+                    let name = node.metadata.name.clone().unwrap();
+                    let _ = nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    kubectl_apply(&manifest);
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(f.client.clone(), &f.ns);
+    let backoff = ListParams::default().fields("reason=ProvisioningBackoff");
+    wait_for("a ProvisioningBackoff warning", Duration::from_secs(180), controller, || async {
+        !events.list(&backoff).await.unwrap().items.is_empty()
+    })
+    .await;
+    let claims = f.claims().await.len();
+    assert!(claims <= 4, "{claims} NodeClaims for one pod\n{}", controller.log_tail());
+    let event = events.list(&backoff).await.unwrap().items.remove(0);
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(event.message.as_deref().is_some_and(|m| m.contains("no new nodeclaim")), "{event:?}");
+    // No node while it waits.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        f.claims().await.len(),
+        claims,
+        "no new NodeClaim during the back-off\n{}",
+        controller.log_tail()
+    );
+    tainter.abort();
+    kubectl_delete(&format!("deployment/bouncer -n {}", f.ns));
+    f.wait_pods_gone(Duration::from_secs(60)).await;
+}
+
+fn kubectl_apply(manifest: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(manifest.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn kubectl_delete(what: &str) {
+    let mut args = vec!["delete", "--ignore-not-found", "--wait=false"];
+    args.extend(what.split_whitespace());
+    let out = std::process::Command::new("kubectl").args(&args).output().unwrap();
+    assert!(out.status.success(), "kubectl delete {what}: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -145,7 +145,7 @@ pub async fn find_by_node_claim(ec2: &Ec2Client, cluster: &str, name: &str) -> R
 /// Every live instance Karpenter launched in `cluster`.
 pub async fn list(ec2: &Ec2Client, cluster: &str) -> Result<Vec<Ec2Instance>> {
     let filters = vec![
-        filter("tag-key", &[LABEL_NODEPOOL]),
+        filter("tag-key", &[LABEL_NODEPOOL, TAG_NODECLAIM]),
         filter(format!("tag:{}", cluster_tag(cluster)), &["owned"]),
         filter("instance-state-name", LIVE_STATES),
     ];

@@ -20,6 +20,8 @@
 //!   `karpenter.sh/nodepool`; `delete` deletes the Node of the NodeClaim's `status.providerID`
 //!   and returns [`CloudProviderError::NotFound`] once it is gone; nothing ever drifts.
 
+pub mod controllers;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -51,6 +53,11 @@ pub const PROVIDER_ID_PREFIX: &str = "kwok://";
 pub const ANNOTATION_KWOK_NODE: &str = "kwok.x-k8s.io/node";
 /// Value of [`ANNOTATION_KWOK_NODE`].
 pub const KWOK_NODE_VALUE: &str = "fake";
+/// Annotation marking the Nodes this provider created (its "instances"), with
+/// [`MANAGED_BY_VALUE`].
+pub const ANNOTATION_MANAGED_BY: &str = "karpenter.sh/managed-by";
+/// Value of [`ANNOTATION_MANAGED_BY`].
+pub const MANAGED_BY_VALUE: &str = "karpenter";
 /// Image ID reported for every kwok instance (there is no image).
 pub const IMAGE_ID: &str = "kwok-image";
 /// State reported for every kwok instance.
@@ -244,22 +251,9 @@ impl KwokCloudProvider {
     }
 
     async fn list_impl(&self) -> Result<Vec<Instance>> {
-        let nodes = self
-            .nodes()
-            .list(&ListParams::default().labels(LABEL_NODEPOOL))
-            .await
-            .map_err(|e| api_error("ListNodes", e))?;
-        let mut out: Vec<Instance> = nodes
-            .items
-            .iter()
-            .filter(|n| {
-                n.spec
-                    .as_ref()
-                    .and_then(|s| s.provider_id.as_deref())
-                    .is_some_and(|p| p.starts_with(PROVIDER_ID_PREFIX))
-            })
-            .map(node_instance)
-            .collect();
+        let nodes = self.nodes().list(&ListParams::default()).await.map_err(|e| api_error("ListNodes", e))?;
+        let mut out: Vec<Instance> =
+            nodes.items.iter().filter(|n| is_instance(n)).map(node_instance).collect();
         let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         for (id, (instance, _)) in pending.iter() {
             if !out.iter().any(|i| &i.provider_id == id) {
@@ -381,26 +375,22 @@ pub fn build_node(
     offering: &Offering,
 ) -> Result<Node> {
     let claim_labels = node_claim.metadata.labels.clone().unwrap_or_default();
-    let node_pool = claim_labels
-        .get(LABEL_NODEPOOL)
-        .cloned()
-        .or_else(|| {
-            Requirements::from_nodepool(&node_claim.spec.requirements)
-                .ok()?
-                .get(LABEL_NODEPOOL)?
-                .single()
-                .map(str::to_string)
-        })
-        .ok_or_else(|| CloudProviderError::InvalidNodeClaim {
-            name: name.to_string(),
-            reason: format!("neither a {LABEL_NODEPOOL} label nor a single-valued requirement on it"),
-        })?;
+    // A NodeClaim made for a NodePool names it; one created on its own (standalone) has none.
+    let node_pool = claim_labels.get(LABEL_NODEPOOL).cloned().or_else(|| {
+        Requirements::from_nodepool(&node_claim.spec.requirements)
+            .ok()?
+            .get(LABEL_NODEPOOL)?
+            .single()
+            .map(str::to_string)
+    });
     let mut labels: BTreeMap<String, String> = it.requirements.single_valued_labels();
     labels.insert(LABEL_INSTANCE_TYPE.to_string(), it.name.clone());
     labels.insert(LABEL_TOPOLOGY_ZONE.to_string(), offering.zone.clone());
     labels.insert(LABEL_CAPACITY_TYPE.to_string(), offering.capacity_type.clone());
     labels.extend(claim_labels);
-    labels.insert(LABEL_NODEPOOL.to_string(), node_pool);
+    if let Some(pool) = node_pool {
+        labels.insert(LABEL_NODEPOOL.to_string(), pool);
+    }
     labels.insert(LABEL_HOSTNAME.to_string(), name.to_string());
 
     let mut taints: Vec<NodeTaint> = node_claim.spec.taints.iter().map(node_taint).collect();
@@ -411,10 +401,10 @@ pub fn build_node(
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             labels: Some(labels),
-            annotations: Some(BTreeMap::from([(
-                ANNOTATION_KWOK_NODE.to_string(),
-                KWOK_NODE_VALUE.to_string(),
-            )])),
+            annotations: Some(BTreeMap::from([
+                (ANNOTATION_KWOK_NODE.to_string(), KWOK_NODE_VALUE.to_string()),
+                (ANNOTATION_MANAGED_BY.to_string(), MANAGED_BY_VALUE.to_string()),
+            ])),
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
@@ -428,6 +418,18 @@ pub fn build_node(
             ..NodeStatus::default()
         }),
     })
+}
+
+/// Whether `node` is an instance of this provider: a `kwok://` provider ID, and created by it
+/// ([`ANNOTATION_MANAGED_BY`]; Nodes made by earlier versions carry a NodePool label instead).
+pub fn is_instance(node: &Node) -> bool {
+    let ours = node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION_MANAGED_BY))
+        || node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_NODEPOOL));
+    ours && node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .is_some_and(|p| p.starts_with(PROVIDER_ID_PREFIX))
 }
 
 /// The instance a kwok Node stands for.

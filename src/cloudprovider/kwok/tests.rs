@@ -192,13 +192,30 @@ fn malformed_node_claims_are_errors() {
     let bad = node_claim("bad", json!([]), "lots");
     assert!(matches!(claim_requirements(&bad, "bad"), Err(CloudProviderError::InvalidNodeClaim { .. })));
 
-    let mut orphan = m5_large_claim("orphan");
-    orphan.metadata.labels = None;
-    orphan.spec.requirements.retain(|r| r.key != LABEL_NODEPOOL);
-    let types = catalog();
-    let err = build_node(&orphan, "orphan", &types[0], &types[0].offerings[0]).unwrap_err();
-    assert!(err.to_string().contains(LABEL_NODEPOOL), "{err}");
+    for bad in ["", "kwok://", "aws:///us-east-1a/i-1", "kwok://a/b"] {
+        assert!(matches!(node_name(bad), Err(CloudProviderError::InvalidProviderId(_))), "{bad}");
+    }
+    assert_eq!(node_name("kwok://n-1").unwrap(), "n-1");
+}
 
+#[test]
+fn a_standalone_claim_launches_without_a_nodepool() {
+    let mut standalone = m5_large_claim("standalone");
+    standalone.metadata.labels = Some([("team".to_string(), "blue".to_string())].into());
+    standalone.spec.requirements.retain(|r| r.key != LABEL_NODEPOOL);
+    let types = catalog();
+    let node = build_node(&standalone, "standalone", &types[0], &types[0].offerings[0]).unwrap();
+    let labels = node.metadata.labels.as_ref().unwrap();
+    assert!(!labels.contains_key(LABEL_NODEPOOL));
+    assert_eq!(labels["team"], "blue");
+    assert!(is_instance(&node), "listed as this provider's instance");
+    let mut foreign = node.clone();
+    foreign.metadata.annotations = None;
+    assert!(!is_instance(&foreign), "a kwok Node this provider did not create is not its instance");
+}
+
+#[test]
+fn provider_ids_name_kwok_nodes() {
     for bad in ["", "kwok://", "aws:///us-east-1a/i-1", "kwok://a/b"] {
         assert!(matches!(node_name(bad), Err(CloudProviderError::InvalidProviderId(_))), "{bad}");
     }

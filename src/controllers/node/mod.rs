@@ -1,3 +1,63 @@
-//! Controllers of Nodes: termination (drain, then the instance) of the nodes Karpenter launched.
+//! Controllers of Nodes: termination (drain, then the instance) of the nodes Karpenter launched;
+//! and the writes to Nodes that several controllers make (the `karpenter.sh/disrupted` taint).
 
 pub mod termination;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::apis::labels::TAINT_DISRUPTED;
+
+/// The label that takes a node out of external load balancers while it drains (as upstream sets
+/// it), with the value upstream gives it.
+pub const LABEL_EXCLUDE_FROM_LOAD_BALANCERS: (&str, &str) =
+    ("node.kubernetes.io/exclude-from-external-load-balancers", "karpenter");
+
+/// The node's taints with `karpenter.sh/disrupted:NoSchedule` added, or `None` when it is there.
+pub fn with_disrupted_taint(taints: &[Taint]) -> Option<Vec<Taint>> {
+    if taints.iter().any(|t| t.key == TAINT_DISRUPTED && t.effect == "NoSchedule") {
+        return None;
+    }
+    let mut taints = taints.to_vec();
+    taints.push(Taint {
+        key: TAINT_DISRUPTED.into(),
+        effect: "NoSchedule".into(),
+        value: None,
+        time_added: None,
+    });
+    Some(taints)
+}
+
+/// Attempts of [`taint_disrupted`] before a conflict is returned.
+const TAINT_ATTEMPTS: usize = 3;
+
+/// Taints `node` `karpenter.sh/disrupted:NoSchedule` (and labels it out of external load
+/// balancers), unless it already is. The taints are written whole, conditional on the version they
+/// were read at, so a taint someone else adds meanwhile is never lost: on a conflict the node is
+/// read again and the write retried at once. Returns the tainted node.
+pub async fn taint_disrupted(client: &Client, node: &Node) -> Result<Option<Node>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut current = node.clone();
+    for attempt in 1..=TAINT_ATTEMPTS {
+        let taints = current.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+        let Some(taints) = with_disrupted_taint(taints) else { return Ok(None) };
+        let (label, value) = LABEL_EXCLUDE_FROM_LOAD_BALANCERS;
+        let patch = json!({
+            "metadata": { "resourceVersion": current.resource_version(), "labels": { label: value } },
+            "spec": { "taints": taints },
+        });
+        match nodes.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(patched) => {
+                tracing::info!(node = %node.name_any(), "taint.Key" = TAINT_DISRUPTED, "taint.Effect" = "NoSchedule", "tainted node");
+                return Ok(Some(patched));
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < TAINT_ATTEMPTS => {
+                current = nodes.get(&node.name_any()).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}

@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
 
+use crate::apis::nodeclaim::conditions::LAUNCHED;
 use crate::apis::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 use crate::cloudprovider::{CloudProvider, Instance};
 use crate::controllers::Context;
@@ -45,6 +46,12 @@ pub struct KnownClaim {
     pub name: String,
     /// Its `status.providerID`, once launched.
     pub provider_id: Option<String>,
+    /// Its uid.
+    pub uid: Option<String>,
+    /// When its `Launched` condition turned true.
+    pub launched_at: Option<Timestamp>,
+    /// Whether it is being deleted already.
+    pub deleting: bool,
 }
 
 /// How many NodeClaims one list request returns at most.
@@ -61,15 +68,33 @@ struct SlimClaim {
 }
 
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct SlimMeta {
     #[serde(default)]
     name: String,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
 struct SlimStatus {
     #[serde(default, rename = "providerID")]
     provider_id: Option<String>,
+    #[serde(default)]
+    conditions: Vec<SlimCondition>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlimCondition {
+    #[serde(default, rename = "type")]
+    type_: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    last_transition_time: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -92,9 +117,20 @@ pub async fn list_claims(client: &Client) -> Result<Vec<KnownClaim>, kube::Error
         }
         let http = request.list(&params).map_err(kube::Error::BuildRequest)?;
         let page: SlimList = client.request(http).await?;
-        out.extend(page.items.into_iter().map(|c| KnownClaim {
-            name: c.metadata.name,
-            provider_id: c.status.and_then(|s| s.provider_id).filter(|p| !p.is_empty()),
+        out.extend(page.items.into_iter().map(|c| {
+            let launched_at = c.status.as_ref().and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == LAUNCHED && c.status == "True")
+                    .and_then(|c| c.last_transition_time.as_deref()?.parse().ok())
+            });
+            KnownClaim {
+                name: c.metadata.name,
+                uid: c.metadata.uid,
+                deleting: c.metadata.deletion_timestamp.is_some(),
+                launched_at,
+                provider_id: c.status.and_then(|s| s.provider_id).filter(|p| !p.is_empty()),
+            }
         }));
         match page.metadata.continue_.filter(|t| !t.is_empty()) {
             Some(token) => continue_token = Some(token),
@@ -134,6 +170,68 @@ pub fn orphans<'a>(
                 .is_some_and(|t| t.as_second() <= cutoff)
         })
         .collect()
+}
+
+/// The NodeClaims, launched at least `grace` before `now` and not being deleted, whose instance is
+/// not among `instances` (every instance the cloud provider lists): their instance is gone (an
+/// instance terminated behind Karpenter's back, a Node deleted by hand on kwok) and so should they.
+/// A NodeClaim launched less than `grace` ago may not be listed yet, and is left alone.
+pub fn claims_without_instance<'a>(
+    claims: &'a [KnownClaim],
+    instances: &[Instance],
+    now: Timestamp,
+    grace: Duration,
+) -> Vec<&'a KnownClaim> {
+    let live: HashSet<&str> = instances
+        .iter()
+        .filter(|i| !GOING.contains(&i.state.as_str()))
+        .map(|i| i.provider_id.as_str())
+        .collect();
+    let cutoff = now.as_second().saturating_sub(i64::try_from(grace.as_secs()).unwrap_or(i64::MAX));
+    claims
+        .iter()
+        .filter(|c| !c.deleting)
+        .filter(|c| c.provider_id.as_deref().is_some_and(|p| !live.contains(p)))
+        .filter(|c| c.launched_at.is_some_and(|t| t.as_second() <= cutoff))
+        .collect()
+}
+
+/// Deletes the NodeClaims [`claims_without_instance`] chooses, once the cloud provider confirms
+/// (asked for that one instance) that it is gone; returns their names. An instance of another
+/// provider, or a provider ID that does not parse, is not this provider's to judge: such a claim is
+/// left alone.
+pub async fn collect_claims(
+    client: &Client,
+    cloud: &dyn CloudProvider,
+    claims: &[KnownClaim],
+    instances: &[Instance],
+    now: Timestamp,
+    grace: Duration,
+) -> Vec<String> {
+    let api: Api<NodeClaim> = Api::all(client.clone());
+    let mut collected = Vec::new();
+    for claim in claims_without_instance(claims, instances, now, grace) {
+        let Some(pid) = claim.provider_id.as_deref() else { continue };
+        match cloud.get(pid).await {
+            Err(e) if e.is_not_found() => {}
+            Ok(_) | Err(_) => continue,
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions { uid: claim.uid.clone(), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&claim.name, &params).await {
+            Ok(_) => {
+                tracing::info!(NodeClaim = %claim.name, "provider-id" = %pid, "garbage collecting nodeclaim with no cloudprovider representation");
+                collected.push(claim.name.clone());
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                tracing::error!(NodeClaim = %claim.name, error = %error_chain(&e), "deleting a nodeclaim whose instance is gone");
+            }
+        }
+    }
+    collected
 }
 
 /// A NodeClaim for `instance` as the provider's `delete` reads it: the provider ID in the status.
@@ -201,7 +299,9 @@ pub async fn round(
 ) -> Result<usize, RoundError> {
     let instances = cloud.list().await.map_err(RoundError::Instances)?;
     let claims = list_claims(client).await.map_err(RoundError::Claims)?;
-    let collected = collect_instances(cloud, &instances, &claims, Timestamp::now(), grace).await;
+    let now = Timestamp::now();
+    let collected = collect_instances(cloud, &instances, &claims, now, grace).await;
+    collect_claims(client, cloud, &claims, &instances, now, grace).await;
     let api: Api<Node> = Api::all(client.clone());
     for instance in &collected {
         let backed = nodes.iter().filter(|n| {
@@ -253,7 +353,40 @@ mod tests {
     }
 
     fn claim(name: &str, provider_id: Option<&str>) -> KnownClaim {
-        KnownClaim { name: name.to_string(), provider_id: provider_id.map(str::to_string) }
+        KnownClaim {
+            name: name.to_string(),
+            provider_id: provider_id.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn claims_whose_instance_is_gone() {
+        let t = |s: &str| s.parse::<Timestamp>().unwrap();
+        let launched = |name: &str, pid: &str, at: &str| KnownClaim {
+            launched_at: Some(t(at)),
+            ..claim(name, Some(pid))
+        };
+        let claims = [
+            launched("alive", "aws:///us-west-2a/i-alive", "2026-01-01T00:00:00Z"),
+            launched("gone", "aws:///us-west-2a/i-gone", "2026-01-01T00:00:00Z"),
+            launched("young", "aws:///us-west-2a/i-young", "2026-01-01T00:00:50Z"),
+            launched("terminated", "aws:///us-west-2a/i-terminated", "2026-01-01T00:00:00Z"),
+            KnownClaim {
+                deleting: true,
+                ..launched("deleting", "aws:///us-west-2a/i-x", "2026-01-01T00:00:00Z")
+            },
+            claim("launching", None),
+        ];
+        let instances = [
+            instance("i-alive", Some("alive"), "2026-01-01T00:00:00Z", "running"),
+            instance("i-terminated", Some("terminated"), "2026-01-01T00:00:00Z", "terminated"),
+        ];
+        let got: Vec<&str> = claims_without_instance(&claims, &instances, t("2026-01-01T00:01:00Z"), GRACE)
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(got, ["gone", "terminated"]);
     }
 
     #[test]

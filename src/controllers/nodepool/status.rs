@@ -15,16 +15,16 @@ use kube::api::{Patch, PatchParams};
 use tokio::sync::watch;
 
 use crate::apis::labels::{
-    ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, AWS_GROUP, LABEL_ARCH, LABEL_CAPACITY_TYPE,
+    ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, LABEL_ARCH, LABEL_CAPACITY_TYPE,
     LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
 };
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
-use crate::apis::{ConditionStatus, EC2NodeClass, NodePool, NodePoolStatus, common::set_condition};
+use crate::apis::{ConditionStatus, NodePool, NodePoolStatus, common::set_condition};
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
-use crate::operator::settings::CloudProviderKind;
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
+use crate::state::nodeclass::readiness;
 use crate::state::statenode::state_nodes;
 use crate::state::usage::{Counted, nodepool_usage};
 use crate::state::{ClusterState, Interest, Snapshot, Subscription};
@@ -88,7 +88,7 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
             continue;
         }
         let name = np.metadata.name.clone().unwrap_or_default();
-        let class_ready = node_class_ready(np, &snapshot, ctx.settings.cloud_provider);
+        let class_ready = node_class_ready(np, &snapshot);
         let status = desired_status(np, usage.get(&name), class_ready, &now);
         record_metrics(ctx, np, &status);
         if np.status.as_ref() != Some(&status) {
@@ -189,24 +189,11 @@ fn display_value(resource: &str, v: i64) -> f64 {
 }
 
 /// Whether the pool's node class is ready, and why not.
-fn node_class_ready(np: &NodePool, snapshot: &Snapshot, provider: CloudProviderKind) -> Result<(), String> {
+fn node_class_ready(np: &NodePool, snapshot: &Snapshot) -> Result<(), String> {
     let r = &np.spec.template.spec.node_class_ref;
-    if provider == CloudProviderKind::Kwok {
-        // The kwok provider serves every pool whatever its class.
-        return Ok(());
-    }
-    if r.group != AWS_GROUP || r.kind != "EC2NodeClass" {
-        return Err(format!("node class {}/{} is not an EC2NodeClass of {AWS_GROUP}", r.kind, r.group));
-    }
-    let class: Option<&EC2NodeClass> =
+    let class =
         snapshot.nodeclasses.iter().map(AsRef::as_ref).find(|c| c.metadata.name.as_deref() == Some(&r.name));
-    let Some(class) = class else { return Err(format!("EC2NodeClass {:?} not found", r.name)) };
-    let ready = class.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
-    match ready {
-        Some(c) if c.status == ConditionStatus::True => Ok(()),
-        Some(c) => Err(format!("EC2NodeClass {:?} is not ready: {}", r.name, c.message)),
-        None => Err(format!("EC2NodeClass {:?} has not been resolved yet", r.name)),
-    }
+    readiness(r, class).map_err(|problem| problem.to_string())
 }
 
 /// The status a pool should have.
@@ -353,7 +340,7 @@ spec:
     fn a_missing_class_makes_the_pool_not_ready() {
         let np = nodepool("Gt");
         let snapshot = Snapshot::default();
-        let class = node_class_ready(&np, &snapshot, CloudProviderKind::Aws);
+        let class = node_class_ready(&np, &snapshot);
         assert_eq!(class.clone().unwrap_err(), "EC2NodeClass \"default\" not found");
         let status = desired_status(&np, None, class, "t");
         let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
@@ -361,7 +348,6 @@ spec:
         assert_eq!(get(READY).status, ConditionStatus::False);
         assert_eq!(get(READY).message, "NodeClassReady is False");
         assert_eq!(status.nodes, 0);
-        assert!(node_class_ready(&np, &snapshot, CloudProviderKind::Kwok).is_ok());
     }
 
     #[test]

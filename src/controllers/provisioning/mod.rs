@@ -7,10 +7,11 @@
 //! back through its watch yet) are existing capacity, so a burst of pods never produces
 //! duplicate claims.
 
+pub mod relaunch;
 pub mod template;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -29,7 +30,7 @@ use crate::state::input::{Built, Scenario, scheduling_input};
 use crate::state::marks::nomination_window;
 use crate::state::pods::key as pod_key;
 use crate::state::statenode::state_nodes;
-use crate::state::{Changes, ClusterState, Interest, Snapshot, Subscription};
+use crate::state::{Changes, ClusterState, Interest, Notice, Registration, Snapshot, Subscription};
 
 /// Name of the controller, in logs.
 pub const CONTROLLER: &str = "provisioner";
@@ -113,11 +114,29 @@ struct Provisioner {
     created: Vec<(Instant, Arc<NodeClaim>)>,
     /// Last event sent to each pod (uid → message), to not repeat it every pass.
     told: HashMap<String, String>,
+    /// Pods placed on new NodeClaims and the workloads backing off; the pod watch reports
+    /// bounces into it.
+    relaunches: Arc<Mutex<relaunch::Relaunches>>,
+    _bounces: Registration,
 }
 
 impl Provisioner {
     fn new(ctx: Context, state: ClusterState) -> Self {
-        Provisioner { ctx, state, created: vec![], told: HashMap::new() }
+        let relaunches = Arc::new(Mutex::new(relaunch::Relaunches::default()));
+        let bounces = {
+            let relaunches = relaunches.clone();
+            state.on_pod(move |notice| {
+                let (Notice::Applied(pod) | Notice::Deleted(pod)) = notice else { return };
+                let Some(uid) = pod.metadata.uid.as_deref() else { return };
+                if relaunch::is_bounced(pod) {
+                    let mut relaunches = relaunches.lock().unwrap_or_else(PoisonError::into_inner);
+                    if relaunches.follows(uid) {
+                        relaunches.removed(uid, tokio::time::Instant::now());
+                    }
+                }
+            })
+        };
+        Provisioner { ctx, state, created: vec![], told: HashMap::new(), relaunches, _bounces: bounces }
     }
 
     /// Whether a pass has anything to place: provisionable pods, or pods of nodes going away.
@@ -131,7 +150,7 @@ impl Provisioner {
     async fn reconcile(&mut self) {
         let start = Instant::now();
         let mut snapshot = self.state.snapshot();
-        let pending = snapshot.provisionable_pods();
+        let pending = self.hold_back_bouncing_pods(snapshot.provisionable_pods()).await;
         if !Self::has_work(&snapshot, &pending) {
             return;
         }
@@ -211,6 +230,40 @@ impl Provisioner {
         observe(&self.ctx.metrics.provisioner_scheduling_duration, vec![], start.elapsed());
     }
 
+    fn relaunches(&self) -> std::sync::MutexGuard<'_, relaunch::Relaunches> {
+        self.relaunches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pending pods the relaunch guard lets have new NodeClaims (see [`relaunch`]); the first
+    /// pod of a workload that just went over its limit gets a warning.
+    async fn hold_back_bouncing_pods(&mut self, pending: Vec<Arc<Pod>>) -> Vec<Arc<Pod>> {
+        let now = tokio::time::Instant::now();
+        let mut kept = Vec::with_capacity(pending.len());
+        let mut warnings = Vec::new();
+        {
+            let mut relaunches = self.relaunches();
+            relaunches.forget_old(now);
+            for pod in pending {
+                match relaunches.verdict(&relaunch::workload(&pod), now) {
+                    relaunch::Verdict::Place => kept.push(pod),
+                    relaunch::Verdict::Waiting => {}
+                    relaunch::Verdict::BackOff { bounces, until } => warnings.push((pod, bounces, until)),
+                }
+            }
+        }
+        for (pod, bounces, until) in warnings {
+            let wait = until.saturating_duration_since(now);
+            let message = format!(
+                "Pods of this workload needed a new nodeclaim {bounces} times within {} after being placed on one; no new nodeclaim for them for {}",
+                relaunch::go_duration(relaunch::WINDOW),
+                relaunch::go_duration(wait),
+            );
+            tracing::warn!(controller = CONTROLLER, Pod = %pod_key(&pod), bounces, wait = ?wait, "backing off provisioning for pod");
+            self.ctx.events.warning(pod.as_ref(), reasons::PROVISIONING_BACKOFF, message).await;
+        }
+        kept
+    }
+
     async fn apply(
         &mut self,
         snapshot: &Snapshot,
@@ -262,8 +315,14 @@ impl Provisioner {
                         ])
                         .inc();
                     self.state.marks.nominate(&name, window);
+                    let now = tokio::time::Instant::now();
                     for p in &new.pods {
                         nominations.push((p.index, format!("nodeclaim/{name}")));
+                        if p.index < pending_count
+                            && let Some(pod) = input.pods.get(p.index)
+                        {
+                            self.relaunches().placed(&pod_uid(pod), &relaunch::workload(pod), now);
+                        }
                     }
                     self.created.push((Instant::now(), Arc::new(claim)));
                 }
@@ -322,7 +381,7 @@ impl Provisioner {
         let events: Vec<_> = events
             .into_iter()
             .filter(|(pod, _, _, message)| {
-                let uid = pod.metadata.uid.clone().unwrap_or_else(|| pod_key(pod));
+                let uid = pod_uid(pod);
                 self.told.insert(uid, message.clone()).as_ref() != Some(message)
             })
             .collect();
@@ -342,6 +401,11 @@ impl Provisioner {
             })
             .await;
     }
+}
+
+/// A pod's identity across passes: its uid (its namespace/name if it has none).
+fn pod_uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_else(|| pod_key(pod))
 }
 
 fn summarize_pods(pods: &[Arc<Pod>], shown: usize) -> String {

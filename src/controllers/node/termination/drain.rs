@@ -16,8 +16,8 @@ use crate::apis::NodeClaim;
 use crate::apis::labels::ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP;
 use crate::operator::settings::parse_duration;
 pub use crate::state::pods::{
-    is_critical, is_mirror, is_owned_by_daemonset as is_daemonset_pod, is_terminal, is_terminating,
-    tolerates_disrupted_taint,
+    do_not_disrupt, is_critical, is_mirror, is_owned_by_daemonset as is_daemonset_pod, is_terminal,
+    is_terminating, tolerates_disrupted_taint,
 };
 
 /// How long past its own deletion deadline a terminating pod may linger before it no longer holds
@@ -111,6 +111,10 @@ pub struct DrainPlan<'a> {
     pub delete: Vec<(&'a Pod, i64)>,
     /// Whether the node's termination deadline has passed: the drain is over, finished or not.
     pub expired: bool,
+    /// Pods of [`DrainPlan::remaining`] that `karpenter.sh/do-not-disrupt` protects: they are not
+    /// evicted, and leave only when deleted at the termination deadline (minus their own grace
+    /// period); without a deadline they keep the node.
+    pub protected: Vec<&'a Pod>,
 }
 
 impl DrainPlan<'_> {
@@ -131,15 +135,22 @@ pub fn plan<P: Borrow<Pod>>(pods: &[P], now: Timestamp, deadline: Option<Timesta
         }
         _ => Vec::new(),
     };
-    let group = remaining.iter().map(|p| DrainGroup::of(p)).min();
+    let protected: Vec<&Pod> = remaining
+        .iter()
+        .filter(|p| !is_terminating(p) && do_not_disrupt(p, now).is_active())
+        .copied()
+        .collect();
+    let is_protected = |p: &Pod| protected.iter().any(|q| std::ptr::eq(*q, p));
+    // The order of groups is that of the pods eviction can move.
+    let group = remaining.iter().filter(|p| !is_protected(p)).map(|p| DrainGroup::of(p)).min();
     let evict = remaining
         .iter()
         .filter(|p| Some(DrainGroup::of(p)) == group)
-        .filter(|p| !is_terminating(p))
+        .filter(|p| !is_terminating(p) && !is_protected(p))
         .filter(|p| !delete.iter().any(|(d, _)| std::ptr::eq(*d, **p)))
         .copied()
         .collect();
-    DrainPlan { remaining, group, evict, delete, expired }
+    DrainPlan { remaining, group, evict, delete, expired, protected }
 }
 
 /// The grace period to delete `pod` with, when it must be deleted now so that it is gone by
@@ -276,6 +287,13 @@ mod tests {
                 "failed" => pod.status.as_mut().unwrap().phase = Some("Failed".into()),
                 "deleting" => pod.metadata.deletion_timestamp = Some(Time(ts(value))),
                 "grace" => spec.termination_grace_period_seconds = Some(value.parse().unwrap()),
+                "dnd" => {
+                    pod.metadata
+                        .annotations
+                        .get_or_insert_default()
+                        .insert(crate::apis::labels::ANNOTATION_DO_NOT_DISRUPT.into(), value.into());
+                    pod.status.as_mut().unwrap().start_time = Some(Time(ts("2026-01-01T00:00:00Z")));
+                }
                 "pvc" => spec.volumes.get_or_insert_default().push(Volume {
                     name: value.into(),
                     persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -436,6 +454,27 @@ mod tests {
         assert_eq!(names(&plan.delete.iter().map(|(p, _)| *p).collect::<Vec<_>>()), ["a", "b"]);
         assert_eq!(plan.delete[0].1, 120);
         assert_eq!(names(&plan.evict), ["c"]);
+    }
+
+    #[test]
+    fn do_not_disrupt_pods_are_not_evicted_and_wait_for_the_deadline() {
+        // "true", and a duration not elapsed yet (the pod started at 00:00, it is 00:10): both stay;
+        // an elapsed one is evicted like any pod. A protected pod does not hold up the next group.
+        let pods =
+            [pod("forever", "dnd=true"), pod("hour", "dnd=1h"), pod("done", "dnd=5m"), pod("ds", "ds")];
+        let p = plan(&pods, ts(NOW), None);
+        assert_eq!(names(&p.protected), ["forever", "hour"]);
+        assert_eq!(names(&p.evict), ["done"]);
+        assert_eq!(p.remaining.len(), 4);
+        assert!(!p.is_drained());
+        let only_protected = [pod("forever", "dnd=true"), pod("ds", "ds")];
+        let p = plan(&only_protected, ts(NOW), None);
+        assert_eq!(names(&p.evict), ["ds"], "the DaemonSet group goes on");
+        // With a termination deadline, they are deleted once it is their own grace period away.
+        let p = plan(&only_protected[..1], ts(NOW), Some(ts("2026-01-01T00:20:00Z")));
+        assert!(p.delete.is_empty() && p.evict.is_empty());
+        let p = plan(&only_protected[..1], ts(NOW), Some(ts("2026-01-01T00:10:20Z")));
+        assert_eq!(p.delete.iter().map(|(_, g)| *g).collect::<Vec<_>>(), [20]);
     }
 
     #[test]

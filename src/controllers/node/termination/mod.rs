@@ -40,7 +40,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 use crate::apis::NodeClaim;
-use crate::apis::labels::{FINALIZER_TERMINATION, LABEL_NODEPOOL, TAINT_DISRUPTED};
+use crate::apis::labels::{ANNOTATION_DO_NOT_DISRUPT, FINALIZER_TERMINATION, LABEL_NODEPOOL};
 use crate::cloudprovider::CloudProviderError;
 use crate::controllers::Context;
 use crate::controllers::events::reasons;
@@ -228,7 +228,11 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
     let nodepool = node_pool(&node, node_claim.as_ref());
 
     // Later patches are guarded by the resource version: go on with the tainted node.
-    let node = taint(ctx, &node).await?.map(Arc::new).unwrap_or(node);
+    let node = super::taint_disrupted(&ctx.client, &node)
+        .await
+        .map_err(kube_error(format!("taint node {name}")))?
+        .map(Arc::new)
+        .unwrap_or(node);
 
     let deadline = match drain::termination_deadline(Some(deleted_at), node_claim.as_ref()) {
         Ok(deadline) => deadline,
@@ -267,13 +271,7 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
                 "waiting for pods to leave the node"
             );
         }
-        ctx.events
-            .warning(
-                &*node,
-                reasons::FAILED_DRAINING,
-                format!("Draining is not finished yet: {waiting} pods still have to leave the node"),
-            )
-            .await;
+        ctx.events.warning(&*node, reasons::FAILED_DRAINING, failed_draining_message(&plan, deadline)).await;
         if outcome.evicted + outcome.deleted > 0 {
             t.with_progress(&name, |p| p.attempts = 0);
         }
@@ -315,6 +313,10 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
             Ok(()) => {
                 tracing::info!(node = %name, nodeclaim = %claim_name, "terminating instance");
                 return Ok(Next::After(INSTANCE_POLL));
+            }
+            // Not this provider's to terminate (see the NodeClaim lifecycle): treated as gone.
+            Err(CloudProviderError::InvalidProviderId(pid)) => {
+                tracing::warn!(node = %name, nodeclaim = %claim_name, "provider-id" = %pid, "the cloud provider cannot act on this provider ID: the instance is treated as gone");
             }
             Err(error) if error.is_not_found() => {
                 if let Some(started) = t.with_progress(&name, |p| p.instance_termination_started.take()) {
@@ -386,23 +388,6 @@ fn node_pool(node: &Node, node_claim: Option<&NodeClaim>) -> String {
         .unwrap_or_default()
 }
 
-/// The node's taints with `karpenter.sh/disrupted:NoSchedule` added, or `None` when it is there.
-fn with_disrupted_taint(
-    taints: &[k8s_openapi::api::core::v1::Taint],
-) -> Option<Vec<k8s_openapi::api::core::v1::Taint>> {
-    if taints.iter().any(|t| t.key == TAINT_DISRUPTED && t.effect == "NoSchedule") {
-        return None;
-    }
-    let mut taints = taints.to_vec();
-    taints.push(k8s_openapi::api::core::v1::Taint {
-        key: TAINT_DISRUPTED.into(),
-        effect: "NoSchedule".into(),
-        value: None,
-        time_added: None,
-    });
-    Some(taints)
-}
-
 /// Finalizers without ours, or `None` when ours is not among them.
 fn without_finalizer(finalizers: &[String]) -> Option<Vec<String>> {
     finalizers
@@ -411,23 +396,26 @@ fn without_finalizer(finalizers: &[String]) -> Option<Vec<String>> {
         .then(|| finalizers.iter().filter(|f| *f != FINALIZER_TERMINATION).cloned().collect())
 }
 
-/// Taints the node as disrupted, and returns the patched node (`None` when the taint was there).
-/// The patch carries the resource version the taints were read at, so a concurrent change makes
-/// it fail (and the reconcile retry) instead of being overwritten.
-async fn taint(ctx: &Context, node: &Node) -> Result<Option<Node>, Error> {
-    let current = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
-    let Some(taints) = with_disrupted_taint(current) else { return Ok(None) };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let patch = json!({
-        "metadata": { "resourceVersion": node.resource_version() },
-        "spec": { "taints": taints },
-    });
-    let patched = nodes
-        .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube_error(format!("taint node {}", node.name_any())))?;
-    tracing::info!(node = %node.name_any(), taint = TAINT_DISRUPTED, "tainted node");
-    Ok(Some(patched))
+/// The `FailedDraining` event of a node whose drain goes on: how many pods are waiting, as
+/// upstream says it, and, when pods protected by `karpenter.sh/do-not-disrupt` keep the node, why.
+pub fn failed_draining_message(plan: &drain::DrainPlan<'_>, deadline: Option<Timestamp>) -> String {
+    let mut message =
+        format!("Failed to drain node, {} pods are waiting to be evicted", plan.remaining.len());
+    if !plan.protected.is_empty() {
+        let names: Vec<String> = plan.protected.iter().take(5).map(|p| crate::state::pods::key(p)).collect();
+        let more = plan.protected.len().saturating_sub(names.len());
+        let who =
+            if more > 0 { format!("{} and {more} other(s)", names.join(", ")) } else { names.join(", ") };
+        match deadline {
+            Some(d) => message.push_str(&format!(
+                "; {who} have the {ANNOTATION_DO_NOT_DISRUPT} annotation and will be deleted by the termination grace period ending {d}"
+            )),
+            None => message.push_str(&format!(
+                "; {who} have the {ANNOTATION_DO_NOT_DISRUPT} annotation and the NodeClaim sets no terminationGracePeriod: the node waits for them to leave"
+            )),
+        }
+    }
+    message
 }
 
 /// Removes our finalizer, guarded by the resource version the finalizers were read at.
@@ -562,13 +550,11 @@ async fn delete_pod(ctx: &Context, node: &str, pod: &Pod, grace: i64, deadline: 
                 deadline = %deadline,
                 "deleting pod before the node's termination grace period expires"
             );
-            ctx.events
-                .warning(
-                    pod,
-                    reasons::TERMINATION_GRACE_PERIOD_EXPIRING,
-                    format!("Deleting pod: the termination grace period of node {node} ends at {deadline}"),
-                )
-                .await;
+            let own = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
+            let message = format!(
+                "Deleting the pod to accommodate the terminationTime {deadline} of the node. The pod was granted {grace} seconds of grace-period of its {own} terminationGracePeriodSeconds. This bypasses the PDB of the pod and the do-not-disrupt annotation."
+            );
+            ctx.events.normal(pod, reasons::DISRUPTED, message).await;
             true
         }
         Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => false,

@@ -14,8 +14,10 @@ use kube::api::PostParams;
 
 use super::*;
 use crate::apis::NodePool;
+use crate::apis::labels::TAINT_DISRUPTED;
 use crate::cloudprovider::{BoxFuture, CloudProvider, DriftReason, Instance};
 use crate::controllers::Events;
+use crate::controllers::node::with_disrupted_taint;
 use crate::operator::Settings;
 use crate::operator::metrics::Metrics;
 use crate::scheduling::instancetypes::InstanceType;
@@ -222,11 +224,44 @@ impl Harness {
     }
 
     async fn create_pod_tolerating(&self, name: &str, app: &str, grace: i64, toleration: Option<Toleration>) {
+        self.create_pod_with(name, app, grace, toleration, None).await;
+    }
+
+    /// A pod annotated `karpenter.sh/do-not-disrupt: "true"`.
+    async fn create_pinned_pod(&self, name: &str, grace: i64) {
+        let annotations = [(crate::apis::labels::ANNOTATION_DO_NOT_DISRUPT.to_string(), "true".to_string())];
+        self.create_pod_with(name, name, grace, None, Some(annotations.into())).await;
+    }
+
+    /// A free pod and a `do-not-disrupt` one on the node; the node is deleted, and the free pod is
+    /// evicted.
+    async fn drain_beside_a_pinned_pod(&self) {
+        self.create_pod("free", "free", 1).await;
+        self.create_pinned_pod("pinned", 1).await;
+        self.wait_for_running(2).await;
+
+        Api::<Node>::all(self.client.clone()).delete(&self.name, &DeleteParams::default()).await.unwrap();
+
+        eventually("the free pod to be evicted", Duration::from_secs(60), || async {
+            self.pod_names().await == ["pinned"]
+        })
+        .await;
+    }
+
+    async fn create_pod_with(
+        &self,
+        name: &str,
+        app: &str,
+        grace: i64,
+        toleration: Option<Toleration>,
+        annotations: Option<std::collections::BTreeMap<String, String>>,
+    ) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.name);
         let pod = Pod {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 labels: Some([("app".to_string(), app.to_string())].into()),
+                annotations,
                 ..Default::default()
             },
             spec: Some(PodSpec {
@@ -490,6 +525,48 @@ async fn a_cache_that_lags_behind_never_ends_a_drain_early() {
         h.wait_gone_after_its_pods().await;
         assert!(h.has_event("free", reasons::EVICTED).await, "the pod the cache missed was evicted");
         assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2, "the NodeClaim the cache missed was found");
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_do_not_disrupt_pod_holds_a_node_without_a_termination_grace_period() {
+    with_harness("term-dnd", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        h.drain_beside_a_pinned_pod().await;
+        eventually("a FailedDraining event", Duration::from_secs(30), || async {
+            h.has_event(&h.name, reasons::FAILED_DRAINING).await
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(h.pod_names().await, ["pinned"], "never evicted");
+        assert!(!h.has_event("pinned", reasons::EVICTED).await);
+        assert!(h.node().await.is_some_and(|n| has_finalizer(&n)), "the pod keeps the node");
+
+        // Without the annotation, it is drained like any other.
+        let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.name);
+        let unpin =
+            json!({"metadata": {"annotations": {crate::apis::labels::ANNOTATION_DO_NOT_DISRUPT: null}}});
+        pods.patch("pinned", &PatchParams::default(), &Patch::Merge(&unpin)).await.unwrap();
+        h.wait_gone_after_its_pods().await;
+        assert!(h.has_event("pinned", reasons::EVICTED).await);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_do_not_disrupt_pod_is_deleted_at_the_termination_grace_period() {
+    with_harness("term-dnd-tgp", |h| async move {
+        h.create_node().await;
+        h.create_claim(Some("8s")).await;
+        h.drain_beside_a_pinned_pod().await;
+        // Deleted, not evicted, once the deadline minus its own grace period is reached.
+        h.wait_gone_after_its_pods().await;
+        assert!(h.has_event("pinned", reasons::DISRUPTED).await);
+        assert!(!h.has_event("pinned", reasons::EVICTED).await);
     })
     .await;
 }

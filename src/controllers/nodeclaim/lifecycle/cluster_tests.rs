@@ -150,6 +150,9 @@ impl CloudProvider for FakeCloud {
             let provider_id =
                 node_claim.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
             self.deletes.lock().unwrap().push(provider_id.clone());
+            if !provider_id.starts_with("aws:///") {
+                return Err(CloudProviderError::InvalidProviderId(provider_id));
+            }
             let mut instances = self.instances.lock().unwrap();
             let entry = instances.iter_mut().find(|(_, (i, _))| i.provider_id == provider_id);
             match entry {
@@ -215,6 +218,31 @@ async fn client() -> Client {
     Client::try_default().await.expect("a kubeconfig for the local control plane")
 }
 
+/// The EC2NodeClass of a run's claims.
+fn class_name(run: &str) -> String {
+    format!("{run}-class")
+}
+
+/// Creates the run's EC2NodeClass with a Ready status (no provider resolves it here).
+async fn ready_class(client: &Client, run: &str) {
+    let classes: Api<crate::apis::EC2NodeClass> = Api::all(client.clone());
+    let class: crate::apis::EC2NodeClass = serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": class_name(run), "labels": {RUN_LABEL: run}},
+        "spec": {"amiSelectorTerms": [{"alias": "al2023@latest"}], "role": "test",
+            "subnetSelectorTerms": [{"tags": {"test": run}}], "securityGroupSelectorTerms": [{"tags": {"test": run}}]}
+    }))
+    .unwrap();
+    match classes.create(&PostParams::default(), &class).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating the test's EC2NodeClass: {e}"),
+    }
+    let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    classes.patch_status(&class_name(run), &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+}
+
 /// Starts the controller, restricted to this run's claims, with its own cluster state.
 fn start(client: &Client, cloud: Arc<FakeCloud>, run: &str) -> (watch::Sender<bool>, JoinHandle<()>) {
     start_with(client, cloud, run, Arc::new(Queue::new()), Arc::new(Metrics::unregistered()))
@@ -238,12 +266,17 @@ fn start_with(
     let (stop, stop_rx) = watch::channel(false);
     let (cluster, watches) = ClusterState::start(client.clone());
     let run = run.to_string();
+    let run_name = run.clone();
+    let class_client = client.clone();
     let task = tokio::spawn(async move {
+        ready_class(&class_client, &run).await;
         let watches = tokio::spawn(watches);
         cluster.wait_synced().await;
         let select = move |c: &NodeClaim| c.labels().get(RUN_LABEL) == Some(&run);
         super::run_selected(ctx, cluster, queue, stop_rx, select).await;
         watches.abort();
+        let classes: Api<crate::apis::EC2NodeClass> = Api::all(class_client);
+        let _ = classes.delete(&class_name(&run_name), &Default::default()).await;
     });
     (stop, task)
 }
@@ -257,7 +290,7 @@ fn claim(name: &str, run: &str) -> NodeClaim {
             "labels": { RUN_LABEL: run, LABEL_NODEPOOL: format!("{run}-pool"), "team": "blue" },
         },
         "spec": {
-            "nodeClassRef": { "group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default" },
+            "nodeClassRef": { "group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": class_name(run) },
             "requirements": [
                 { "key": LABEL_INSTANCE_TYPE, "operator": "In", "values": ["m5.large"] },
             ],
@@ -287,6 +320,19 @@ where
 
 fn condition_is(claim: &NodeClaim, type_: &str, status: &str) -> bool {
     logic::condition(logic::conditions(claim), type_).is_some_and(|c| format!("{:?}", c.status) == status)
+}
+
+/// The warning with `reason` about object `name`, waiting for it up to ten seconds.
+async fn warning_about(client: &Client, name: &str, reason: &str) -> Event {
+    let events: Api<Event> = Api::all(client.clone());
+    let params = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    eventually(reason, Duration::from_secs(10), || async {
+        let list = events.list(&params).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
+    })
+    .await
 }
 
 fn taint_keys(node: &Node) -> Vec<String> {
@@ -386,6 +432,8 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
     })
     .await;
     assert!(cloud.deletes.lock().unwrap().is_empty(), "the instance outlived its node");
+    let node = nodes.get(&name).await.unwrap();
+    assert!(taint_keys(&node).contains(&TAINT_DISRUPTED.to_string()), "nothing new lands on it: {node:?}");
     let deleting = claims.get(&name).await.unwrap();
     let deleted_at = deleting.metadata.deletion_timestamp.clone().unwrap().0;
     let deadline = deleting.annotations().get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP).cloned();
@@ -632,4 +680,128 @@ async fn the_bookkeeping_of_a_failing_claim_goes_with_it() {
     .await;
     stop.send_replace(true);
     task.await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_claim_whose_node_class_does_not_exist_is_deleted_with_an_event() {
+    let client = client().await;
+    let run = unique("lc-nc");
+    let name = format!("{run}-a");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::Normal));
+    let (stop, task) = start(&client, cloud.clone(), &run);
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let mut c = claim(&name, &run);
+    c.spec.node_class_ref.name = format!("{run}-missing");
+    claims.create(&PostParams::default(), &c).await.unwrap();
+
+    eventually("the claim to go", Duration::from_secs(30), || async {
+        claims.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let event = warning_about(&client, &name, event_reasons::NODE_CLASS_NOT_FOUND).await;
+    assert!(event.message.as_deref().is_some_and(|m| m.contains(&format!("{run}-missing"))), "{event:?}");
+    assert_eq!(cloud.creates.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was launched");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_claim_waits_for_its_node_class_to_be_ready() {
+    let client = client().await;
+    let run = unique("lc-nr");
+    let name = format!("{run}-a");
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::Normal));
+    let (stop, task) = start(&client, cloud.clone(), &run);
+    // A class with no status yet, as a provider that has not resolved it leaves it.
+    let classes: Api<crate::apis::EC2NodeClass> = Api::all(client.clone());
+    let later = format!("{run}-later");
+    let class: crate::apis::EC2NodeClass = serde_json::from_value(json!({
+        "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass",
+        "metadata": {"name": later, "labels": {RUN_LABEL: run}},
+        "spec": {"amiSelectorTerms": [{"alias": "al2023@latest"}], "role": "test",
+            "subnetSelectorTerms": [{"tags": {"test": run}}], "securityGroupSelectorTerms": [{"tags": {"test": run}}]}
+    }))
+    .unwrap();
+    classes.create(&PostParams::default(), &class).await.unwrap();
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let mut c = claim(&name, &run);
+    c.spec.node_class_ref.name = later.clone();
+    claims.create(&PostParams::default(), &c).await.unwrap();
+
+    let waiting = eventually("the claim to wait", Duration::from_secs(30), || async {
+        let c = claims.get(&name).await.ok()?;
+        let launched = logic::condition(logic::conditions(&c), LAUNCHED)?;
+        (launched.reason == reasons::NODE_CLASS_NOT_READY).then_some(c)
+    })
+    .await;
+    assert!(condition_is(&waiting, LAUNCHED, "False"));
+    warning_about(&client, &name, event_reasons::NODE_CLASS_NOT_READY).await;
+    assert_eq!(cloud.creates.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was launched");
+
+    // Once the class is Ready, the claim launches.
+    let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    classes.patch_status(&later, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    eventually("the launch", Duration::from_secs(60), || async {
+        let c = claims.get(&name).await.ok()?;
+        condition_is(&c, LAUNCHED, "True").then_some(())
+    })
+    .await;
+
+    claims.delete(&name, &Default::default()).await.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("the claim to go", Duration::from_secs(60), || async {
+        // We stand in for the node termination controller.
+        if let Ok(Some(n)) = nodes.get_opt(&name).await
+            && n.metadata.deletion_timestamp.is_some()
+        {
+            let patch = json!({ "metadata": { "finalizers": null } });
+            let _ = nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+        }
+        claims.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    classes.delete(&later, &Default::default()).await.unwrap();
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_claim_whose_provider_id_the_provider_cannot_use_is_finalized() {
+    let client = client().await;
+    let run = unique("lc-pid");
+    let name = format!("{run}-a");
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    // A claim another provider launched: it has our finalizer and a provider ID we cannot parse,
+    // and it is being deleted before the controller starts.
+    let mut c = claim(&name, &run);
+    c.metadata.finalizers = Some(vec![FINALIZER_TERMINATION.to_string()]);
+    claims.create(&PostParams::default(), &c).await.unwrap();
+    let status = json!({"status": {"providerID": "gce://project/zone/instance-1", "conditions": [
+        {"type": LAUNCHED, "status": "True", "reason": "Launched", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    claims.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    claims.delete(&name, &Default::default()).await.unwrap();
+
+    let cloud = Arc::new(FakeCloud::new(client.clone(), &run, Mode::Normal));
+    let (stop, task) = start(&client, cloud.clone(), &run);
+    eventually("the claim to go", Duration::from_secs(30), || async {
+        claims.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let event = warning_about(&client, &name, event_reasons::INVALID_PROVIDER_ID).await;
+    assert!(
+        event.message.as_deref().is_some_and(|m| m.contains("gce://project/zone/instance-1")),
+        "{event:?}"
+    );
+    // Asked about that instance only (a reconcile of a copy the cache has not updated yet may ask
+    // twice).
+    let deletes = cloud.deletes.lock().unwrap().clone();
+    assert!(!deletes.is_empty() && deletes.iter().all(|d| d == "gce://project/zone/instance-1"), "{deletes:?}");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
 }

@@ -39,17 +39,18 @@ use serde_json::json;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::apis::NodeClaim;
 use crate::apis::labels::{
     ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, FINALIZER_TERMINATION, LABEL_INITIALIZED,
 };
 use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUNCHED, REGISTERED};
+use crate::apis::{EC2NodeClass, NodeClaim};
 use crate::cloudprovider::{CloudProviderError, Instance};
 use crate::controllers::Context;
 use crate::controllers::events::reasons as event_reasons;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::operator::error_chain;
 use crate::operator::metrics::observe;
+use crate::state::nodeclass::{self, NodeClassProblem};
 use crate::state::{ClusterState, Notice};
 use logic::{ConditionUpdate, Liveness, is_true, reasons, set_condition};
 
@@ -204,6 +205,22 @@ pub(crate) async fn run_selected(
             }
         })
     };
+    // A claim waiting for its node class launches as soon as the class is Ready.
+    let _classes = {
+        let (queue, cluster, select) = (queue.clone(), cluster.clone(), select.clone());
+        cluster.clone().on_nodeclass(move |notice| {
+            let Notice::Applied(class) = notice else { return };
+            let name = class.name_any();
+            for claim in cluster.nodeclaims.state() {
+                if claim.spec.node_class_ref.name == name
+                    && !logic::is_true(logic::conditions(&claim), LAUNCHED)
+                    && select(&claim)
+                {
+                    queue.add(claim.name_any());
+                }
+            }
+        })
+    };
     for claim in cluster.nodeclaims.state() {
         if select(&claim) {
             queue.add(claim.name_any());
@@ -220,10 +237,12 @@ pub fn backoff(attempts: u32) -> Duration {
     BACKOFF.delay(attempts)
 }
 
+/// The steps' futures are boxed: inline, they add up to more stack than a debug build's test
+/// thread has.
 async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Next, Error> {
     let now = Timestamp::now();
     if claim.metadata.deletion_timestamp.is_some() {
-        return finalize(claim, state, now).await;
+        return Box::pin(finalize(claim, state, now)).await;
     }
     let claim = ensure_finalizer(claim, state).await?;
 
@@ -245,7 +264,7 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Next, Error
     let mut retry = None;
     let mut transitions = Vec::new();
     if !is_true(logic::conditions(&claim), LAUNCHED) {
-        match launch(&mut claim, state, now).await {
+        match Box::pin(launch(&mut claim, state, now)).await {
             Launch::Launched(instance) => transitions.push(Transition::Launched(instance)),
             Launch::Deleted => return Ok(Next::Wait),
             Launch::Retry(after) => retry = Some(after),
@@ -254,13 +273,13 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Next, Error
     }
     // A failure to sync the Node must not lose the launch: the status is written regardless.
     if is_true(logic::conditions(&claim), LAUNCHED) {
-        match register(&mut claim, state, now).await {
+        match Box::pin(register(&mut claim, state, now)).await {
             Ok(None) => {}
             Ok(Some((node, registered))) => {
                 if registered {
                     transitions.push(Transition::Registered(node.clone()));
                 }
-                match initialize(&mut claim, &node, state, now).await {
+                match Box::pin(initialize(&mut claim, &node, state, now)).await {
                     Ok(true) => transitions.push(Transition::Initialized(node)),
                     Ok(false) => {}
                     Err(error) => failure = failure.or(Some(error)),
@@ -435,7 +454,10 @@ async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch 
             );
             Ok(instance)
         }
-        None => state.ctx.cloud.create(claim).await,
+        None => match check_node_class(claim, state).await {
+            Ok(()) => state.ctx.cloud.create(claim).await,
+            Err(error) => Err(error),
+        },
     };
     match result {
         Ok(instance) => {
@@ -447,7 +469,18 @@ async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch 
             set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
             Launch::Launched(Box::new(instance))
         }
-        Err(error @ CloudProviderError::InsufficientCapacity { .. }) => {
+        // Upstream treats a missing node class like insufficient capacity: the claim goes, and the
+        // provisioner decides again.
+        Err(
+            error @ (CloudProviderError::InsufficientCapacity { .. }
+            | CloudProviderError::NodeClassNotFound { .. }),
+        ) => {
+            let (reason, metric_reason) = match error {
+                CloudProviderError::NodeClassNotFound { .. } => {
+                    (event_reasons::NODE_CLASS_NOT_FOUND, "nodeclass_not_found")
+                }
+                _ => (event_reasons::INSUFFICIENT_CAPACITY_ERROR, "insufficient_capacity"),
+            };
             let message = error.to_string();
             tracing::error!(
                 controller = CONTROLLER,
@@ -455,10 +488,10 @@ async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch 
                 error = %message,
                 "failed launching nodeclaim"
             );
-            state.ctx.events.warning(&*claim, event_reasons::INSUFFICIENT_CAPACITY_ERROR, message).await;
+            state.ctx.events.warning(&*claim, reason, message).await;
             match delete_claim(claim, state).await {
                 Ok(()) => {
-                    count_disruption(claim, state, "insufficient_capacity");
+                    count_disruption(claim, state, metric_reason);
                     Launch::Deleted
                 }
                 Err(error) => Launch::Failed(error),
@@ -479,6 +512,36 @@ async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp) -> Launch 
             Launch::Failed(Error::Cloud { method: "create", source: error })
         }
     }
+}
+
+/// Whether the claim's node class exists and is Ready, for either provider. A class the cache does
+/// not have is looked up on the API server before the claim is given up on, so a class created a
+/// moment ago is never taken for a missing one.
+async fn check_node_class(claim: &NodeClaim, state: &State) -> Result<(), CloudProviderError> {
+    let reference = &claim.spec.node_class_ref;
+    let cached = state.cluster.nodeclass(&reference.name).filter(|_| nodeclass::is_served(reference));
+    let class = match cached {
+        Some(class) => Some(class),
+        None if nodeclass::is_served(reference) => {
+            let api: Api<EC2NodeClass> = Api::all(state.ctx.client.clone());
+            api.get_opt(&reference.name)
+                .await
+                .map_err(|e| CloudProviderError::UnexpectedResponse {
+                    operation: "GetEC2NodeClass",
+                    message: error_chain(&e),
+                })?
+                .map(Arc::new)
+        }
+        None => None,
+    };
+    nodeclass::readiness(reference, class.as_deref()).map_err(|problem| match problem {
+        NodeClassProblem::NotFound(reason) => {
+            CloudProviderError::NodeClassNotFound { name: reference.name.clone(), reason }
+        }
+        NodeClassProblem::NotReady(reason) => {
+            CloudProviderError::NodeClassNotReady { name: reference.name.clone(), reason }
+        }
+    })
 }
 
 fn conditions_mut(claim: &mut NodeClaim) -> &mut Vec<crate::apis::Condition> {
@@ -651,6 +714,12 @@ async fn finalize(claim: &NodeClaim, state: &State, now: Timestamp) -> Result<Ne
     if !has_finalizer(claim) {
         return Ok(Next::Wait);
     }
+    // Nothing new lands on a node whose claim is going: the taint comes first.
+    for node in claims_nodes(claim, state).iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        crate::controllers::node::taint_disrupted(&state.ctx.client, node)
+            .await
+            .map_err(Error::kube(format!("tainting node {}", node.name_any())))?;
+    }
     let claim = &annotate_termination_deadline(claim, state).await?;
     let name = claim.name_any();
     let nodes = claims_nodes(claim, state);
@@ -778,6 +847,16 @@ async fn instances_terminated(claim: &NodeClaim, state: &State) -> Result<bool, 
     for target in &targets {
         match state.ctx.cloud.delete(target).await {
             Err(error) if error.is_not_found() => {}
+            // An instance this provider cannot name (another provider's, or a provider ID that does
+            // not parse) can never be terminated here: it counts as gone, so the claim can go.
+            Err(CloudProviderError::InvalidProviderId(pid)) => {
+                let message = format!(
+                    "The {} cloud provider cannot act on provider ID {pid:?}: the instance is treated as gone",
+                    state.ctx.cloud.name()
+                );
+                tracing::warn!(controller = CONTROLLER, nodeclaim = %claim.name_any(), "provider-id" = %pid, "{message}");
+                state.ctx.events.warning(claim, event_reasons::INVALID_PROVIDER_ID, message).await;
+            }
             Ok(()) => terminated = false,
             Err(source) => return Err(Error::Cloud { method: "delete", source }),
         }
