@@ -359,6 +359,7 @@ async fn getting_started_with_aws() {
     let controller = Controller::start("aws", &env_refs(&env));
     f.apply_class_and_pool(100).await;
     f.wait_class_ready(Duration::from_secs(60), &controller).await;
+    standalone_nodeclaim(&f, &controller).await;
     f.apply_inflate().await;
 
     // Scale to 6: six NodeClaims Ready, six Nodes, six pods Running, six instances.
@@ -649,6 +650,7 @@ async fn upstream_behaviours_with_kwok() {
     standalone_nodeclaim(&f, &controller).await;
     limit_range_daemonset_overhead(&f, &controller).await;
     pods_that_never_stay_back_off(&f, &controller).await;
+    do_not_disrupt_holds_until_the_grace_period(&f, &controller).await;
 
     f.cleanup().await;
     controller.stop_and_check();
@@ -854,6 +856,71 @@ spec:
     tainter.abort();
     kubectl_delete(&format!("deployment/bouncer -n {}", f.ns));
     f.wait_pods_gone(Duration::from_secs(60)).await;
+    f.delete_all_claims().await;
+    wait_for("the pool empty", Duration::from_secs(60), controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+}
+
+/// A `karpenter.sh/do-not-disrupt` pod on a NodeClaim with `terminationGracePeriod: 60s`: the
+/// claim is deleted, the node is tainted at once, the pod keeps running for about 60 s, then it is
+/// deleted (event `Disrupted`) and the node goes.
+async fn do_not_disrupt_holds_until_the_grace_period(f: &Fixture, controller: &Controller) {
+    let pools = Api::<karpenter::apis::NodePool>::all(f.client.clone());
+    let tgp = json!({"spec": {"template": {"spec": {"terminationGracePeriod": "60s"}}}});
+    pools.patch(&f.pool, &PatchParams::default(), &Patch::Merge(&tgp)).await.unwrap();
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: pinned
+  namespace: {ns}
+  annotations: {{karpenter.sh/do-not-disrupt: "true"}}
+spec:
+  terminationGracePeriodSeconds: 0
+  nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 100m}}}}}}]
+"#,
+        ns = f.ns,
+        pool = f.pool
+    );
+    kubectl_apply(&manifest);
+    f.wait_running(1, Duration::from_secs(90), controller).await;
+    let pods = Api::<Pod>::namespaced(f.client.clone(), &f.ns);
+    let node = pods.get("pinned").await.unwrap().spec.and_then(|s| s.node_name).unwrap();
+    let claims = f.claims().await;
+    let claim = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node));
+    let claim = claim.unwrap_or_else(|| panic!("the NodeClaim of node {node}"));
+    assert_eq!(claim.spec.termination_grace_period.as_deref(), Some("60s"), "from the NodePool's template");
+    let name = claim.metadata.name.clone().unwrap();
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(f.client.clone());
+
+    let deleted_at = Instant::now();
+    f.claims_api().delete(&name, &DeleteParams::default()).await.unwrap();
+    wait_for("the disrupted taint", Duration::from_secs(10), controller, || async {
+        let n = nodes.get(&node).await.unwrap();
+        n.spec.and_then(|s| s.taints).unwrap_or_default().iter().any(|t| t.key == "karpenter.sh/disrupted")
+    })
+    .await;
+    eprintln!("disrupted taint on the node {:?} after the NodeClaim's deletion", deleted_at.elapsed());
+    // The drain waits for the pod, which nothing evicts.
+    while deleted_at.elapsed() < Duration::from_secs(45) {
+        let pod = pods.get("pinned").await.unwrap();
+        assert!(pod.metadata.deletion_timestamp.is_none(), "deleted after {:?}", deleted_at.elapsed());
+        assert!(is_running(&pod));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    wait_for("the pod and its node gone", Duration::from_secs(60), controller, || async {
+        pods.get_opt("pinned").await.unwrap().is_none() && nodes.get_opt(&node).await.unwrap().is_none()
+    })
+    .await;
+    let gone_after = deleted_at.elapsed();
+    assert!(gone_after >= Duration::from_secs(59), "held until the grace period: {gone_after:?}");
+    eprintln!("the do-not-disrupt pod and its node went {gone_after:?} after the NodeClaim's deletion");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(f.client.clone(), &f.ns);
+    let disrupted = ListParams::default().fields("involvedObject.name=pinned,reason=Disrupted");
+    assert!(!events.list(&disrupted).await.unwrap().items.is_empty(), "a Disrupted event on the pod");
 }
 
 fn kubectl_apply(manifest: &str) {

@@ -107,7 +107,8 @@ pub struct DrainPlan<'a> {
     /// [`DrainPlan::delete`].
     pub evict: Vec<&'a Pod>,
     /// Pods to delete now, each with the grace period (seconds) that ends at the deadline, because
-    /// waiting for their eviction would run past the node's termination deadline.
+    /// waiting for their eviction would run past the node's termination deadline (past the
+    /// deadline: every pod left, with no grace period).
     pub delete: Vec<(&'a Pod, i64)>,
     /// Whether the node's termination deadline has passed: the drain is over, finished or not.
     pub expired: bool,
@@ -133,7 +134,9 @@ pub fn plan<P: Borrow<Pod>>(pods: &[P], now: Timestamp, deadline: Option<Timesta
         Some(deadline) if !expired => {
             remaining.iter().filter_map(|p| expiring(p, now, deadline).map(|g| (*p, g))).collect()
         }
-        _ => Vec::new(),
+        // Past the deadline, what is left is deleted at once as the node goes.
+        Some(_) => remaining.iter().filter(|p| !is_terminating(p)).map(|p| (*p, 0)).collect(),
+        None => Vec::new(),
     };
     let protected: Vec<&Pod> = remaining
         .iter()
@@ -146,7 +149,7 @@ pub fn plan<P: Borrow<Pod>>(pods: &[P], now: Timestamp, deadline: Option<Timesta
     let evict = remaining
         .iter()
         .filter(|p| Some(DrainGroup::of(p)) == group)
-        .filter(|p| !is_terminating(p) && !is_protected(p))
+        .filter(|p| !expired && !is_terminating(p) && !is_protected(p))
         .filter(|p| !delete.iter().any(|(d, _)| std::ptr::eq(*d, **p)))
         .copied()
         .collect();
@@ -482,7 +485,15 @@ mod tests {
         let pods = [pod("a", ""), pod("b", "ds")];
         let plan = plan(&pods, ts(NOW), Some(ts("2026-01-01T00:10:00Z")));
         assert!(plan.expired && plan.is_drained());
-        assert!(plan.delete.is_empty());
+        // What is left is deleted at once, never evicted.
+        assert_eq!(
+            plan.delete
+                .iter()
+                .map(|(p, g)| (p.metadata.name.clone().unwrap_or_default(), *g))
+                .collect::<Vec<_>>(),
+            [("a".into(), 0), ("b".into(), 0)]
+        );
+        assert!(plan.evict.is_empty());
         assert_eq!(plan.remaining.len(), 2);
     }
 

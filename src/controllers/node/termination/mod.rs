@@ -277,6 +277,10 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
         }
         return Ok(Next::After(t.wait(&name, WAIT_CAP)));
     }
+    if plan.expired && !plan.delete.is_empty() {
+        // The pods whose deletion time came with the deadline itself go with the node.
+        execute(ctx, &node, &plan, deadline).await;
+    }
     let expired = plan.expired;
     let first_drain = t.with_progress(&name, |p| !std::mem::replace(&mut p.drained, true));
     if first_drain {

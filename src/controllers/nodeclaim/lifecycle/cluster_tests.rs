@@ -800,7 +800,10 @@ async fn a_claim_whose_provider_id_the_provider_cannot_use_is_finalized() {
     // Asked about that instance only (a reconcile of a copy the cache has not updated yet may ask
     // twice).
     let deletes = cloud.deletes.lock().unwrap().clone();
-    assert!(!deletes.is_empty() && deletes.iter().all(|d| d == "gce://project/zone/instance-1"), "{deletes:?}");
+    assert!(
+        !deletes.is_empty() && deletes.iter().all(|d| d == "gce://project/zone/instance-1"),
+        "{deletes:?}"
+    );
 
     stop.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
