@@ -335,7 +335,11 @@ impl Harness {
     async fn has_event(&self, object: &str, reason: &str) -> bool {
         let events: Api<Event> = Api::all(self.client.clone());
         let params = ListParams::default().fields(&format!("involvedObject.name={object},reason={reason}"));
-        !events.list(&params).await.unwrap().items.is_empty()
+        // Tests run side by side with pods of the same names: only this test's node and namespace.
+        events.list(&params).await.unwrap().items.iter().any(|e| {
+            let o = &e.involved_object;
+            o.kind.as_deref() == Some("Node") || o.namespace.as_deref() == Some(self.name.as_str())
+        })
     }
 
     /// Stops the controller and removes what the test left behind.
