@@ -350,8 +350,8 @@ def ec2() -> Any:
 def launched(ec2: Any, kube: Any) -> Iterator[dict[str, Any]]:
     """Launches instances in the seeded cluster's subnets, tagged for a cluster of this test only.
 
-    Yields {"cluster", "launch"(user_data, image, type, nodepool=True) -> instance}; terminates
-    the instances and deletes their Nodes (finalizers included) afterwards.
+    Yields {"cluster", "launch"(user_data, image, type, nodepool=True, nodeclaim=True) -> instance};
+    terminates the instances and deletes their Nodes (finalizers included) afterwards.
     """
     cluster = f"krs-standin-{uuid.uuid4().hex[:8]}"
     subnets = ec2.describe_subnets(Filters=[{"Name": "tag:karpenter.sh/discovery", "Values": [SEEDED_CLUSTER]}])
@@ -359,9 +359,11 @@ def launched(ec2: Any, kube: Any) -> Iterator[dict[str, Any]]:
     assert subnet_ids, f"no subnets of the seeded cluster {SEEDED_CLUSTER}"
     ids: list[str] = []
 
-    def launch(user_data: str, image: str, instance_type: str, nodepool: bool = True) -> dict[str, Any]:
-        tags = {f"kubernetes.io/cluster/{cluster}": "owned", "eks:eks-cluster-name": cluster,
-                "karpenter.sh/nodeclaim": f"default-{len(ids)}"}
+    def launch(user_data: str, image: str, instance_type: str, nodepool: bool = True,
+               nodeclaim: bool = True) -> dict[str, Any]:
+        tags = {f"kubernetes.io/cluster/{cluster}": "owned", "eks:eks-cluster-name": cluster}
+        if nodeclaim:
+            tags["karpenter.sh/nodeclaim"] = f"default-{len(ids)}"
         if nodepool:
             tags["karpenter.sh/nodepool"] = "default"
         instance = ec2.run_instances(
@@ -415,9 +417,11 @@ def test_registers_and_deletes_nodes(ec2: Any, kube: Any, launched: dict[str, An
         "bottlerocket": (launch(BOTTLEROCKET, bottlerocket, "m5.xlarge"), "amd64", "4", LABELS, K8S_TAINTS, "29"),
         # Custom user data without labels: the ENI limit of c5.xlarge, 4 × (15 − 1) + 2.
         "custom": (launch("#!/bin/sh\necho hello\n", al2023, "c5.xlarge"), "amd64", "4", {}, None, "58"),
+        # A NodeClaim created on its own: tagged for its NodeClaim, with no NodePool.
+        "standalone": (launch(AL2023, al2023, "m5.large", nodepool=False), "amd64", "2", LABELS, K8S_TAINTS, "29"),
     }
     broken = launch("[settings.kubernetes\n", bottlerocket, "m5.large")
-    untagged = launch(AL2023, al2023, "m5.large", nodepool=False)
+    untagged = launch(AL2023, al2023, "m5.large", nodepool=False, nodeclaim=False)
 
     options = standin.Options(cluster=launched["cluster"], region=ec2.meta.region_name)
     result = standin.StandIn(ec2, kube, options).reconcile()
