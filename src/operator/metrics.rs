@@ -90,6 +90,10 @@ pub struct Metrics {
     pub nodepools_usage: GaugeFamily,
     /// `karpenter_nodepools_limit{nodepool, resource_type}`.
     pub nodepools_limit: GaugeFamily,
+    /// `karpenter_nodepools_allowed_disruptions{nodepool, reason}`.
+    pub nodepools_allowed_disruptions: GaugeFamily,
+    /// `karpenter_nodepools_nodes_consuming_budgets{nodepool, reason}`.
+    pub nodepools_nodes_consuming_budgets: GaugeFamily,
     /// `karpenter_cluster_state_node_count`.
     pub cluster_state_node_count: GaugeFamily,
     /// `karpenter_cluster_state_synced`: 1 once every watch has listed.
@@ -133,6 +137,8 @@ impl Metrics {
             cloudprovider_errors: CounterFamily::default(),
             nodepools_usage: GaugeFamily::default(),
             nodepools_limit: GaugeFamily::default(),
+            nodepools_allowed_disruptions: GaugeFamily::default(),
+            nodepools_nodes_consuming_budgets: GaugeFamily::default(),
             cluster_state_node_count: GaugeFamily::default(),
             cluster_state_synced: GaugeFamily::default(),
             controller_reconcile: CounterFamily::default(),
@@ -279,6 +285,16 @@ impl Metrics {
             "karpenter_nodepools_limit",
             "Limits of a nodepool, by nodepool and resource type.",
             m.nodepools_limit.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_allowed_disruptions",
+            "Nodes of a nodepool its disruption budgets allow disrupting now, by nodepool and reason.",
+            m.nodepools_allowed_disruptions.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_nodes_consuming_budgets",
+            "Nodes of a nodepool that count against its disruption budgets (not ready or going away), by nodepool and reason.",
+            m.nodepools_nodes_consuming_budgets.clone(),
         );
         r.register(
             "karpenter_cluster_state_node_count",

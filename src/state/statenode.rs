@@ -117,6 +117,18 @@ impl StateNode {
         self.node.is_some()
     }
 
+    /// Whether the Node reports `Ready=True`.
+    pub fn is_ready(&self) -> bool {
+        self.node.as_ref().and_then(|n| n.status.as_ref()?.conditions.as_ref()).is_some_and(|conditions| {
+            conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    }
+
+    /// Whether the NodeClaim says its instance is terminating.
+    pub fn instance_terminating(&self) -> bool {
+        self.claim.as_deref().is_some_and(|c| is_true(c, INSTANCE_TERMINATING))
+    }
+
     /// The pods that need a place elsewhere if the node goes (see [`pods::is_reschedulable`]).
     pub fn reschedulable_pods(&self) -> impl Iterator<Item = &Arc<Pod>> {
         self.pods.iter().filter(|p| pods::is_reschedulable(p))

@@ -59,6 +59,8 @@ async fn getting_started_with_kwok() {
         "karpenter_cloudprovider_duration_seconds_bucket",
         "karpenter_nodepools_usage",
         "karpenter_nodepools_limit",
+        "karpenter_nodepools_allowed_disruptions",
+        "karpenter_nodepools_nodes_consuming_budgets",
         "karpenter_pods_state",
     ] {
         assert!(metrics.contains(name), "{name} in /metrics");

@@ -20,6 +20,7 @@ use crate::apis::labels::{
 };
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{ConditionStatus, NodePool, NodePoolStatus, common::set_condition};
+use crate::disruption::budgets;
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::scheduling::resources::{NODES, parse_quantity_for};
@@ -83,6 +84,7 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
     let usage = nodepool_usage(&nodes, Counted::Launched);
     ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
     record_pod_states(ctx, &snapshot);
+    record_budgets(ctx, &snapshot, &nodes);
     for np in &snapshot.nodepools {
         if np.metadata.deletion_timestamp.is_some() {
             continue;
@@ -111,6 +113,29 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
             if let Err(error) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 tracing::warn!(controller = "nodepool.hash", NodePool = %name, error = %error, "updating nodepool hash");
             }
+        }
+    }
+}
+
+/// `karpenter_nodepools_allowed_disruptions` and `karpenter_nodepools_nodes_consuming_budgets`, by
+/// NodePool and reason, as the disruption budgets give them now (unlimited shows as 2147483647,
+/// as upstream's); a budget that cannot be evaluated is logged with its NodePool.
+fn record_budgets(ctx: &Context, snapshot: &Snapshot, nodes: &[crate::state::StateNode]) {
+    let counts = budgets::pool_nodes(nodes);
+    let now = Timestamp::now();
+    for reason in budgets::REASONS {
+        let reason_label = format!("{reason:?}");
+        for (pool, budget) in budgets::budgets(&snapshot.live_nodepools().cloned().collect::<Vec<_>>(), &counts, reason, now)
+        {
+            if let Some(error) = &budget.error
+                && reason == budgets::REASONS[0]
+            {
+                tracing::error!(controller = CONTROLLER, NodePool = %pool, error = %error, "invalid disruption budget, allowing no disruption");
+            }
+            let labels = vec![("nodepool", pool), ("reason", reason_label.clone())];
+            let allowed = budget.allowed.min(i32::MAX as usize) as f64;
+            ctx.metrics.nodepools_allowed_disruptions.get_or_create(&labels).set(allowed);
+            ctx.metrics.nodepools_nodes_consuming_budgets.get_or_create(&labels).set(budget.disrupting as f64);
         }
     }
 }
