@@ -201,7 +201,10 @@ mod tests {
     fn a_budget_that_does_not_parse_allows_nothing() {
         let now = at("2026-11-24T12:00:00Z");
         let bad = budget("10%", None, Some(("0 25 * * *", "1h")));
-        assert!(matches!(allowed(std::slice::from_ref(&bad), DisruptionReason::Empty, 10, now), Err(BudgetError::Schedule(_))));
+        assert!(matches!(
+            allowed(std::slice::from_ref(&bad), DisruptionReason::Empty, 10, now),
+            Err(BudgetError::Schedule(_))
+        ));
         let pool: NodePool = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p"},
             "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"}, "requirements": []}},

@@ -91,7 +91,9 @@ pub fn check(
                 ));
                 return verdict;
             }
-            DoNotDisrupt::Invalid(error) => verdict.invalid.push(InvalidAnnotation { pod: pods::key(pod), error }),
+            DoNotDisrupt::Invalid(error) => {
+                verdict.invalid.push(InvalidAnnotation { pod: pods::key(pod), error })
+            }
             DoNotDisrupt::No => {}
         }
     }
@@ -124,23 +126,28 @@ pub fn blocking_pdbs(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>]) ->
         })
         .map(|b| b.as_ref())
         .collect();
-    let name = |b: &PodDisruptionBudget| format!("{namespace}/{}", b.metadata.name.as_deref().unwrap_or_default());
+    let name =
+        |b: &PodDisruptionBudget| format!("{namespace}/{}", b.metadata.name.as_deref().unwrap_or_default());
     match selecting[..] {
         [] => None,
         [budget] => {
             let allowed = budget.status.as_ref().map(|s| s.disruptions_allowed).unwrap_or(0);
-            let always_allow_unhealthy = budget.spec.as_ref().and_then(|s| s.unhealthy_pod_eviction_policy.as_deref())
-                == Some("AlwaysAllow");
-            (allowed <= 0 && !(always_allow_unhealthy && !is_ready(pod))).then(|| vec![name(budget)])
+            let always_allow_unhealthy =
+                budget.spec.as_ref().and_then(|s| s.unhealthy_pod_eviction_policy.as_deref())
+                    == Some("AlwaysAllow");
+            // An unhealthy pod may always be evicted under AlwaysAllow.
+            let unhealthy_allowed = always_allow_unhealthy && !is_ready(pod);
+            (allowed <= 0 && !unhealthy_allowed).then(|| vec![name(budget)])
         }
         _ => Some(selecting.iter().map(|b| name(b)).collect()),
     }
 }
 
 fn is_ready(pod: &Pod) -> bool {
-    pod.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
-        c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-    })
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 #[cfg(test)]
@@ -216,7 +223,8 @@ mod tests {
         assert_eq!(blocked(&n, &[]).as_deref(), Some("Node isn't initialized"));
         n.initialized = true;
         let mut annotated = (**n.node.as_ref().unwrap()).clone();
-        annotated.metadata.annotations = Some([(ANNOTATION_DO_NOT_DISRUPT.to_string(), "true".to_string())].into());
+        annotated.metadata.annotations =
+            Some([(ANNOTATION_DO_NOT_DISRUPT.to_string(), "true".to_string())].into());
         n.node = Some(Arc::new(annotated));
         assert_eq!(
             blocked(&n, &[]).as_deref(),
@@ -260,13 +268,15 @@ mod tests {
             Some("Pdb prevents pod evictions (PodDisruptionBudget=[ns/web])")
         );
         assert_eq!(
-            blocked(&node(vec![web.clone()]), &[pdb("a", "web", 1, None), pdb("b", "web", 1, None)]).as_deref(),
+            blocked(&node(vec![web.clone()]), &[pdb("a", "web", 1, None), pdb("b", "web", 1, None)])
+                .as_deref(),
             Some("Pdb prevents pod evictions (PodDisruptionBudget=[ns/a ns/b])")
         );
         assert_eq!(blocked(&node(vec![web.clone()]), &[pdb("other", "db", 0, None)]), None);
         // A pod that is not Ready does not block under AlwaysAllow.
         let mut sick = (*web).clone();
-        sick.status.as_mut().unwrap().conditions = Some(vec![serde_json::from_value(json!({"type": "Ready", "status": "False"})).unwrap()]);
+        sick.status.as_mut().unwrap().conditions =
+            Some(vec![serde_json::from_value(json!({"type": "Ready", "status": "False"})).unwrap()]);
         let sick = Arc::new(sick);
         assert_eq!(blocked(&node(vec![sick.clone()]), &[pdb("web", "web", 0, Some("AlwaysAllow"))]), None);
         assert!(blocked(&node(vec![sick]), &[pdb("web", "web", 0, None)]).is_some());

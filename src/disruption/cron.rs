@@ -44,8 +44,11 @@ struct Field {
 const MINUTE: Field = Field { min: 0, max: 59, names: &[] };
 const HOUR: Field = Field { min: 0, max: 23, names: &[] };
 const DAY: Field = Field { min: 1, max: 31, names: &[] };
-const MONTH: Field =
-    Field { min: 1, max: 12, names: &["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"] };
+const MONTH: Field = Field {
+    min: 1,
+    max: 12,
+    names: &["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"],
+};
 const WEEKDAY: Field = Field { min: 0, max: 6, names: &["sun", "mon", "tue", "wed", "thu", "fri", "sat"] };
 
 impl Field {
@@ -243,7 +246,10 @@ mod tests {
         assert!(!daily.active(at("2026-11-23T23:59:59Z"), hour));
         // A long window spans days; a weekly one found days back.
         let weekly = Schedule::parse("0 22 * * fri").unwrap();
-        assert!(weekly.active(at("2026-11-23T08:00:00Z"), Duration::from_secs(60 * 3600)), "from Friday 22:00");
+        assert!(
+            weekly.active(at("2026-11-23T08:00:00Z"), Duration::from_secs(60 * 3600)),
+            "from Friday 22:00"
+        );
         assert!(!weekly.active(at("2026-11-24T08:00:00Z"), Duration::from_secs(60 * 3600)));
     }
 }

@@ -119,9 +119,10 @@ impl StateNode {
 
     /// Whether the Node reports `Ready=True`.
     pub fn is_ready(&self) -> bool {
-        self.node.as_ref().and_then(|n| n.status.as_ref()?.conditions.as_ref()).is_some_and(|conditions| {
-            conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+        self.node
+            .as_ref()
+            .and_then(|n| n.status.as_ref()?.conditions.as_ref())
+            .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     }
 
     /// Whether the NodeClaim says its instance is terminating.

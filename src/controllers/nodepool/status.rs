@@ -20,9 +20,9 @@ use crate::apis::labels::{
 };
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{ConditionStatus, NodePool, NodePoolStatus, common::set_condition};
-use crate::disruption::budgets;
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
+use crate::disruption::budgets;
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
 use crate::state::nodeclass::readiness;
@@ -125,7 +125,8 @@ fn record_budgets(ctx: &Context, snapshot: &Snapshot, nodes: &[crate::state::Sta
     let now = Timestamp::now();
     for reason in budgets::REASONS {
         let reason_label = format!("{reason:?}");
-        for (pool, budget) in budgets::budgets(&snapshot.live_nodepools().cloned().collect::<Vec<_>>(), &counts, reason, now)
+        for (pool, budget) in
+            budgets::budgets(&snapshot.live_nodepools().cloned().collect::<Vec<_>>(), &counts, reason, now)
         {
             if let Some(error) = &budget.error
                 && reason == budgets::REASONS[0]
@@ -135,7 +136,10 @@ fn record_budgets(ctx: &Context, snapshot: &Snapshot, nodes: &[crate::state::Sta
             let labels = vec![("nodepool", pool), ("reason", reason_label.clone())];
             let allowed = budget.allowed.min(i32::MAX as usize) as f64;
             ctx.metrics.nodepools_allowed_disruptions.get_or_create(&labels).set(allowed);
-            ctx.metrics.nodepools_nodes_consuming_budgets.get_or_create(&labels).set(budget.disrupting as f64);
+            ctx.metrics
+                .nodepools_nodes_consuming_budgets
+                .get_or_create(&labels)
+                .set(budget.disrupting as f64);
         }
     }
 }
