@@ -790,8 +790,8 @@ spec:
 }
 
 /// A workload whose pods the cluster keeps removing from new nodes (here a NoExecute taint put on
-/// every node of the pool, as a broken agent might): after three bounces its pending pod gets a
-/// ProvisioningBackoff warning and no new NodeClaim.
+/// each node of the pool once a pod of it runs there, as a broken agent might): after three bounces
+/// its pending pod gets a ProvisioningBackoff warning and no new NodeClaim.
 async fn pods_that_never_stay_back_off(f: &Fixture, controller: &Controller) {
     let manifest = format!(
         r#"apiVersion: apps/v1
@@ -815,9 +815,22 @@ spec:
     let tainter = {
         let nodes = nodes.clone();
         let selector = selector.clone();
+        let pods = Api::<Pod>::namespaced(f.client.clone(), &f.ns);
         tokio::spawn(async move {
             loop {
+                let bound: Vec<String> = pods
+                    .list(&ListParams::default().labels("app=bouncer"))
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(is_running)
+                    .filter_map(|p| p.spec.and_then(|s| s.node_name))
+                    .collect();
                 for node in nodes.list(&selector).await.map(|l| l.items).unwrap_or_default() {
+                    if !node.metadata.name.as_ref().is_some_and(|n| bound.contains(n)) {
+                        continue;
+                    }
                     let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
                     if taints.iter().any(|t| t.key == "example.com/broken") {
                         continue;
