@@ -132,14 +132,14 @@ pub struct PoolBudget {
 }
 
 /// Each NodePool's budget for `reason` at `now`.
-pub fn budgets(
-    pools: &[std::sync::Arc<NodePool>],
+pub fn budgets<'a>(
+    pools: impl IntoIterator<Item = &'a std::sync::Arc<NodePool>>,
     nodes: &BTreeMap<String, PoolNodes>,
     reason: DisruptionReason,
     now: Timestamp,
 ) -> BTreeMap<String, PoolBudget> {
     pools
-        .iter()
+        .into_iter()
         .filter_map(|pool| {
             let name = pool.metadata.name.clone()?;
             let counts = nodes.get(&name).copied().unwrap_or_default();

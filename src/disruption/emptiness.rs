@@ -13,8 +13,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::apis::NodePool;
 use crate::apis::nodeclaim::conditions::INITIALIZED;
+use crate::apis::{ConditionStatus, NodePool};
 use crate::operator::settings::parse_duration;
 use crate::state::StateNode;
 
@@ -61,7 +61,7 @@ pub fn consolidatable_at(node: &StateNode, pool: &NodePool) -> Option<Timestamp>
         .as_ref()?
         .conditions
         .iter()
-        .find(|c| c.type_ == INITIALIZED && format!("{:?}", c.status) == "True")?;
+        .find(|c| c.type_ == INITIALIZED && c.status == ConditionStatus::True)?;
     let since = match node.last_pod_event_time {
         Some(t) => t,
         None => initialized.last_transition_time.parse().ok()?,

@@ -125,9 +125,7 @@ fn record_budgets(ctx: &Context, snapshot: &Snapshot, nodes: &[crate::state::Sta
     let now = Timestamp::now();
     for reason in budgets::REASONS {
         let reason_label = format!("{reason:?}");
-        for (pool, budget) in
-            budgets::budgets(&snapshot.live_nodepools().cloned().collect::<Vec<_>>(), &counts, reason, now)
-        {
+        for (pool, budget) in budgets::budgets(snapshot.live_nodepools(), &counts, reason, now) {
             if let Some(error) = &budget.error
                 && reason == budgets::REASONS[0]
             {

@@ -147,16 +147,6 @@ impl Relaunches {
     pub fn follows(&self, uid: &str) -> bool {
         self.placed.contains_key(uid)
     }
-
-    /// How many pods and workloads the guard remembers.
-    pub fn len(&self) -> usize {
-        self.placed.len() + self.workloads.len()
-    }
-
-    /// Whether the guard remembers nothing.
-    pub fn is_empty(&self) -> bool {
-        self.placed.is_empty() && self.workloads.is_empty()
-    }
 }
 
 /// Whole seconds of `d` the way Go prints a duration (`1m0s`, `10m0s`, `1h30m0s`), as
@@ -234,7 +224,7 @@ mod tests {
         assert_eq!(r.verdict("w", Instant::now()), Verdict::Place, "only removals within the window count");
         tokio::time::sleep(WINDOW).await;
         r.forget_old(Instant::now());
-        assert!(r.is_empty());
+        assert!(r.placed.is_empty() && r.workloads.is_empty());
     }
 
     #[test]
