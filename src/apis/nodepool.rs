@@ -117,6 +117,9 @@ pub enum ConsolidationPolicy {
     /// Remove or replace nodes that are empty or underutilized.
     #[default]
     WhenEmptyOrUnderutilized,
+    /// Like `WhenEmptyOrUnderutilized`, but a move of non-empty nodes is made only when its share
+    /// of the pool's savings is at least half its share of the pool's disruption.
+    Balanced,
 }
 
 /// Disruption settings of a NodePool.
@@ -160,7 +163,7 @@ fn default_budget_nodes() -> String {
 }
 
 /// A disruption reason that a budget can be limited to.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DisruptionReason {
     /// The node's pods fit elsewhere or on a cheaper node.
     Underutilized,

@@ -24,6 +24,11 @@ use serde_json::json;
 /// How long a repeated event extends the series of the first instead of starting a new Event.
 pub const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 
+/// The longest deduplication window in use; entries older than this are pruned.
+const MAX_DEDUPE_WINDOW: SignedDuration = SignedDuration::from_mins(15);
+/// Deduplication entries kept before old ones are pruned.
+const RECENT_PRUNE_AT: usize = 4096;
+
 /// The name events are reported under.
 const CONTROLLER: &str = "karpenter";
 
@@ -84,6 +89,20 @@ pub mod reasons {
     pub const DISRUPTION_BLOCKED: &str = "DisruptionBlocked";
     /// A node or NodeClaim is being disrupted.
     pub const DISRUPTION_TERMINATING: &str = "DisruptionTerminating";
+    /// A replacement NodeClaim of a disruption is launching.
+    pub const DISRUPTION_LAUNCHING: &str = "DisruptionLaunching";
+    /// A disruption waits for its replacement NodeClaim to initialize.
+    pub const DISRUPTION_WAITING_READINESS: &str = "DisruptionWaitingReadiness";
+    /// A candidate that consolidation looked at cannot be consolidated.
+    pub const UNCONSOLIDATABLE: &str = "Unconsolidatable";
+    /// A node is to be replaced by consolidation.
+    pub const CONSOLIDATION_CANDIDATE: &str = "ConsolidationCandidate";
+    /// A consolidation failed its validation.
+    pub const CONSOLIDATION_REJECTED: &str = "ConsolidationRejected";
+    /// A Balanced NodePool approved a consolidation move.
+    pub const CONSOLIDATION_APPROVED: &str = "ConsolidationApproved";
+    /// A pod's `karpenter.sh/do-not-disrupt` value is not understood and is ignored.
+    pub const INVALID_DO_NOT_DISRUPT_ANNOTATION: &str = "InvalidDoNotDisruptAnnotation";
     /// A NodeClaim failed to launch.
     pub const LAUNCH_FAILED: &str = "LaunchFailed";
     /// A NodeClaim did not register in time.
@@ -99,6 +118,8 @@ pub struct Events {
     client: Option<Client>,
     instance: String,
     series: Arc<Mutex<HashMap<u64, Series>>>,
+    /// When each deduplicated event (hash of object uid, reason and key) was last published.
+    recent: Arc<Mutex<HashMap<u64, Timestamp>>>,
 }
 
 impl Events {
@@ -108,12 +129,18 @@ impl Events {
             client: Some(client),
             instance: instance.unwrap_or_else(|| CONTROLLER.to_string()),
             series: Arc::default(),
+            recent: Arc::default(),
         }
     }
 
     /// Events that are only logged, for tests without an API server.
     pub fn disabled() -> Self {
-        Events { client: None, instance: CONTROLLER.to_string(), series: Arc::default() }
+        Events {
+            client: None,
+            instance: CONTROLLER.to_string(),
+            series: Arc::default(),
+            recent: Arc::default(),
+        }
     }
 
     /// Publishes a `Normal` event about `object`.
@@ -130,6 +157,38 @@ impl Events {
         K: Resource<DynamicType = ()>,
     {
         self.publish(object.object_ref(&()), EventType::Warning, reason, message).await;
+    }
+
+    /// Publishes an event about `object` unless one with the same reason (and `key`) was
+    /// published about it within `window`, as upstream's recorder deduplicates: the message is not
+    /// part of the identity, so a blocked node is told once per window, not every pass.
+    pub async fn deduped<K>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        key: &str,
+        window: SignedDuration,
+        message: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let reference = object.object_ref(&());
+        let mut hasher = DefaultHasher::new();
+        (reference.uid.as_deref(), reference.name.as_deref(), reason, key).hash(&mut hasher);
+        let id = hasher.finish();
+        let now = Timestamp::now();
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if recent.get(&id).is_some_and(|last| now.duration_since(*last) < window) {
+                return;
+            }
+            if recent.len() >= RECENT_PRUNE_AT {
+                recent.retain(|_, last| now.duration_since(*last) < MAX_DEDUPE_WINDOW);
+            }
+            recent.insert(id, now);
+        }
+        self.publish(reference, type_, reason, message).await;
     }
 
     /// Publishes an event about the object `reference` points at.

@@ -447,6 +447,22 @@ pub trait Wake: Send {
     fn changed(&mut self) -> impl Future<Output = ()> + Send;
 }
 
+/// Wakes at a change of the cluster-state feed, once the burst it belongs to has settled for
+/// `settle`.
+pub struct Coalesced {
+    /// The changes followed.
+    pub changes: crate::state::Subscription,
+    /// How long a burst is let settle.
+    pub settle: Duration,
+}
+
+impl Wake for Coalesced {
+    async fn changed(&mut self) {
+        self.changes.next().await;
+        tokio::time::sleep(self.settle).await;
+    }
+}
+
 /// Never wakes: a controller that runs on its timer only.
 #[derive(Debug, Default)]
 pub struct Timer;

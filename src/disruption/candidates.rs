@@ -48,6 +48,9 @@ pub struct Verdict {
     pub blocked: Option<Blocked>,
     /// Pods whose do-not-disrupt annotation was ignored.
     pub invalid: Vec<InvalidAnnotation>,
+    /// Whether the block lifts by itself with time (a nomination, a node still initializing, a
+    /// do-not-disrupt duration), without any object changing.
+    pub transient: bool,
 }
 
 /// Checks `node` at `now`. `pools` names the NodePools that exist; `pdbs` are the cluster's
@@ -79,12 +82,14 @@ pub fn check(
     } else {
         blocked(format!("Node doesn't have required label {LABEL_NODEPOOL:?}"))
     };
+    verdict.transient = !node.initialized || node.nominated;
     if verdict.blocked.is_some() || ignore_pods {
         return verdict;
     }
     for pod in node.pods.iter().filter(|p| pods::is_active(p)) {
         match pods::do_not_disrupt(pod, now) {
-            DoNotDisrupt::Active { .. } => {
+            DoNotDisrupt::Active { until } => {
+                verdict.transient = until.is_some();
                 verdict.blocked = blocked(format!(
                     "Pod has {ANNOTATION_DO_NOT_DISRUPT:?} annotation (Pod={})",
                     pods::key(pod)

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::nodeclaim::conditions::INITIALIZED;
-use crate::apis::{ConditionStatus, NodePool};
+use crate::apis::{ConditionStatus, NodeClaim, NodePool};
 use crate::operator::settings::parse_duration;
 use crate::state::StateNode;
 
@@ -49,20 +49,21 @@ pub fn is_empty(node: &StateNode) -> bool {
 /// initialization); `None` when consolidation is off (`Never`), the value does not parse, or the
 /// node is not initialized.
 pub fn consolidatable_at(node: &StateNode, pool: &NodePool) -> Option<Timestamp> {
+    claim_consolidatable_at(node.claim.as_ref()?, pool)
+}
+
+/// When `claim` becomes consolidatable under `pool` (see [`consolidatable_at`]): the time its
+/// `Consolidatable` condition turns true.
+pub fn claim_consolidatable_at(claim: &NodeClaim, pool: &NodePool) -> Option<Timestamp> {
     let after = pool.spec.disruption.consolidate_after.trim();
     if after == "Never" {
         return None;
     }
     let after = SignedDuration::try_from(parse_duration(after).ok()?).ok()?;
-    let initialized = node
-        .claim
-        .as_ref()?
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == INITIALIZED && c.status == ConditionStatus::True)?;
-    let since = match node.last_pod_event_time {
+    let status = claim.status.as_ref()?;
+    let initialized =
+        status.conditions.iter().find(|c| c.type_ == INITIALIZED && c.status == ConditionStatus::True)?;
+    let since = match status.last_pod_event_time.as_deref().and_then(|t| t.parse::<Timestamp>().ok()) {
         Some(t) => t,
         None => initialized.last_transition_time.parse().ok()?,
     };
@@ -127,7 +128,7 @@ mod tests {
         let claim = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"nodeClassRef":
             {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"}, "requirements": []},
             "status": {"conditions": [{"type": "Initialized", "status": "True", "reason": "Initialized", "message": "",
-                "lastTransitionTime": "2026-11-24T11:00:00Z"}]}}))
+                "lastTransitionTime": "2026-11-24T11:00:00Z"}], "lastPodEventTime": last_pod_event}}))
         .unwrap();
         StateNode {
             name: name.into(),

@@ -1,11 +1,17 @@
 //! Voluntary disruption: the pure decisions consolidation and drift replacement stand on.
 //!
-//! So far: disruption budgets ([`budgets`]) and the cron schedules they use ([`cron`]); the checks
-//! that make a node a candidate or say why it is not ([`candidates`]); which nodes emptiness would
-//! remove ([`emptiness`]). The disruption controller that acts on them (emptiness, consolidation,
-//! drift replacement) is not implemented yet; see the README.
+//! Disruption budgets ([`budgets`]) and the cron schedules they use ([`cron`]); the checks that
+//! make a node a candidate or say why it is not ([`candidates`]); which nodes emptiness removes
+//! ([`emptiness`]); whether nodes can be consolidated and how ([`consolidation`]); and one pass
+//! over the cluster that picks the first command ([`decide`]). The disruption controller
+//! (`controllers::disruption`) acts on them. Drift replacement is not implemented yet.
 
 pub mod budgets;
 pub mod candidates;
+pub mod consolidation;
 pub mod cron;
+pub mod decide;
 pub mod emptiness;
+
+#[cfg(test)]
+mod tests;

@@ -98,6 +98,24 @@ pub struct Metrics {
     pub cluster_state_node_count: GaugeFamily,
     /// `karpenter_cluster_state_synced`: 1 once every watch has listed.
     pub cluster_state_synced: GaugeFamily,
+    /// `karpenter_voluntary_disruption_decision_evaluation_duration_seconds{reason,consolidation_type}`.
+    pub disruption_evaluation_duration: HistogramFamily,
+    /// `karpenter_voluntary_disruption_decisions_total{decision,reason,consolidation_type}`.
+    pub disruption_decisions: CounterFamily,
+    /// `karpenter_voluntary_disruption_decisions_by_nodepool_total{nodepool,decision,reason,consolidation_type}`.
+    pub disruption_decisions_by_nodepool: CounterFamily,
+    /// `karpenter_voluntary_disruption_eligible_nodes{reason}`.
+    pub disruption_eligible_nodes: GaugeFamily,
+    /// `karpenter_voluntary_disruption_consolidation_timeouts_total{consolidation_type}`.
+    pub disruption_consolidation_timeouts: CounterFamily,
+    /// `karpenter_voluntary_disruption_failed_validations_total{consolidation_type}`.
+    pub disruption_failed_validations: CounterFamily,
+    /// `karpenter_voluntary_disruption_queue_failures_total{decision,reason,consolidation_type}`.
+    pub disruption_queue_failures: CounterFamily,
+    /// `karpenter_consolidation_moves_total{decision,nodepool,policy}`.
+    pub consolidation_moves: CounterFamily,
+    /// `karpenter_consolidation_score{decision,nodepool,policy}`.
+    pub consolidation_score: HistogramFamily,
     /// `controller_runtime_reconcile_total{controller,result}`: reconciles, by controller and
     /// outcome (`success`, `error`), under controller-runtime's name.
     pub controller_reconcile: CounterFamily,
@@ -141,6 +159,15 @@ impl Metrics {
             nodepools_nodes_consuming_budgets: GaugeFamily::default(),
             cluster_state_node_count: GaugeFamily::default(),
             cluster_state_synced: GaugeFamily::default(),
+            disruption_evaluation_duration: histogram_family(),
+            disruption_decisions: CounterFamily::default(),
+            disruption_decisions_by_nodepool: CounterFamily::default(),
+            disruption_eligible_nodes: GaugeFamily::default(),
+            disruption_consolidation_timeouts: CounterFamily::default(),
+            disruption_failed_validations: CounterFamily::default(),
+            disruption_queue_failures: CounterFamily::default(),
+            consolidation_moves: CounterFamily::default(),
+            consolidation_score: Family::new_with_constructor(score_histogram as fn() -> Histogram),
             controller_reconcile: CounterFamily::default(),
             controller_reconcile_errors: CounterFamily::default(),
             rest_client_requests: CounterFamily::default(),
@@ -193,7 +220,7 @@ impl Metrics {
         );
         r.register(
             "karpenter_nodeclaims_disrupted",
-            "Number of nodeclaims disrupted, by reason and nodepool.",
+            "Number of nodeclaims disrupted, by reason, nodepool and capacity type.",
             m.nodeclaims_disrupted.clone(),
         );
         r.register(
@@ -306,6 +333,57 @@ impl Metrics {
             "1 when the controller's cluster state has listed every watched kind, else 0.",
             m.cluster_state_synced.clone(),
         );
+        r.register(
+            "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
+            "Duration of a disruption method's evaluation, by reason and consolidation type.",
+            m.disruption_evaluation_duration.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_decisions",
+            "Number of disruption decisions made, by decision, reason and consolidation type.",
+            m.disruption_decisions.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_decisions_by_nodepool",
+            "Number of disruption decisions made, by nodepool, decision, reason and consolidation type.",
+            m.disruption_decisions_by_nodepool.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_eligible_nodes",
+            "Nodes eligible for disruption, by reason.",
+            m.disruption_eligible_nodes.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_consolidation_timeouts",
+            "Number of consolidation evaluations that timed out, by consolidation type.",
+            m.disruption_consolidation_timeouts.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_failed_validations",
+            "Number of disruption commands that failed their validation, by consolidation type.",
+            m.disruption_failed_validations.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_queue_failures",
+            "Number of disruption commands that failed once started, by decision, reason and consolidation type.",
+            m.disruption_queue_failures.clone(),
+        );
+        r.register(
+            "karpenter_consolidation_moves",
+            "Consolidation moves of Balanced nodepools, by decision, nodepool and policy.",
+            m.consolidation_moves.clone(),
+        );
+        r.register(
+            "karpenter_consolidation_score",
+            "Scores of Balanced consolidation moves, by decision, nodepool and policy.",
+            m.consolidation_score.clone(),
+        );
+        // Timeouts never happen here (no evaluation is cut short), but dashboards expect the series.
+        for kind in ["empty", "multi", "single"] {
+            let _ = m
+                .disruption_consolidation_timeouts
+                .get_or_create(&vec![("consolidation_type", kind.to_string())]);
+        }
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1.0);
         m
     }
@@ -314,6 +392,22 @@ impl Metrics {
     pub fn unregistered() -> Self {
         Metrics::new(&mut Registry::default())
     }
+}
+
+fn score_histogram() -> Histogram {
+    Histogram::new([0.1, 0.25, 0.33, 0.5, 1.0, 2.0, 5.0, 10.0])
+}
+
+/// Counts `claim` in `karpenter_nodeclaims_disrupted_total{reason,nodepool,capacity_type}`.
+pub fn count_disrupted(metrics: &Metrics, claim: &crate::apis::NodeClaim, reason: &str) {
+    let label =
+        |key: &str| claim.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default();
+    let labels = vec![
+        ("reason", reason.to_string()),
+        ("nodepool", label(crate::apis::labels::LABEL_NODEPOOL)),
+        ("capacity_type", label(crate::apis::labels::LABEL_CAPACITY_TYPE)),
+    ];
+    metrics.nodeclaims_disrupted.get_or_create(&labels).inc();
 }
 
 /// Observes `elapsed` in the histogram of `family` with `labels`.

@@ -10,6 +10,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
 /// `(namespace, name)` of a pod.
 pub type PodKey = (String, String);
 
@@ -64,26 +66,51 @@ struct Bindings {
 }
 
 impl Bindings {
-    fn set(&mut self, pod: PodKey, node: Option<&str>) {
+    /// Binds `pod` to `node`; returns the nodes whose pods changed (the old and the new one).
+    fn set(&mut self, pod: PodKey, node: Option<&str>) -> Vec<String> {
         let node = node.filter(|n| !n.is_empty());
         if self.node_of.get(&pod).map(String::as_str) == node {
-            return;
+            return Vec::new();
         }
-        self.remove(&pod);
+        let mut changed = self.remove(&pod);
         if let Some(node) = node {
             self.node_of.insert(pod.clone(), node.to_string());
             self.pods_of.entry(node.to_string()).or_default().insert(pod);
+            changed.push(node.to_string());
         }
+        changed
     }
 
-    fn remove(&mut self, pod: &PodKey) {
-        if let Some(old) = self.node_of.remove(pod)
-            && let Some(pods) = self.pods_of.get_mut(&old)
-        {
+    /// Unbinds `pod`; returns the node it was bound to.
+    fn remove(&mut self, pod: &PodKey) -> Vec<String> {
+        let Some(old) = self.node_of.remove(pod) else { return Vec::new() };
+        if let Some(pods) = self.pods_of.get_mut(&old) {
             pods.remove(pod);
             if pods.is_empty() {
                 self.pods_of.remove(&old);
             }
+        }
+        vec![old]
+    }
+}
+
+/// Pod events per node (a pod bound to it, or finished, terminating or deleted on it) not taken
+/// yet; bounded by the number of nodes, old entries pruned once there are many.
+#[derive(Debug, Default)]
+struct PodEvents(HashMap<String, Timestamp>);
+
+/// Pod-event entries kept before those older than [`POD_EVENTS_KEPT`] are dropped.
+const POD_EVENTS_PRUNE_AT: usize = 10_000;
+/// How long an untaken pod event is kept once there are many.
+const POD_EVENTS_KEPT: SignedDuration = SignedDuration::from_mins(10);
+
+impl PodEvents {
+    fn record(&mut self, nodes: impl IntoIterator<Item = String>, now: Timestamp) {
+        for node in nodes {
+            self.0.insert(node, now);
+        }
+        if self.0.len() > POD_EVENTS_PRUNE_AT {
+            self.0.retain(|_, t| now.duration_since(*t) < POD_EVENTS_KEPT);
         }
     }
 }
@@ -103,6 +130,7 @@ pub struct Index {
     nodes: RwLock<Joins>,
     claims: RwLock<Joins>,
     pods: RwLock<Bindings>,
+    pod_events: RwLock<PodEvents>,
 }
 
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
@@ -136,14 +164,30 @@ impl Index {
         write(self.joins(kind)).replace(entries);
     }
 
-    /// Records the node a pod is bound to (`None`: not bound, or finished).
-    pub fn set_pod(&self, pod: PodKey, node: Option<&str>) {
-        write(&self.pods).set(pod, node);
+    /// Records the node a pod is bound to (`None`: not bound, or finished). A pod that
+    /// `counts` for consolidation (not a DaemonSet pod) binding, leaving or (`terminating`)
+    /// going away is a pod event on its node (see [`Index::take_pod_events`]).
+    pub fn set_pod(&self, pod: PodKey, node: Option<&str>, counts: bool, terminating: bool) {
+        let mut changed = write(&self.pods).set(pod, node);
+        if terminating && let Some(node) = node {
+            changed.push(node.to_string());
+        }
+        if counts && !changed.is_empty() {
+            write(&self.pod_events).record(changed, Timestamp::now());
+        }
     }
 
-    /// Forgets a pod.
-    pub fn remove_pod(&self, pod: &PodKey) {
-        write(&self.pods).remove(pod);
+    /// Forgets a pod (deleted): a pod event on its node if it `counts`.
+    pub fn remove_pod(&self, pod: &PodKey, counts: bool) {
+        let changed = write(&self.pods).remove(pod);
+        if counts && !changed.is_empty() {
+            write(&self.pod_events).record(changed, Timestamp::now());
+        }
+    }
+
+    /// The nodes with pod events since the last call, with the time of the latest.
+    pub fn take_pod_events(&self) -> HashMap<String, Timestamp> {
+        std::mem::take(&mut write(&self.pod_events).0)
     }
 
     /// Replaces every pod entry.
@@ -207,23 +251,43 @@ mod tests {
     #[test]
     fn pods_follow_their_binding() {
         let index = Index::default();
-        index.set_pod(key("p"), None);
+        index.set_pod(key("p"), None, true, false);
         assert!(index.pods_on("n1").is_empty());
-        index.set_pod(key("p"), Some("n1"));
-        index.set_pod(key("q"), Some("n1"));
+        index.set_pod(key("p"), Some("n1"), true, false);
+        index.set_pod(key("q"), Some("n1"), true, false);
         assert_eq!(index.pods_on("n1"), [key("p"), key("q")]);
-        index.set_pod(key("p"), None);
+        index.set_pod(key("p"), None, true, false);
         assert_eq!(index.pods_on("n1"), [key("q")]);
-        index.remove_pod(&key("q"));
+        index.remove_pod(&key("q"), true);
         assert!(index.pods_on("n1").is_empty());
         assert_eq!(index.sizes(), (0, 0, 0));
+    }
+
+    #[test]
+    fn pod_events_are_kept_per_node_until_taken() {
+        let index = Index::default();
+        index.set_pod(key("ds"), Some("n1"), false, false);
+        assert!(index.take_pod_events().is_empty(), "DaemonSet pods do not count");
+        index.set_pod(key("p"), Some("n1"), true, false);
+        index.set_pod(key("p"), Some("n1"), true, false);
+        let events = index.take_pod_events();
+        assert_eq!(events.keys().collect::<Vec<_>>(), ["n1"]);
+        assert!(index.take_pod_events().is_empty(), "an unchanged binding is no event");
+        index.set_pod(key("p"), Some("n1"), true, true);
+        assert!(index.take_pod_events().contains_key("n1"), "terminating");
+        index.set_pod(key("p"), Some("n2"), true, false);
+        let mut nodes: Vec<String> = index.take_pod_events().into_keys().collect();
+        nodes.sort();
+        assert_eq!(nodes, ["n1", "n2"], "moved: both nodes");
+        index.remove_pod(&key("p"), true);
+        assert!(index.take_pod_events().contains_key("n2"));
     }
 
     #[test]
     fn a_relist_replaces_everything() {
         let index = Index::default();
         index.set(Joined::Nodes, "stale", Some("kwok://stale"));
-        index.set_pod(key("stale"), Some("stale"));
+        index.set_pod(key("stale"), Some("stale"), true, false);
         index.replace(
             Joined::Nodes,
             vec![("fresh".into(), Some("kwok://fresh".into())), ("bare".into(), None)],

@@ -399,12 +399,17 @@ impl ClusterState {
                 ),
                 move |ev: &Event<Pod>| {
                     match ev {
-                        Event::Apply(p) => index.set_pod(pod_key_of(p), bound_node(p).as_deref()),
-                        Event::Delete(p) => index.remove_pod(&pod_key_of(p)),
+                        Event::Apply(p) => index.set_pod(
+                            pod_key_of(p),
+                            bound_node(p).as_deref(),
+                            !pods::is_owned_by_daemonset(p),
+                            pods::is_terminating(p),
+                        ),
+                        Event::Delete(p) => index.remove_pod(&pod_key_of(p), !pods::is_owned_by_daemonset(p)),
                         _ => {}
                     }
                     for (namespace, name) in follower.notify(ev) {
-                        index.remove_pod(&(namespace.unwrap_or_default(), name));
+                        index.remove_pod(&(namespace.unwrap_or_default(), name), true);
                     }
                     if let Some(entries) = relist.follow(ev, |p| (pod_key_of(p), bound_node(p))) {
                         index.replace_pods(entries);

@@ -391,14 +391,23 @@ async fn getting_started_with_aws() {
     assert_eq!(instances.iter().filter(|i| i.is_live()).count(), 6, "{instances:?}");
     assert_eq!(instances.len(), 7, "{instances:?}");
 
-    // Scale to 0 and delete the pool's NodeClaims: Nodes gone, instances terminated, no finalizer
-    // left (the claims and nodes are gone only once their finalizers are released).
+    // Scale to 0: emptiness removes the empty nodes (all at once under a 100 % budget), Nodes
+    // gone, instances terminated, no finalizer left (the claims and nodes are gone only once their
+    // finalizers are released).
+    f.patch_pool(json!({"spec": {"disruption": {"consolidateAfter": "5s", "budgets": [{"nodes": "100%"}]}}}))
+        .await;
     f.scale(0).await;
-    f.delete_all_claims().await;
     wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(120), &controller, || async {
         f.claims().await.is_empty() && f.nodes().await.is_empty() && f.pods().await.is_empty()
     })
     .await;
+    assert!(
+        controller.log_contains("disrupting node(s)"),
+        "emptiness removed them\n{}",
+        controller.log_tail()
+    );
+    let metrics = controller.metrics().await;
+    assert!(metrics.contains("karpenter_nodeclaims_disrupted_total{reason=\"empty\""), "in /metrics");
     let instances = pool_instances(&ec2, &f.pool).await;
     assert_eq!(instances.len(), 7, "{instances:?}");
     assert!(instances.iter().all(|i| i.state == "terminated"), "every instance terminated: {instances:?}");
@@ -936,6 +945,172 @@ spec:
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(f.client.clone(), &f.ns);
     let disrupted = ListParams::default().fields("involvedObject.name=pinned,reason=Disrupted");
     assert!(!events.list(&disrupted).await.unwrap().items.is_empty(), "a Disrupted event on the pod");
+}
+
+/// Disruption (kwok provider): a `nodes: "0"` budget holds empty nodes; a do-not-disrupt pod
+/// and a do-not-disrupt node each hold theirs with a `DisruptionBlocked` event while the other
+/// empty nodes go after `consolidateAfter`; once released they go too; then nodes left
+/// underutilised are consolidated (six nodes to one cheaper node) while a PodDisruptionBudget
+/// keeps at least five of six replicas Ready throughout.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn disruption_with_kwok() {
+    let _serial = serial().await;
+    let f = Fixture::new("disrupt").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(100).await;
+    f.patch_pool(json!({"spec": {"disruption": {"consolidateAfter": "5s", "budgets": [{"nodes": "0"}]}}}))
+        .await;
+    f.apply_inflate().await;
+    scale_to_six(&f, &controller, Duration::from_secs(120)).await;
+
+    // 1. A budget of zero nodes holds everything, and the NodePool says why.
+    f.scale(0).await;
+    f.wait_pods_gone(Duration::from_secs(60)).await;
+    wait_for("the NodePool's blocking-budget event", Duration::from_secs(60), &controller, || async {
+        f.cluster_events("NodePool", &f.pool, "DisruptionBlocked")
+            .await
+            .iter()
+            .any(|m| m == "No allowed disruptions for disruption reason Empty due to blocking budget")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(f.claims().await.len(), 6, "the budget holds every empty node\n{}", controller.log_tail());
+
+    // 2. A do-not-disrupt pod and a do-not-disrupt node hold theirs; the other four go.
+    let claims = f.claims().await;
+    let node_of = |c: &NodeClaim| c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let (held_by_pod, held_by_node) = (node_of(&claims[0]), node_of(&claims[1]));
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: precious
+  namespace: {ns}
+  annotations: {{karpenter.sh/do-not-disrupt: "true"}}
+spec:
+  terminationGracePeriodSeconds: 0
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 100m}}}}}}]
+"#,
+        ns = f.ns,
+        node = held_by_pod
+    );
+    kubectl_apply(&manifest);
+    f.wait_running(1, Duration::from_secs(60), &controller).await;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(f.client.clone());
+    let annotate =
+        |value: Option<&str>| json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": value}}});
+    nodes.patch(&held_by_node, &PatchParams::default(), &Patch::Merge(annotate(Some("true")))).await.unwrap();
+    let started = Instant::now();
+    f.patch_pool(json!({"spec": {"disruption": {"budgets": [{"nodes": "100%"}]}}})).await;
+    wait_for("the four free empty nodes gone", Duration::from_secs(120), &controller, || async {
+        f.claims().await.len() == 2
+    })
+    .await;
+    eprintln!("four empty nodes removed {:?} after the budget allowed it", started.elapsed());
+    let left: Vec<String> = f.claims().await.iter().map(node_of).collect();
+    assert!(left.contains(&held_by_pod) && left.contains(&held_by_node), "the held nodes stay: {left:?}");
+    let pod_message = format!("Pod has \"karpenter.sh/do-not-disrupt\" annotation (Pod={}/precious)", f.ns);
+    wait_for("DisruptionBlocked naming the pod", Duration::from_secs(30), &controller, || async {
+        f.cluster_events("Node", &held_by_pod, "DisruptionBlocked").await.contains(&pod_message)
+    })
+    .await;
+    let node_message =
+        "Disruption is blocked through the \"karpenter.sh/do-not-disrupt\" annotation".to_string();
+    wait_for(
+        "DisruptionBlocked naming the node's annotation",
+        Duration::from_secs(30),
+        &controller,
+        || async {
+            f.cluster_events("Node", &held_by_node, "DisruptionBlocked").await.contains(&node_message)
+        },
+    )
+    .await;
+    assert!(controller.log_contains("disrupting node(s)"));
+
+    // 3. Released, they go too.
+    f.delete_pod("precious").await;
+    nodes.patch(&held_by_node, &PatchParams::default(), &Patch::Merge(annotate(None))).await.unwrap();
+    wait_for("the released nodes gone", Duration::from_secs(120), &controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+
+    // 4. Underutilised nodes: six nodes each left with one small replica consolidate, while the
+    // PodDisruptionBudget keeps five of six Ready.
+    f.scale(6).await;
+    f.wait_running(6, Duration::from_secs(120), &controller).await;
+    let small = format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: small, namespace: {ns}}}
+spec:
+  replicas: 6
+  selector: {{matchLabels: {{app: small}}}}
+  template:
+    metadata: {{labels: {{app: small}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 100m}}}}}}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: small, namespace: {ns}}}
+spec: {{maxUnavailable: 1, selector: {{matchLabels: {{app: small}}}}}}
+"#,
+        ns = f.ns,
+        pool = f.pool
+    );
+    kubectl_apply(&small);
+    let deployments = Api::<Deployment>::namespaced(f.client.clone(), &f.ns);
+    let ready = || async {
+        deployments.get("small").await.unwrap().status.and_then(|s| s.ready_replicas).unwrap_or(0)
+    };
+    wait_for("six small replicas Ready", Duration::from_secs(60), &controller, || async {
+        ready().await == 6
+    })
+    .await;
+    let before = f.claims().await.len();
+    f.scale(0).await;
+    let started = Instant::now();
+    let mut lowest = 6;
+    loop {
+        lowest = lowest.min(ready().await);
+        let claims = f.claims().await;
+        let settled = claims.len() == 1
+            && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+            && ready().await == 6;
+        if settled {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "consolidated to one node\n{}",
+            controller.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "{before} underutilised nodes consolidated to one in {:?}; fewest Ready replicas meanwhile: {lowest}",
+        started.elapsed()
+    );
+    assert!(lowest >= 5, "the PodDisruptionBudget held: {lowest} Ready at the lowest");
+    let metrics = controller.metrics().await;
+    for series in [
+        "karpenter_voluntary_disruption_decisions_total{decision=\"delete\",reason=\"empty\",consolidation_type=\"empty\"}",
+        "karpenter_voluntary_disruption_eligible_nodes",
+        "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_bucket",
+        "karpenter_nodeclaims_disrupted_total{reason=\"empty\"",
+        "reason=\"underutilized\",consolidation_type=\"multi\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in /metrics");
+    }
+
+    kubectl_delete(&format!("deployment/small poddisruptionbudget/small -n {}", f.ns));
+    f.cleanup().await;
+    controller.stop_and_check();
 }
 
 fn kubectl_apply(manifest: &str) {

@@ -84,7 +84,8 @@ impl Controller {
             .env("DISABLE_LEADER_ELECTION", "true")
             .env("METRICS_PORT", metrics_port.to_string())
             .env("HEALTH_PROBE_PORT", free_port().to_string())
-            .env("LOG_LEVEL", "info")
+            // E2E_LOG_LEVEL=debug for a closer look at a failing journey.
+            .env("LOG_LEVEL", std::env::var("E2E_LOG_LEVEL").unwrap_or_else(|_| "info".to_string()))
             .stdout(Stdio::null())
             .stderr(file);
         for (k, v) in env {
@@ -491,6 +492,20 @@ impl Fixture {
         let _ = Api::<Pod>::namespaced(self.client.clone(), &self.ns)
             .delete(name, &DeleteParams::default())
             .await;
+    }
+
+    /// Messages of the events with `reason` about the cluster-scoped `kind` `name` (a Node, a
+    /// NodeClaim, a NodePool).
+    pub async fn cluster_events(&self, kind: &str, name: &str, reason: &str) -> Vec<String> {
+        self.events_about("default", kind, name, reason).await
+    }
+
+    /// Patches the fixture's NodePool.
+    pub async fn patch_pool(&self, patch: serde_json::Value) {
+        Api::<NodePool>::all(self.client.clone())
+            .patch(&self.pool, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
     }
 
     async fn events_about(&self, namespace: &str, kind: &str, name: &str, reason: &str) -> Vec<String> {

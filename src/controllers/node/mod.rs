@@ -34,23 +34,43 @@ pub fn with_disrupted_taint(taints: &[Taint]) -> Option<Vec<Taint>> {
 const TAINT_ATTEMPTS: usize = 3;
 
 /// Taints `node` `karpenter.sh/disrupted:NoSchedule` (and labels it out of external load
-/// balancers), unless it already is. The taints are written whole, conditional on the version they
-/// were read at, so a taint someone else adds meanwhile is never lost: on a conflict the node is
-/// read again and the write retried at once. Returns the tainted node.
+/// balancers), unless it already is, as termination does. Returns the tainted node.
 pub async fn taint_disrupted(client: &Client, node: &Node) -> Result<Option<Node>, kube::Error> {
+    write_disrupted_taint(client, node, true, true).await
+}
+
+/// Adds (`present`) or removes the `karpenter.sh/disrupted:NoSchedule` taint of `node`, and
+/// with `exclude_from_load_balancers` labels it out of external load balancers. The taints are
+/// written whole, conditional on the version they were read at, so a taint someone else adds
+/// meanwhile is never lost: on a conflict the node is read again and the write retried at once.
+/// Returns the node as written, `None` when there was nothing to change.
+pub async fn write_disrupted_taint(
+    client: &Client,
+    node: &Node,
+    present: bool,
+    exclude_from_load_balancers: bool,
+) -> Result<Option<Node>, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut current = node.clone();
     for attempt in 1..=TAINT_ATTEMPTS {
         let taints = current.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
-        let Some(taints) = with_disrupted_taint(taints) else { return Ok(None) };
-        let (label, value) = LABEL_EXCLUDE_FROM_LOAD_BALANCERS;
-        let patch = json!({
-            "metadata": { "resourceVersion": current.resource_version(), "labels": { label: value } },
+        let taints = if present { with_disrupted_taint(taints) } else { without_disrupted_taint(taints) };
+        let Some(taints) = taints else { return Ok(None) };
+        let mut patch = json!({
+            "metadata": { "resourceVersion": current.resource_version() },
             "spec": { "taints": taints },
         });
+        if exclude_from_load_balancers {
+            let (label, value) = LABEL_EXCLUDE_FROM_LOAD_BALANCERS;
+            patch["metadata"]["labels"] = json!({ label: value });
+        }
         match nodes.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(patched) => {
-                tracing::info!(node = %node.name_any(), "taint.Key" = TAINT_DISRUPTED, "taint.Effect" = "NoSchedule", "tainted node");
+                if present {
+                    tracing::info!(node = %node.name_any(), "taint.Key" = TAINT_DISRUPTED, "taint.Effect" = "NoSchedule", "tainted node");
+                } else {
+                    tracing::info!(node = %node.name_any(), "taint.Key" = TAINT_DISRUPTED, "taint.Effect" = "NoSchedule", "untainted node");
+                }
                 return Ok(Some(patched));
             }
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < TAINT_ATTEMPTS => {
@@ -60,4 +80,11 @@ pub async fn taint_disrupted(client: &Client, node: &Node) -> Result<Option<Node
         }
     }
     Ok(None)
+}
+
+/// The node's taints without `karpenter.sh/disrupted:NoSchedule`, or `None` when it is not there.
+pub fn without_disrupted_taint(taints: &[Taint]) -> Option<Vec<Taint>> {
+    let kept: Vec<Taint> =
+        taints.iter().filter(|t| !(t.key == TAINT_DISRUPTED && t.effect == "NoSchedule")).cloned().collect();
+    (kept.len() != taints.len()).then_some(kept)
 }

@@ -1,6 +1,8 @@
-//! Controllers of NodeClaims: their lifecycle from launch to finalization, drift marking, and the
-//! garbage collection of instances no NodeClaim accounts for.
+//! Controllers of NodeClaims: their lifecycle from launch to finalization, drift marking, the
+//! consolidatable state disruption reads, and the garbage collection of instances no NodeClaim
+//! accounts for.
 
+pub mod consolidatable;
 pub mod drift;
 pub mod garbagecollection;
 pub mod lifecycle;

@@ -21,14 +21,14 @@ use crate::apis::labels::{
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{ConditionStatus, NodePool, NodePoolStatus, common::set_condition};
 use crate::controllers::Context;
-use crate::controllers::kit::{Next, Options, Wake, run_singleton};
+use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::disruption::budgets;
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
 use crate::state::nodeclass::readiness;
 use crate::state::statenode::state_nodes;
 use crate::state::usage::{Counted, nodepool_usage};
-use crate::state::{ClusterState, Interest, Snapshot, Subscription};
+use crate::state::{ClusterState, Interest, Snapshot};
 
 /// How often the statuses are recomputed when nothing changes.
 const PERIOD: Duration = Duration::from_secs(60);
@@ -58,22 +58,12 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
         pods: true,
         ..Interest::default()
     };
-    let changes = Coalesced(state.feed().subscribe(interest));
+    let changes = Coalesced { changes: state.feed().subscribe(interest), settle: COALESCE };
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), changes, stop, || async {
         reconcile(&ctx, &state).await;
         Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
     })
     .await;
-}
-
-/// A feed subscription that lets a burst of changes settle for [`COALESCE`].
-struct Coalesced(Subscription);
-
-impl Wake for Coalesced {
-    async fn changed(&mut self) {
-        self.0.next().await;
-        tokio::time::sleep(COALESCE).await;
-    }
 }
 
 async fn reconcile(ctx: &Context, state: &ClusterState) {

@@ -369,8 +369,7 @@ async fn expire(
 }
 
 fn count_disruption(claim: &NodeClaim, state: &State, reason: &str) {
-    let labels = vec![("reason", reason.to_string()), ("nodepool", logic::nodepool(claim))];
-    state.ctx.metrics.nodeclaims_disrupted.get_or_create(&labels).inc();
+    crate::operator::metrics::count_disrupted(&state.ctx.metrics, claim, reason);
 }
 
 /// A lifecycle step a reconcile completed, reported once the claim's status is written.

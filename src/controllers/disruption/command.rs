@@ -1,0 +1,425 @@
+//! Running a validated disruption command, so that a failure or a crash at any point loses no
+//! pod and leaves no node half-disrupted:
+//!
+//! 1. the candidates are tainted `karpenter.sh/disrupted:NoSchedule` and their NodeClaims get the
+//!    `DisruptionReason` condition (nothing new lands on them from now on);
+//! 2. their pods are listed from the API server, not the cache: a pod that arrived since the
+//!    decision (or a do-not-disrupt pod) abandons the command, so no node that just received a
+//!    pod is deleted;
+//! 3. the replacement NodeClaim, if any, is created, and once the cluster state has it the
+//!    candidates are marked for deletion (the provisioner then counts the replacement as the
+//!    capacity for their pods, instead of launching its own);
+//! 4. the replacement must become Initialized within [`TIMEOUT`];
+//! 5. only then are the candidates' NodeClaims deleted; the termination controller drains them.
+//!
+//! A failure in steps 1–4 undoes everything but a launched replacement (which, unused, is empty
+//! and goes the way of empty nodes): the taint and the condition are removed and the marks taken
+//! back. A crash leaves the taint and condition, which the next pass of the controller (of
+//! whichever replica leads) removes from every node no command is working on.
+
+use std::collections::HashSet;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use super::{CONTROLLER, InFlight};
+use crate::apis::nodeclaim::conditions::{DISRUPTION_REASON, INITIALIZED, LAUNCHED};
+use crate::apis::{NodeClaim, NodePool};
+use crate::controllers::Context;
+use crate::controllers::events::reasons;
+use crate::controllers::nodeclaim::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
+use crate::controllers::provisioning::template;
+use crate::disruption::decide::{Command, reason_label, reason_name};
+use crate::operator::error_chain;
+use crate::operator::metrics::count_disrupted;
+use crate::state::marks::nomination_window;
+use crate::state::pods::{self, DoNotDisrupt};
+use crate::state::{ClusterState, StateNode};
+
+/// How long a replacement may take to initialize before the command is abandoned.
+pub const TIMEOUT: Duration = Duration::from_secs(600);
+/// How often the replacement is looked at.
+const POLL: Duration = Duration::from_secs(1);
+/// How long the cluster state may take to show a NodeClaim just created.
+const CACHE_WAIT: Duration = Duration::from_secs(10);
+
+/// A command and what it needs to run.
+pub struct Run {
+    /// The controllers' context.
+    pub ctx: Context,
+    /// The cluster state.
+    pub state: ClusterState,
+    /// The nodes commands are working on; this one's leave it when it ends.
+    pub in_flight: InFlight,
+    /// The command.
+    pub command: Command,
+    /// Its candidates as validated.
+    pub nodes: Vec<StateNode>,
+    /// The NodePool of the replacement.
+    pub pool: Option<Arc<NodePool>>,
+}
+
+/// `<delete|replace>: nodepools=[..]: [nodes] -> [N replacement(s)]`, as upstream logs a command.
+pub fn describe(command: &Command) -> String {
+    let plan = &command.plan;
+    let replacements = if plan.replacement.is_some() { " -> [1 replacement(s)]" } else { "" };
+    format!("{}: [{}]{replacements}", plan.decision.as_str(), plan.candidates.join(", "))
+}
+
+/// Why a command stopped.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("tainting node {node}")]
+    Taint {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing the pods of node {node}")]
+    ListPods {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("node {node} received pod {pod} since the decision")]
+    NewPod { node: String, pod: String },
+    #[error("pod {pod} on node {node} may not be disrupted now")]
+    DoNotDisrupt { node: String, pod: String },
+    #[error("the nodepool {0} of the replacement is gone")]
+    NoPool(String),
+    #[error("creating the replacement nodeclaim")]
+    Create(#[source] kube::Error),
+    #[error("replacement nodeclaim {0} was deleted before it initialized")]
+    ReplacementGone(String),
+    #[error("replacement nodeclaim {0} did not initialize within {1:?}")]
+    Timeout(String, Duration),
+}
+
+impl Run {
+    fn claim_names(&self) -> Vec<String> {
+        self.nodes.iter().filter_map(|n| n.claim_name().map(str::to_string)).collect()
+    }
+
+    /// Runs the command to its end; the nodes leave the in-flight set when it is over.
+    pub async fn execute(self) {
+        let reason = self.command.reason();
+        let kind = self.command.method.consolidation_type();
+        let decision = self.command.plan.decision.as_str();
+        tracing::info!(
+            controller = CONTROLLER,
+            reason = reason_name(reason),
+            decision,
+            consolidation_type = kind,
+            command = %describe(&self.command),
+            nodes = %self.command.plan.candidates.join(", "),
+            nodepools = %self.pools().join(", "),
+            replacements = usize::from(self.command.plan.replacement.is_some()),
+            savings = %format!("${:.2}", self.command.plan.savings),
+            "disrupting node(s)"
+        );
+        let mut replacement_name = None;
+        let outcome = self.steps(&mut replacement_name).await;
+        match outcome {
+            Ok(()) => {}
+            Err(failure) => {
+                tracing::error!(
+                    controller = CONTROLLER,
+                    reason = reason_name(reason),
+                    command = %describe(&self.command),
+                    replacement = replacement_name.as_deref().unwrap_or_default(),
+                    error = %error_chain(&failure),
+                    "disruption command failed, undoing it"
+                );
+                self.ctx
+                    .metrics
+                    .disruption_queue_failures
+                    .get_or_create(&vec![
+                        ("decision", decision.to_string()),
+                        ("reason", reason_label(reason).to_string()),
+                        ("consolidation_type", kind.to_string()),
+                    ])
+                    .inc();
+                self.undo().await;
+            }
+        }
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        for name in &self.command.plan.candidates {
+            in_flight.remove(name);
+        }
+    }
+
+    fn pools(&self) -> Vec<String> {
+        let mut pools: Vec<String> =
+            self.nodes.iter().filter_map(|n| n.nodepool().map(str::to_string)).collect();
+        pools.sort();
+        pools.dedup();
+        pools
+    }
+
+    async fn steps(&self, replacement_name: &mut Option<String>) -> Result<(), Failure> {
+        let reason = reason_name(self.command.reason());
+        // 1. Taint, and say why on the NodeClaims.
+        for node in &self.nodes {
+            if let Some(k8s) = &node.node {
+                crate::controllers::node::write_disrupted_taint(&self.ctx.client, k8s, true, false)
+                    .await
+                    .map_err(|source| Failure::Taint { node: node.name.clone(), source })?;
+            }
+            if let Some(claim) = &node.claim {
+                set_disruption_reason(&self.ctx.client, claim, reason).await;
+            }
+        }
+        // 2. Nothing arrived since the decision.
+        self.check_pods().await?;
+        if let Some(replacement) = &self.command.plan.replacement {
+            let message = format!(
+                "Consolidation candidate: {} (savings: ${:.2})",
+                describe(&self.command),
+                self.command.plan.savings
+            );
+            for node in &self.nodes {
+                if let Some(k8s) = &node.node {
+                    self.ctx
+                        .events
+                        .normal(k8s.as_ref(), reasons::CONSOLIDATION_CANDIDATE, message.clone())
+                        .await;
+                }
+            }
+            // 3. The replacement.
+            let pool = self.pool.as_ref().ok_or_else(|| Failure::NoPool(replacement.nodepool.clone()))?;
+            let claim = template::build(replacement, pool);
+            let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+            let created = api.create(&PostParams::default(), &claim).await.map_err(Failure::Create)?;
+            let name = created.name_any();
+            *replacement_name = Some(name.clone());
+            tracing::info!(
+                controller = CONTROLLER,
+                NodePool = %replacement.nodepool,
+                NodeClaim = %name,
+                instance_types = %template::summarize_instance_types(&replacement.instance_type_names, 5),
+                "created nodeclaim"
+            );
+            self.ctx
+                .metrics
+                .nodeclaims_created
+                .get_or_create(&vec![
+                    ("reason", reason_label(self.command.reason()).to_string()),
+                    ("nodepool", replacement.nodepool.clone()),
+                    ("min_values_relaxed", replacement.min_values_relaxed.to_string()),
+                ])
+                .inc();
+            let deadline = Instant::now() + CACHE_WAIT;
+            while self.state.nodeclaim(&name).is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            self.state.marks.nominate(&name, nomination_window(self.ctx.settings.batch_max_duration));
+            self.mark();
+            self.count_decision();
+            // 4. Wait for it.
+            self.await_initialized(&name, &created).await?;
+        } else {
+            self.mark();
+            self.count_decision();
+        }
+        // 5. Delete the old NodeClaims.
+        self.delete().await;
+        Ok(())
+    }
+
+    fn mark(&self) {
+        let claims = self.claim_names();
+        self.state.marks.mark_for_deletion(claims.iter().map(String::as_str));
+    }
+
+    fn count_decision(&self) {
+        let m = &self.ctx.metrics;
+        let decision = self.command.plan.decision.as_str().to_string();
+        let reason = reason_label(self.command.reason()).to_string();
+        let kind = self.command.method.consolidation_type().to_string();
+        m.disruption_decisions
+            .get_or_create(&vec![
+                ("decision", decision.clone()),
+                ("reason", reason.clone()),
+                ("consolidation_type", kind.clone()),
+            ])
+            .inc();
+        for pool in self.pools() {
+            m.disruption_decisions_by_nodepool
+                .get_or_create(&vec![
+                    ("nodepool", pool),
+                    ("decision", decision.clone()),
+                    ("reason", reason.clone()),
+                    ("consolidation_type", kind.clone()),
+                ])
+                .inc();
+        }
+    }
+
+    /// Lists the candidates' pods from the API server and compares them with the decision's.
+    async fn check_pods(&self) -> Result<(), Failure> {
+        let api: Api<Pod> = Api::all(self.ctx.client.clone());
+        let now = Timestamp::now();
+        for node in &self.nodes {
+            let Some(name) = node.node_name() else { continue };
+            let known: HashSet<&str> =
+                node.reschedulable_pods().filter_map(|p| p.metadata.uid.as_deref()).collect();
+            let params = ListParams::default().fields(&format!("spec.nodeName={name}"));
+            let live = api
+                .list(&params)
+                .await
+                .map_err(|source| Failure::ListPods { node: name.to_string(), source })?;
+            for pod in &live.items {
+                if !pods::is_active(pod) {
+                    continue;
+                }
+                if matches!(pods::do_not_disrupt(pod, now), DoNotDisrupt::Active { .. }) {
+                    return Err(Failure::DoNotDisrupt { node: name.to_string(), pod: pods::key(pod) });
+                }
+                let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                if pods::is_reschedulable(pod) && !known.contains(uid) {
+                    return Err(Failure::NewPod { node: name.to_string(), pod: pods::key(pod) });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn await_initialized(&self, name: &str, created: &NodeClaim) -> Result<(), Failure> {
+        let reason = reason_name(self.command.reason());
+        let start = Instant::now();
+        let (mut told_launching, mut told_waiting) = (false, false);
+        loop {
+            let Some(claim) = self.state.nodeclaim(name) else {
+                return Err(Failure::ReplacementGone(name.to_string()));
+            };
+            if claim.metadata.deletion_timestamp.is_some() {
+                return Err(Failure::ReplacementGone(name.to_string()));
+            }
+            let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+            if is_true(conditions, INITIALIZED) {
+                return Ok(());
+            }
+            if !told_launching {
+                told_launching = true;
+                self.ctx
+                    .events
+                    .normal(created, reasons::DISRUPTION_LAUNCHING, format!("Launching NodeClaim: {reason}"))
+                    .await;
+            }
+            if is_true(conditions, LAUNCHED) && !told_waiting {
+                told_waiting = true;
+                self.ctx
+                    .events
+                    .normal(
+                        created,
+                        reasons::DISRUPTION_WAITING_READINESS,
+                        "Waiting on readiness to continue disruption".to_string(),
+                    )
+                    .await;
+            }
+            if start.elapsed() >= TIMEOUT {
+                return Err(Failure::Timeout(name.to_string(), TIMEOUT));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn delete(&self) {
+        let reason = self.command.reason();
+        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+        for node in &self.nodes {
+            let Some(claim) = &node.claim else { continue };
+            match api.delete(&claim.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) => {
+                    // Its taint stays until the next pass heals it; the node keeps running.
+                    tracing::error!(controller = CONTROLLER, NodeClaim = %claim.name_any(), error = %error_chain(&e), "deleting nodeclaim");
+                    self.state.marks.unmark([claim.name_any().as_str()]);
+                    continue;
+                }
+            }
+            if let Some(k8s) = &node.node {
+                self.ctx
+                    .events
+                    .normal(
+                        k8s.as_ref(),
+                        reasons::DISRUPTION_TERMINATING,
+                        format!("Disrupting Node: {}", reason_name(reason)),
+                    )
+                    .await;
+            }
+            self.ctx
+                .events
+                .normal(
+                    claim.as_ref(),
+                    reasons::DISRUPTION_TERMINATING,
+                    format!("Disrupting NodeClaim: {}", reason_name(reason)),
+                )
+                .await;
+            count_disrupted(&self.ctx.metrics, claim, reason_label(reason));
+        }
+    }
+
+    async fn undo(&self) {
+        let claims = self.claim_names();
+        self.state.marks.unmark(claims.iter().map(String::as_str));
+        for node in &self.nodes {
+            if let Some(name) = node.node_name()
+                && let Some(current) = self.state.node(name)
+                && let Err(e) =
+                    crate::controllers::node::write_disrupted_taint(&self.ctx.client, &current, false, false)
+                        .await
+            {
+                tracing::warn!(controller = CONTROLLER, Node = %name, error = %error_chain(&e), "removing the disrupted taint");
+            }
+            if let Some(claim) = node.claim_name().and_then(|c| self.state.nodeclaim(c)) {
+                clear_disruption_reason(&self.ctx.client, &claim).await;
+            }
+        }
+    }
+}
+
+/// Sets `DisruptionReason=True` with `reason` on `claim` (best effort: the taint is what keeps
+/// pods away; the condition tells users why).
+async fn set_disruption_reason(client: &Client, claim: &NodeClaim, reason: &str) {
+    let mut conditions = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let update = ConditionUpdate { message: String::new(), ..ConditionUpdate::true_(reason) };
+    if !set_condition(&mut conditions, DISRUPTION_REASON, update, claim.metadata.generation, Timestamp::now())
+    {
+        return;
+    }
+    write_conditions(client, claim, conditions).await;
+}
+
+/// Removes the `DisruptionReason` condition from `claim`.
+pub async fn clear_disruption_reason(client: &Client, claim: &NodeClaim) {
+    let mut conditions = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let before = conditions.len();
+    conditions.retain(|c| c.type_ != DISRUPTION_REASON);
+    if conditions.len() == before {
+        return;
+    }
+    write_conditions(client, claim, conditions).await;
+}
+
+async fn write_conditions(client: &Client, claim: &NodeClaim, conditions: Vec<crate::apis::Condition>) {
+    let api: Api<NodeClaim> = Api::all(client.clone());
+    let patch = json!({
+        "metadata": { "resourceVersion": claim.resource_version() },
+        "status": { "conditions": conditions },
+    });
+    match api.patch_status(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        // Changed meanwhile: the next pass looks again.
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+        Err(e) => {
+            tracing::warn!(controller = CONTROLLER, NodeClaim = %claim.name_any(), error = %error_chain(&e), "writing the DisruptionReason condition")
+        }
+    }
+}

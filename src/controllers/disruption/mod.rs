@@ -1,0 +1,438 @@
+//! The disruption controller: voluntary disruption of the nodes Karpenter launched (emptiness and
+//! consolidation; drift replacement comes next), one singleton loop as upstream's.
+//!
+//! Each pass:
+//! 1. heals what a crash left behind: a `karpenter.sh/disrupted` taint or a `DisruptionReason`
+//!    condition on a node no command of this process is working on and that is not going away;
+//! 2. unless nothing changed since a pass that found nothing (at most 5 minutes), asks the pure
+//!    [`crate::disruption::decide`] for the first command of emptiness, multi-node and
+//!    single-node consolidation, and publishes why the other nodes were left alone
+//!    (`DisruptionBlocked`, `Unconsolidatable`, the NodePool's blocking budget);
+//! 3. waits 15 s and validates the command on a fresh snapshot (same candidates, budgets, a new
+//!    simulation); then starts it ([`command`]) and looks for the next one at once. Idle, it
+//!    looks again after 10 s.
+//!
+//! A command taints its nodes, launches its replacement and waits until it is initialized, and
+//! only then deletes the old NodeClaims (the termination controller drains them); see
+//! [`command`] for how a failure or a crash at any point is undone.
+
+pub mod command;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::apis::NodePool;
+use crate::apis::labels::TAINT_DISRUPTED;
+use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
+use crate::controllers::Context;
+use crate::controllers::events::{EventType, reasons};
+use crate::controllers::kit::{Next, Options, Timer, run_singleton};
+use crate::disruption::consolidation::{self, World};
+use crate::disruption::decide::{self, Command, Method, Pass, Rejection, reason_label, reason_name};
+use crate::disruption::emptiness;
+use crate::operator::metrics::observe;
+use crate::scheduling::SchedulerOptions;
+use crate::state::statenode::state_nodes;
+use crate::state::{Changes, ClusterState, Interest, Snapshot, StateNode};
+
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "disruption";
+/// Wait between passes that found nothing to do.
+pub const IDLE: Duration = Duration::from_secs(10);
+/// Wait between a decision and its validation.
+pub const VALIDATION_DELAY: Duration = Duration::from_secs(15);
+/// A pass that found nothing is not repeated before the cluster changes, or this long.
+pub const MEMO: Duration = Duration::from_secs(300);
+/// The same `DisruptionBlocked` message about one node at most this often (unlike upstream, a
+/// new reason is told at once rather than hidden behind the previous one's window).
+const BLOCKED_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(2);
+/// `Unconsolidatable` about one node at most this often.
+const UNCONSOLIDATABLE_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(15);
+/// The NodePool's blocking-budget event at most this often.
+const BUDGET_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(1);
+
+/// Names of the nodes commands under way are working on.
+pub type InFlight = Arc<Mutex<HashSet<String>>>;
+
+/// The controller's memory between passes.
+struct Controller {
+    ctx: Context,
+    state: ClusterState,
+    in_flight: InFlight,
+    commands: Mutex<JoinSet<()>>,
+    /// The changes seen by the last pass that found nothing, and until when that holds.
+    memo: Mutex<Option<(Changes, Instant)>>,
+}
+
+/// Runs until `stop` turns true; the commands under way stop with it (a command cut short is
+/// healed by the next leader's first pass).
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let controller = Arc::new(Controller {
+        ctx: ctx.clone(),
+        state,
+        in_flight: InFlight::default(),
+        commands: Mutex::new(JoinSet::new()),
+        memo: Mutex::new(None),
+    });
+    let c = controller.clone();
+    let mut stop_pass = stop.clone();
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, move || {
+        let c = c.clone();
+        let mut stop = stop_pass.clone();
+        stop_pass.borrow_and_update();
+        async move { Ok::<_, std::convert::Infallible>(c.pass(&mut stop).await) }
+    })
+    .await;
+    controller.commands.lock().unwrap_or_else(PoisonError::into_inner).abort_all();
+}
+
+/// The snapshot a pass decides on: the cluster state, the nodes of commands under way counted as
+/// going away, the NodePools' instance types.
+async fn take_snapshot(ctx: &Context, state: &ClusterState, in_flight: &HashSet<String>) -> Snapshot {
+    let mut snapshot = state.snapshot();
+    for node in &snapshot.nodes {
+        if in_flight.contains(&node.name_any()) {
+            snapshot.marked_for_deletion.insert(node.name_any());
+        }
+    }
+    let claims_of_in_flight: Vec<String> = state_nodes(&snapshot)
+        .iter()
+        .filter(|n| in_flight.contains(&n.name))
+        .filter_map(|n| n.claim_name().map(str::to_string))
+        .collect();
+    snapshot.marked_for_deletion.extend(claims_of_in_flight);
+    let types = crate::state::instance_types_of_pools(&snapshot, ctx.cloud.as_ref(), CONTROLLER).await;
+    snapshot.with_instance_types(types)
+}
+
+/// Owned inputs of a decision, moved to a blocking thread.
+struct Inputs {
+    snapshot: Snapshot,
+    nodes: Vec<StateNode>,
+    pools: BTreeMap<String, Arc<NodePool>>,
+    options: SchedulerOptions,
+    spot_to_spot: bool,
+    now: Timestamp,
+}
+
+impl Inputs {
+    fn new(ctx: &Context, snapshot: Snapshot) -> Self {
+        let nodes = state_nodes(&snapshot);
+        let pools = crate::state::input::nodepools_by_name(&snapshot)
+            .into_iter()
+            .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        Inputs {
+            snapshot,
+            nodes,
+            pools,
+            options: SchedulerOptions {
+                min_values_policy: ctx.settings.min_values_policy,
+                ..SchedulerOptions::default()
+            },
+            spot_to_spot: ctx.settings.feature_gates.spot_to_spot_consolidation,
+            now: Timestamp::now(),
+        }
+    }
+
+    fn world(&self) -> World<'_> {
+        World {
+            snapshot: &self.snapshot,
+            nodes: &self.nodes,
+            pending: self.snapshot.provisionable_pods(),
+            options: self.options.clone(),
+            spot_to_spot: self.spot_to_spot,
+            pools: &self.pools,
+            now: self.now,
+        }
+    }
+}
+
+impl Controller {
+    fn in_flight(&self) -> HashSet<String> {
+        self.in_flight.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    async fn pass(self: &Arc<Self>, stop: &mut watch::Receiver<bool>) -> Next {
+        if !self.state.is_synced() {
+            return Next::After(Duration::from_secs(1));
+        }
+        // Reap finished commands.
+        {
+            let mut commands = self.commands.lock().unwrap_or_else(PoisonError::into_inner);
+            while commands.try_join_next().is_some() {}
+        }
+        let in_flight = self.in_flight();
+        let snapshot = take_snapshot(&self.ctx, &self.state, &in_flight).await;
+        self.heal(&snapshot, &in_flight).await;
+        let changes = self.state.feed().current();
+        if let Some((seen, until)) = *self.memo.lock().unwrap_or_else(PoisonError::into_inner)
+            && !Interest::ALL.differs(&seen, &changes)
+            && Instant::now() < until
+        {
+            return Next::After(IDLE);
+        }
+        let start = Instant::now();
+        let inputs = Inputs::new(&self.ctx, snapshot);
+        let decided = {
+            let in_flight = in_flight.clone();
+            tokio::task::spawn_blocking(move || {
+                let pass = decide::decide(&inputs.world(), &in_flight);
+                (inputs, pass)
+            })
+            .await
+        };
+        let (inputs, pass) = match decided {
+            Ok(d) => d,
+            Err(error) => {
+                tracing::error!(controller = CONTROLLER, error = %error, "disruption decision failed");
+                return Next::After(IDLE);
+            }
+        };
+        let elapsed = start.elapsed();
+        tracing::debug!(
+            controller = CONTROLLER,
+            nodes = inputs.nodes.len(),
+            blocked = pass.blocked.len(),
+            unconsolidatable = pass.unconsolidatable.len(),
+            command = pass.command.as_ref().map(command::describe).unwrap_or_default(),
+            duration = ?elapsed,
+            "evaluated disruption"
+        );
+        self.record(&inputs, &pass, elapsed).await;
+        let Some(command) = pass.command else {
+            if !pass.budget_constrained && !pass.transient {
+                let until = Instant::now() + self.memo_for(&inputs);
+                *self.memo.lock().unwrap_or_else(PoisonError::into_inner) = Some((changes, until));
+            }
+            return Next::After(IDLE);
+        };
+        *self.memo.lock().unwrap_or_else(PoisonError::into_inner) = None;
+
+        // Validation, on a fresh snapshot after a while.
+        tokio::select! {
+            _ = tokio::time::sleep(VALIDATION_DELAY) => {}
+            _ = crate::controllers::kit::stopped(stop) => return Next::Wait,
+        }
+        let in_flight = self.in_flight();
+        let fresh = Inputs::new(&self.ctx, take_snapshot(&self.ctx, &self.state, &in_flight).await);
+        let validated = {
+            let command = command.clone();
+            tokio::task::spawn_blocking(move || {
+                let result = decide::validate(&fresh.world(), &command, &in_flight);
+                (fresh, result)
+            })
+            .await
+        };
+        let (fresh, result) = match validated {
+            Ok(v) => v,
+            Err(error) => {
+                tracing::error!(controller = CONTROLLER, error = %error, "disruption validation failed");
+                return Next::After(IDLE);
+            }
+        };
+        match result {
+            Ok(command) => {
+                self.start(&fresh, command).await;
+                Next::After(Duration::ZERO)
+            }
+            Err(rejection) => {
+                self.reject(&fresh, &command, &rejection).await;
+                Next::After(Duration::ZERO)
+            }
+        }
+    }
+
+    /// How long a pass that found nothing holds: until the next node turns consolidatable, at
+    /// most [`MEMO`].
+    fn memo_for(&self, inputs: &Inputs) -> Duration {
+        let next = inputs
+            .nodes
+            .iter()
+            .filter_map(|n| emptiness::consolidatable_at(n, inputs.pools.get(n.nodepool()?)?))
+            .filter(|at| *at > inputs.now)
+            .min();
+        match next {
+            Some(at) => Duration::try_from(at.duration_since(inputs.now)).unwrap_or(MEMO).min(MEMO),
+            None => MEMO,
+        }
+    }
+
+    /// Removes the disrupted taint and the `DisruptionReason` condition from nodes no command is
+    /// working on and that are not going away.
+    async fn heal(&self, snapshot: &Snapshot, in_flight: &HashSet<String>) {
+        for node in state_nodes(snapshot) {
+            if in_flight.contains(&node.name) || node.marked_for_deletion || !node.managed {
+                continue;
+            }
+            if let Some(k8s) = &node.node
+                && node.taints.iter().any(|t| {
+                    t.key == TAINT_DISRUPTED && t.effect == crate::apis::common::TaintEffect::NoSchedule
+                })
+                && let Err(error) =
+                    crate::controllers::node::write_disrupted_taint(&self.ctx.client, k8s, false, false).await
+            {
+                tracing::warn!(controller = CONTROLLER, Node = %node.name, error = %crate::operator::error_chain(&error), "removing a stale disrupted taint");
+            }
+            if let Some(claim) = &node.claim
+                && claim
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == DISRUPTION_REASON))
+            {
+                command::clear_disruption_reason(&self.ctx.client, claim).await;
+            }
+        }
+    }
+
+    /// Metrics and events of a pass.
+    async fn record(&self, inputs: &Inputs, pass: &Pass, elapsed: Duration) {
+        let m = &self.ctx.metrics;
+        for (reason, n) in &pass.eligible {
+            m.disruption_eligible_nodes.get_or_create(&vec![("reason", reason.to_string())]).set(*n as f64);
+        }
+        let consolidation_type = pass.command.as_ref().map(|c| c.method.consolidation_type()).unwrap_or("");
+        let reason = pass.command.as_ref().map(|c| reason_label(c.reason())).unwrap_or("underutilized");
+        observe(
+            &m.disruption_evaluation_duration,
+            vec![("reason", reason.into()), ("consolidation_type", consolidation_type.into())],
+            elapsed,
+        );
+        let by_name: BTreeMap<&str, &StateNode> = inputs.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let events = &self.ctx.events;
+        for (name, blocked) in &pass.blocked {
+            let Some(node) = by_name.get(name.as_str()) else { continue };
+            let message = upper_first(&blocked.0);
+            self.tell(node, reasons::DISRUPTION_BLOCKED, BLOCKED_EVENT_WINDOW, &message).await;
+        }
+        for invalid in &pass.invalid {
+            let Some(pod) = find_pod(&inputs.snapshot, &invalid.pod) else { continue };
+            let message = format!(
+                "Invalid karpenter.sh/do-not-disrupt annotation: {}, ignoring annotation",
+                invalid.error
+            );
+            let reason = reasons::INVALID_DO_NOT_DISRUPT_ANNOTATION;
+            events.deduped(pod.as_ref(), EventType::Warning, reason, "", BLOCKED_EVENT_WINDOW, message).await;
+        }
+        for (name, why) in &pass.unconsolidatable {
+            let Some(node) = by_name.get(name.as_str()) else { continue };
+            if consolidation::is_reported(why) {
+                self.tell(node, reasons::UNCONSOLIDATABLE, UNCONSOLIDATABLE_EVENT_WINDOW, why).await;
+            }
+        }
+        for (pool, reason) in &pass.budget_blocked {
+            let Some(np) = inputs.pools.get(pool) else { continue };
+            let message = format!(
+                "No allowed disruptions for disruption reason {} due to blocking budget",
+                reason_name(*reason)
+            );
+            events
+                .deduped(
+                    np.as_ref(),
+                    EventType::Normal,
+                    reasons::DISRUPTION_BLOCKED,
+                    reason_name(*reason),
+                    BUDGET_EVENT_WINDOW,
+                    message,
+                )
+                .await;
+        }
+    }
+
+    /// A Normal event about the node and its NodeClaim, the same message at most once per
+    /// `window` (a new message is told at once).
+    async fn tell(&self, node: &StateNode, reason: &str, window: SignedDuration, message: &str) {
+        let events = &self.ctx.events;
+        if let Some(k8s) = &node.node {
+            events
+                .deduped(k8s.as_ref(), EventType::Normal, reason, message, window, message.to_string())
+                .await;
+        }
+        if let Some(claim) = &node.claim {
+            events
+                .deduped(claim.as_ref(), EventType::Normal, reason, message, window, message.to_string())
+                .await;
+        }
+    }
+
+    async fn reject(&self, inputs: &Inputs, command: &Command, rejection: &Rejection) {
+        let kind = command.method.consolidation_type();
+        self.ctx
+            .metrics
+            .disruption_failed_validations
+            .get_or_create(&vec![("consolidation_type", kind.to_string())])
+            .inc();
+        tracing::info!(
+            controller = CONTROLLER,
+            reason = reason_name(command.reason()),
+            decision = command.plan.decision.as_str(),
+            nodes = %command.plan.candidates.join(", "),
+            rejection = rejection.label(),
+            detail = rejection.detail(),
+            "abandoning disruption, validation failed"
+        );
+        if command.method == Method::Emptiness {
+            return;
+        }
+        let message = format!(
+            "Consolidation rejected: {}, reason: {} (savings: ${:.2})",
+            command::describe(command),
+            rejection.label(),
+            command.plan.savings
+        );
+        for name in &command.plan.candidates {
+            let Some(node) = inputs.nodes.iter().find(|n| &n.name == name) else { continue };
+            if let Some(k8s) = &node.node {
+                self.ctx.events.normal(k8s.as_ref(), reasons::CONSOLIDATION_REJECTED, message.clone()).await;
+            }
+        }
+    }
+
+    async fn start(self: &Arc<Self>, inputs: &Inputs, command: Command) {
+        let nodes: Vec<StateNode> =
+            inputs.nodes.iter().filter(|n| command.plan.candidates.contains(&n.name)).cloned().collect();
+        let pool = command.plan.replacement.as_ref().and_then(|r| inputs.pools.get(&r.nodepool)).cloned();
+        {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            in_flight.extend(command.plan.candidates.iter().cloned());
+        }
+        for score in &command.scores {
+            let labels = vec![
+                ("decision", command.plan.decision.as_str().to_string()),
+                ("nodepool", score.nodepool.clone()),
+                ("policy", "Balanced".to_string()),
+            ];
+            self.ctx.metrics.consolidation_moves.get_or_create(&labels).inc();
+            self.ctx.metrics.consolidation_score.get_or_create(&labels).observe(score.score);
+        }
+        let run = command::Run {
+            ctx: self.ctx.clone(),
+            state: self.state.clone(),
+            in_flight: self.in_flight.clone(),
+            command,
+            nodes,
+            pool,
+        };
+        self.commands.lock().unwrap_or_else(PoisonError::into_inner).spawn(run.execute());
+    }
+}
+
+fn find_pod(snapshot: &Snapshot, key: &str) -> Option<Arc<Pod>> {
+    snapshot.pods.iter().find(|p| crate::state::pods::key(p) == key).cloned()
+}
+
+/// The message with its first letter upper-cased, as upstream's events read.
+pub fn upper_first(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) => c.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}

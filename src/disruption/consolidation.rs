@@ -1,0 +1,452 @@
+//! Consolidation: whether a set of nodes can go, deleted outright or replaced by one cheaper
+//! NodeClaim, as upstream decides it.
+//!
+//! The candidates' reschedulable pods (and the pending pods, so that consolidation never takes
+//! room they need) are simulated onto the rest of the cluster with the one scheduler-input builder
+//! ([`crate::state::input`]). Then:
+//! - a pod of the candidates that fits nowhere, or that would only fit on a node not initialized
+//!   yet, keeps them;
+//! - no new NodeClaim needed: the candidates are **deleted**;
+//! - more than one: they stay (consolidation never turns N nodes into more than one);
+//! - one: they are **replaced** by it, keeping only the instance types whose worst launch price
+//!   (the dearest available offering of the first tier the requirements allow: reserved, then
+//!   spot, then on-demand) is below what the candidates cost together. A replacement that may be
+//!   spot or on-demand is pinned to spot, so that a spot shortage never falls back to a dearer
+//!   on-demand node. Spot candidates are replaced by spot only with the
+//!   `SpotToSpotConsolidation` gate, and a single spot node only when at least 15 types are
+//!   cheaper (the 15 cheapest are launched), so that spot capacity stays diverse.
+//!
+//! [`multi_node`] looks for the longest prefix of the candidates (ordered by price over disruption
+//! cost, dearest first) that one command can remove; [`single_node`] tries one candidate at a
+//! time. Both return why each node they looked at was not consolidated.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::apis::NodePool;
+use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE};
+use crate::apis::nodepool::ConsolidationPolicy;
+use crate::scheduling::{InstanceType, NewNodeClaim, Requirement, SchedulerOptions, schedule};
+use crate::state::StateNode;
+use crate::state::input::{Scenario, scheduling_input};
+use crate::state::snapshot::Snapshot;
+
+use super::emptiness::{consolidatable_at, is_empty, reschedule_cost};
+
+/// Spot capacity type.
+pub const SPOT: &str = "spot";
+/// On-demand capacity type.
+pub const ON_DEMAND: &str = "on-demand";
+/// Reserved capacity type.
+pub const RESERVED: &str = "reserved";
+/// How many cheaper types a single spot node's spot replacement needs, and how many it launches.
+pub const SPOT_TO_SPOT_MIN_TYPES: usize = 15;
+/// Balanced consolidation approves a move whose savings share is at least its disruption share
+/// over this.
+pub const BALANCED_K: f64 = 2.0;
+
+/// The cluster a consolidation decision looks at.
+pub struct World<'a> {
+    /// The snapshot, with the NodePools' instance types.
+    pub snapshot: &'a Snapshot,
+    /// Its StateNodes (nodes of commands under way count as marked for deletion).
+    pub nodes: &'a [StateNode],
+    /// Pods waiting for capacity.
+    pub pending: Vec<Arc<Pod>>,
+    /// Scheduler tunables.
+    pub options: SchedulerOptions,
+    /// The `SpotToSpotConsolidation` feature gate.
+    pub spot_to_spot: bool,
+    /// The NodePools, by name.
+    pub pools: &'a BTreeMap<String, Arc<NodePool>>,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// Delete the candidates, or replace them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Remove them; their pods fit on the rest of the cluster.
+    Delete,
+    /// Launch one cheaper NodeClaim first.
+    Replace,
+}
+
+impl Decision {
+    /// As metrics and logs spell it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Decision::Delete => "delete",
+            Decision::Replace => "replace",
+        }
+    }
+}
+
+/// A way to remove some nodes.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Names of the StateNodes to remove.
+    pub candidates: Vec<String>,
+    /// Delete or replace.
+    pub decision: Decision,
+    /// The replacement, for [`Decision::Replace`].
+    pub replacement: Option<NewNodeClaim>,
+    /// What the candidates cost per hour.
+    pub candidate_price: f64,
+    /// Hourly savings at the replacement's cheapest offering.
+    pub savings: f64,
+}
+
+impl Plan {
+    /// The instance types of the replacement.
+    pub fn replacement_types(&self) -> Vec<String> {
+        self.replacement.as_ref().map(|r| r.instance_type_names.clone()).unwrap_or_default()
+    }
+}
+
+/// Orders candidates as upstream: dearest per unit of disruption first.
+pub fn sort_candidates(candidates: &mut [&StateNode]) {
+    let key = |n: &StateNode| n.price.unwrap_or(0.0) / reschedule_cost(n);
+    candidates.sort_by(|a, b| key(b).total_cmp(&key(a)).then_with(|| a.name.cmp(&b.name)));
+}
+
+/// A candidate left to emptiness.
+pub const EMPTY: &str = "Node is empty";
+/// A candidate whose `consolidateAfter` has not passed.
+pub const NOT_CONSOLIDATABLE_YET: &str = "Node is not consolidatable yet (consolidateAfter has not passed)";
+
+/// Whether a reason becomes an `Unconsolidatable` event (upstream reports neither emptiness nor
+/// a pending `consolidateAfter` that way).
+pub fn is_reported(why: &str) -> bool {
+    why != EMPTY && why != NOT_CONSOLIDATABLE_YET
+}
+
+/// Why a candidate cannot be consolidated by a non-empty method whatever the simulation says
+/// (upstream's filter-time `Unconsolidatable` messages); `None` if it may be.
+pub fn filter(node: &StateNode, pool: &NodePool, now: Timestamp) -> Option<String> {
+    let pool_name = pool.metadata.name.as_deref().unwrap_or_default();
+    for label in [LABEL_INSTANCE_TYPE, LABEL_CAPACITY_TYPE, LABEL_TOPOLOGY_ZONE] {
+        if !node.labels.contains_key(label) {
+            return Some(format!("Node does not have label {label:?}"));
+        }
+    }
+    if pool.spec.disruption.consolidate_after.trim() == "Never" {
+        return Some(format!("NodePool {pool_name:?} has consolidation disabled"));
+    }
+    if is_empty(node) {
+        // Emptiness' business.
+        return Some(EMPTY.to_string());
+    }
+    if pool.spec.disruption.consolidation_policy == ConsolidationPolicy::WhenEmpty {
+        return Some(format!(
+            "NodePool {pool_name:?} has consolidation policy WhenEmpty, but node is not empty"
+        ));
+    }
+    match consolidatable_at(node, pool) {
+        Some(at) if at <= now => None,
+        _ => Some(NOT_CONSOLIDATABLE_YET.to_string()),
+    }
+}
+
+/// Which tier a replacement launches from, and the dearest price there, for `it` under `reqs`.
+fn worst_launch_price(it: &InstanceType, reqs: &crate::scheduling::Requirements) -> Option<f64> {
+    for tier in [RESERVED, SPOT, ON_DEMAND] {
+        let worst = it
+            .compatible_offerings(reqs)
+            .filter(|o| o.capacity_type == tier)
+            .map(|o| o.price)
+            .max_by(f64::total_cmp);
+        if worst.is_some() {
+            return worst;
+        }
+    }
+    None
+}
+
+fn allows(claim: &NewNodeClaim, capacity_type: &str) -> bool {
+    claim.requirements.get(LABEL_CAPACITY_TYPE).is_none_or(|r| r.has(capacity_type))
+}
+
+fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
+    claim.instance_type_names = types.iter().map(|t| t.name.clone()).collect();
+    claim.requirements.remove(LABEL_INSTANCE_TYPE);
+    claim.requirements.add(LABEL_INSTANCE_TYPE, Requirement::in_values(claim.instance_type_names.clone()));
+    claim.instance_type_options = types;
+}
+
+/// Simulates the cluster without `candidates`: the one NodeClaim their pods need, `None` if none,
+/// or why they cannot go.
+pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<NewNodeClaim>, String> {
+    let without: HashSet<String> = candidates.iter().map(|c| c.name.clone()).collect();
+    let scenario = Scenario { without, options: world.options.clone() };
+    let pending_count = world.pending.len();
+    let built = scheduling_input(world.snapshot, world.nodes, world.pending.clone(), &scenario);
+    let input = built.input;
+    let results = schedule(&input);
+    let displaced = |index: usize| index >= pending_count;
+    let unfit: Vec<String> = results
+        .errors
+        .iter()
+        .filter(|e| displaced(e.pod.index))
+        .map(|e| format!("{} => {e}", e.pod))
+        .collect();
+    if !unfit.is_empty() {
+        let shown = unfit.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+        let more = if unfit.len() > 5 { format!(" and {} other(s)", unfit.len() - 5) } else { String::new() };
+        return Err(format!("Not all pods would schedule, {shown}{more}"));
+    }
+    let uninitialized: HashSet<&str> =
+        input.existing_nodes.iter().filter(|n| !n.initialized).map(|n| n.name.as_str()).collect();
+    for placement in &results.existing_placements {
+        if uninitialized.contains(placement.node.as_str())
+            && placement.pods.iter().any(|p| displaced(p.index))
+        {
+            return Err(format!("Would schedule against uninitialized node {}", placement.node));
+        }
+    }
+    let mut needed: Vec<NewNodeClaim> =
+        results.new_node_claims.into_iter().filter(|c| c.pods.iter().any(|p| displaced(p.index))).collect();
+    match needed.len() {
+        0 => Ok(None),
+        1 => Ok(needed.pop()),
+        n => Err(format!("Can't remove without creating {n} candidates")),
+    }
+}
+
+/// Whether `candidates` can be removed together now, and how; else why not (the text of an
+/// `Unconsolidatable` event). `single` applies the one-node spot-to-spot rule.
+pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> Result<Plan, String> {
+    let candidate_price: f64 = candidates.iter().map(|c| c.price.unwrap_or(0.0)).sum();
+    let names = candidates.iter().map(|c| c.name.clone()).collect();
+    let Some(mut replacement) = simulate(world, candidates)? else {
+        return Ok(Plan {
+            candidates: names,
+            decision: Decision::Delete,
+            replacement: None,
+            candidate_price,
+            savings: candidate_price,
+        });
+    };
+    let all_spot = candidates.iter().all(|c| c.capacity_type() == Some(SPOT));
+    let spot_to_spot = all_spot && allows(&replacement, SPOT);
+    if spot_to_spot {
+        if !world.spot_to_spot {
+            return Err(
+                "SpotToSpotConsolidation is disabled, can't replace a spot node with a spot node".into()
+            );
+        }
+        replacement.requirements.add(LABEL_CAPACITY_TYPE, Requirement::in_values([SPOT]));
+    }
+    let mut cheaper: Vec<(f64, Arc<InstanceType>)> = replacement
+        .instance_type_options
+        .iter()
+        .filter_map(|it| Some((worst_launch_price(it, &replacement.requirements)?, Arc::clone(it))))
+        .filter(|(price, _)| *price < candidate_price)
+        .collect();
+    if candidates.len() > 1 {
+        // Replacing nodes with a node of the same type only reshuffles: such an option must be
+        // cheaper than the cheapest candidate of that type.
+        let same_type_cap = candidates
+            .iter()
+            .filter(|c| cheaper.iter().any(|(_, it)| Some(it.name.as_str()) == c.instance_type()))
+            .map(|c| c.price.unwrap_or(0.0))
+            .min_by(f64::total_cmp);
+        if let Some(cap) = same_type_cap {
+            cheaper.retain(|(price, _)| *price < cap);
+        }
+    }
+    cheaper.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+    if cheaper.is_empty() {
+        return Err("Can't replace with a cheaper node".into());
+    }
+    if let Some(min_values) = replacement.requirements.get(LABEL_INSTANCE_TYPE).and_then(|r| r.min_values())
+        && cheaper.len() < min_values
+    {
+        return Err(format!(
+            "Filtering by price: minValues requirement is not met for {LABEL_INSTANCE_TYPE} ({} cheaper types, {min_values} needed)",
+            cheaper.len()
+        ));
+    }
+    if spot_to_spot && single {
+        if cheaper.len() < SPOT_TO_SPOT_MIN_TYPES {
+            return Err(format!(
+                "SpotToSpotConsolidation requires {SPOT_TO_SPOT_MIN_TYPES} cheaper instance type options than the current candidate to consolidate, got {}",
+                cheaper.len()
+            ));
+        }
+        let keep = replacement
+            .requirements
+            .get(LABEL_INSTANCE_TYPE)
+            .and_then(|r| r.min_values())
+            .unwrap_or(0)
+            .max(SPOT_TO_SPOT_MIN_TYPES);
+        cheaper.truncate(keep);
+    }
+    if !spot_to_spot && allows(&replacement, SPOT) && allows(&replacement, ON_DEMAND) {
+        // Priced as spot: never fall back to a dearer on-demand node.
+        replacement.requirements.add(LABEL_CAPACITY_TYPE, Requirement::in_values([SPOT]));
+    }
+    set_types(&mut replacement, cheaper.into_iter().map(|(_, it)| it).collect());
+    let cheapest = replacement
+        .instance_type_options
+        .iter()
+        .filter_map(|it| it.cheapest_price(&replacement.requirements))
+        .min_by(f64::total_cmp)
+        .unwrap_or(candidate_price);
+    Ok(Plan {
+        candidates: names,
+        decision: Decision::Replace,
+        replacement: Some(replacement),
+        candidate_price,
+        savings: candidate_price - cheapest,
+    })
+}
+
+/// What a Balanced NodePool weighs a move against.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PoolTotals {
+    /// What its nodes cost per hour.
+    pub cost: f64,
+    /// The disruption cost of all its nodes.
+    pub disruption: f64,
+}
+
+/// Each NodePool's totals, for Balanced scoring.
+pub fn pool_totals(nodes: &[StateNode]) -> BTreeMap<String, PoolTotals> {
+    let mut out: BTreeMap<String, PoolTotals> = BTreeMap::new();
+    for node in nodes.iter().filter(|n| n.managed && n.initialized) {
+        let Some(pool) = node.nodepool() else { continue };
+        let totals = out.entry(pool.to_string()).or_default();
+        totals.cost += node.price.unwrap_or(0.0);
+        totals.disruption += reschedule_cost(node);
+    }
+    out
+}
+
+/// A Balanced NodePool's verdict on a move.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Score {
+    /// The NodePool.
+    pub nodepool: String,
+    /// Its share of the savings over its share of the disruption.
+    pub score: f64,
+    /// Savings as a share of the pool's cost, in percent.
+    pub savings_percent: f64,
+    /// Disruption as a share of the pool's, in percent.
+    pub disruption_percent: f64,
+}
+
+impl Score {
+    /// Whether the move is worth it.
+    pub fn approves(&self) -> bool {
+        self.score >= 1.0 / BALANCED_K
+    }
+}
+
+/// The scores of the Balanced NodePools `plan` touches (savings split by the candidates' price
+/// share); a move is made only if every one approves.
+pub fn balanced_scores(
+    plan: &Plan,
+    candidates: &[&StateNode],
+    pools: &BTreeMap<String, Arc<NodePool>>,
+    totals: &BTreeMap<String, PoolTotals>,
+) -> Vec<Score> {
+    let mut by_pool: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for c in candidates {
+        let Some(pool) = c.nodepool() else { continue };
+        let entry = by_pool.entry(pool).or_default();
+        entry.0 += c.price.unwrap_or(0.0);
+        entry.1 += reschedule_cost(c);
+    }
+    let mut scores = Vec::new();
+    for (pool, (price, disruption)) in by_pool {
+        let balanced = pools
+            .get(pool)
+            .is_some_and(|p| p.spec.disruption.consolidation_policy == ConsolidationPolicy::Balanced);
+        if !balanced {
+            continue;
+        }
+        let share = if plan.candidate_price > 0.0 { price / plan.candidate_price } else { 0.0 };
+        let savings = plan.savings * share;
+        let t = totals.get(pool).copied().unwrap_or_default();
+        let cost = if t.cost > 0.0 { t.cost } else { plan.candidate_price };
+        let (savings_part, disruption_part) = if cost > 0.0 && t.disruption > 0.0 {
+            (savings / cost, disruption / t.disruption)
+        } else {
+            (0.0, 0.0)
+        };
+        let score =
+            if savings <= 0.0 || disruption_part <= 0.0 { 0.0 } else { savings_part / disruption_part };
+        scores.push(Score {
+            nodepool: pool.to_string(),
+            score,
+            savings_percent: savings_part * 100.0,
+            disruption_percent: disruption_part * 100.0,
+        });
+    }
+    scores
+}
+
+/// Why the nodes a method looked at were not consolidated, by StateNode name.
+pub type Reasons = BTreeMap<String, String>;
+
+/// Multi-node consolidation: of `candidates` (sorted, budget-filtered, at least two), the longest
+/// prefix that one command removes (binary search; every candidate is considered). `approve`
+/// vets a plan (Balanced scoring).
+pub fn multi_node(
+    world: &World<'_>,
+    candidates: &[&StateNode],
+    approve: &dyn Fn(&Plan, &[&StateNode]) -> bool,
+) -> Option<Plan> {
+    if candidates.len() < 2 {
+        return None;
+    }
+    let (mut lo, mut hi) = (1usize, candidates.len() - 1);
+    let mut best = None;
+    while lo <= hi {
+        let mid = lo + (hi - lo) / 2;
+        let prefix = &candidates[..=mid];
+        match evaluate(world, prefix, false) {
+            Ok(plan) if approve(&plan, prefix) => {
+                best = Some(plan);
+                lo = mid + 1;
+            }
+            _ => hi = mid - 1,
+        }
+    }
+    best
+}
+
+/// Single-node consolidation: the first of `candidates` (sorted) whose NodePool's budget allows
+/// one more (`budgets`, by pool) and that can be removed alone; and why the others it looked at
+/// could not.
+pub fn single_node(
+    world: &World<'_>,
+    candidates: &[&StateNode],
+    budgets: &BTreeMap<String, usize>,
+    approve: &dyn Fn(&Plan, &[&StateNode]) -> bool,
+) -> (Option<Plan>, Reasons) {
+    let mut reasons = Reasons::new();
+    for candidate in candidates {
+        let pool = candidate.nodepool().unwrap_or_default();
+        if budgets.get(pool).copied().unwrap_or(0) == 0 {
+            continue;
+        }
+        match evaluate(world, std::slice::from_ref(candidate), true) {
+            Ok(plan) if approve(&plan, std::slice::from_ref(candidate)) => return (Some(plan), reasons),
+            Ok(_) => {
+                reasons.insert(
+                    candidate.name.clone(),
+                    "Savings do not outweigh the disruption (Balanced)".into(),
+                );
+            }
+            Err(why) => {
+                reasons.insert(candidate.name.clone(), why);
+            }
+        }
+    }
+    (None, reasons)
+}

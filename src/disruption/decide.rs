@@ -1,0 +1,334 @@
+//! One pass of voluntary disruption over a snapshot: which nodes are candidates, and the first
+//! method in upstream's order that finds something to do (emptiness, then multi-node, then
+//! single-node consolidation; drift replacement will sit between emptiness and consolidation).
+//!
+//! The pass is pure: the controller builds the [`World`], calls [`decide`], and acts on the
+//! command it returns; every node looked at and left alone carries its reason in [`Pass`], which
+//! becomes its `DisruptionBlocked` or `Unconsolidatable` event.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use crate::apis::nodepool::DisruptionReason;
+use crate::state::StateNode;
+
+use super::budgets::{self, PoolBudget};
+use super::candidates::{self, Blocked, InvalidAnnotation};
+use super::consolidation::{self, Plan, Reasons, Score, World};
+use super::emptiness;
+
+/// How a command was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// Empty nodes, deleted together.
+    Emptiness,
+    /// Several nodes removed by one command.
+    MultiNode,
+    /// One node.
+    SingleNode,
+}
+
+impl Method {
+    /// The `consolidation_type` metric label.
+    pub fn consolidation_type(self) -> &'static str {
+        match self {
+            Method::Emptiness => "empty",
+            Method::MultiNode => "multi",
+            Method::SingleNode => "single",
+        }
+    }
+
+    /// The disruption reason its commands carry.
+    pub fn reason(self) -> DisruptionReason {
+        match self {
+            Method::Emptiness => DisruptionReason::Empty,
+            Method::MultiNode | Method::SingleNode => DisruptionReason::Underutilized,
+        }
+    }
+}
+
+/// The reason as metric labels spell it (lower case).
+pub fn reason_label(reason: DisruptionReason) -> &'static str {
+    match reason {
+        DisruptionReason::Underutilized => "underutilized",
+        DisruptionReason::Empty => "empty",
+        DisruptionReason::Drifted => "drifted",
+    }
+}
+
+/// The reason as conditions, events and the budget metrics spell it.
+pub fn reason_name(reason: DisruptionReason) -> &'static str {
+    match reason {
+        DisruptionReason::Underutilized => "Underutilized",
+        DisruptionReason::Empty => "Empty",
+        DisruptionReason::Drifted => "Drifted",
+    }
+}
+
+/// What a pass decided to do.
+#[derive(Clone, Debug)]
+pub struct Command {
+    /// The method that found it.
+    pub method: Method,
+    /// The nodes and what becomes of them.
+    pub plan: Plan,
+    /// Balanced NodePools' scores of the move.
+    pub scores: Vec<Score>,
+}
+
+impl Command {
+    /// Why the nodes go.
+    pub fn reason(&self) -> DisruptionReason {
+        self.method.reason()
+    }
+}
+
+/// The outcome of a pass.
+#[derive(Clone, Debug, Default)]
+pub struct Pass {
+    /// The command to validate and run, if any.
+    pub command: Option<Command>,
+    /// Nodes that are not candidates, and why.
+    pub blocked: BTreeMap<String, Blocked>,
+    /// Pods whose do-not-disrupt annotation is ignored.
+    pub invalid: Vec<InvalidAnnotation>,
+    /// Candidates consolidation looked at and left, and why.
+    pub unconsolidatable: Reasons,
+    /// NodePools with nodes whose budget allows nothing, with the reason.
+    pub budget_blocked: BTreeSet<(String, DisruptionReason)>,
+    /// Candidates, per method.
+    pub eligible: BTreeMap<&'static str, usize>,
+    /// Whether a budget kept a method from acting (then the no-op is not remembered).
+    pub budget_constrained: bool,
+    /// Whether a node is blocked for a while only (then the no-op is not remembered either).
+    pub transient: bool,
+}
+
+/// Remaining budget per NodePool for `reason`.
+fn remaining(world: &World<'_>, reason: DisruptionReason, pass: &mut Pass) -> BTreeMap<String, usize> {
+    let counts = budgets::pool_nodes(world.nodes);
+    let by_pool: BTreeMap<String, PoolBudget> =
+        budgets::budgets(world.pools.values(), &counts, reason, world.now);
+    by_pool
+        .into_iter()
+        .map(|(pool, b)| {
+            if b.allowed == 0 && counts.get(&pool).is_some_and(|c| c.total > 0) {
+                pass.budget_blocked.insert((pool.clone(), reason));
+            }
+            (pool, b.remaining)
+        })
+        .collect()
+}
+
+/// The nodes that may be disrupted now (not in `in_flight`, passing the candidate checks).
+pub fn candidates<'a>(
+    world: &'a World<'_>,
+    in_flight: &HashSet<String>,
+    pass: &mut Pass,
+) -> Vec<&'a StateNode> {
+    let pool_names: BTreeSet<String> = world.pools.keys().cloned().collect();
+    let mut out = Vec::new();
+    for node in world.nodes.iter().filter(|n| n.managed && n.claim.is_some()) {
+        if in_flight.contains(&node.name) {
+            continue;
+        }
+        let verdict = candidates::check(node, &pool_names, &world.snapshot.pdbs, false, world.now);
+        pass.invalid.extend(verdict.invalid);
+        pass.transient |= verdict.transient && verdict.blocked.is_some();
+        match verdict.blocked {
+            Some(blocked) => {
+                pass.blocked.insert(node.name.clone(), blocked);
+            }
+            None => out.push(node),
+        }
+    }
+    out
+}
+
+/// One pass: the first method that finds a command wins.
+pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
+    let mut pass = Pass::default();
+    let candidates = candidates(world, in_flight, &mut pass);
+
+    // Emptiness.
+    let mut empty_budget = remaining(world, DisruptionReason::Empty, &mut pass);
+    let empty: Vec<&StateNode> = candidates.iter().copied().filter(|n| emptiness::is_empty(n)).collect();
+    pass.eligible.insert("empty", empty.len());
+    let before: usize = empty_budget.values().sum();
+    let chosen = emptiness::empty_nodes(&empty, world.pools, &mut empty_budget, world.now);
+    if !chosen.is_empty() {
+        let price = empty.iter().filter(|n| chosen.contains(&n.name)).map(|n| n.price.unwrap_or(0.0)).sum();
+        pass.command = Some(Command {
+            method: Method::Emptiness,
+            plan: Plan {
+                candidates: chosen,
+                decision: consolidation::Decision::Delete,
+                replacement: None,
+                candidate_price: price,
+                savings: price,
+            },
+            scores: vec![],
+        });
+        return pass;
+    }
+    let consolidatable_empty = empty.iter().any(|n| {
+        n.nodepool()
+            .and_then(|p| world.pools.get(p))
+            .and_then(|p| emptiness::consolidatable_at(n, p))
+            .is_some_and(|at| at <= world.now)
+    });
+    if consolidatable_empty && before == 0 {
+        pass.budget_constrained = true;
+    }
+
+    // Consolidation of non-empty nodes.
+    let mut movable: Vec<&StateNode> = Vec::new();
+    for node in candidates.iter().copied().filter(|n| !emptiness::is_empty(n)) {
+        let Some(pool) = node.nodepool().and_then(|p| world.pools.get(p)) else { continue };
+        match consolidation::filter(node, pool, world.now) {
+            None => movable.push(node),
+            Some(why) => {
+                pass.unconsolidatable.insert(node.name.clone(), why);
+            }
+        }
+    }
+    consolidation::sort_candidates(&mut movable);
+    pass.eligible.insert("underutilized", movable.len());
+    let totals = consolidation::pool_totals(world.nodes);
+    let last_scores = std::cell::RefCell::new(Vec::new());
+    let approve = |plan: &Plan, nodes: &[&StateNode]| {
+        let scores = consolidation::balanced_scores(plan, nodes, world.pools, &totals);
+        let ok = scores.iter().all(Score::approves);
+        *last_scores.borrow_mut() = scores;
+        ok
+    };
+    let budget = remaining(world, DisruptionReason::Underutilized, &mut pass);
+    let mut multi_budget = budget.clone();
+    let within: Vec<&StateNode> = movable
+        .iter()
+        .copied()
+        .filter(|n| {
+            let pool = n.nodepool().unwrap_or_default();
+            match multi_budget.get_mut(pool) {
+                Some(b) if *b > 0 => {
+                    *b -= 1;
+                    true
+                }
+                _ => false,
+            }
+        })
+        .collect();
+    if within.len() < movable.len() {
+        pass.budget_constrained = true;
+    }
+    if let Some(plan) = consolidation::multi_node(world, &within, &approve) {
+        // A plan of one node is single-node consolidation's to make (with its spot rule).
+        if plan.candidates.len() > 1 {
+            let nodes: Vec<&StateNode> =
+                within.iter().copied().filter(|n| plan.candidates.contains(&n.name)).collect();
+            approve(&plan, &nodes);
+            let scores = last_scores.borrow().clone();
+            pass.command = Some(Command { method: Method::MultiNode, plan, scores });
+            return pass;
+        }
+    }
+    let (plan, reasons) = consolidation::single_node(world, &movable, &budget, &approve);
+    pass.unconsolidatable.extend(reasons);
+    if let Some(plan) = plan {
+        let scores = last_scores.borrow().clone();
+        pass.command = Some(Command { method: Method::SingleNode, plan, scores });
+    }
+    pass
+}
+
+/// Why a validated command may not run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// A candidate is no longer one.
+    Churn(String),
+    /// The budgets no longer allow it.
+    Budget(String),
+    /// The new simulation disagrees.
+    Scheduling(String),
+}
+
+impl Rejection {
+    /// The `reason` of a rejection, as events spell it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Rejection::Churn(_) => "churn",
+            Rejection::Budget(_) => "budget",
+            Rejection::Scheduling(_) => "scheduling",
+        }
+    }
+
+    /// What changed.
+    pub fn detail(&self) -> &str {
+        match self {
+            Rejection::Churn(d) | Rejection::Budget(d) | Rejection::Scheduling(d) => d,
+        }
+    }
+}
+
+/// Checks `command` again on a fresh snapshot (`world`): every candidate still one (and still
+/// empty for emptiness), the budgets still allow them, and a new simulation makes the same
+/// decision with the same replacement types. Returns the command to run.
+pub fn validate(
+    world: &World<'_>,
+    command: &Command,
+    in_flight: &HashSet<String>,
+) -> Result<Command, Rejection> {
+    let mut scratch = Pass::default();
+    let candidates = candidates(world, in_flight, &mut scratch);
+    let mut chosen: Vec<&StateNode> = Vec::new();
+    for name in &command.plan.candidates {
+        match candidates.iter().find(|n| &n.name == name) {
+            Some(node) => chosen.push(node),
+            None => {
+                let why =
+                    scratch.blocked.get(name).map(|b| b.0.clone()).unwrap_or_else(|| "gone".to_string());
+                return Err(Rejection::Churn(format!("{name}: {why}")));
+            }
+        }
+    }
+    let empty_only = command.method == Method::Emptiness;
+    for node in &chosen {
+        let pool = node.nodepool().and_then(|p| world.pools.get(p));
+        let consolidatable =
+            pool.and_then(|p| emptiness::consolidatable_at(node, p)).is_some_and(|at| at <= world.now);
+        if !consolidatable {
+            return Err(Rejection::Churn(format!("{}: no longer consolidatable", node.name)));
+        }
+        if empty_only && !emptiness::is_empty(node) {
+            return Err(Rejection::Churn(format!("{}: no longer empty", node.name)));
+        }
+    }
+    let counts = budgets::pool_nodes(world.nodes);
+    let budget = budgets::budgets(world.pools.values(), &counts, command.reason(), world.now);
+    let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+    for node in &chosen {
+        *wanted.entry(node.nodepool().unwrap_or_default()).or_default() += 1;
+    }
+    for (pool, n) in wanted {
+        let remaining = budget.get(pool).map(|b| b.remaining).unwrap_or(0);
+        if remaining < n {
+            return Err(Rejection::Budget(format!("nodepool {pool} allows {remaining} more, {n} needed")));
+        }
+    }
+    if empty_only {
+        return Ok(command.clone());
+    }
+    let fresh = consolidation::evaluate(world, &chosen, command.method == Method::SingleNode)
+        .map_err(Rejection::Scheduling)?;
+    if fresh.decision != command.plan.decision {
+        return Err(Rejection::Scheduling(format!(
+            "the decision changed from {} to {}",
+            command.plan.decision.as_str(),
+            fresh.decision.as_str()
+        )));
+    }
+    let fresh_types: HashSet<String> = fresh.replacement_types().into_iter().collect();
+    if let Some(missing) = command.plan.replacement_types().into_iter().find(|t| !fresh_types.contains(t)) {
+        return Err(Rejection::Scheduling(format!("instance type {missing} is no longer a cheaper option")));
+    }
+    Ok(command.clone())
+}

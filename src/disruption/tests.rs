@@ -1,0 +1,331 @@
+//! Table tests of a whole disruption pass ([`super::decide`]) over small snapshots: which method
+//! acts, on which nodes, with which replacement, and why the others stay.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::consolidation::{Decision, World};
+use super::decide::{Method, Pass, Rejection, decide, validate};
+use crate::apis::labels::LABEL_CAPACITY_TYPE;
+use crate::apis::{NodeClaim, NodePool};
+use crate::scheduling::{InstanceType, Offering, Requirements, Resources, SchedulerOptions};
+use crate::state::input::nodepools_by_name;
+use crate::state::snapshot::Snapshot;
+use crate::state::statenode::state_nodes;
+
+const NOW: &str = "2026-11-24T12:00:00Z";
+
+fn obj<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
+    Arc::new(serde_json::from_value(v).unwrap())
+}
+
+/// An instance type with `cpu` vCPUs, on-demand at `od` and spot at `spot` (if any).
+fn itype(name: &str, cpu: i64, od: f64, spot: Option<f64>) -> Arc<InstanceType> {
+    let mut offerings =
+        vec![Offering { zone: "z1".into(), capacity_type: "on-demand".into(), price: od, available: true }];
+    if let Some(p) = spot {
+        offerings.push(Offering {
+            zone: "z1".into(),
+            capacity_type: "spot".into(),
+            price: p,
+            available: true,
+        });
+    }
+    Arc::new(InstanceType::new(
+        name,
+        Requirements::new(),
+        Resources::from_pairs([("cpu", cpu * 1000), ("pods", 110)]),
+        Default::default(),
+        offerings,
+    ))
+}
+
+fn catalog() -> Vec<Arc<InstanceType>> {
+    vec![itype("large", 4, 0.40, Some(0.20)), itype("small", 2, 0.10, Some(0.05))]
+}
+
+/// A many-typed catalog for the spot-to-spot rule: `cheaper` spot types below 0.20.
+fn spot_catalog(cheaper: usize) -> Vec<Arc<InstanceType>> {
+    let mut types = vec![itype("large", 4, 0.40, Some(0.20))];
+    for i in 0..cheaper {
+        types.push(itype(&format!("small-{i:02}"), 2, 0.10, Some(0.05 + i as f64 * 0.001)));
+    }
+    types
+}
+
+fn pool(name: &str, disruption: Value, capacity_types: &[&str]) -> Arc<NodePool> {
+    obj(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+        "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"},
+            "requirements": [{"key": LABEL_CAPACITY_TYPE, "operator": "In", "values": capacity_types}]}},
+            "disruption": disruption}}))
+}
+
+struct Cluster {
+    nodes: Vec<Arc<Node>>,
+    claims: Vec<Arc<NodeClaim>>,
+    pods: Vec<Arc<Pod>>,
+    pools: Vec<Arc<NodePool>>,
+    types: Vec<Arc<InstanceType>>,
+    spot_to_spot: bool,
+}
+
+impl Cluster {
+    fn new(pools: Vec<Arc<NodePool>>) -> Self {
+        Cluster { nodes: vec![], claims: vec![], pods: vec![], pools, types: catalog(), spot_to_spot: false }
+    }
+
+    /// A Ready, initialized node of `pool` on `itype` (`capacity` type), its claim initialized an
+    /// hour ago.
+    fn node(&mut self, name: &str, pool: &str, it: &str, capacity: &str, annotations: Value) -> &mut Self {
+        let cpu = self.types.iter().find(|t| t.name == it).unwrap().capacity.get("cpu");
+        let labels = json!({"karpenter.sh/nodepool": pool, "karpenter.sh/initialized": "true",
+            "node.kubernetes.io/instance-type": it, "karpenter.sh/capacity-type": capacity,
+            "topology.kubernetes.io/zone": "z1", "kubernetes.io/hostname": name});
+        self.nodes.push(obj(json!({"metadata": {"name": name, "labels": labels, "annotations": annotations},
+            "spec": {"providerID": format!("kwok://{name}")},
+            "status": {"allocatable": {"cpu": format!("{cpu}m"), "pods": "110"}, "capacity": {"cpu": format!("{cpu}m"), "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True"}]}})));
+        self.claims.push(obj(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"}, "requirements": []},
+            "status": {"providerID": format!("kwok://{name}"), "nodeName": name,
+                "conditions": [{"type": "Initialized", "status": "True", "reason": "Initialized", "message": "",
+                    "lastTransitionTime": "2026-11-24T11:00:00Z"}]}})));
+        self
+    }
+
+    fn pod(&mut self, name: &str, node: &str, cpu: &str, annotations: Value) -> &mut Self {
+        self.pods.push(obj(json!({"metadata": {"name": name, "namespace": "ns", "uid": name, "annotations": annotations,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs", "controller": true}]},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+            "status": {"phase": "Running", "startTime": "2026-11-24T11:00:00Z", "conditions": [{"type": "Ready", "status": "True"}]}})));
+        self
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let types: BTreeMap<String, Vec<Arc<InstanceType>>> =
+            self.pools.iter().map(|p| (p.metadata.name.clone().unwrap(), self.types.clone())).collect();
+        Snapshot {
+            nodes: self.nodes.clone(),
+            nodeclaims: self.claims.clone(),
+            pods: self.pods.clone(),
+            nodepools: self.pools.clone(),
+            ..Default::default()
+        }
+        .with_instance_types(types)
+    }
+
+    fn run<T>(&self, f: impl FnOnce(&World<'_>) -> T) -> T {
+        let snapshot = self.snapshot();
+        let nodes = state_nodes(&snapshot);
+        let pools = nodepools_by_name(&snapshot);
+        let world = World {
+            snapshot: &snapshot,
+            nodes: &nodes,
+            pending: snapshot.provisionable_pods(),
+            options: SchedulerOptions::default(),
+            spot_to_spot: self.spot_to_spot,
+            pools: &pools,
+            now: NOW.parse::<Timestamp>().unwrap(),
+        };
+        f(&world)
+    }
+
+    fn decide(&self) -> Pass {
+        self.run(|w| decide(w, &HashSet::new()))
+    }
+}
+
+fn consolidating(budget: &str) -> Value {
+    json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "30s", "budgets": [{"nodes": budget}]})
+}
+
+fn candidates(pass: &Pass) -> Vec<String> {
+    pass.command.as_ref().map(|c| c.plan.candidates.clone()).unwrap_or_default()
+}
+
+#[test]
+fn empty_nodes_go_first_in_one_command_within_the_budget() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("2"), &["on-demand"])]);
+    c.node("a", "p", "small", "on-demand", json!({}))
+        .node("b", "p", "small", "on-demand", json!({}))
+        .node("c", "p", "small", "on-demand", json!({}))
+        .node("busy", "p", "large", "on-demand", json!({}))
+        .pod("w", "busy", "500m", json!({}));
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.method, Method::Emptiness);
+    assert_eq!(command.plan.decision, Decision::Delete);
+    assert_eq!(candidates(&pass), ["a", "b"], "two of three empty nodes: the budget allows two");
+}
+
+#[test]
+fn a_zero_budget_holds_everything_and_names_the_pool() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("0"), &["on-demand"])]);
+    c.node("a", "p", "small", "on-demand", json!({}));
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert!(pass.budget_blocked.contains(&("p".to_string(), crate::apis::nodepool::DisruptionReason::Empty)));
+}
+
+#[test]
+fn underused_nodes_are_consolidated_together_onto_one_cheaper_node() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    for n in ["n1", "n2", "n3"] {
+        c.node(n, "p", "large", "on-demand", json!({})).pod(&format!("w-{n}"), n, "500m", json!({}));
+    }
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.method, Method::MultiNode);
+    assert_eq!(command.plan.candidates.len(), 3, "every candidate considered: {:?}", command.plan.candidates);
+    assert_eq!(command.plan.decision, Decision::Replace);
+    assert_eq!(command.plan.replacement_types(), ["small"], "only cheaper types");
+    assert!((command.plan.savings - (1.2 - 0.10)).abs() < 1e-9, "{}", command.plan.savings);
+}
+
+#[test]
+fn a_node_whose_pods_fit_elsewhere_is_deleted() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("big", "p", "large", "on-demand", json!({}))
+        .pod("a", "big", "3", json!({}))
+        .node("spare", "p", "small", "on-demand", json!({}))
+        .pod("b", "spare", "500m", json!({}));
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.plan.decision, Decision::Delete);
+    assert_eq!(command.plan.candidates, ["spare"], "its pod fits on the big node");
+}
+
+#[test]
+fn on_demand_replaced_by_spot_is_pinned_to_spot() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand", "spot"])]);
+    c.node("n1", "p", "large", "on-demand", json!({})).pod("w", "n1", "500m", json!({}));
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.method, Method::SingleNode);
+    let replacement = command.plan.replacement.as_ref().unwrap();
+    let ct = replacement.requirements.get(LABEL_CAPACITY_TYPE).unwrap();
+    assert!(ct.has("spot") && !ct.has("on-demand"), "never a dearer on-demand fallback");
+}
+
+#[test]
+fn nothing_cheaper_means_no_replacement_and_a_reason() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("n1", "p", "small", "on-demand", json!({})).pod("w", "n1", "1500m", json!({}));
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert_eq!(pass.unconsolidatable["n1"], "Can't replace with a cheaper node");
+}
+
+#[test]
+fn spot_to_spot_needs_the_gate_and_fifteen_cheaper_types() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["spot"])]);
+    c.types = spot_catalog(14);
+    c.node("n1", "p", "large", "spot", json!({})).pod("w", "n1", "500m", json!({}));
+    assert_eq!(
+        c.decide().unconsolidatable["n1"],
+        "SpotToSpotConsolidation is disabled, can't replace a spot node with a spot node"
+    );
+    c.spot_to_spot = true;
+    assert_eq!(
+        c.decide().unconsolidatable["n1"],
+        "SpotToSpotConsolidation requires 15 cheaper instance type options than the current candidate to consolidate, got 14"
+    );
+    c.types = spot_catalog(20);
+    c.nodes.clear();
+    c.claims.clear();
+    c.pods.clear();
+    c.node("n1", "p", "large", "spot", json!({})).pod("w", "n1", "500m", json!({}));
+    let pass = c.decide();
+    let replacement = pass.command.as_ref().unwrap().plan.replacement.clone().unwrap();
+    assert_eq!(replacement.instance_type_names.len(), 15, "the 15 cheapest are launched");
+    assert_eq!(replacement.instance_type_names[0], "small-00");
+}
+
+#[test]
+fn when_empty_pools_leave_busy_nodes_alone() {
+    let disruption = json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "30s"});
+    let mut c = Cluster::new(vec![pool("p", disruption, &["on-demand"])]);
+    c.node("n1", "p", "large", "on-demand", json!({})).pod("w", "n1", "500m", json!({}));
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert_eq!(
+        pass.unconsolidatable["n1"],
+        "NodePool \"p\" has consolidation policy WhenEmpty, but node is not empty"
+    );
+}
+
+#[test]
+fn do_not_disrupt_pods_and_nodes_are_not_candidates() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("held", "p", "small", "on-demand", json!({"karpenter.sh/do-not-disrupt": "true"}))
+        .node("pinned", "p", "large", "on-demand", json!({}))
+        .pod("precious", "pinned", "500m", json!({"karpenter.sh/do-not-disrupt": "true"}));
+    let pass = c.decide();
+    assert!(pass.command.is_none(), "{:?}", candidates(&pass));
+    assert_eq!(
+        pass.blocked["held"].0,
+        "Disruption is blocked through the \"karpenter.sh/do-not-disrupt\" annotation"
+    );
+    assert_eq!(
+        pass.blocked["pinned"].0,
+        "Pod has \"karpenter.sh/do-not-disrupt\" annotation (Pod=ns/precious)"
+    );
+}
+
+#[test]
+fn pods_that_fit_nowhere_keep_their_node() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None)];
+    c.node("n1", "p", "large", "on-demand", json!({})).pod("w", "n1", "3", json!({}));
+    c.node("n2", "p", "large", "on-demand", json!({})).pod("v", "n2", "3", json!({}));
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert_eq!(pass.unconsolidatable["n1"], "Can't replace with a cheaper node");
+}
+
+#[test]
+fn balanced_pools_skip_moves_that_save_too_little_for_their_disruption() {
+    let disruption =
+        json!({"consolidationPolicy": "Balanced", "consolidateAfter": "30s", "budgets": [{"nodes": "100%"}]});
+    let mut c = Cluster::new(vec![pool("p", disruption, &["on-demand"])]);
+    // Deleting n1 saves 0.11 of a 9.90/h pool (1 %) for 2 of its 5 units of disruption (40 %).
+    c.types =
+        vec![itype("large", 4, 0.11, None), itype("small", 2, 0.10, None), itype("huge", 64, 9.79, None)];
+    c.node("n1", "p", "large", "on-demand", json!({})).pod("a", "n1", "500m", json!({}));
+    c.node("h1", "p", "huge", "on-demand", json!({})).pod("b", "h1", "60", json!({})).pod(
+        "c",
+        "h1",
+        "60m",
+        json!({}),
+    );
+    let pass = c.decide();
+    assert!(pass.command.is_none(), "{:?}", candidates(&pass));
+    // The same move under WhenEmptyOrUnderutilized is made.
+    c.pools = vec![pool("p", consolidating("100%"), &["on-demand"])];
+    assert_eq!(candidates(&c.decide()), ["n1"]);
+}
+
+#[test]
+fn validation_rejects_a_command_whose_node_changed() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("a", "p", "small", "on-demand", json!({}));
+    let command = c.decide().command.unwrap();
+    assert!(c.run(|w| validate(w, &command, &HashSet::new())).is_ok());
+    c.pod("late", "a", "100m", json!({"karpenter.sh/do-not-disrupt": "true"}));
+    let rejected = c.run(|w| validate(w, &command, &HashSet::new())).unwrap_err();
+    assert!(matches!(rejected, Rejection::Churn(_)), "{rejected:?}");
+    c.pods.clear();
+    c.pods.push(obj(json!({"metadata": {"name": "x", "namespace": "ns", "uid": "x"},
+        "spec": {"nodeName": "a", "containers": [{"name": "c"}]}, "status": {"phase": "Running"}})));
+    let rejected = c.run(|w| validate(w, &command, &HashSet::new())).unwrap_err();
+    assert!(matches!(rejected, Rejection::Churn(ref why) if why.contains("no longer empty")), "{rejected:?}");
+    c.pods.clear();
+    c.pools = vec![pool("p", consolidating("0"), &["on-demand"])];
+    let rejected = c.run(|w| validate(w, &command, &HashSet::new())).unwrap_err();
+    assert!(matches!(rejected, Rejection::Budget(_)), "{rejected:?}");
+}
