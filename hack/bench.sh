@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The benchmarks of docs/benchmarks.md, with the release build:
-#   1. the scheduling simulation (criterion, `cargo bench --bench scheduling`);
-#   2. on the local control plane with the kwok provider: 1000 pods of two Deployments, and 500
-#      pods that each need a node of their own (a leader and a standby replica run).
+#   1. the scheduling simulation (criterion, `cargo bench --bench scheduling`) and consolidation
+#      decisions over 500 and 2000 nodes (`cargo bench --bench disruption`);
+#   2. on the local control plane with the kwok provider: 1000 pods of two Deployments, 500 pods
+#      that each need a node of their own (a leader and a standby replica run), and 200 nodes left
+#      at 25 % CPU consolidating under a 10 % budget.
 # Each prints its figures; record them in docs/benchmarks.md with the date and the machine's load.
 set -euo pipefail
 
@@ -13,6 +15,8 @@ cd "$REPO_ROOT"
 start=$(now_s)
 log "== scheduling simulation (cargo bench --bench scheduling)"
 cargo bench --locked --bench scheduling
+log "== consolidation decisions (cargo bench --bench disruption)"
+cargo bench --locked --bench disruption
 
 log "== release binary, local control plane"
 cargo build --locked --release --bin karpenter
@@ -20,8 +24,8 @@ eval "$("$HACK_DIR/cluster-up.sh")"
 "$HACK_DIR/controller-down.sh" >&2
 export KARPENTER_BIN=$REPO_ROOT/target/release/karpenter
 
-log "== 1000 pods, then 500 nodes (kwok)"
+log "== 1000 pods, then 500 nodes, then consolidating 200 nodes (kwok)"
 cargo test --locked --test e2e -- --ignored --nocapture --test-threads 1 \
-  a_thousand_pods_with_kwok five_hundred_nodes_with_kwok 2>&1 | grep --line-buffered -E 'SCALE RESULT|^test |test result'
+  a_thousand_pods_with_kwok five_hundred_nodes_with_kwok consolidating_two_hundred_nodes_with_kwok 2>&1 | grep --line-buffered -E 'SCALE RESULT|^test |test result'
 
 log "benchmarks done in $(elapsed "$start")"

@@ -345,6 +345,76 @@ async fn five_hundred_nodes_with_kwok() {
     many_nodes(500).await;
 }
 
+/// Consolidation at scale (a benchmark, `make bench`): 200 nodes (c6a.large, kwok) left at about
+/// 25 % CPU (one 450m replica each) consolidate under a 10 % budget; prints how long until the
+/// node count settles, how many commands it took and how many replacements were launched.
+#[tokio::test]
+#[ignore = "benchmark: make bench"]
+async fn consolidating_two_hundred_nodes_with_kwok() {
+    const N: usize = 200;
+    let _serial = serial().await;
+    let f = Fixture::new("consolidate").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(1_000_000).await;
+    f.patch_pool(json!({"spec": {
+        "template": {"spec": {"requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["c6a.large"]}]}},
+        "disruption": {"consolidateAfter": "0s", "budgets": [{"nodes": "10%"}]}}}))
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    let deployment = |name: &str, replicas: usize, cpu: &str, spread: bool| -> Deployment {
+        let mut spec = json!({
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"karpenter.sh/nodepool": f.pool},
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": cpu}}}]
+        });
+        if spread {
+            spec["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": name}}}]}});
+        }
+        serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": f.ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}))
+        .unwrap()
+    };
+    deployments.create(&PostParams::default(), &deployment("spread", N, "1", true)).await.unwrap();
+    f.wait_running(N, Duration::from_secs(600), &controller).await;
+    deployments.create(&PostParams::default(), &deployment("web", N, "450m", false)).await.unwrap();
+    f.wait_running(2 * N, Duration::from_secs(300), &controller).await;
+    let commands_before = controller.log().matches("disrupting node(s)").count();
+    let start = Instant::now();
+    deployments
+        .patch("spread", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 0}})))
+        .await
+        .unwrap();
+    // Four replicas of 450m fit in a c6a.large's 1930m: 50 nodes.
+    let target = N.div_ceil(4);
+    let mut settled_at = None;
+    loop {
+        let nodes = f.nodes().await.len();
+        let running = f.pods().await.iter().filter(|p| is_running(p)).count();
+        if nodes <= target + target / 10 && running == N {
+            settled_at = settled_at.or(Some(start.elapsed()));
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(900), "{nodes} nodes left\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let log = controller.log();
+    let commands = log.matches("disrupting node(s)").count() - commands_before;
+    let replacements = log.matches("\"controller\":\"disruption\",\"NodePool\"").count();
+    eprintln!(
+        "SCALE RESULT: {N} nodes at ~25 % CPU consolidated to {} nodes in {:.0} s with {commands} commands and {replacements} replacements",
+        f.nodes().await.len(),
+        settled_at.unwrap_or_default().as_secs_f64()
+    );
+    deployments.delete("web", &DeleteParams::default()).await.unwrap();
+    deployments.delete("spread", &DeleteParams::default()).await.unwrap();
+    f.wait_pods_gone(Duration::from_secs(300)).await;
+    f.cleanup().await;
+    controller.stop_and_check();
+}
+
 /// The getting-started journey with the aws cloud provider against the AWS emulator, the kubelet
 /// stand-in registering a Node for each instance: the EC2NodeClass resolves, six instances launch
 /// for six pods, `kubectl get nodeclaim -o wide` shows their AMIs and instance ids; then, as with

@@ -411,6 +411,20 @@ impl Controller {
             ];
             self.ctx.metrics.consolidation_moves.get_or_create(&labels).inc();
             self.ctx.metrics.consolidation_score.get_or_create(&labels).observe(score.score);
+            let message = format!(
+                "score {:.2} >= threshold {:.2} (k: {}, savings {:.1}%, disruption {:.1}%)",
+                score.score,
+                1.0 / consolidation::BALANCED_K,
+                consolidation::BALANCED_K,
+                score.savings_percent,
+                score.disruption_percent
+            );
+            // One node: on it and its NodeClaim; several: on their NodePool.
+            if let [single] = nodes.as_slice() {
+                self.tell(single, reasons::CONSOLIDATION_APPROVED, SignedDuration::ZERO, &message).await;
+            } else if let Some(pool) = inputs.pools.get(&score.nodepool) {
+                self.ctx.events.normal(pool.as_ref(), reasons::CONSOLIDATION_APPROVED, message).await;
+            }
         }
         let run = command::Run {
             ctx: self.ctx.clone(),
