@@ -413,9 +413,18 @@ impl Topology {
         pod: &Pod,
         namespace_labels: &BTreeMap<String, BTreeMap<String, String>>,
     ) -> (Vec<u32>, Vec<u32>) {
+        let Some(spec) = &pod.spec else { return (vec![], vec![]) };
+        // Most pods have no constraint on other pods: nothing to register.
+        if spec.topology_spread_constraints.as_ref().is_none_or(|c| c.is_empty())
+            && spec
+                .affinity
+                .as_ref()
+                .is_none_or(|a| a.pod_affinity.is_none() && a.pod_anti_affinity.is_none())
+        {
+            return (vec![], vec![]);
+        }
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let Some(spec) = &pod.spec else { return (vec![], vec![]) };
         let mut owned = Vec::new();
         for c in spec.topology_spread_constraints.iter().flatten() {
             let kind = GroupKind::Spread {

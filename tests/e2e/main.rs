@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use karpenter::apis::NodeClaim;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -1017,7 +1018,8 @@ spec:
     assert!(!events.list(&disrupted).await.unwrap().items.is_empty(), "a Disrupted event on the pod");
 }
 
-/// Disruption (kwok provider): a `nodes: "0"` budget holds empty nodes; a do-not-disrupt pod
+/// Disruption (kwok provider): a stale disrupted taint and condition are healed; a `nodes: "0"`
+/// budget holds empty nodes; a do-not-disrupt pod
 /// and a do-not-disrupt node each hold theirs with a `DisruptionBlocked` event while the other
 /// empty nodes go after `consolidateAfter`; once released they go too; then nodes left
 /// underutilised are consolidated (six nodes to one cheaper node) while a PodDisruptionBudget
@@ -1033,6 +1035,45 @@ async fn disruption_with_kwok() {
         .await;
     f.apply_inflate().await;
     scale_to_six(&f, &controller, Duration::from_secs(120)).await;
+
+    // 0. What a crash between tainting and deleting leaves behind (the disrupted taint, the
+    // DisruptionReason condition) is removed from a node no command is working on.
+    let stale = f.claims().await.into_iter().next().unwrap();
+    let stale_node = stale.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(f.client.clone());
+    let mut taints = nodes.get(&stale_node).await.unwrap().spec.and_then(|s| s.taints).unwrap_or_default();
+    taints.push(
+        serde_json::from_value(json!({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})).unwrap(),
+    );
+    nodes
+        .patch(&stale_node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": taints}})))
+        .await
+        .unwrap();
+    let mut conditions = stale.status.clone().unwrap().conditions;
+    conditions.push(
+        serde_json::from_value(
+            json!({"type": "DisruptionReason", "status": "True", "reason": "Underutilized",
+            "message": "", "lastTransitionTime": "2026-11-24T00:00:00Z"}),
+        )
+        .unwrap(),
+    );
+    let status = json!({"status": {"conditions": conditions}});
+    f.claims_api()
+        .patch_status(&stale.name_any(), &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    wait_for("the stale taint and condition removed", Duration::from_secs(30), &controller, || async {
+        let node = nodes.get(&stale_node).await.unwrap();
+        let tainted = node
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "karpenter.sh/disrupted");
+        let claim = f.claims_api().get(&stale.name_any()).await.unwrap();
+        !tainted && condition(&claim, "DisruptionReason").is_none()
+    })
+    .await;
 
     // 1. A budget of zero nodes holds everything, and the NodePool says why.
     f.scale(0).await;
@@ -1068,7 +1109,6 @@ spec:
     );
     kubectl_apply(&manifest);
     f.wait_running(1, Duration::from_secs(60), &controller).await;
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(f.client.clone());
     let annotate =
         |value: Option<&str>| json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": value}}});
     nodes.patch(&held_by_node, &PatchParams::default(), &Patch::Merge(annotate(Some("true")))).await.unwrap();
