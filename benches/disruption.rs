@@ -127,6 +127,7 @@ fn main() {
             spot_to_spot: false,
             pools: &pools,
             now,
+            young: HashSet::new(),
         };
         let before: f64 = nodes.iter().filter_map(|n| n.price).sum();
         let bound = (n * PODS_PER_NODE) as f64 * 0.5 * VCPU_PRICE;

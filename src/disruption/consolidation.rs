@@ -64,7 +64,15 @@ pub struct World<'a> {
     pub pools: &'a BTreeMap<String, Arc<NodePool>>,
     /// Now.
     pub now: Timestamp,
+    /// NodeClaims a consolidation launched less than [`CHURN_GUARD`] ago: not consolidated again
+    /// yet (emptiness still removes them).
+    pub young: HashSet<String>,
 }
+
+/// How long a NodeClaim launched by consolidation is left alone by consolidation.
+pub const CHURN_GUARD: std::time::Duration = std::time::Duration::from_secs(60);
+/// Why a node [`CHURN_GUARD`] protects is not consolidated.
+pub const YOUNG: &str = "Node was launched by consolidation less than a minute ago";
 
 /// Delete the candidates, or replace them.
 #[derive(Clone, Debug, PartialEq, Eq)]

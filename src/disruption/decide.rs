@@ -184,6 +184,11 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     let mut movable: Vec<&StateNode> = Vec::new();
     for node in candidates.iter().copied().filter(|n| !emptiness::is_empty(n)) {
         let Some(pool) = node.nodepool().and_then(|p| world.pools.get(p)) else { continue };
+        if node.claim_name().is_some_and(|c| world.young.contains(c)) {
+            pass.unconsolidatable.insert(node.name.clone(), consolidation::YOUNG.to_string());
+            pass.transient = true;
+            continue;
+        }
         match consolidation::filter(node, pool, world.now) {
             None => movable.push(node),
             Some(why) => {

@@ -71,11 +71,20 @@ struct Cluster {
     pools: Vec<Arc<NodePool>>,
     types: Vec<Arc<InstanceType>>,
     spot_to_spot: bool,
+    young: HashSet<String>,
 }
 
 impl Cluster {
     fn new(pools: Vec<Arc<NodePool>>) -> Self {
-        Cluster { nodes: vec![], claims: vec![], pods: vec![], pools, types: catalog(), spot_to_spot: false }
+        Cluster {
+            nodes: vec![],
+            claims: vec![],
+            pods: vec![],
+            pools,
+            types: catalog(),
+            spot_to_spot: false,
+            young: HashSet::new(),
+        }
     }
 
     /// A Ready, initialized node of `pool` on `itype` (`capacity` type), its claim initialized an
@@ -131,6 +140,7 @@ impl Cluster {
             spot_to_spot: self.spot_to_spot,
             pools: &pools,
             now: NOW.parse::<Timestamp>().unwrap(),
+            young: self.young.clone(),
         };
         f(&world)
     }
@@ -328,4 +338,19 @@ fn validation_rejects_a_command_whose_node_changed() {
     c.pools = vec![pool("p", consolidating("0"), &["on-demand"])];
     let rejected = c.run(|w| validate(w, &command, &HashSet::new())).unwrap_err();
     assert!(matches!(rejected, Rejection::Budget(_)), "{rejected:?}");
+}
+
+#[test]
+fn a_node_consolidation_just_launched_is_not_consolidated_again_at_once() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("n1", "p", "large", "on-demand", json!({})).pod("w", "n1", "500m", json!({}));
+    assert_eq!(candidates(&c.decide()), ["n1"]);
+    c.young.insert("n1".into());
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert_eq!(pass.unconsolidatable["n1"], super::consolidation::YOUNG);
+    assert!(pass.transient, "looked at again once the minute is over");
+    // Emptiness is not held back.
+    c.pods.clear();
+    assert_eq!(candidates(&c.decide()), ["n1"]);
 }

@@ -27,7 +27,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use super::{CONTROLLER, InFlight};
+use super::{CONTROLLER, InFlight, Launched};
 use crate::apis::nodeclaim::conditions::{DISRUPTION_REASON, INITIALIZED, LAUNCHED};
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
@@ -56,6 +56,8 @@ pub struct Run {
     pub state: ClusterState,
     /// The nodes commands are working on; this one's leave it when it ends.
     pub in_flight: InFlight,
+    /// Replacements launched by commands; this one's joins it once initialized.
+    pub launched: Launched,
     /// The command.
     pub command: Command,
     /// Its candidates as validated.
@@ -302,6 +304,10 @@ impl Run {
             }
             let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
             if is_true(conditions, INITIALIZED) {
+                self.launched
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(name.to_string(), Instant::now());
                 return Ok(());
             }
             if !told_launching {

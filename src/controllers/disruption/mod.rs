@@ -60,12 +60,16 @@ const BUDGET_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(1);
 
 /// Names of the nodes commands under way are working on.
 pub type InFlight = Arc<Mutex<HashSet<String>>>;
+/// NodeClaims commands launched, with when they initialized (see
+/// [`consolidation::CHURN_GUARD`]).
+pub type Launched = Arc<Mutex<BTreeMap<String, Instant>>>;
 
 /// The controller's memory between passes.
 struct Controller {
     ctx: Context,
     state: ClusterState,
     in_flight: InFlight,
+    launched: Launched,
     commands: Mutex<JoinSet<()>>,
     /// The changes seen by the last pass that found nothing, and until when that holds.
     memo: Mutex<Option<(Changes, Instant)>>,
@@ -78,6 +82,7 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
         ctx: ctx.clone(),
         state,
         in_flight: InFlight::default(),
+        launched: Launched::default(),
         commands: Mutex::new(JoinSet::new()),
         memo: Mutex::new(None),
     });
@@ -120,10 +125,16 @@ struct Inputs {
     options: SchedulerOptions,
     spot_to_spot: bool,
     now: Timestamp,
+    young: HashSet<String>,
 }
 
 impl Inputs {
-    fn new(ctx: &Context, snapshot: Snapshot) -> Self {
+    fn new(ctx: &Context, snapshot: Snapshot, launched: &Launched) -> Self {
+        let young = {
+            let mut launched = launched.lock().unwrap_or_else(PoisonError::into_inner);
+            launched.retain(|_, at| at.elapsed() < consolidation::CHURN_GUARD);
+            launched.keys().cloned().collect()
+        };
         let nodes = state_nodes(&snapshot);
         let pools = crate::state::input::nodepools_by_name(&snapshot)
             .into_iter()
@@ -139,6 +150,7 @@ impl Inputs {
             },
             spot_to_spot: ctx.settings.feature_gates.spot_to_spot_consolidation,
             now: Timestamp::now(),
+            young,
         }
     }
 
@@ -151,6 +163,7 @@ impl Inputs {
             spot_to_spot: self.spot_to_spot,
             pools: &self.pools,
             now: self.now,
+            young: self.young.clone(),
         }
     }
 }
@@ -180,7 +193,7 @@ impl Controller {
             return Next::After(IDLE);
         }
         let start = Instant::now();
-        let inputs = Inputs::new(&self.ctx, snapshot);
+        let inputs = Inputs::new(&self.ctx, snapshot, &self.launched);
         let decided = {
             let in_flight = in_flight.clone();
             tokio::task::spawn_blocking(move || {
@@ -222,7 +235,8 @@ impl Controller {
             _ = crate::controllers::kit::stopped(stop) => return Next::Wait,
         }
         let in_flight = self.in_flight();
-        let fresh = Inputs::new(&self.ctx, take_snapshot(&self.ctx, &self.state, &in_flight).await);
+        let fresh =
+            Inputs::new(&self.ctx, take_snapshot(&self.ctx, &self.state, &in_flight).await, &self.launched);
         let validated = {
             let command = command.clone();
             tokio::task::spawn_blocking(move || {
@@ -430,6 +444,7 @@ impl Controller {
             ctx: self.ctx.clone(),
             state: self.state.clone(),
             in_flight: self.in_flight.clone(),
+            launched: self.launched.clone(),
             command,
             nodes,
             pool,
