@@ -173,6 +173,26 @@ pub enum DisruptionReason {
     Drifted,
 }
 
+impl DisruptionReason {
+    /// As conditions, events and the budget metrics spell it (`Underutilized`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DisruptionReason::Underutilized => "Underutilized",
+            DisruptionReason::Empty => "Empty",
+            DisruptionReason::Drifted => "Drifted",
+        }
+    }
+
+    /// As the other metrics' `reason` label spells it (`underutilized`).
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            DisruptionReason::Underutilized => "underutilized",
+            DisruptionReason::Empty => "empty",
+            DisruptionReason::Drifted => "drifted",
+        }
+    }
+}
+
 /// A disruption budget: at most `nodes` nodes disrupted at once, while the schedule is active.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]

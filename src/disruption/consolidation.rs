@@ -27,7 +27,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::apis::NodePool;
-use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE};
+use crate::apis::labels::{
+    CAPACITY_TYPE_ON_DEMAND as ON_DEMAND, CAPACITY_TYPE_RESERVED as RESERVED, CAPACITY_TYPE_SPOT as SPOT,
+    LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE,
+};
 use crate::apis::nodepool::ConsolidationPolicy;
 use crate::scheduling::{InstanceType, NewNodeClaim, Requirement, SchedulerOptions, schedule};
 use crate::state::StateNode;
@@ -36,12 +39,6 @@ use crate::state::snapshot::Snapshot;
 
 use super::emptiness::{consolidatable_at, is_empty, reschedule_cost};
 
-/// Spot capacity type.
-pub const SPOT: &str = "spot";
-/// On-demand capacity type.
-pub const ON_DEMAND: &str = "on-demand";
-/// Reserved capacity type.
-pub const RESERVED: &str = "reserved";
 /// How many cheaper types a single spot node's spot replacement needs, and how many it launches.
 pub const SPOT_TO_SPOT_MIN_TYPES: usize = 15;
 /// Balanced consolidation approves a move whose savings share is at least its disruption share

@@ -46,24 +46,6 @@ impl Method {
     }
 }
 
-/// The reason as metric labels spell it (lower case).
-pub fn reason_label(reason: DisruptionReason) -> &'static str {
-    match reason {
-        DisruptionReason::Underutilized => "underutilized",
-        DisruptionReason::Empty => "empty",
-        DisruptionReason::Drifted => "drifted",
-    }
-}
-
-/// The reason as conditions, events and the budget metrics spell it.
-pub fn reason_name(reason: DisruptionReason) -> &'static str {
-    match reason {
-        DisruptionReason::Underutilized => "Underutilized",
-        DisruptionReason::Empty => "Empty",
-        DisruptionReason::Drifted => "Drifted",
-    }
-}
-
 /// What a pass decided to do.
 #[derive(Clone, Debug)]
 pub struct Command {

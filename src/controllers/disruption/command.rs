@@ -34,7 +34,7 @@ use crate::controllers::Context;
 use crate::controllers::events::reasons;
 use crate::controllers::nodeclaim::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
 use crate::controllers::provisioning::template;
-use crate::disruption::decide::{Command, reason_label, reason_name};
+use crate::disruption::decide::Command;
 use crate::operator::error_chain;
 use crate::operator::metrics::count_disrupted;
 use crate::state::marks::nomination_window;
@@ -114,7 +114,7 @@ impl Run {
         let decision = self.command.plan.decision.as_str();
         tracing::info!(
             controller = CONTROLLER,
-            reason = reason_name(reason),
+            reason = reason.as_str(),
             decision,
             consolidation_type = kind,
             command = %describe(&self.command),
@@ -131,7 +131,7 @@ impl Run {
             Err(failure) => {
                 tracing::error!(
                     controller = CONTROLLER,
-                    reason = reason_name(reason),
+                    reason = reason.as_str(),
                     command = %describe(&self.command),
                     replacement = replacement_name.as_deref().unwrap_or_default(),
                     error = %error_chain(&failure),
@@ -142,7 +142,7 @@ impl Run {
                     .disruption_queue_failures
                     .get_or_create(&vec![
                         ("decision", decision.to_string()),
-                        ("reason", reason_label(reason).to_string()),
+                        ("reason", reason.metric_label().to_string()),
                         ("consolidation_type", kind.to_string()),
                     ])
                     .inc();
@@ -164,7 +164,7 @@ impl Run {
     }
 
     async fn steps(&self, replacement_name: &mut Option<String>) -> Result<(), Failure> {
-        let reason = reason_name(self.command.reason());
+        let reason = self.command.reason().as_str();
         // 1. Taint, and say why on the NodeClaims.
         for node in &self.nodes {
             if let Some(k8s) = &node.node {
@@ -210,7 +210,7 @@ impl Run {
                 .metrics
                 .nodeclaims_created
                 .get_or_create(&vec![
-                    ("reason", reason_label(self.command.reason()).to_string()),
+                    ("reason", self.command.reason().metric_label().to_string()),
                     ("nodepool", replacement.nodepool.clone()),
                     ("min_values_relaxed", replacement.min_values_relaxed.to_string()),
                 ])
@@ -241,7 +241,7 @@ impl Run {
     fn count_decision(&self) {
         let m = &self.ctx.metrics;
         let decision = self.command.plan.decision.as_str().to_string();
-        let reason = reason_label(self.command.reason()).to_string();
+        let reason = self.command.reason().metric_label().to_string();
         let kind = self.command.method.consolidation_type().to_string();
         m.disruption_decisions
             .get_or_create(&vec![
@@ -292,7 +292,7 @@ impl Run {
     }
 
     async fn await_initialized(&self, name: &str, created: &NodeClaim) -> Result<(), Failure> {
-        let reason = reason_name(self.command.reason());
+        let reason = self.command.reason().as_str();
         let start = Instant::now();
         let (mut told_launching, mut told_waiting) = (false, false);
         loop {
@@ -356,7 +356,7 @@ impl Run {
                     .normal(
                         k8s.as_ref(),
                         reasons::DISRUPTION_TERMINATING,
-                        format!("Disrupting Node: {}", reason_name(reason)),
+                        format!("Disrupting Node: {}", reason.as_str()),
                     )
                     .await;
             }
@@ -365,10 +365,10 @@ impl Run {
                 .normal(
                     claim.as_ref(),
                     reasons::DISRUPTION_TERMINATING,
-                    format!("Disrupting NodeClaim: {}", reason_name(reason)),
+                    format!("Disrupting NodeClaim: {}", reason.as_str()),
                 )
                 .await;
-            count_disrupted(&self.ctx.metrics, claim, reason_label(reason));
+            count_disrupted(&self.ctx.metrics, claim, reason.metric_label());
         }
     }
 

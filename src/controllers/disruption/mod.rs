@@ -35,7 +35,7 @@ use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
 use crate::disruption::consolidation::{self, World};
-use crate::disruption::decide::{self, Command, Method, Pass, Rejection, reason_label, reason_name};
+use crate::disruption::decide::{self, Command, Method, Pass, Rejection};
 use crate::disruption::emptiness;
 use crate::operator::metrics::observe;
 use crate::scheduling::SchedulerOptions;
@@ -313,7 +313,7 @@ impl Controller {
             m.disruption_eligible_nodes.get_or_create(&vec![("reason", reason.to_string())]).set(*n as f64);
         }
         let consolidation_type = pass.command.as_ref().map(|c| c.method.consolidation_type()).unwrap_or("");
-        let reason = pass.command.as_ref().map(|c| reason_label(c.reason())).unwrap_or("underutilized");
+        let reason = pass.command.as_ref().map(|c| c.reason().metric_label()).unwrap_or("underutilized");
         observe(
             &m.disruption_evaluation_duration,
             vec![("reason", reason.into()), ("consolidation_type", consolidation_type.into())],
@@ -345,14 +345,14 @@ impl Controller {
             let Some(np) = inputs.pools.get(pool) else { continue };
             let message = format!(
                 "No allowed disruptions for disruption reason {} due to blocking budget",
-                reason_name(*reason)
+                reason.as_str()
             );
             events
                 .deduped(
                     np.as_ref(),
                     EventType::Normal,
                     reasons::DISRUPTION_BLOCKED,
-                    reason_name(*reason),
+                    reason.as_str(),
                     BUDGET_EVENT_WINDOW,
                     message,
                 )
@@ -385,7 +385,7 @@ impl Controller {
             .inc();
         tracing::info!(
             controller = CONTROLLER,
-            reason = reason_name(command.reason()),
+            reason = command.reason().as_str(),
             decision = command.plan.decision.as_str(),
             nodes = %command.plan.candidates.join(", "),
             rejection = rejection.label(),

@@ -114,7 +114,7 @@ fn record_budgets(ctx: &Context, snapshot: &Snapshot, nodes: &[crate::state::Sta
     let counts = budgets::pool_nodes(nodes);
     let now = Timestamp::now();
     for reason in budgets::REASONS {
-        let reason_label = format!("{reason:?}");
+        let reason_label = reason.as_str().to_string();
         for (pool, budget) in budgets::budgets(snapshot.live_nodepools(), &counts, reason, now) {
             if let Some(error) = &budget.error
                 && reason == budgets::REASONS[0]
