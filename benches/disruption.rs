@@ -5,10 +5,12 @@
 //! Deployment (25 % of its CPU), in one NodePool (`WhenEmptyOrUnderutilized`, budget 100 %), over
 //! a catalog of 2-, 4-, 8- and 16-vCPU types priced per vCPU as the EC2 `m` family is. Timed:
 //!
-//! - `multi/<n>`: a whole pass ([`decide`]): candidates, budgets, emptiness, then multi-node
-//!   consolidation's search over every candidate (no cap of 100), which acts;
-//! - `single-sweep/<n>`: single-node consolidation's evaluation of every candidate in turn (what a
-//!   pass costs when no multi-node move exists and each candidate must be simulated).
+//! - `multi/<n>`: a whole pass (the simulations' base, then [`decide`]): candidates, budgets,
+//!   emptiness, then multi-node consolidation's search over every candidate (no cap of 100),
+//!   which acts;
+//! - `single-sweep/<n>`: the base, then single-node consolidation's evaluation of every candidate
+//!   in turn (what a pass costs when no multi-node move exists and each candidate must be
+//!   simulated).
 //!
 //! Each is run three times; the median is printed with the plan: nodes removed, replacement,
 //! $/h before and after, and the per-resource lower bound (every pod's CPU at the cheapest
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use karpenter::apis::{NodeClaim, NodePool};
-use karpenter::disruption::consolidation::{self, World};
+use karpenter::disruption::consolidation::{self, Setting, World};
 use karpenter::disruption::decide::decide;
 use karpenter::scheduling::{InstanceType, Offering, Requirements, Resources, SchedulerOptions};
 use karpenter::state::input::nodepools_by_name;
@@ -119,15 +121,19 @@ fn main() {
         let snapshot = cluster(n);
         let nodes = state_nodes(&snapshot);
         let pools = nodepools_by_name(&snapshot);
-        let world = World {
-            snapshot: &snapshot,
-            nodes: &nodes,
-            pending: vec![],
-            options: SchedulerOptions::default(),
-            spot_to_spot: false,
-            pools: &pools,
-            now,
-            young: HashSet::new(),
+        let world = || {
+            World::new(
+                &snapshot,
+                Setting {
+                    nodes: &nodes,
+                    pending: vec![],
+                    options: SchedulerOptions::default(),
+                    spot_to_spot: false,
+                    pools: &pools,
+                    now,
+                    young: HashSet::new(),
+                },
+            )
         };
         let before: f64 = nodes.iter().filter_map(|n| n.price).sum();
         let bound = (n * PODS_PER_NODE) as f64 * 0.5 * VCPU_PRICE;
@@ -136,7 +142,7 @@ fn main() {
         let mut pass = None;
         for _ in 0..3 {
             let start = Instant::now();
-            pass = Some(black_box(decide(&world, &HashSet::new())));
+            pass = Some(black_box(decide(&world(), &HashSet::new())));
             times.push(start.elapsed());
         }
         let multi = median(times);
@@ -150,6 +156,7 @@ fn main() {
         let mut times = Vec::new();
         for _ in 0..3 {
             let start = Instant::now();
+            let world = world();
             for c in &candidates {
                 let _ = black_box(consolidation::evaluate(&world, std::slice::from_ref(c), true));
             }

@@ -34,7 +34,7 @@ use crate::apis::labels::{
 use crate::apis::nodepool::ConsolidationPolicy;
 use crate::scheduling::{InstanceType, NewNodeClaim, Requirement, SchedulerOptions, schedule};
 use crate::state::StateNode;
-use crate::state::input::{Scenario, scheduling_input};
+use crate::state::input::Base;
 use crate::state::snapshot::Snapshot;
 
 use super::emptiness::{consolidatable_at, is_empty, reschedule_cost};
@@ -51,10 +51,9 @@ pub struct World<'a> {
     pub snapshot: &'a Snapshot,
     /// Its StateNodes (nodes of commands under way count as marked for deletion).
     pub nodes: &'a [StateNode],
-    /// Pods waiting for capacity.
-    pub pending: Vec<Arc<Pod>>,
-    /// Scheduler tunables.
-    pub options: SchedulerOptions,
+    /// What every simulation starts from (built once; each set of candidates weighed is a cheap
+    /// scenario of it).
+    pub base: Base<'a>,
     /// The `SpotToSpotConsolidation` feature gate.
     pub spot_to_spot: bool,
     /// The NodePools, by name.
@@ -64,6 +63,39 @@ pub struct World<'a> {
     /// NodeClaims a consolidation launched less than [`CHURN_GUARD`] ago: not consolidated again
     /// yet (emptiness still removes them).
     pub young: HashSet<String>,
+}
+
+/// What a [`World`] is made of besides the snapshot.
+pub struct Setting<'a> {
+    /// The snapshot's StateNodes.
+    pub nodes: &'a [StateNode],
+    /// Pods waiting for capacity (consolidation never takes room they need).
+    pub pending: Vec<Arc<Pod>>,
+    /// Scheduler tunables.
+    pub options: SchedulerOptions,
+    /// The `SpotToSpotConsolidation` feature gate.
+    pub spot_to_spot: bool,
+    /// The NodePools, by name.
+    pub pools: &'a BTreeMap<String, Arc<NodePool>>,
+    /// Now.
+    pub now: Timestamp,
+    /// See [`World::young`].
+    pub young: HashSet<String>,
+}
+
+impl<'a> World<'a> {
+    /// The world of `snapshot`, its simulations' base built once.
+    pub fn new(snapshot: &'a Snapshot, setting: Setting<'a>) -> Self {
+        World {
+            snapshot,
+            nodes: setting.nodes,
+            base: Base::new(snapshot, setting.nodes, setting.pending, setting.options),
+            spot_to_spot: setting.spot_to_spot,
+            pools: setting.pools,
+            now: setting.now,
+            young: setting.young,
+        }
+    }
 }
 
 /// How long a NodeClaim launched by consolidation is left alone by consolidation.
@@ -186,10 +218,8 @@ fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
 /// or why they cannot go.
 pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<NewNodeClaim>, String> {
     let without: HashSet<String> = candidates.iter().map(|c| c.name.clone()).collect();
-    let scenario = Scenario { without, options: world.options.clone() };
-    let pending_count = world.pending.len();
-    let built = scheduling_input(world.snapshot, world.nodes, world.pending.clone(), &scenario);
-    let input = built.input;
+    let pending_count = world.base.pending_count();
+    let input = world.base.scenario(&without).input;
     let results = schedule(&input);
     let displaced = |index: usize| index >= pending_count;
     let unfit: Vec<String> = results

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::consolidation::{Decision, World};
+use super::consolidation::{Decision, Setting, World};
 use super::decide::{Method, Pass, Rejection, decide, validate};
 use crate::apis::labels::LABEL_CAPACITY_TYPE;
 use crate::apis::{NodeClaim, NodePool};
@@ -132,16 +132,18 @@ impl Cluster {
         let snapshot = self.snapshot();
         let nodes = state_nodes(&snapshot);
         let pools = nodepools_by_name(&snapshot);
-        let world = World {
-            snapshot: &snapshot,
-            nodes: &nodes,
-            pending: snapshot.provisionable_pods(),
-            options: SchedulerOptions::default(),
-            spot_to_spot: self.spot_to_spot,
-            pools: &pools,
-            now: NOW.parse::<Timestamp>().unwrap(),
-            young: self.young.clone(),
-        };
+        let world = World::new(
+            &snapshot,
+            Setting {
+                nodes: &nodes,
+                pending: snapshot.provisionable_pods(),
+                options: SchedulerOptions::default(),
+                spot_to_spot: self.spot_to_spot,
+                pools: &pools,
+                now: NOW.parse::<Timestamp>().unwrap(),
+                young: self.young.clone(),
+            },
+        );
         f(&world)
     }
 

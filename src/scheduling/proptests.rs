@@ -249,7 +249,7 @@ proptest! {
         let input = SchedulingInput {
             pods: pods.clone(),
             nodepools: pools.clone(),
-            existing_nodes: existing.clone().into_iter().collect(),
+            existing_nodes: existing.clone().into_iter().map(Arc::new).collect(),
             daemonsets: vec![ds],
             options: SchedulerOptions {
                 packing: if cost_aware { Packing::CostAware } else { Packing::LargestFit },

@@ -220,6 +220,45 @@ pub struct ExistingNode {
     pub requested: Resources,
     /// Pods bound to it, for topology and host ports; shared with the cluster-state cache.
     pub pods: Vec<Arc<Pod>>,
+    /// What the scheduler derives from the fields above, computed on first use and kept for
+    /// every later simulation of the same node (a disruption pass simulates the cluster once per
+    /// candidate). Build a new `ExistingNode` rather than editing one that has been scheduled.
+    pub(crate) derived: Derived,
+}
+
+impl ExistingNode {
+    fn derived(&self) -> &DerivedNode {
+        self.derived.0.get_or_init(|| DerivedNode {
+            reqs: Requirements::from_labels(&self.labels),
+            ports: self.pods.iter().flat_map(|p| pod_host_ports(p)).collect(),
+            constrains: self.pods.iter().any(|p| super::topology::constrains_others(p)),
+        })
+    }
+}
+
+/// An [`ExistingNode`]'s derived data (not copied by `clone`: a copy may be edited).
+#[derive(Default)]
+pub(crate) struct Derived(std::sync::OnceLock<DerivedNode>);
+
+impl Clone for Derived {
+    fn clone(&self) -> Self {
+        Derived::default()
+    }
+}
+
+impl fmt::Debug for Derived {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("..")
+    }
+}
+
+struct DerivedNode {
+    /// Requirements from its labels.
+    reqs: Requirements,
+    /// Host ports its pods hold.
+    ports: Vec<HostPort>,
+    /// Whether any of its pods has a topology spread or pod (anti-)affinity.
+    constrains: bool,
 }
 
 /// Everything a scheduling run looks at.
@@ -229,8 +268,9 @@ pub struct SchedulingInput {
     pub pods: Vec<Arc<Pod>>,
     /// NodePools that may launch nodes.
     pub nodepools: Vec<NodePoolInput>,
-    /// Existing and in-flight nodes.
-    pub existing_nodes: Vec<ExistingNode>,
+    /// Existing and in-flight nodes (shared, so that simulations of the same cluster without one
+    /// node or another do not copy them).
+    pub existing_nodes: Vec<Arc<ExistingNode>>,
     /// One pod per DaemonSet, built from its template: the overhead of every new node.
     pub daemonsets: Vec<Pod>,
     /// Labels of namespaces, for affinity terms with a namespace selector.
@@ -523,7 +563,7 @@ struct Claim {
 
 struct NodeSlot<'a> {
     node: &'a ExistingNode,
-    reqs: Requirements,
+    reqs: &'a Requirements,
     taints: Vec<Taint>,
     used: Resources,
     pods: Vec<usize>,
@@ -649,7 +689,10 @@ impl<'a> Scheduler<'a> {
         let existing_owned: Vec<Vec<(Vec<u32>, Vec<u32>)>> = input
             .existing_nodes
             .iter()
-            .map(|n| n.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect())
+            .map(|n| match n.derived().constrains {
+                true => n.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect(),
+                false => Vec::new(),
+            })
             .collect();
 
         let no_labels = BTreeMap::new();
@@ -745,13 +788,14 @@ impl<'a> Scheduler<'a> {
                     input.volumes.add_attachments(p, &mut attached);
                 }
             }
+            let derived = n.derived();
             nodes.push(NodeSlot {
                 node: n,
-                reqs: Requirements::from_labels(&n.labels),
+                reqs: &derived.reqs,
                 taints,
                 used: n.requested.clone(),
                 pods: vec![],
-                ports: n.pods.iter().flat_map(|p| pod_host_ports(p)).collect(),
+                ports: derived.ports.clone(),
                 host_id,
                 attach_limits,
                 attached,
@@ -761,7 +805,7 @@ impl<'a> Scheduler<'a> {
         // Domains of every topology key.
         let keys = topo.keys();
         for n in &nodes {
-            let source = DomainSource { reqs: &n.reqs, taints: &n.taints, existing: true };
+            let source = DomainSource { reqs: n.reqs, taints: &n.taints, existing: true };
             for k in &keys {
                 match n.node.labels.get(k) {
                     Some(v) => topo.add_domain(k, v, &source),
@@ -795,15 +839,17 @@ impl<'a> Scheduler<'a> {
         topo.finish_domains();
         topo.new_nodes_possible = pools.iter().any(|p| !p.its.is_empty());
 
-        // Count the pods already bound.
-        for (n, owned) in nodes.iter().zip(existing_owned) {
+        // Count the pods already bound (only groups count them).
+        let counted = if topo.groups.is_empty() { 0 } else { nodes.len() };
+        for (n, owned) in nodes.iter().zip(existing_owned).take(counted) {
+            let owned = owned.into_iter().chain(std::iter::repeat_with(Default::default));
             for (pod, owned) in n.node.pods.iter().zip(owned) {
                 let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
                 let pt = topo.pod_topology(owned, ns, pod.metadata.labels.as_ref().unwrap_or(&no_labels));
                 let view = SlotView {
                     hostname: n.host_id,
                     labels: Some(&n.node.labels),
-                    reqs: &n.reqs,
+                    reqs: n.reqs,
                     taints: &n.taints,
                     zones: None,
                 };
@@ -944,7 +990,7 @@ impl<'a> Scheduler<'a> {
             let view = SlotView {
                 hostname: slot.host_id,
                 labels: Some(&slot.node.labels),
-                reqs: &slot.reqs,
+                reqs: slot.reqs,
                 taints: &slot.taints,
                 zones: None,
             };

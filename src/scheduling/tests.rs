@@ -218,9 +218,9 @@ fn pool_req(name: &str, key: &str, op: Operator, values: &[&str]) -> NodePoolInp
         .unwrap()
 }
 
-/// The pods as the scheduler's input holds them.
-pub(super) fn shared(pods: Vec<Pod>) -> Vec<Arc<Pod>> {
-    pods.into_iter().map(Arc::new).collect()
+/// Shares each value, as the scheduler's input holds pods and nodes.
+pub(super) fn shared<T>(values: Vec<T>) -> Vec<Arc<T>> {
+    values.into_iter().map(Arc::new).collect()
 }
 
 fn input(pods: Vec<Pod>, pools: Vec<NodePoolInput>) -> SchedulingInput {
@@ -413,8 +413,10 @@ fn zonal_spread_counts_existing_pods() {
     let pods = (0..2)
         .map(|i| with_spread(pod(&format!("p{i}"), "1", "1Gi"), LABEL_TOPOLOGY_ZONE, "web", true))
         .collect();
-    let r =
-        schedule(&SchedulingInput { existing_nodes: vec![existing], ..input(pods, vec![pool("default")]) });
+    let r = schedule(&SchedulingInput {
+        existing_nodes: shared(vec![existing]),
+        ..input(pods, vec![pool("default")])
+    });
     let zones: Vec<String> = r.new_node_claims.iter().map(zone_of).collect();
     assert!(!zones.contains(&"z1".to_string()), "{zones:?}");
 }
@@ -456,9 +458,24 @@ fn existing_node(name: &str, cpu: i64) -> ExistingNode {
 }
 
 #[test]
+fn a_copy_of_a_scheduled_node_is_seen_as_edited() {
+    // What the scheduler derives from a node is kept with it; a clone starts afresh.
+    let pods = vec![with_node_selector(pod("p", "1", "1Gi"), "tier", "web")];
+    let n = Arc::new(existing_node("n1", 4));
+    let r =
+        schedule(&SchedulingInput { existing_nodes: vec![Arc::clone(&n)], ..input(pods.clone(), vec![]) });
+    assert_eq!(r.errors.len(), 1, "n1 has no tier label");
+    let mut web = (*n).clone();
+    web.labels.insert("tier".into(), "web".into());
+    let r = schedule(&SchedulingInput { existing_nodes: shared(vec![web]), ..input(pods, vec![]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.existing_placements.len(), 1);
+}
+
+#[test]
 fn existing_nodes_are_used_first() {
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![existing_node("n1", 2)],
+        existing_nodes: shared(vec![existing_node("n1", 2)]),
         ..input(pods_n(3, |p| p), vec![pool("default")])
     });
     assert_eq!(r.existing_placements.len(), 1);
@@ -484,7 +501,7 @@ fn existing_node_taints(
     n.taints = vec![Taint::new(key, effect)];
     n.startup_taints = vec![Taint::new("example.com/startup", TaintEffect::NoSchedule)];
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![n],
+        existing_nodes: shared(vec![n]),
         ..input(pods_n(1, |p| p), vec![pool("default")])
     });
     assert_eq!(r.existing_placements.len() == 1, lands);
@@ -495,11 +512,11 @@ fn existing_node_labels_are_strict() {
     // A custom label the node lacks denies the pod; NotIn on it is fine.
     let n = existing_node("n1", 4);
     let pods = vec![with_node_selector(pod("a", "1", "1Gi"), "team", "x")];
-    let r = schedule(&SchedulingInput { existing_nodes: vec![n.clone()], ..input(pods, vec![]) });
+    let r = schedule(&SchedulingInput { existing_nodes: shared(vec![n.clone()]), ..input(pods, vec![]) });
     assert_eq!(r.errors.len(), 1);
     let pods =
         vec![with_node_affinity(pod("a", "1", "1Gi"), vec![vec![nsr("team", "NotIn", &["x"])]], vec![])];
-    let r = schedule(&SchedulingInput { existing_nodes: vec![n], ..input(pods, vec![]) });
+    let r = schedule(&SchedulingInput { existing_nodes: shared(vec![n]), ..input(pods, vec![]) });
     assert_eq!(r.existing_placements.len(), 1);
 }
 
@@ -510,14 +527,14 @@ fn inverse_anti_affinity_of_existing_pods() {
     // The new pod is selected by the guard's anti-affinity (group=web) but has none itself.
     let p = with_label(pod("w", "1", "1Gi"), "group", "web");
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![n.clone()],
+        existing_nodes: shared(vec![n.clone()]),
         ..input(vec![p], vec![pool("default")])
     });
     assert!(r.existing_placements.is_empty());
     assert_eq!(r.new_node_claims.len(), 1);
     // An unrelated pod may land there.
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![n],
+        existing_nodes: shared(vec![n]),
         ..input(vec![pod("x", "1", "1Gi")], vec![pool("default")])
     });
     assert_eq!(r.existing_placements.len(), 1);
@@ -546,7 +563,7 @@ fn host_ports_conflict() {
     let mut n = existing_node("n1", 8);
     n.pods = shared(vec![with_host_port(pod("old", "1", "1Gi"), 80)]);
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![n],
+        existing_nodes: shared(vec![n]),
         ..input(vec![with_host_port(pod("a", "1", "1Gi"), 80)], vec![pool("default")])
     });
     assert!(r.existing_placements.is_empty());
@@ -685,8 +702,10 @@ fn preferred_anti_affinity_spreads_while_it_can() {
     let r = schedule(&input(pods.clone(), vec![pool("default")]));
     assert_eq!(r.new_node_claims.len(), 3);
     // Without NodePools, both land on the one existing node once the preference is relaxed.
-    let r =
-        schedule(&SchedulingInput { existing_nodes: vec![existing_node("n1", 8)], ..input(pods, vec![]) });
+    let r = schedule(&SchedulingInput {
+        existing_nodes: shared(vec![existing_node("n1", 8)]),
+        ..input(pods, vec![])
+    });
     assert!(r.errors.is_empty(), "{}", error_of(&r));
     assert_eq!(r.existing_placements[0].pods.len(), 3);
 }
@@ -782,7 +801,7 @@ fn min_domains_caps_pods_per_zone() {
 fn schedule_anyway_spread_relaxes_on_existing_nodes() {
     let pods = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", false));
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![existing_node("n1", 8)],
+        existing_nodes: shared(vec![existing_node("n1", 8)]),
         ..input(pods.clone(), vec![])
     });
     assert!(r.errors.is_empty(), "{}", error_of(&r));
@@ -790,7 +809,7 @@ fn schedule_anyway_spread_relaxes_on_existing_nodes() {
     // With DoNotSchedule and nowhere else to go, the second pod stays pending.
     let hard = pods_n(2, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        existing_nodes: shared(vec![existing_node("n1", 8), existing_node("n2", 8)]),
         ..input(hard, vec![])
     });
     assert!(r.errors.is_empty(), "{}", error_of(&r));
@@ -798,13 +817,13 @@ fn schedule_anyway_spread_relaxes_on_existing_nodes() {
     // Once both nodes hold one, the minimum is one and a third fits with skew 1.
     let three = pods_n(3, |p| with_spread(p, LABEL_HOSTNAME, "web", true));
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8)],
+        existing_nodes: shared(vec![existing_node("n1", 8), existing_node("n2", 8)]),
         ..input(three.clone(), vec![])
     });
     assert!(r.errors.is_empty(), "{}", error_of(&r));
     // A third, empty node keeps the minimum at zero: the third pod goes there.
     let r = schedule(&SchedulingInput {
-        existing_nodes: vec![existing_node("n1", 8), existing_node("n2", 8), existing_node("n3", 8)],
+        existing_nodes: shared(vec![existing_node("n1", 8), existing_node("n2", 8), existing_node("n3", 8)]),
         ..input(three, vec![])
     });
     assert_eq!(r.existing_placements.len(), 3);
@@ -882,7 +901,7 @@ fn spread_counts_existing_pods_by_node_policy(
         LeftOut::Taint => pool("default"),
     };
     let pods = pods_n(3, |p| policy_spread_pod(p, LABEL_TOPOLOGY_ZONE, how, affinity, taints));
-    let r = schedule(&SchedulingInput { existing_nodes: vec![n1], ..input(pods, vec![np]) });
+    let r = schedule(&SchedulingInput { existing_nodes: shared(vec![n1]), ..input(pods, vec![np]) });
     assert!(r.errors.is_empty(), "{}", error_of(&r));
     let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
     for c in &r.new_node_claims {
@@ -915,7 +934,7 @@ fn spread_minimum_skips_domains_of_left_out_nodes(
         }
     }
     let pods = pods_n(3, |p| policy_spread_pod(p, LABEL_HOSTNAME, how, affinity, taints));
-    let r = schedule(&SchedulingInput { existing_nodes: nodes, ..input(pods, vec![]) });
+    let r = schedule(&SchedulingInput { existing_nodes: shared(nodes), ..input(pods, vec![]) });
     assert_eq!(r.errors.is_empty(), third_fits, "{}", error_of(&r));
     assert_eq!(
         r.existing_placements.iter().map(|p| p.pods.len()).sum::<usize>(),
@@ -1028,7 +1047,7 @@ fn existing_nodes_outside_the_volume_zone_are_skipped() {
     let pods = vec![with_claim(pod("db", "1", "1Gi"), "data-0")];
     let r = schedule(&SchedulingInput {
         volumes: volume_input(),
-        existing_nodes: vec![existing_in_zone("n0", "z1"), existing_in_zone("n2", "z2")],
+        existing_nodes: shared(vec![existing_in_zone("n0", "z1"), existing_in_zone("n2", "z2")]),
         ..input(pods, vec![pool("default")])
     });
     assert!(r.new_node_claims.is_empty());
@@ -1060,7 +1079,7 @@ fn attach_limits_of_existing_nodes(#[case] claims: &[&str], #[case] new_nodes: u
     volumes.classes.values_mut().for_each(|c| c.terms.clear());
     let r = schedule(&SchedulingInput {
         volumes,
-        existing_nodes: vec![n1],
+        existing_nodes: shared(vec![n1]),
         ..input(pods, vec![pool("default")])
     });
     assert_eq!(error_of(&r), "");

@@ -413,16 +413,10 @@ impl Topology {
         pod: &Pod,
         namespace_labels: &BTreeMap<String, BTreeMap<String, String>>,
     ) -> (Vec<u32>, Vec<u32>) {
-        let Some(spec) = &pod.spec else { return (vec![], vec![]) };
         // Most pods have no constraint on other pods: nothing to register.
-        if spec.topology_spread_constraints.as_ref().is_none_or(|c| c.is_empty())
-            && spec
-                .affinity
-                .as_ref()
-                .is_none_or(|a| a.pod_affinity.is_none() && a.pod_anti_affinity.is_none())
-        {
+        let Some(spec) = pod.spec.as_ref().filter(|_| constrains_others(pod)) else {
             return (vec![], vec![]);
-        }
+        };
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         let mut owned = Vec::new();
@@ -799,6 +793,18 @@ fn term_namespaces(
         }
     }
     Some(set)
+}
+
+/// Whether `pod` has a topology spread constraint or a pod (anti-)affinity: a constraint whose
+/// groups count other pods.
+pub fn constrains_others(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|spec| {
+        spec.topology_spread_constraints.as_ref().is_some_and(|c| !c.is_empty())
+            || spec
+                .affinity
+                .as_ref()
+                .is_some_and(|a| a.pod_affinity.is_some() || a.pod_anti_affinity.is_some())
+    })
 }
 
 #[cfg(test)]

@@ -63,7 +63,135 @@ pub fn existing_node(node: &StateNode, daemonset_pods: &[Pod]) -> ExistingNode {
         allocatable: node.allocatable.clone(),
         requested,
         pods: node.pods.clone(),
+        ..ExistingNode::default()
     }
+}
+
+/// The cluster as every simulation of one pass starts from, built once: the provisioner makes
+/// one simulation of it, a disruption pass one per set of candidates it weighs, each a cheap
+/// [`Base::scenario`] (the nodes are shared, not rebuilt).
+pub struct Base<'a> {
+    /// Every node not going away, in `nodes` order, with its index there.
+    existing: Vec<(usize, Arc<ExistingNode>)>,
+    /// The StateNodes.
+    nodes: &'a [StateNode],
+    /// The input without any node left out: pending pods, then the pods of nodes going away.
+    input: SchedulingInput,
+    /// NodePools that could not be used: `(name, why)`.
+    skipped_pools: Vec<(String, String)>,
+    /// How many of `input.pods` were pending.
+    pending_count: usize,
+}
+
+impl<'a> Base<'a> {
+    /// Builds the base of `snapshot`, its `nodes` ([`super::statenode::state_nodes`] of it) and
+    /// the `pending` pods.
+    pub fn new(
+        snapshot: &Snapshot,
+        nodes: &'a [StateNode],
+        pending: Vec<Arc<Pod>>,
+        options: SchedulerOptions,
+    ) -> Self {
+        let usage = nodepool_usage(nodes, Counted::All);
+        let mut skipped_pools = Vec::new();
+        let mut nodepools = Vec::new();
+        for np in snapshot.live_nodepools() {
+            let name = np.metadata.name.clone().unwrap_or_default();
+            let Some(types) = snapshot.pool_types.get(&name) else {
+                skipped_pools.push((name, "its instance types are not known".to_string()));
+                continue;
+            };
+            let used = usage.get(&name).cloned().unwrap_or_default();
+            match NodePoolInput::from_nodepool(np, types.clone(), &used) {
+                Ok(input) => nodepools.push(input),
+                Err(error) => skipped_pools.push((name, error_chain(&error))),
+            }
+        }
+
+        let daemonset_pods = snapshot::daemonset_pods(snapshot);
+        let pods = snapshot::with_limit_range_defaults(snapshot, pending);
+        let pending_count = pods.len();
+        let mut existing = Vec::with_capacity(nodes.len());
+        let mut going = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            if node.marked_for_deletion {
+                going.push(node);
+            } else {
+                existing.push((i, Arc::new(existing_node(node, &daemonset_pods))));
+            }
+        }
+        let mut base = Base {
+            existing,
+            nodes,
+            input: SchedulingInput {
+                pods,
+                nodepools,
+                existing_nodes: Vec::new(),
+                daemonsets: daemonset_pods,
+                namespace_labels: snapshot::namespace_labels(snapshot),
+                volumes: snapshot::volume_input(snapshot),
+                options,
+            },
+            skipped_pools,
+            pending_count,
+        };
+        let mut seen = base.pod_uids();
+        let displaced = displaced_pods(going.into_iter(), &mut seen);
+        base.input.pods.extend(displaced);
+        base
+    }
+
+    fn pod_uids(&self) -> HashSet<String> {
+        self.input.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect()
+    }
+
+    /// The input of the cluster without the StateNodes named in `without`: their reschedulable
+    /// pods join the pods to place, after the others.
+    pub fn scenario(&self, without: &HashSet<String>) -> Built {
+        let mut input = SchedulingInput {
+            pods: self.input.pods.clone(),
+            nodepools: self.input.nodepools.clone(),
+            existing_nodes: Vec::with_capacity(self.existing.len()),
+            daemonsets: self.input.daemonsets.clone(),
+            namespace_labels: self.input.namespace_labels.clone(),
+            volumes: self.input.volumes.clone(),
+            options: self.input.options.clone(),
+        };
+        let mut left_out = Vec::new();
+        for (i, node) in &self.existing {
+            match self.nodes.get(*i) {
+                Some(state) if without.contains(&state.name) => left_out.push(state),
+                _ => input.existing_nodes.push(Arc::clone(node)),
+            }
+        }
+        if !left_out.is_empty() {
+            let mut seen = self.pod_uids();
+            input.pods.extend(displaced_pods(left_out.into_iter(), &mut seen));
+        }
+        let displaced_pods = input.pods.len() - self.pending_count;
+        Built { input, skipped_pools: self.skipped_pools.clone(), displaced_pods }
+    }
+
+    /// How many of the scenarios' pods were pending (the displaced ones follow).
+    pub fn pending_count(&self) -> usize {
+        self.pending_count
+    }
+}
+
+/// The reschedulable pods of `nodes` not in `seen` (each once).
+fn displaced_pods<'n>(
+    nodes: impl Iterator<Item = &'n StateNode>,
+    seen: &mut HashSet<String>,
+) -> Vec<Arc<Pod>> {
+    let mut pods = Vec::new();
+    for node in nodes {
+        for pod in node.reschedulable_pods() {
+            if pod.metadata.uid.as_ref().is_none_or(|uid| seen.insert(uid.clone())) {
+                pods.push(Arc::clone(pod));
+            }
+        }
+    }
+    pods
 }
 
 /// Builds the scheduler's input from `snapshot`, its `nodes` ([`super::statenode::state_nodes`]
@@ -74,53 +202,7 @@ pub fn scheduling_input(
     pending: Vec<Arc<Pod>>,
     scenario: &Scenario,
 ) -> Built {
-    let usage = nodepool_usage(nodes, Counted::All);
-    let mut skipped_pools = Vec::new();
-    let mut nodepools = Vec::new();
-    for np in snapshot.live_nodepools() {
-        let name = np.metadata.name.clone().unwrap_or_default();
-        let Some(types) = snapshot.pool_types.get(&name) else {
-            skipped_pools.push((name, "its instance types are not known".to_string()));
-            continue;
-        };
-        let used = usage.get(&name).cloned().unwrap_or_default();
-        match NodePoolInput::from_nodepool(np, types.clone(), &used) {
-            Ok(input) => nodepools.push(input),
-            Err(error) => skipped_pools.push((name, error_chain(&error))),
-        }
-    }
-
-    let daemonset_pods = snapshot::daemonset_pods(snapshot);
-    let pending = snapshot::with_limit_range_defaults(snapshot, pending);
-    let mut seen: HashSet<String> = pending.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-    let mut pods = pending;
-    let pending_count = pods.len();
-    let mut existing_nodes = Vec::with_capacity(nodes.len());
-    for node in nodes {
-        if node.marked_for_deletion || scenario.without.contains(&node.name) {
-            for pod in node.reschedulable_pods() {
-                if pod.metadata.uid.as_ref().is_none_or(|uid| seen.insert(uid.clone())) {
-                    pods.push(Arc::clone(pod));
-                }
-            }
-            continue;
-        }
-        existing_nodes.push(existing_node(node, &daemonset_pods));
-    }
-    let displaced_pods = pods.len() - pending_count;
-    Built {
-        input: SchedulingInput {
-            pods,
-            nodepools,
-            existing_nodes,
-            daemonsets: daemonset_pods,
-            namespace_labels: snapshot::namespace_labels(snapshot),
-            volumes: snapshot::volume_input(snapshot),
-            options: scenario.options.clone(),
-        },
-        skipped_pools,
-        displaced_pods,
-    }
+    Base::new(snapshot, nodes, pending, scenario.options.clone()).scenario(&scenario.without)
 }
 
 /// Names of the NodePools of `snapshot`, by name, for lookups.
@@ -279,6 +361,35 @@ mod tests {
         let results = schedule(&built.input);
         assert_eq!(results.new_node_claims.len(), 1);
         assert!(results.errors.is_empty());
+    }
+
+    #[test]
+    fn scenarios_of_one_base_share_its_nodes_and_leave_out_only_theirs() {
+        let s = snapshot(
+            vec![node("n1", "4", json!({})), node("n2", "4", json!({})), node("n3", "4", json!({}))],
+            vec![],
+            vec![bound("a", "n1", "1"), bound("b", "n2", "1"), bound("c", "n2", "1"), pending("p", "1")],
+        );
+        let nodes = state_nodes(&s);
+        let base = Base::new(&s, &nodes, s.provisionable_pods(), SchedulerOptions::default());
+        let without_n2 = base.scenario(&["n2".to_string()].into());
+        let without_n1 = base.scenario(&["n1".to_string()].into());
+        let names = |b: &Built| -> Vec<String> {
+            b.input.existing_nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(names(&without_n2), ["n1", "n3"]);
+        assert_eq!(names(&without_n1), ["n2", "n3"]);
+        let pods = |b: &Built| -> Vec<String> {
+            b.input.pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(pods(&without_n2), ["p", "b", "c"]);
+        assert_eq!((without_n2.displaced_pods, without_n1.displaced_pods), (2, 1));
+        // The same node, not a copy, in both scenarios.
+        assert!(Arc::ptr_eq(&without_n2.input.existing_nodes[1], &without_n1.input.existing_nodes[1]));
+        // The one-shot builder is the same thing.
+        let scenario = Scenario { without: ["n2".to_string()].into(), ..Default::default() };
+        let built = scheduling_input(&s, &nodes, s.provisionable_pods(), &scenario);
+        assert_eq!((names(&built), pods(&built)), (names(&without_n2), pods(&without_n2)));
     }
 
     #[test]

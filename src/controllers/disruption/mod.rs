@@ -34,7 +34,7 @@ use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
-use crate::disruption::consolidation::{self, World};
+use crate::disruption::consolidation::{self, Setting, World};
 use crate::disruption::decide::{self, Command, Method, Pass, Rejection};
 use crate::disruption::emptiness;
 use crate::operator::metrics::observe;
@@ -155,16 +155,18 @@ impl Inputs {
     }
 
     fn world(&self) -> World<'_> {
-        World {
-            snapshot: &self.snapshot,
-            nodes: &self.nodes,
-            pending: self.snapshot.provisionable_pods(),
-            options: self.options.clone(),
-            spot_to_spot: self.spot_to_spot,
-            pools: &self.pools,
-            now: self.now,
-            young: self.young.clone(),
-        }
+        World::new(
+            &self.snapshot,
+            Setting {
+                nodes: &self.nodes,
+                pending: self.snapshot.provisionable_pods(),
+                options: self.options.clone(),
+                spot_to_spot: self.spot_to_spot,
+                pools: &self.pools,
+                now: self.now,
+                young: self.young.clone(),
+            },
+        )
     }
 }
 
