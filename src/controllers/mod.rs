@@ -35,6 +35,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Kubernetes events.
     pub events: Events,
+    /// The disruption controller's latest per-node decisions, served on the metrics port.
+    pub decisions: crate::disruption::record::Decisions,
 }
 
 impl std::fmt::Debug for Context {

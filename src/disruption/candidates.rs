@@ -21,15 +21,11 @@ use crate::scheduling::topology::Selector;
 use crate::state::StateNode;
 use crate::state::pods::{self, DoNotDisrupt};
 
-/// Why a node is not a disruption candidate; the text of its `DisruptionBlocked` event.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Blocked(pub String);
+use super::record::{Code, Why};
 
-impl std::fmt::Display for Blocked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+/// Why a node is not a disruption candidate; its message is the text of its `DisruptionBlocked`
+/// event.
+pub type Blocked = Why;
 
 /// A pod whose `karpenter.sh/do-not-disrupt` value is ignored, and why (an
 /// `InvalidDoNotDisruptAnnotation` warning on the pod).
@@ -64,23 +60,30 @@ pub fn check(
     now: Timestamp,
 ) -> Verdict {
     let mut verdict = Verdict::default();
-    let blocked = |s: String| Some(Blocked(s));
+    let blocked = |code: Code, s: String| Some(Why::new(code, s));
     verdict.blocked = if node.claim.is_none() {
-        blocked("Node isn't managed by karpenter".into())
+        blocked(Code::NotManaged, "Node isn't managed by karpenter".into())
     } else if node.node.is_none() {
-        blocked("Nodeclaim does not have an associated node".into())
+        blocked(Code::NoNode, "Nodeclaim does not have an associated node".into())
     } else if !node.initialized {
-        blocked("Node isn't initialized".into())
+        blocked(Code::NotInitialized, "Node isn't initialized".into())
     } else if node.marked_for_deletion {
-        blocked("Node is deleting or marked for deletion".into())
+        blocked(Code::Deleting, "Node is deleting or marked for deletion".into())
     } else if node.nominated {
-        blocked("Node is nominated for a pending pod".into())
+        blocked(Code::Nominated, "Node is nominated for a pending pod".into())
     } else if node_annotation(node, ANNOTATION_DO_NOT_DISRUPT) == Some("true") {
-        blocked(format!("Disruption is blocked through the {ANNOTATION_DO_NOT_DISRUPT:?} annotation"))
+        blocked(
+            Code::DoNotDisruptNode,
+            format!("Disruption is blocked through the {ANNOTATION_DO_NOT_DISRUPT:?} annotation"),
+        )
     } else if let Some(pool) = node.nodepool() {
-        if pools.contains(pool) { None } else { blocked(format!("NodePool not found (NodePool={pool})")) }
+        if pools.contains(pool) {
+            None
+        } else {
+            blocked(Code::NodePoolNotFound, format!("NodePool not found (NodePool={pool})"))
+        }
     } else {
-        blocked(format!("Node doesn't have required label {LABEL_NODEPOOL:?}"))
+        blocked(Code::NoNodePoolLabel, format!("Node doesn't have required label {LABEL_NODEPOOL:?}"))
     };
     verdict.transient = !node.initialized || node.nominated;
     if verdict.blocked.is_some() || ignore_pods {
@@ -90,10 +93,10 @@ pub fn check(
         match pods::do_not_disrupt(pod, now) {
             DoNotDisrupt::Active { until } => {
                 verdict.transient = until.is_some();
-                verdict.blocked = blocked(format!(
-                    "Pod has {ANNOTATION_DO_NOT_DISRUPT:?} annotation (Pod={})",
-                    pods::key(pod)
-                ));
+                verdict.blocked = blocked(
+                    Code::DoNotDisruptPod,
+                    format!("Pod has {ANNOTATION_DO_NOT_DISRUPT:?} annotation (Pod={})", pods::key(pod)),
+                );
                 return verdict;
             }
             DoNotDisrupt::Invalid(error) => {
@@ -104,8 +107,10 @@ pub fn check(
     }
     for pod in node.pdb_relevant_pods(now) {
         if let Some(budgets) = blocking_pdbs(pod, pdbs) {
-            verdict.blocked =
-                blocked(format!("Pdb prevents pod evictions (PodDisruptionBudget=[{}])", budgets.join(" ")));
+            verdict.blocked = blocked(
+                Code::PodDisruptionBudget,
+                format!("Pdb prevents pod evictions (PodDisruptionBudget=[{}])", budgets.join(" ")),
+            );
             return verdict;
         }
     }
@@ -211,7 +216,7 @@ mod tests {
     }
 
     fn blocked(node: &StateNode, pdbs: &[Arc<PodDisruptionBudget>]) -> Option<String> {
-        check_now(node, pdbs, false).blocked.map(|b| b.0)
+        check_now(node, pdbs, false).blocked.map(|b| b.message)
     }
 
     #[test]

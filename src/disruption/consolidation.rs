@@ -38,6 +38,7 @@ use crate::state::input::Base;
 use crate::state::snapshot::Snapshot;
 
 use super::emptiness::{consolidatable_at, is_empty, reschedule_cost};
+use super::record::{Code, Why};
 
 /// How many cheaper types a single spot node's spot replacement needs, and how many it launches.
 pub const SPOT_TO_SPOT_MIN_TYPES: usize = 15;
@@ -152,39 +153,45 @@ pub fn sort_candidates(candidates: &mut [&StateNode]) {
 
 /// A candidate left to emptiness.
 pub const EMPTY: &str = "Node is empty";
+/// A candidate whose NodePool's budget allows no more disruptions now.
+pub const NO_BUDGET: &str = "No allowed disruptions due to blocking budget";
 /// A candidate whose `consolidateAfter` has not passed.
 pub const NOT_CONSOLIDATABLE_YET: &str = "Node is not consolidatable yet (consolidateAfter has not passed)";
 
-/// Whether a reason becomes an `Unconsolidatable` event (upstream reports neither emptiness nor
-/// a pending `consolidateAfter` that way).
-pub fn is_reported(why: &str) -> bool {
-    why != EMPTY && why != NOT_CONSOLIDATABLE_YET
+/// Whether a reason becomes an `Unconsolidatable` event (upstream reports neither emptiness, nor
+/// a pending `consolidateAfter`, nor a budget that allows nothing more that way).
+pub fn is_reported(why: &Why) -> bool {
+    !matches!(why.code, Code::Empty | Code::ConsolidateAfter | Code::Budget | Code::NotReached)
 }
 
 /// Why a candidate cannot be consolidated by a non-empty method whatever the simulation says
 /// (upstream's filter-time `Unconsolidatable` messages); `None` if it may be.
-pub fn filter(node: &StateNode, pool: &NodePool, now: Timestamp) -> Option<String> {
+pub fn filter(node: &StateNode, pool: &NodePool, now: Timestamp) -> Option<Why> {
     let pool_name = pool.metadata.name.as_deref().unwrap_or_default();
     for label in [LABEL_INSTANCE_TYPE, LABEL_CAPACITY_TYPE, LABEL_TOPOLOGY_ZONE] {
         if !node.labels.contains_key(label) {
-            return Some(format!("Node does not have label {label:?}"));
+            return Some(Why::new(Code::MissingLabel, format!("Node does not have label {label:?}")));
         }
     }
     if pool.spec.disruption.consolidate_after.trim() == "Never" {
-        return Some(format!("NodePool {pool_name:?} has consolidation disabled"));
+        return Some(Why::new(
+            Code::ConsolidationDisabled,
+            format!("NodePool {pool_name:?} has consolidation disabled"),
+        ));
     }
     if is_empty(node) {
         // Emptiness' business.
-        return Some(EMPTY.to_string());
+        return Some(Why::new(Code::Empty, EMPTY));
     }
     if pool.spec.disruption.consolidation_policy == ConsolidationPolicy::WhenEmpty {
-        return Some(format!(
-            "NodePool {pool_name:?} has consolidation policy WhenEmpty, but node is not empty"
+        return Some(Why::new(
+            Code::WhenEmptyPolicy,
+            format!("NodePool {pool_name:?} has consolidation policy WhenEmpty, but node is not empty"),
         ));
     }
     match consolidatable_at(node, pool) {
         Some(at) if at <= now => None,
-        _ => Some(NOT_CONSOLIDATABLE_YET.to_string()),
+        _ => Some(Why::new(Code::ConsolidateAfter, NOT_CONSOLIDATABLE_YET)),
     }
 }
 
@@ -216,7 +223,7 @@ fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
 
 /// Simulates the cluster without `candidates`: the one NodeClaim their pods need, `None` if none,
 /// or why they cannot go.
-pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<NewNodeClaim>, String> {
+pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<NewNodeClaim>, Why> {
     let without: HashSet<String> = candidates.iter().map(|c| c.name.clone()).collect();
     let pending_count = world.base.pending_count();
     let input = world.base.scenario(&without).input;
@@ -231,7 +238,10 @@ pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<N
     if !unfit.is_empty() {
         let shown = unfit.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
         let more = if unfit.len() > 5 { format!(" and {} other(s)", unfit.len() - 5) } else { String::new() };
-        return Err(format!("Not all pods would schedule, {shown}{more}"));
+        return Err(Why::new(
+            Code::PodsWouldNotSchedule,
+            format!("Not all pods would schedule, {shown}{more}"),
+        ));
     }
     let uninitialized: HashSet<&str> =
         input.existing_nodes.iter().filter(|n| !n.initialized).map(|n| n.name.as_str()).collect();
@@ -239,7 +249,10 @@ pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<N
         if uninitialized.contains(placement.node.as_str())
             && placement.pods.iter().any(|p| displaced(p.index))
         {
-            return Err(format!("Would schedule against uninitialized node {}", placement.node));
+            return Err(Why::new(
+                Code::UninitializedTarget,
+                format!("Would schedule against uninitialized node {}", placement.node),
+            ));
         }
     }
     let mut needed: Vec<NewNodeClaim> =
@@ -247,13 +260,16 @@ pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<N
     match needed.len() {
         0 => Ok(None),
         1 => Ok(needed.pop()),
-        n => Err(format!("Can't remove without creating {n} candidates")),
+        n => Err(Why::new(
+            Code::MoreThanOneReplacement,
+            format!("Can't remove without creating {n} candidates"),
+        )),
     }
 }
 
 /// Whether `candidates` can be removed together now, and how; else why not (the text of an
 /// `Unconsolidatable` event). `single` applies the one-node spot-to-spot rule.
-pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> Result<Plan, String> {
+pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> Result<Plan, Why> {
     let candidate_price: f64 = candidates.iter().map(|c| c.price.unwrap_or(0.0)).sum();
     let names = candidates.iter().map(|c| c.name.clone()).collect();
     let Some(mut replacement) = simulate(world, candidates)? else {
@@ -269,9 +285,10 @@ pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> R
     let spot_to_spot = all_spot && allows(&replacement, SPOT);
     if spot_to_spot {
         if !world.spot_to_spot {
-            return Err(
-                "SpotToSpotConsolidation is disabled, can't replace a spot node with a spot node".into()
-            );
+            return Err(Why::new(
+                Code::SpotToSpotDisabled,
+                "SpotToSpotConsolidation is disabled, can't replace a spot node with a spot node",
+            ));
         }
         replacement.requirements.add(LABEL_CAPACITY_TYPE, Requirement::in_values([SPOT]));
     }
@@ -295,21 +312,27 @@ pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> R
     }
     cheaper.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
     if cheaper.is_empty() {
-        return Err("Can't replace with a cheaper node".into());
+        return Err(Why::new(Code::NoCheaperReplacement, "Can't replace with a cheaper node"));
     }
     if let Some(min_values) = replacement.requirements.get(LABEL_INSTANCE_TYPE).and_then(|r| r.min_values())
         && cheaper.len() < min_values
     {
-        return Err(format!(
-            "Filtering by price: minValues requirement is not met for {LABEL_INSTANCE_TYPE} ({} cheaper types, {min_values} needed)",
-            cheaper.len()
+        return Err(Why::new(
+            Code::MinValues,
+            format!(
+                "Filtering by price: minValues requirement is not met for {LABEL_INSTANCE_TYPE} ({} cheaper types, {min_values} needed)",
+                cheaper.len()
+            ),
         ));
     }
     if spot_to_spot && single {
         if cheaper.len() < SPOT_TO_SPOT_MIN_TYPES {
-            return Err(format!(
-                "SpotToSpotConsolidation requires {SPOT_TO_SPOT_MIN_TYPES} cheaper instance type options than the current candidate to consolidate, got {}",
-                cheaper.len()
+            return Err(Why::new(
+                Code::SpotToSpotOptions,
+                format!(
+                    "SpotToSpotConsolidation requires {SPOT_TO_SPOT_MIN_TYPES} cheaper instance type options than the current candidate to consolidate, got {}",
+                    cheaper.len()
+                ),
             ));
         }
         let keep = replacement
@@ -426,7 +449,7 @@ pub fn balanced_scores(
 }
 
 /// Why the nodes a method looked at were not consolidated, by StateNode name.
-pub type Reasons = BTreeMap<String, String>;
+pub type Reasons = BTreeMap<String, Why>;
 
 /// Multi-node consolidation: of `candidates` (sorted, budget-filtered, at least two), the longest
 /// prefix that one command removes (binary search; every candidate is considered). `approve`
@@ -468,6 +491,7 @@ pub fn single_node(
     for candidate in candidates {
         let pool = candidate.nodepool().unwrap_or_default();
         if budgets.get(pool).copied().unwrap_or(0) == 0 {
+            reasons.insert(candidate.name.clone(), Why::new(Code::Budget, NO_BUDGET));
             continue;
         }
         match evaluate(world, std::slice::from_ref(candidate), true) {
@@ -475,7 +499,7 @@ pub fn single_node(
             Ok(_) => {
                 reasons.insert(
                     candidate.name.clone(),
-                    "Savings do not outweigh the disruption (Balanced)".into(),
+                    Why::new(Code::BalancedScore, "Savings do not outweigh the disruption (Balanced)"),
                 );
             }
             Err(why) => {

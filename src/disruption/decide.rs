@@ -15,6 +15,7 @@ use super::budgets::{self, PoolBudget};
 use super::candidates::{self, Blocked, InvalidAnnotation};
 use super::consolidation::{self, Plan, Reasons, Score, World};
 use super::emptiness;
+use super::record::{Code, Why};
 
 /// How a command was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -167,7 +168,8 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     for node in candidates.iter().copied().filter(|n| !emptiness::is_empty(n)) {
         let Some(pool) = node.nodepool().and_then(|p| world.pools.get(p)) else { continue };
         if node.claim_name().is_some_and(|c| world.young.contains(c)) {
-            pass.unconsolidatable.insert(node.name.clone(), consolidation::YOUNG.to_string());
+            pass.unconsolidatable
+                .insert(node.name.clone(), Why::new(Code::RecentlyLaunched, consolidation::YOUNG));
             pass.transient = true;
             continue;
         }
@@ -271,8 +273,11 @@ pub fn validate(
         match candidates.iter().find(|n| &n.name == name) {
             Some(node) => chosen.push(node),
             None => {
-                let why =
-                    scratch.blocked.get(name).map(|b| b.0.clone()).unwrap_or_else(|| "gone".to_string());
+                let why = scratch
+                    .blocked
+                    .get(name)
+                    .map(|b| b.message.clone())
+                    .unwrap_or_else(|| "gone".to_string());
                 return Err(Rejection::Churn(format!("{name}: {why}")));
             }
         }
@@ -305,7 +310,7 @@ pub fn validate(
         return Ok(command.clone());
     }
     let fresh = consolidation::evaluate(world, &chosen, command.method == Method::SingleNode)
-        .map_err(Rejection::Scheduling)?;
+        .map_err(|why| Rejection::Scheduling(why.message))?;
     if fresh.decision != command.plan.decision {
         return Err(Rejection::Scheduling(format!(
             "the decision changed from {} to {}",

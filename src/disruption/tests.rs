@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::consolidation::{Decision, Setting, World};
 use super::decide::{Method, Pass, Rejection, decide, validate};
+use super::record::{Code, Outcome, Record};
 use crate::apis::labels::LABEL_CAPACITY_TYPE;
 use crate::apis::{NodeClaim, NodePool};
 use crate::scheduling::{InstanceType, Offering, Requirements, Resources, SchedulerOptions};
@@ -230,7 +231,8 @@ fn nothing_cheaper_means_no_replacement_and_a_reason() {
     c.node("n1", "p", "small", "on-demand", json!({})).pod("w", "n1", "1500m", json!({}));
     let pass = c.decide();
     assert!(pass.command.is_none());
-    assert_eq!(pass.unconsolidatable["n1"], "Can't replace with a cheaper node");
+    assert_eq!(pass.unconsolidatable["n1"].message, "Can't replace with a cheaper node");
+    assert_eq!(pass.unconsolidatable["n1"].code, Code::NoCheaperReplacement);
 }
 
 #[test]
@@ -239,12 +241,12 @@ fn spot_to_spot_needs_the_gate_and_fifteen_cheaper_types() {
     c.types = spot_catalog(14);
     c.node("n1", "p", "large", "spot", json!({})).pod("w", "n1", "500m", json!({}));
     assert_eq!(
-        c.decide().unconsolidatable["n1"],
+        c.decide().unconsolidatable["n1"].message,
         "SpotToSpotConsolidation is disabled, can't replace a spot node with a spot node"
     );
     c.spot_to_spot = true;
     assert_eq!(
-        c.decide().unconsolidatable["n1"],
+        c.decide().unconsolidatable["n1"].message,
         "SpotToSpotConsolidation requires 15 cheaper instance type options than the current candidate to consolidate, got 14"
     );
     c.types = spot_catalog(20);
@@ -266,7 +268,7 @@ fn when_empty_pools_leave_busy_nodes_alone() {
     let pass = c.decide();
     assert!(pass.command.is_none());
     assert_eq!(
-        pass.unconsolidatable["n1"],
+        pass.unconsolidatable["n1"].message,
         "NodePool \"p\" has consolidation policy WhenEmpty, but node is not empty"
     );
 }
@@ -280,12 +282,60 @@ fn do_not_disrupt_pods_and_nodes_are_not_candidates() {
     let pass = c.decide();
     assert!(pass.command.is_none(), "{:?}", candidates(&pass));
     assert_eq!(
-        pass.blocked["held"].0,
+        pass.blocked["held"].message,
         "Disruption is blocked through the \"karpenter.sh/do-not-disrupt\" annotation"
     );
     assert_eq!(
-        pass.blocked["pinned"].0,
+        pass.blocked["pinned"].message,
         "Pod has \"karpenter.sh/do-not-disrupt\" annotation (Pod=ns/precious)"
+    );
+}
+
+#[test]
+fn every_managed_node_has_one_recorded_decision() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None)];
+    c.node("held", "p", "large", "on-demand", json!({"karpenter.sh/do-not-disrupt": "true"}))
+        .pod("h", "held", "3", json!({}))
+        .node("busy", "p", "large", "on-demand", json!({}))
+        .pod("w", "busy", "3", json!({}))
+        .node("idle", "p", "large", "on-demand", json!({}));
+    let record = c.run(|w| {
+        let pass = decide(w, &HashSet::new());
+        Record::of(&pass, w.nodes, &HashSet::new(), w.now, None)
+    });
+    let seen: Vec<(&str, Outcome, Code)> =
+        record.nodes.iter().map(|(n, d)| (n.as_str(), d.outcome, d.code)).collect();
+    assert_eq!(
+        seen,
+        [
+            ("busy", Outcome::Candidate, Code::NotReached),
+            ("held", Outcome::Blocked, Code::DoNotDisruptNode),
+            ("idle", Outcome::Disrupting, Code::Disrupting),
+        ]
+    );
+    assert_eq!(record.nodes["held"].nodepool.as_deref(), Some("p"));
+    // With a command under way on the held node, the busy one is weighed and kept.
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None)];
+    c.node("held", "p", "large", "on-demand", json!({}))
+        .pod("h", "held", "3", json!({}))
+        .node("busy", "p", "large", "on-demand", json!({}))
+        .pod("w", "busy", "3", json!({}));
+    let in_flight: HashSet<String> = ["held".to_string()].into();
+    let record = c.run(|w| {
+        let pass = decide(w, &in_flight);
+        Record::of(&pass, w.nodes, &in_flight, w.now, None)
+    });
+    assert_eq!(
+        (record.nodes["held"].outcome, record.nodes["held"].code),
+        (Outcome::Disrupting, Code::InProgress)
+    );
+    assert_eq!(
+        (record.nodes["busy"].outcome, record.nodes["busy"].code),
+        (Outcome::Unconsolidatable, Code::NoCheaperReplacement),
+        "{:?}",
+        record.nodes["busy"]
     );
 }
 
@@ -297,7 +347,7 @@ fn pods_that_fit_nowhere_keep_their_node() {
     c.node("n2", "p", "large", "on-demand", json!({})).pod("v", "n2", "3", json!({}));
     let pass = c.decide();
     assert!(pass.command.is_none());
-    assert_eq!(pass.unconsolidatable["n1"], "Can't replace with a cheaper node");
+    assert_eq!(pass.unconsolidatable["n1"].message, "Can't replace with a cheaper node");
 }
 
 #[test]
@@ -350,7 +400,7 @@ fn a_node_consolidation_just_launched_is_not_consolidated_again_at_once() {
     c.young.insert("n1".into());
     let pass = c.decide();
     assert!(pass.command.is_none());
-    assert_eq!(pass.unconsolidatable["n1"], super::consolidation::YOUNG);
+    assert_eq!(pass.unconsolidatable["n1"].message, super::consolidation::YOUNG);
     assert!(pass.transient, "looked at again once the minute is over");
     // Emptiness is not held back.
     c.pods.clear();

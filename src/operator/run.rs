@@ -75,7 +75,9 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let (metrics_listener, metrics_addr) =
         server::bind(SocketAddr::from(([0, 0, 0, 0], settings.metrics_port))).await?;
     servers.spawn(server::serve(health_listener, server::health_router(readiness.clone()), stop.clone()));
-    servers.spawn(server::serve(metrics_listener, server::metrics_router(Arc::new(registry)), stop.clone()));
+    let decisions = crate::disruption::record::Decisions::default();
+    let metrics_routes = server::metrics_router(Arc::new(registry), decisions.clone());
+    servers.spawn(server::serve(metrics_listener, metrics_routes, stop.clone()));
     tracing::info!(health = %health_addr, metrics = %metrics_addr, "serving health probes and metrics");
 
     tokio::spawn(signals(stop_tx.clone()));
@@ -90,6 +92,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         settings: settings.clone(),
         metrics: metrics.clone(),
         events,
+        decisions,
     };
 
     // The caches are kept on every replica, so that a standby that takes over acts at once.

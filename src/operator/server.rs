@@ -14,6 +14,8 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::disruption::record::Decisions;
+
 /// Errors of the HTTP endpoints.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -66,9 +68,19 @@ async fn readyz(State(readiness): State<Readiness>) -> impl IntoResponse {
     if readiness.get() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready") }
 }
 
-/// Routes of the metrics port.
-pub fn metrics_router(registry: Arc<Registry>) -> Router {
-    Router::new().route("/metrics", get(metrics)).with_state(registry)
+/// Routes of the metrics port: `/metrics`, and `/disruption`, the disruption controller's latest
+/// decision about each node as JSON.
+pub fn metrics_router(registry: Arc<Registry>, decisions: Decisions) -> Router {
+    Router::new()
+        .route(
+            "/disruption",
+            get(move || {
+                let body = decisions.json();
+                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+            }),
+        )
+        .route("/metrics", get(metrics))
+        .with_state(registry)
 }
 
 async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
@@ -156,10 +168,17 @@ mod tests {
         counter.inc();
         let (listener, addr) = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
         let (stop_tx, stop) = watch::channel(false);
-        let server = tokio::spawn(serve(listener, metrics_router(Arc::new(registry)), stop));
+        let decisions = Decisions::default();
+        let server =
+            tokio::spawn(serve(listener, metrics_router(Arc::new(registry), decisions.clone()), stop));
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
         assert!(body.contains("karpenter_nodeclaims_created_total 1"), "{body}");
+        // The disruption record: empty until a pass, then the latest one.
+        let (status, body) = get(addr, "/disruption").await;
+        assert_eq!((status, body.as_str()), (200, r#"{"at":null,"command":null,"nodes":{}}"#));
+        decisions.set(crate::disruption::record::Record { command: Some("x".into()), ..Default::default() });
+        assert!(get(addr, "/disruption").await.1.contains(r#""command":"x""#));
         stop_tx.send_replace(true);
         server.await.unwrap().unwrap();
     }

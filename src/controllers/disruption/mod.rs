@@ -10,7 +10,8 @@
 //!    (`DisruptionBlocked`, `Unconsolidatable`, the NodePool's blocking budget);
 //! 3. waits 15 s and validates the command on a fresh snapshot (same candidates, budgets, a new
 //!    simulation); then starts it ([`command`]) and looks for the next one at once. Idle, it
-//!    looks again after 10 s.
+//!    looks again after 10 s, or 2 s after nodes or NodeClaims went away or a NodePool changed
+//!    (a command's nodes gone free the budget the next one needs).
 //!
 //! A command taints its nodes, launches its replacement and waits until it is initialized, and
 //! only then deletes the old NodeClaims (the termination controller drains them); see
@@ -33,10 +34,11 @@ use crate::apis::labels::TAINT_DISRUPTED;
 use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
-use crate::controllers::kit::{Next, Options, Timer, run_singleton};
+use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::disruption::consolidation::{self, Setting, World};
 use crate::disruption::decide::{self, Command, Method, Pass, Rejection};
 use crate::disruption::emptiness;
+use crate::disruption::record::{Outcome, Record, Why};
 use crate::operator::metrics::observe;
 use crate::scheduling::SchedulerOptions;
 use crate::state::statenode::state_nodes;
@@ -46,6 +48,8 @@ use crate::state::{Changes, ClusterState, Interest, Snapshot, StateNode};
 pub const CONTROLLER: &str = "disruption";
 /// Wait between passes that found nothing to do.
 pub const IDLE: Duration = Duration::from_secs(10);
+/// How long a burst of deletions is let settle before a pass looks at the budget they freed.
+pub const SETTLE: Duration = Duration::from_secs(2);
 /// Wait between a decision and its validation.
 pub const VALIDATION_DELAY: Duration = Duration::from_secs(15);
 /// A pass that found nothing is not repeated before the cluster changes, or this long.
@@ -88,7 +92,12 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     });
     let c = controller.clone();
     let mut stop_pass = stop.clone();
-    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, move || {
+    // Besides its timer, a pass follows nodes and NodeClaims going away (budget freed) and
+    // NodePool edits, once a burst of them has settled.
+    let interest =
+        Interest { node_deletions: true, nodeclaim_deletions: true, nodepools: true, ..Interest::default() };
+    let wake = Coalesced { changes: controller.state.feed().subscribe(interest), settle: SETTLE };
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, move || {
         let c = c.clone();
         let mut stop = stop_pass.clone();
         stop_pass.borrow_and_update();
@@ -221,7 +230,7 @@ impl Controller {
             duration = ?elapsed,
             "evaluated disruption"
         );
-        self.record(&inputs, &pass, elapsed).await;
+        self.record(&inputs, &pass, &in_flight, elapsed).await;
         let Some(command) = pass.command else {
             if !pass.budget_constrained && !pass.transient {
                 let until = Instant::now() + self.memo_for(&inputs);
@@ -309,7 +318,7 @@ impl Controller {
     }
 
     /// Metrics and events of a pass.
-    async fn record(&self, inputs: &Inputs, pass: &Pass, elapsed: Duration) {
+    async fn record(&self, inputs: &Inputs, pass: &Pass, in_flight: &HashSet<String>, elapsed: Duration) {
         let m = &self.ctx.metrics;
         for (reason, n) in &pass.eligible {
             m.disruption_eligible_nodes.get_or_create(&vec![("reason", reason.to_string())]).set(*n as f64);
@@ -323,11 +332,29 @@ impl Controller {
         );
         let by_name: BTreeMap<&str, &StateNode> = inputs.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let events = &self.ctx.events;
-        for (name, blocked) in &pass.blocked {
+        let record = Record::of(
+            pass,
+            &inputs.nodes,
+            in_flight,
+            inputs.now,
+            pass.command.as_ref().map(command::describe),
+        );
+        for (name, decision) in &record.nodes {
             let Some(node) = by_name.get(name.as_str()) else { continue };
-            let message = upper_first(&blocked.0);
-            self.tell(node, reasons::DISRUPTION_BLOCKED, BLOCKED_EVENT_WINDOW, &message).await;
+            let why = Why::new(decision.code, decision.message.clone());
+            match decision.outcome {
+                Outcome::Blocked => {
+                    let message = upper_first(&why.message);
+                    self.tell(node, reasons::DISRUPTION_BLOCKED, BLOCKED_EVENT_WINDOW, &message).await;
+                }
+                Outcome::Unconsolidatable if consolidation::is_reported(&why) => {
+                    self.tell(node, reasons::UNCONSOLIDATABLE, UNCONSOLIDATABLE_EVENT_WINDOW, &why.message)
+                        .await;
+                }
+                _ => {}
+            }
         }
+        self.ctx.decisions.set(record);
         for invalid in &pass.invalid {
             let Some(pod) = find_pod(&inputs.snapshot, &invalid.pod) else { continue };
             let message = format!(
@@ -336,12 +363,6 @@ impl Controller {
             );
             let reason = reasons::INVALID_DO_NOT_DISRUPT_ANNOTATION;
             events.deduped(pod.as_ref(), EventType::Warning, reason, "", BLOCKED_EVENT_WINDOW, message).await;
-        }
-        for (name, why) in &pass.unconsolidatable {
-            let Some(node) = by_name.get(name.as_str()) else { continue };
-            if consolidation::is_reported(why) {
-                self.tell(node, reasons::UNCONSOLIDATABLE, UNCONSOLIDATABLE_EVENT_WINDOW, why).await;
-            }
         }
         for (pool, reason) in &pass.budget_blocked {
             let Some(np) = inputs.pools.get(pool) else { continue };

@@ -172,6 +172,7 @@ impl Harness {
             settings: Arc::new(settings),
             metrics: metrics.clone(),
             events: Events::new(client.clone(), Some(name.clone())),
+            decisions: Default::default(),
         };
         let (stop, stop_rx) = watch::channel(false);
         let (cluster, watches) = ClusterState::start(client.clone());

@@ -262,6 +262,7 @@ fn start_with(
         settings: Arc::new(Cli::parse_from(["karpenter"]).settings),
         metrics,
         events: Events::new(client.clone(), Some("lifecycle-test".into())),
+        decisions: Default::default(),
     };
     let (stop, stop_rx) = watch::channel(false);
     let (cluster, watches) = ClusterState::start(client.clone());
