@@ -121,6 +121,32 @@ fn node_annotation<'a>(node: &'a StateNode, key: &str) -> Option<&'a str> {
     node.node.as_ref()?.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
+/// Whether `pod` moves when its node is disrupted: not while its `karpenter.sh/do-not-disrupt`
+/// holds, nor under a PodDisruptionBudget that never allows an eviction (`maxUnavailable: 0` or
+/// `"0%"`, `minAvailable: "100%"`). Simulations make no room for pods that stay.
+pub fn moves(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>], now: Timestamp) -> bool {
+    if matches!(pods::do_not_disrupt(pod, now), DoNotDisrupt::Active { .. }) {
+        return false;
+    }
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    !pdbs.iter().filter(|b| b.metadata.namespace.as_deref().unwrap_or_default() == namespace).any(|b| {
+        let Some(spec) = b.spec.as_ref() else { return false };
+        let selects = Selector::new(spec.selector.as_ref(), &Default::default(), &[], &[]).matches(&labels);
+        selects && is_fully_blocking(spec)
+    })
+}
+
+fn is_fully_blocking(spec: &k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec) -> bool {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let zero = |v: &IntOrString| {
+        matches!(v, IntOrString::Int(0))
+            || matches!(v, IntOrString::String(s) if s.trim() == "0%" || s.trim() == "0")
+    };
+    let all = |v: &IntOrString| matches!(v, IntOrString::String(s) if s.trim() == "100%");
+    spec.max_unavailable.as_ref().is_some_and(zero) || spec.min_available.as_ref().is_some_and(all)
+}
+
 /// The PodDisruptionBudgets that keep `pod` from being evicted now (namespace/name), if any:
 /// all those that select it when there is more than one (the Eviction API refuses such pods), or
 /// the one that allows no disruption.
@@ -267,6 +293,31 @@ mod tests {
         // Drift of a claim with a grace period ignores them.
         let forever = pod("a", json!({}), json!({ANNOTATION_DO_NOT_DISRUPT: "true"}));
         assert_eq!(check_now(&node(vec![forever]), &[], true).blocked, None);
+    }
+
+    #[rstest::rstest]
+    #[case::free(json!({"maxUnavailable": 1}), true)]
+    #[case::max_unavailable_zero(json!({"maxUnavailable": 0}), false)]
+    #[case::max_unavailable_zero_percent(json!({"maxUnavailable": "0%"}), false)]
+    #[case::min_available_all(json!({"minAvailable": "100%"}), false)]
+    #[case::min_available_some(json!({"minAvailable": "50%"}), true)]
+    fn pods_under_fully_blocking_pdbs_do_not_move(#[case] spec: serde_json::Value, #[case] moves_: bool) {
+        let web = pod("web-1", json!({"app": "web"}), json!({}));
+        let mut v = json!({"metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}}});
+        for (k, val) in spec.as_object().unwrap() {
+            v["spec"][k] = val.clone();
+        }
+        let budget: Arc<PodDisruptionBudget> = Arc::new(serde_json::from_value(v).unwrap());
+        let now = NOW.parse().unwrap();
+        assert_eq!(moves(&web, std::slice::from_ref(&budget), now), moves_);
+        // Another namespace's budget does not hold it.
+        let mut elsewhere = (*budget).clone();
+        elsewhere.metadata.namespace = Some("other".into());
+        assert!(moves(&web, &[Arc::new(elsewhere)], now));
+        // A pod whose do-not-disrupt holds stays without any budget.
+        let pinned = pod("pinned", json!({}), json!({"karpenter.sh/do-not-disrupt": "true"}));
+        assert!(!moves(&pinned, &[], now));
     }
 
     #[test]

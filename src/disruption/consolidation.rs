@@ -226,7 +226,8 @@ fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
 pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<NewNodeClaim>, Why> {
     let without: HashSet<String> = candidates.iter().map(|c| c.name.clone()).collect();
     let pending_count = world.base.pending_count();
-    let input = world.base.scenario(&without).input;
+    let (pdbs, now) = (&world.snapshot.pdbs, world.now);
+    let input = world.base.scenario_keeping(&without, &|pod| super::candidates::moves(pod, pdbs, now)).input;
     let results = schedule(&input);
     let displaced = |index: usize| index >= pending_count;
     let unfit: Vec<String> = results

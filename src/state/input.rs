@@ -148,6 +148,12 @@ impl<'a> Base<'a> {
     /// The input of the cluster without the StateNodes named in `without`: their reschedulable
     /// pods join the pods to place, after the others.
     pub fn scenario(&self, without: &HashSet<String>) -> Built {
+        self.scenario_keeping(without, &|_| true)
+    }
+
+    /// [`Base::scenario`], placing only the pods of the left-out nodes that `keep` accepts (a
+    /// disruption makes no room for pods that will not move: those it may not evict).
+    pub fn scenario_keeping(&self, without: &HashSet<String>, keep: &dyn Fn(&Pod) -> bool) -> Built {
         let mut input = SchedulingInput {
             pods: self.input.pods.clone(),
             nodepools: self.input.nodepools.clone(),
@@ -166,7 +172,8 @@ impl<'a> Base<'a> {
         }
         if !left_out.is_empty() {
             let mut seen = self.pod_uids();
-            input.pods.extend(displaced_pods(left_out.into_iter(), &mut seen));
+            let displaced = displaced_pods(left_out.into_iter(), &mut seen);
+            input.pods.extend(displaced.into_iter().filter(|p| keep(p)));
         }
         let displaced_pods = input.pods.len() - self.pending_count;
         Built { input, skipped_pools: self.skipped_pools.clone(), displaced_pods }

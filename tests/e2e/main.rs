@@ -1138,6 +1138,17 @@ spec:
     )
     .await;
     assert!(controller.log_contains("disrupting node(s)"));
+    // The decision record says the same, with codes.
+    wait_for("the held nodes in the /disruption record", Duration::from_secs(30), &controller, || async {
+        let answer = controller.metrics_port_get("/disruption").await;
+        let Some(body) = answer.split("\r\n\r\n").nth(1) else { return false };
+        let record: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let code = |node: &str| record["nodes"][node]["code"].as_str().map(str::to_string);
+        code(&held_by_pod).as_deref() == Some("DoNotDisruptPod")
+            && code(&held_by_node).as_deref() == Some("DoNotDisruptNode")
+            && record["nodes"][&held_by_pod]["outcome"] == "Blocked"
+    })
+    .await;
 
     // 3. Released, they go too.
     f.delete_pod("precious").await;

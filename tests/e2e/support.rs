@@ -148,12 +148,16 @@ impl Controller {
 
     /// The text of `/metrics`.
     pub async fn metrics(&self) -> String {
+        self.metrics_port_get("/metrics").await
+    }
+
+    /// The answer (headers and body) to a GET of `path` on the metrics port.
+    pub async fn metrics_port_get(&self, path: &str) -> String {
         let port = self.metrics_port;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
         tokio::task::spawn_blocking(move || {
             let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-            stream
-                .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                .unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
             let mut out = String::new();
             stream.read_to_string(&mut out).unwrap();
             out

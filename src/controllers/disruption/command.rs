@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -372,20 +372,40 @@ impl Run {
         }
     }
 
+    /// Removes the taint and the condition. Read from the API server, not the cache: a command
+    /// that fails right after tainting would otherwise see a cached node without the taint and
+    /// leave it (until the next pass healed it).
     async fn undo(&self) {
         let claims = self.claim_names();
         self.state.marks.unmark(claims.iter().map(String::as_str));
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        let claims: Api<NodeClaim> = Api::all(self.ctx.client.clone());
         for node in &self.nodes {
-            if let Some(name) = node.node_name()
-                && let Some(current) = self.state.node(name)
-                && let Err(e) =
-                    crate::controllers::node::write_disrupted_taint(&self.ctx.client, &current, false, false)
-                        .await
-            {
-                tracing::warn!(controller = CONTROLLER, Node = %name, error = %error_chain(&e), "removing the disrupted taint");
+            if let Some(name) = node.node_name() {
+                let removed = match nodes.get_opt(name).await {
+                    Ok(Some(current)) => crate::controllers::node::write_disrupted_taint(
+                        &self.ctx.client,
+                        &current,
+                        false,
+                        false,
+                    )
+                    .await
+                    .map(|_| ()),
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = removed {
+                    tracing::warn!(controller = CONTROLLER, Node = %name, error = %error_chain(&e), "removing the disrupted taint");
+                }
             }
-            if let Some(claim) = node.claim_name().and_then(|c| self.state.nodeclaim(c)) {
-                clear_disruption_reason(&self.ctx.client, &claim).await;
+            if let Some(name) = node.claim_name() {
+                match claims.get_opt(name).await {
+                    Ok(Some(claim)) => clear_disruption_reason(&self.ctx.client, &claim).await,
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(controller = CONTROLLER, NodeClaim = %name, error = %error_chain(&e), "removing the DisruptionReason condition")
+                    }
+                }
             }
         }
     }

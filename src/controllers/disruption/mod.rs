@@ -17,6 +17,8 @@
 //! only then deletes the old NodeClaims (the termination controller drains them); see
 //! [`command`] for how a failure or a crash at any point is undone.
 
+#[cfg(test)]
+mod cluster_tests;
 pub mod command;
 
 use std::collections::{BTreeMap, HashSet};

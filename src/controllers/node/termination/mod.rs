@@ -23,7 +23,7 @@
 
 pub mod drain;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

@@ -86,7 +86,7 @@ fn test_claim(name: &str) -> NodeClaim {
 
 /// A cloud whose instances are gone on the second termination request.
 #[derive(Default)]
-struct FakeCloud {
+pub(crate) struct FakeCloud {
     deletes: AtomicUsize,
 }
 
@@ -133,18 +133,18 @@ impl CloudProvider for FakeCloud {
 }
 
 #[derive(clap::Parser)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
-    settings: Settings,
+    pub(crate) settings: Settings,
 }
 
 /// Label that scopes a test's controller to the test's own nodes.
 const TEST_LABEL: &str = "karpenter-rs.test/termination";
 
-struct Harness {
-    client: Client,
-    name: String,
-    cloud: Arc<FakeCloud>,
+pub(crate) struct Harness {
+    pub(crate) client: Client,
+    pub(crate) name: String,
+    pub(crate) cloud: Arc<FakeCloud>,
     metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
     controller: tokio::task::JoinHandle<()>,
@@ -154,7 +154,7 @@ struct Harness {
 impl Harness {
     /// Starts a controller that terminates only the nodes labelled for this test; with `stale`, it
     /// reads pods and NodeClaims from caches that never saw any.
-    async fn start(prefix: &str, stale: bool) -> Harness {
+    pub(crate) async fn start(prefix: &str, stale: bool) -> Harness {
         use clap::Parser;
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
@@ -192,7 +192,7 @@ impl Harness {
     }
 
     /// A fake node managed by kwok, with our finalizer and provider ID `kwok://<name>`.
-    async fn create_node(&self) {
+    pub(crate) async fn create_node(&self) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node = Node {
             metadata: ObjectMeta {
@@ -209,7 +209,7 @@ impl Harness {
     }
 
     /// A NodeClaim for the node, with `termination_grace_period`.
-    async fn create_claim(&self, termination_grace_period: Option<&str>) {
+    pub(crate) async fn create_claim(&self, termination_grace_period: Option<&str>) {
         let claims: Api<NodeClaim> = Api::all(self.client.clone());
         let mut claim = test_claim(&self.name);
         claim.metadata.labels = Some([(TEST_LABEL.to_string(), self.name.clone())].into());
@@ -220,7 +220,7 @@ impl Harness {
         claims.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
     }
 
-    async fn create_pod(&self, name: &str, app: &str, grace: i64) {
+    pub(crate) async fn create_pod(&self, name: &str, app: &str, grace: i64) {
         self.create_pod_tolerating(name, app, grace, None).await;
     }
 
@@ -229,7 +229,7 @@ impl Harness {
     }
 
     /// A pod annotated `karpenter.sh/do-not-disrupt: "true"`.
-    async fn create_pinned_pod(&self, name: &str, grace: i64) {
+    pub(crate) async fn create_pinned_pod(&self, name: &str, grace: i64) {
         let annotations = [(crate::apis::labels::ANNOTATION_DO_NOT_DISRUPT.to_string(), "true".to_string())];
         self.create_pod_with(name, name, grace, None, Some(annotations.into())).await;
     }
@@ -306,7 +306,7 @@ impl Harness {
         names
     }
 
-    async fn node(&self) -> Option<Node> {
+    pub(crate) async fn node(&self) -> Option<Node> {
         Api::<Node>::all(self.client.clone()).get_opt(&self.name).await.unwrap()
     }
 
@@ -360,7 +360,7 @@ impl Harness {
     }
 }
 
-async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+pub(crate) async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -373,7 +373,7 @@ where
 }
 
 /// Runs `body` with a harness, cleaning up even when it fails.
-async fn with_harness<F, Fut>(prefix: &str, body: F)
+pub(crate) async fn with_harness<F, Fut>(prefix: &str, body: F)
 where
     F: FnOnce(Arc<Harness>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
