@@ -9,24 +9,68 @@ use std::time::Duration;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
 
 use super::command::Run;
 use super::{InFlight, Launched};
-use crate::apis::NodeClaim;
-use crate::apis::labels::TAINT_DISRUPTED;
+use crate::apis::labels::{LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, TAINT_DISRUPTED};
 use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
+use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::node::termination::tests::{Cli, Harness, eventually, with_harness};
 use crate::controllers::{Context, Events};
 use crate::disruption::consolidation::{Decision, Plan};
 use crate::disruption::decide::{Command, Method};
 use crate::operator::metrics::Metrics;
+use crate::scheduling::{NewNodeClaim, Requirement, Requirements};
 use crate::state::ClusterState;
 use crate::state::statenode::state_nodes;
 
 /// A command deleting the harness's node, as a pass decided it before `arrive` ran; runs it and
 /// returns the metrics it counted into.
 async fn command_after(h: &Harness, arrive: impl std::future::Future<Output = ()>) -> Arc<Metrics> {
+    run_command(h, arrive, None, None).await
+}
+
+/// A replacement of one m5.large from NodePool `pool` (whose template names no node class that
+/// exists: it never launches).
+fn replacement(pool: &str) -> NewNodeClaim {
+    let mut requirements = Requirements::new();
+    requirements.add(LABEL_INSTANCE_TYPE, Requirement::in_values(["m5.large"]));
+    NewNodeClaim {
+        nodepool: pool.to_string(),
+        requirements,
+        instance_type_names: vec!["m5.large".into()],
+        labels: Default::default(),
+        taints: vec![],
+        startup_taints: vec![],
+        requests: Default::default(),
+        daemonset_requests: Default::default(),
+        pods: vec![],
+        instance_type_options: vec![],
+        min_values_relaxed: false,
+    }
+}
+
+fn nodepool(name: &str) -> Arc<NodePool> {
+    Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"requirements": [],
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": name}}}}
+        }))
+        .unwrap(),
+    )
+}
+
+/// [`command_after`], replacing the node by `replacement` from `pool` (`None`: deleted since the
+/// decision) if given; the replacement has 3 s to initialize.
+async fn run_command(
+    h: &Harness,
+    arrive: impl std::future::Future<Output = ()>,
+    replacement: Option<NewNodeClaim>,
+    pool: Option<Arc<NodePool>>,
+) -> Arc<Metrics> {
     let (state, watches) = ClusterState::start(h.client.clone());
     let watches = tokio::spawn(watches);
     state.wait_synced().await;
@@ -59,15 +103,16 @@ async fn command_after(h: &Harness, arrive: impl std::future::Future<Output = ()
             method: Method::SingleNode,
             plan: Plan {
                 candidates: vec![h.name.clone()],
-                decision: Decision::Delete,
-                replacement: None,
+                decision: if replacement.is_some() { Decision::Replace } else { Decision::Delete },
+                replacement,
                 candidate_price: 0.1,
                 savings: 0.1,
             },
             scores: vec![],
         },
         nodes: vec![node],
-        pool: None,
+        pool,
+        timeout: Duration::from_secs(3),
     };
     tokio::time::timeout(Duration::from_secs(60), run.execute()).await.expect("the command ends");
     assert!(in_flight.lock().unwrap().is_empty(), "the node left the in-flight set");
@@ -88,11 +133,11 @@ async fn assert_untouched(h: &Harness) {
     assert!(taints.iter().all(|t| t.key != TAINT_DISRUPTED), "the taint was removed: {taints:?}");
 }
 
-fn failures(metrics: &Metrics) -> u64 {
+fn failures(metrics: &Metrics, decision: &str) -> u64 {
     metrics
         .disruption_queue_failures
         .get_or_create(&vec![
-            ("decision", "delete".to_string()),
+            ("decision", decision.to_string()),
             ("reason", "underutilized".to_string()),
             ("consolidation_type", "single".to_string()),
         ])
@@ -107,7 +152,7 @@ async fn a_do_not_disrupt_pod_that_arrives_after_the_decision_keeps_its_node() {
         h.create_claim(None).await;
         let metrics = command_after(&h, h.create_pinned_pod("pinned", 0)).await;
         assert_untouched(&h).await;
-        assert_eq!(failures(&metrics), 1);
+        assert_eq!(failures(&metrics, "delete"), 1);
     })
     .await;
 }
@@ -120,7 +165,47 @@ async fn a_pod_that_arrives_after_the_decision_keeps_its_node() {
         h.create_claim(None).await;
         let metrics = command_after(&h, h.create_pod("late", "late", 0)).await;
         assert_untouched(&h).await;
-        assert_eq!(failures(&metrics), 1);
+        assert_eq!(failures(&metrics, "delete"), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_nodepool_deleted_since_the_decision_abandons_the_replacement() {
+    with_harness("disrupt-nopool", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        let pool = format!("{}-pool", h.name);
+        let metrics = run_command(&h, async {}, Some(replacement(&pool)), None).await;
+        assert_untouched(&h).await;
+        assert_eq!(failures(&metrics, "replace"), 1);
+        let claims: Api<NodeClaim> = Api::all(h.client.clone());
+        let made =
+            claims.list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={pool}"))).await.unwrap();
+        assert!(made.items.is_empty(), "no replacement was created");
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_replacement_that_never_initializes_keeps_the_node() {
+    with_harness("disrupt-noinit", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        let pool = format!("{}-pool", h.name);
+        let metrics = run_command(&h, async {}, Some(replacement(&pool)), Some(nodepool(&pool))).await;
+        assert_untouched(&h).await;
+        assert_eq!(failures(&metrics, "replace"), 1);
+        // The replacement that was created stays (it goes as an empty node if it ever comes up).
+        let claims: Api<NodeClaim> = Api::all(h.client.clone());
+        let made =
+            claims.list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={pool}"))).await.unwrap();
+        assert_eq!(made.items.len(), 1);
+        for claim in made.items {
+            let _ = claims.delete(&claim.name_any(), &Default::default()).await;
+        }
     })
     .await;
 }

@@ -64,6 +64,8 @@ pub struct Run {
     pub nodes: Vec<StateNode>,
     /// The NodePool of the replacement.
     pub pool: Option<Arc<NodePool>>,
+    /// How long the replacement has to initialize ([`TIMEOUT`]).
+    pub timeout: Duration,
 }
 
 /// `<delete|replace>: nodepools=[..]: [nodes] -> [N replacement(s)]`, as upstream logs a command.
@@ -328,8 +330,8 @@ impl Run {
                     )
                     .await;
             }
-            if start.elapsed() >= TIMEOUT {
-                return Err(Failure::Timeout(name.to_string(), TIMEOUT));
+            if start.elapsed() >= self.timeout {
+                return Err(Failure::Timeout(name.to_string(), self.timeout));
             }
             tokio::time::sleep(POLL).await;
         }

@@ -473,6 +473,7 @@ impl Controller {
             command,
             nodes,
             pool,
+            timeout: command::TIMEOUT,
         };
         self.commands.lock().unwrap_or_else(PoisonError::into_inner).spawn(run.execute());
     }
