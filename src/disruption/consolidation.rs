@@ -130,8 +130,9 @@ pub struct Plan {
     pub candidates: Vec<String>,
     /// Delete or replace.
     pub decision: Decision,
-    /// The replacement, for [`Decision::Replace`].
-    pub replacement: Option<NewNodeClaim>,
+    /// The replacements, for [`Decision::Replace`] (consolidation makes one at most; drift as
+    /// many as the pods need).
+    pub replacements: Vec<NewNodeClaim>,
     /// What the candidates cost per hour.
     pub candidate_price: f64,
     /// Hourly savings at the replacement's cheapest offering.
@@ -139,9 +140,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The instance types of the replacement.
+    /// The instance types of the (first) replacement.
     pub fn replacement_types(&self) -> Vec<String> {
-        self.replacement.as_ref().map(|r| r.instance_type_names.clone()).unwrap_or_default()
+        self.replacements.first().map(|r| r.instance_type_names.clone()).unwrap_or_default()
     }
 }
 
@@ -224,6 +225,19 @@ fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
 /// Simulates the cluster without `candidates`: the one NodeClaim their pods need, `None` if none,
 /// or why they cannot go.
 pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<NewNodeClaim>, Why> {
+    let mut needed = simulate_all(world, candidates)?;
+    match needed.len() {
+        0 | 1 => Ok(needed.pop()),
+        n => Err(Why::new(
+            Code::MoreThanOneReplacement,
+            format!("Can't remove without creating {n} candidates"),
+        )),
+    }
+}
+
+/// Simulates the cluster without `candidates`: the NodeClaims their pods need (none, one or
+/// more), or why they cannot go.
+pub fn simulate_all(world: &World<'_>, candidates: &[&StateNode]) -> Result<Vec<NewNodeClaim>, Why> {
     let without: HashSet<String> = candidates.iter().map(|c| c.name.clone()).collect();
     let pending_count = world.base.pending_count();
     let (pdbs, now) = (&world.snapshot.pdbs, world.now);
@@ -256,16 +270,7 @@ pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<N
             ));
         }
     }
-    let mut needed: Vec<NewNodeClaim> =
-        results.new_node_claims.into_iter().filter(|c| c.pods.iter().any(|p| displaced(p.index))).collect();
-    match needed.len() {
-        0 => Ok(None),
-        1 => Ok(needed.pop()),
-        n => Err(Why::new(
-            Code::MoreThanOneReplacement,
-            format!("Can't remove without creating {n} candidates"),
-        )),
-    }
+    Ok(results.new_node_claims.into_iter().filter(|c| c.pods.iter().any(|p| displaced(p.index))).collect())
 }
 
 /// Whether `candidates` can be removed together now, and how; else why not (the text of an
@@ -277,7 +282,7 @@ pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> R
         return Ok(Plan {
             candidates: names,
             decision: Decision::Delete,
-            replacement: None,
+            replacements: vec![],
             candidate_price,
             savings: candidate_price,
         });
@@ -358,7 +363,7 @@ pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> R
     Ok(Plan {
         candidates: names,
         decision: Decision::Replace,
-        replacement: Some(replacement),
+        replacements: vec![replacement],
         candidate_price,
         savings: candidate_price - cheapest,
     })

@@ -1,6 +1,6 @@
 //! One pass of voluntary disruption over a snapshot: which nodes are candidates, and the first
-//! method in upstream's order that finds something to do (emptiness, then multi-node, then
-//! single-node consolidation; drift replacement will sit between emptiness and consolidation).
+//! method in upstream's order that finds something to do (emptiness, drift replacement,
+//! multi-node, then single-node consolidation).
 //!
 //! The pass is pure: the controller builds the [`World`], calls [`decide`], and acts on the
 //! command it returns; every node looked at and left alone carries its reason in [`Pass`], which
@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use crate::apis::nodeclaim::conditions::DRIFTED;
 use crate::apis::nodepool::DisruptionReason;
 use crate::state::StateNode;
 
@@ -22,6 +23,8 @@ use super::record::{Code, Why};
 pub enum Method {
     /// Empty nodes, deleted together.
     Emptiness,
+    /// A drifted node, replaced by what its pods need.
+    Drift,
     /// Several nodes removed by one command.
     MultiNode,
     /// One node.
@@ -33,6 +36,7 @@ impl Method {
     pub fn consolidation_type(self) -> &'static str {
         match self {
             Method::Emptiness => "empty",
+            Method::Drift => "",
             Method::MultiNode => "multi",
             Method::SingleNode => "single",
         }
@@ -42,6 +46,7 @@ impl Method {
     pub fn reason(self) -> DisruptionReason {
         match self {
             Method::Emptiness => DisruptionReason::Empty,
+            Method::Drift => DisruptionReason::Drifted,
             Method::MultiNode | Method::SingleNode => DisruptionReason::Underutilized,
         }
     }
@@ -145,7 +150,7 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
             plan: Plan {
                 candidates: chosen,
                 decision: consolidation::Decision::Delete,
-                replacement: None,
+                replacements: vec![],
                 candidate_price: price,
                 savings: price,
             },
@@ -161,6 +166,12 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     });
     if consolidatable_empty && before == 0 {
         pass.budget_constrained = true;
+    }
+
+    // Drift.
+    if let Some(command) = drift(world, in_flight, &mut pass) {
+        pass.command = Some(command);
+        return pass;
     }
 
     // Consolidation of non-empty nodes.
@@ -227,6 +238,72 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
         pass.command = Some(Command { method: Method::SingleNode, plan, scores });
     }
     pass
+}
+
+/// Drift: of the drifted nodes that may be disrupted (a NodeClaim with a `terminationGracePeriod`
+/// is not held by its pods: the grace period bounds the wait), empty ones first, then by how
+/// long they have been drifted, the first whose NodePool's `Drifted` budget allows one more and
+/// whose pods fit on the rest of the cluster plus as many new NodeClaims as they need (no price
+/// check). A drifted node whose pods would not fit is blocked, and the next one is tried.
+fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Option<Command> {
+    let pool_names: BTreeSet<String> = world.pools.keys().cloned().collect();
+    let mut drifted: Vec<(&StateNode, String)> = Vec::new();
+    for node in world.nodes.iter().filter(|n| n.managed && !in_flight.contains(&n.name)) {
+        let Some(claim) = node.claim.as_deref() else { continue };
+        let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let Some(since) = conditions
+            .iter()
+            .find(|c| c.type_ == DRIFTED && c.status == crate::apis::common::ConditionStatus::True)
+        else {
+            continue;
+        };
+        let ignore_pods = claim.spec.termination_grace_period.is_some();
+        let verdict = candidates::check(node, &pool_names, &world.snapshot.pdbs, ignore_pods, world.now);
+        if verdict.blocked.is_some() {
+            continue;
+        }
+        drifted.push((node, since.last_transition_time.clone()));
+    }
+    pass.eligible.insert("drifted", drifted.len());
+    drifted.sort_by(|(a, at), (b, bt)| {
+        emptiness::is_empty(b)
+            .cmp(&emptiness::is_empty(a))
+            .then_with(|| at.cmp(bt))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    let mut budget = remaining(world, DisruptionReason::Drifted, pass);
+    for (node, _) in drifted {
+        let pool = node.nodepool().unwrap_or_default();
+        match budget.get_mut(pool) {
+            Some(b) if *b > 0 => *b -= 1,
+            _ => {
+                pass.budget_constrained = true;
+                continue;
+            }
+        }
+        match consolidation::simulate_all(world, &[node]) {
+            Ok(replacements) => {
+                let price = node.price.unwrap_or(0.0);
+                let decision = if replacements.is_empty() {
+                    consolidation::Decision::Delete
+                } else {
+                    consolidation::Decision::Replace
+                };
+                let plan = Plan {
+                    candidates: vec![node.name.clone()],
+                    decision,
+                    replacements,
+                    candidate_price: price,
+                    savings: 0.0,
+                };
+                return Some(Command { method: Method::Drift, plan, scores: vec![] });
+            }
+            Err(why) => {
+                pass.blocked.insert(node.name.clone(), why);
+            }
+        }
+    }
+    None
 }
 
 /// Why a validated command may not run.

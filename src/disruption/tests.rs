@@ -108,6 +108,23 @@ impl Cluster {
         self
     }
 
+    /// Marks the claim of `node` `Drifted=True` since `since`, with a `terminationGracePeriod` if
+    /// given.
+    fn drifted(&mut self, node: &str, since: &str, grace: Option<&str>) -> &mut Self {
+        let i = self.claims.iter().position(|c| c.metadata.name.as_deref() == Some(node)).unwrap();
+        let mut claim = (*self.claims[i]).clone();
+        let mut status = claim.status.clone().unwrap();
+        status.conditions.push(
+            serde_json::from_value(json!({"type": "Drifted", "status": "True", "reason": "NodePoolDrifted",
+                "message": "", "lastTransitionTime": since}))
+            .unwrap(),
+        );
+        claim.status = Some(status);
+        claim.spec.termination_grace_period = grace.map(str::to_string);
+        self.claims[i] = Arc::new(claim);
+        self
+    }
+
     fn pod(&mut self, name: &str, node: &str, cpu: &str, annotations: Value) -> &mut Self {
         self.pods.push(obj(json!({"metadata": {"name": name, "namespace": "ns", "uid": name, "annotations": annotations,
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs", "controller": true}]},
@@ -220,7 +237,7 @@ fn on_demand_replaced_by_spot_is_pinned_to_spot() {
     let pass = c.decide();
     let command = pass.command.as_ref().unwrap();
     assert_eq!(command.method, Method::SingleNode);
-    let replacement = command.plan.replacement.as_ref().unwrap();
+    let replacement = command.plan.replacements.first().unwrap();
     let ct = replacement.requirements.get(LABEL_CAPACITY_TYPE).unwrap();
     assert!(ct.has("spot") && !ct.has("on-demand"), "never a dearer on-demand fallback");
 }
@@ -255,7 +272,7 @@ fn spot_to_spot_needs_the_gate_and_fifteen_cheaper_types() {
     c.pods.clear();
     c.node("n1", "p", "large", "spot", json!({})).pod("w", "n1", "500m", json!({}));
     let pass = c.decide();
-    let replacement = pass.command.as_ref().unwrap().plan.replacement.clone().unwrap();
+    let replacement = pass.command.as_ref().unwrap().plan.replacements[0].clone();
     assert_eq!(replacement.instance_type_names.len(), 15, "the 15 cheapest are launched");
     assert_eq!(replacement.instance_type_names[0], "small-00");
 }
@@ -405,4 +422,111 @@ fn a_node_consolidation_just_launched_is_not_consolidated_again_at_once() {
     // Emptiness is not held back.
     c.pods.clear();
     assert_eq!(candidates(&c.decide()), ["n1"]);
+}
+
+#[test]
+fn drift_replaces_one_node_at_a_time_empties_first_then_the_longest_drifted() {
+    // No emptiness or consolidation here: drift alone.
+    let only_drift = json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]});
+    let mut c = Cluster::new(vec![pool("p", only_drift, &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None)];
+    c.node("old", "p", "large", "on-demand", json!({}))
+        .pod("a", "old", "3", json!({}))
+        .node("older", "p", "large", "on-demand", json!({}))
+        .pod("b", "older", "3", json!({}))
+        .node("fresh", "p", "large", "on-demand", json!({}))
+        .pod("c", "fresh", "3", json!({}));
+    c.drifted("old", "2026-11-24T11:30:00Z", None).drifted("older", "2026-11-24T11:00:00Z", None);
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.method, Method::Drift);
+    // The longest drifted first; its pod fits nowhere else: one new node, no price check.
+    assert_eq!(command.plan.candidates, ["older"]);
+    assert_eq!(command.plan.decision, Decision::Replace);
+    assert_eq!(command.plan.replacements.len(), 1);
+    // An empty drifted node goes first, deleted without a replacement.
+    c.node("idle", "p", "large", "on-demand", json!({})).drifted("idle", "2026-11-24T11:50:00Z", None);
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!((command.method, command.plan.candidates.clone()), (Method::Drift, vec!["idle".to_string()]));
+    assert!(command.plan.replacements.is_empty());
+}
+
+#[test]
+fn drift_waits_for_its_budget_and_takes_as_many_replacements_as_the_pods_need() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None), itype("small", 2, 0.10, None)];
+    c.pools = vec![pool(
+        "p",
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s",
+            "budgets": [{"nodes": "0", "reasons": ["Drifted"]}]}),
+        &["on-demand"],
+    )];
+    c.node("old", "p", "large", "on-demand", json!({}))
+        .pod("a", "old", "1500m", json!({}))
+        .pod("b", "old", "1500m", json!({}))
+        .drifted("old", "2026-11-24T11:00:00Z", None);
+    c.pools[0] = {
+        // Only small nodes now: the two pods need two of them.
+        let mut p = (*c.pools[0]).clone();
+        p.spec.template.spec.requirements.push(
+            serde_json::from_value(
+                json!({"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["small"]}),
+            )
+            .unwrap(),
+        );
+        Arc::new(p)
+    };
+    let pass = c.decide();
+    assert!(pass.command.as_ref().is_none_or(|cmd| cmd.method != Method::Drift), "the Drifted budget is 0");
+    assert!(
+        pass.budget_blocked.contains(&("p".to_string(), crate::apis::nodepool::DisruptionReason::Drifted))
+    );
+    let mut p = (*c.pools[0]).clone();
+    p.spec.disruption.budgets = serde_json::from_value(json!([{"nodes": "1"}])).unwrap();
+    c.pools[0] = Arc::new(p);
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.method, Method::Drift);
+    assert_eq!(command.plan.replacements.len(), 2, "no cap of one replacement for drift");
+}
+
+#[test]
+fn a_grace_period_lets_drift_past_blocking_pods_and_unfit_pods_block() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None)];
+    c.node("pinned", "p", "large", "on-demand", json!({}))
+        .pod("precious", "pinned", "1", json!({"karpenter.sh/do-not-disrupt": "true"}))
+        .drifted("pinned", "2026-11-24T11:00:00Z", None);
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert_eq!(pass.blocked["pinned"].code, Code::DoNotDisruptPod);
+    c.drifted("pinned", "2026-11-24T11:00:00Z", Some("1h"));
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(
+        (command.method, command.plan.candidates.clone()),
+        (Method::Drift, vec!["pinned".to_string()])
+    );
+    // A pod that fits nowhere, even on a new node, blocks its drifted node.
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None)];
+    c.node("old", "p", "large", "on-demand", json!({})).pod("huge", "old", "3", json!({})).drifted(
+        "old",
+        "2026-11-24T11:00:00Z",
+        None,
+    );
+    c.pools[0] = {
+        let mut p = (*c.pools[0]).clone();
+        p.spec.template.spec.requirements.push(
+            serde_json::from_value(
+                json!({"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["none"]}),
+            )
+            .unwrap(),
+        );
+        Arc::new(p)
+    };
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert_eq!(pass.blocked["old"].code, Code::PodsWouldNotSchedule);
 }

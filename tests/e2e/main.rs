@@ -740,6 +740,123 @@ async fn upstream_behaviours_with_kwok() {
 
 /// `kubectl apply` of a NodeClaim with no NodePool: launched, registered with everything its spec
 /// asks for on the Node, initialized once its startup taint is removed, and deleted cleanly.
+/// Drift replacement and expiration on kwok: a NodePool template change drifts every claim, and
+/// they are replaced one at a time under a `nodes: 1` budget with the pods kept running; a
+/// NodeClaim with a short `expireAfter` is deleted when it runs out.
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn drift_and_expiry_with_kwok() {
+    let _serial = serial().await;
+    let f = Fixture::new("drift").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(100).await;
+    let disruption =
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "1"}]});
+    f.patch_pool(json!({"spec": {"disruption": disruption}})).await;
+    f.apply_inflate().await;
+    let old: std::collections::HashSet<String> =
+        scale_to_six(&f, &controller, Duration::from_secs(120)).await.iter().map(|c| c.name_any()).collect();
+
+    // 1. A template label change: every claim drifts and is replaced, one node at a time.
+    let started = Instant::now();
+    f.patch_pool(json!({"spec": {"template": {"metadata": {"labels": {"e2e-drift": "v2"}}}}})).await;
+    let mut seen_drifted = std::collections::HashSet::new();
+    let mut most_going = 0;
+    let mut fewest_running = 6;
+    loop {
+        let claims = f.claims().await;
+        for c in claims.iter().filter(|c| old.contains(&c.name_any())) {
+            if condition(c, "Drifted") == Some("True".into()) {
+                seen_drifted.insert(c.name_any());
+            }
+        }
+        // Going: tainted for disruption, or being deleted.
+        let tainted: std::collections::HashSet<String> = f
+            .nodes()
+            .await
+            .iter()
+            .filter(|n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| t.iter().any(|t| t.key == "karpenter.sh/disrupted"))
+            })
+            .map(|n| n.name_any())
+            .collect();
+        let going = claims
+            .iter()
+            .filter(|c| {
+                c.metadata.deletion_timestamp.is_some()
+                    || c.status
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_ref())
+                        .is_some_and(|n| tainted.contains(n))
+            })
+            .count();
+        most_going = most_going.max(going);
+        let running = f.pods().await.iter().filter(|p| is_running(p)).count();
+        fewest_running = fewest_running.min(running);
+        let done = claims.iter().all(|c| !old.contains(&c.name_any()))
+            && claims.iter().all(|c| condition(c, "Drifted").is_none())
+            && claims.iter().all(|c| condition(c, "Ready") == Some("True".into()))
+            && running == 6;
+        if done {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "every drifted node replaced ({} of 6 old left)\n{}",
+            claims.iter().filter(|c| old.contains(&c.name_any())).count(),
+            controller.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "6 drifted nodes replaced in {:?}; at most {most_going} NodeClaim(s) going at once, at least {fewest_running} pods running",
+        started.elapsed()
+    );
+    assert_eq!(seen_drifted, old, "every old claim showed Drifted=True");
+    assert!(most_going <= 1, "the nodes: 1 budget held: {most_going} claims going at once");
+    assert!(fewest_running >= 5, "never more than one node's pod down: {fewest_running} running");
+    for claim in f.claims().await {
+        assert_eq!(claim.labels().get("e2e-drift").map(String::as_str), Some("v2"), "{}", claim.name_any());
+    }
+    assert!(controller.log_contains("\"reason\":\"Drifted\""), "{}", controller.log_tail());
+    let drifted =
+        controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"drifted\"").await;
+    assert!(drifted >= 6.0, "{drifted} drifted disruptions counted");
+
+    // 2. A NodeClaim with a 20 s expireAfter is deleted when it runs out.
+    let name = format!("{}-expiring", f.pool);
+    let manifest = format!(
+        r#"apiVersion: karpenter.sh/v1
+kind: NodeClaim
+metadata: {{name: {name}}}
+spec:
+  expireAfter: 20s
+  nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class}}}
+  requirements:
+    - {{key: node.kubernetes.io/instance-type, operator: In, values: [m5.large]}}
+"#,
+        class = f.class
+    );
+    let applied = Instant::now();
+    kubectl_apply(&manifest);
+    wait_for("the expiring NodeClaim gone", Duration::from_secs(90), &controller, || async {
+        f.claims_api().get_opt(&name).await.unwrap().is_none()
+    })
+    .await;
+    let lived = applied.elapsed();
+    eprintln!("a NodeClaim with expireAfter 20s lived {lived:?}");
+    assert!(lived >= Duration::from_secs(19), "not before it expired: {lived:?}");
+    assert!(controller.log_contains("deleting expired nodeclaim"), "{}", controller.log_tail());
+    let expired =
+        controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"expired\"").await;
+    assert!(expired >= 1.0, "{expired} expirations counted");
+    f.scale(0).await;
+    controller.stop_and_check();
+}
+
 async fn standalone_nodeclaim(f: &Fixture, controller: &Controller) {
     let name = format!("{}-standalone", f.pool);
     let manifest = format!(

@@ -138,10 +138,17 @@ impl Controller {
 
     /// The sum of the samples of a metric family (all label sets) in `/metrics`.
     pub async fn metric_sum(&self, family: &str) -> f64 {
+        self.metric_sum_where(family, "").await
+    }
+
+    /// The sum of the samples of a metric family whose label set contains `label` (such as
+    /// `reason="expired"`) in `/metrics`.
+    pub async fn metric_sum_where(&self, family: &str, label: &str) -> f64 {
         self.metrics()
             .await
             .lines()
             .filter(|l| l.starts_with(family) && l[family.len()..].starts_with(['{', ' ']))
+            .filter(|l| l.contains(label))
             .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
             .sum()
     }

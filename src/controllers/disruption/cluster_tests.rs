@@ -104,14 +104,14 @@ async fn run_command(
             plan: Plan {
                 candidates: vec![h.name.clone()],
                 decision: if replacement.is_some() { Decision::Replace } else { Decision::Delete },
-                replacement,
+                replacements: replacement.into_iter().collect(),
                 candidate_price: 0.1,
                 savings: 0.1,
             },
             scores: vec![],
         },
         nodes: vec![node],
-        pool,
+        pools: pool.into_iter().map(|p| (p.metadata.name.clone().unwrap_or_default(), p)).collect(),
         timeout: Duration::from_secs(3),
     };
     tokio::time::timeout(Duration::from_secs(60), run.execute()).await.expect("the command ends");

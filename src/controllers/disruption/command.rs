@@ -34,7 +34,7 @@ use crate::controllers::Context;
 use crate::controllers::events::reasons;
 use crate::controllers::nodeclaim::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
 use crate::controllers::provisioning::template;
-use crate::disruption::decide::Command;
+use crate::disruption::decide::{Command, Method};
 use crate::operator::error_chain;
 use crate::operator::metrics::count_disrupted;
 use crate::state::marks::nomination_window;
@@ -62,8 +62,8 @@ pub struct Run {
     pub command: Command,
     /// Its candidates as validated.
     pub nodes: Vec<StateNode>,
-    /// The NodePool of the replacement.
-    pub pool: Option<Arc<NodePool>>,
+    /// The NodePools, by name (a replacement whose NodePool is gone fails the command).
+    pub pools: std::collections::BTreeMap<String, Arc<NodePool>>,
     /// How long the replacement has to initialize ([`TIMEOUT`]).
     pub timeout: Duration,
 }
@@ -71,7 +71,10 @@ pub struct Run {
 /// `<delete|replace>: nodepools=[..]: [nodes] -> [N replacement(s)]`, as upstream logs a command.
 pub fn describe(command: &Command) -> String {
     let plan = &command.plan;
-    let replacements = if plan.replacement.is_some() { " -> [1 replacement(s)]" } else { "" };
+    let replacements = match plan.replacements.len() {
+        0 => String::new(),
+        n => format!(" -> [{n} replacement(s)]"),
+    };
     format!("{}: [{}]{replacements}", plan.decision.as_str(), plan.candidates.join(", "))
 }
 
@@ -122,12 +125,12 @@ impl Run {
             command = %describe(&self.command),
             nodes = %self.command.plan.candidates.join(", "),
             nodepools = %self.pools().join(", "),
-            replacements = usize::from(self.command.plan.replacement.is_some()),
+            replacements = self.command.plan.replacements.len(),
             savings = %format!("${:.2}", self.command.plan.savings),
             "disrupting node(s)"
         );
-        let mut replacement_name = None;
-        let outcome = self.steps(&mut replacement_name).await;
+        let mut replacement_names = Vec::new();
+        let outcome = self.steps(&mut replacement_names).await;
         match outcome {
             Ok(()) => {}
             Err(failure) => {
@@ -135,7 +138,7 @@ impl Run {
                     controller = CONTROLLER,
                     reason = reason.as_str(),
                     command = %describe(&self.command),
-                    replacement = replacement_name.as_deref().unwrap_or_default(),
+                    replacements = %replacement_names.join(", "),
                     error = %error_chain(&failure),
                     "disruption command failed, undoing it"
                 );
@@ -165,7 +168,7 @@ impl Run {
         pools
     }
 
-    async fn steps(&self, replacement_name: &mut Option<String>) -> Result<(), Failure> {
+    async fn steps(&self, replacement_names: &mut Vec<String>) -> Result<(), Failure> {
         let reason = self.command.reason().as_str();
         // 1. Taint, and say why on the NodeClaims.
         for node in &self.nodes {
@@ -180,7 +183,8 @@ impl Run {
         }
         // 2. Nothing arrived since the decision.
         self.check_pods().await?;
-        if let Some(replacement) = &self.command.plan.replacement {
+        let replacements = &self.command.plan.replacements;
+        if !replacements.is_empty() && self.command.method != Method::Drift {
             let message = format!(
                 "Consolidation candidate: {} (savings: ${:.2})",
                 describe(&self.command),
@@ -194,13 +198,19 @@ impl Run {
                         .await;
                 }
             }
-            // 3. The replacement.
-            let pool = self.pool.as_ref().ok_or_else(|| Failure::NoPool(replacement.nodepool.clone()))?;
+        }
+        // 3. The replacements.
+        let mut created = Vec::new();
+        for replacement in replacements {
+            let pool = self
+                .pools
+                .get(&replacement.nodepool)
+                .ok_or_else(|| Failure::NoPool(replacement.nodepool.clone()))?;
             let claim = template::build(replacement, pool);
             let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
-            let created = api.create(&PostParams::default(), &claim).await.map_err(Failure::Create)?;
-            let name = created.name_any();
-            *replacement_name = Some(name.clone());
+            let made = api.create(&PostParams::default(), &claim).await.map_err(Failure::Create)?;
+            let name = made.name_any();
+            replacement_names.push(name.clone());
             tracing::info!(
                 controller = CONTROLLER,
                 NodePool = %replacement.nodepool,
@@ -217,18 +227,20 @@ impl Run {
                     ("min_values_relaxed", replacement.min_values_relaxed.to_string()),
                 ])
                 .inc();
+            created.push((name, made));
+        }
+        for (name, _) in &created {
             let deadline = Instant::now() + CACHE_WAIT;
-            while self.state.nodeclaim(&name).is_none() && Instant::now() < deadline {
+            while self.state.nodeclaim(name).is_none() && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            self.state.marks.nominate(&name, nomination_window(self.ctx.settings.batch_max_duration));
-            self.mark();
-            self.count_decision();
-            // 4. Wait for it.
-            self.await_initialized(&name, &created).await?;
-        } else {
-            self.mark();
-            self.count_decision();
+            self.state.marks.nominate(name, nomination_window(self.ctx.settings.batch_max_duration));
+        }
+        self.mark();
+        self.count_decision();
+        // 4. Wait for them.
+        for (name, made) in &created {
+            self.await_initialized(name, made).await?;
         }
         // 5. Delete the old NodeClaims.
         self.delete().await;
@@ -270,6 +282,9 @@ impl Run {
         let now = Timestamp::now();
         for node in &self.nodes {
             let Some(name) = node.node_name() else { continue };
+            // Drift of a claim with a terminationGracePeriod is not held by its pods.
+            let grace_bounded = self.command.method == Method::Drift
+                && node.claim.as_ref().is_some_and(|c| c.spec.termination_grace_period.is_some());
             let known: HashSet<&str> =
                 node.reschedulable_pods().filter_map(|p| p.metadata.uid.as_deref()).collect();
             let params = ListParams::default().fields(&format!("spec.nodeName={name}"));
@@ -281,7 +296,7 @@ impl Run {
                 if !pods::is_active(pod) {
                     continue;
                 }
-                if matches!(pods::do_not_disrupt(pod, now), DoNotDisrupt::Active { .. }) {
+                if !grace_bounded && matches!(pods::do_not_disrupt(pod, now), DoNotDisrupt::Active { .. }) {
                     return Err(Failure::DoNotDisrupt { node: name.to_string(), pod: pods::key(pod) });
                 }
                 let uid = pod.metadata.uid.as_deref().unwrap_or_default();

@@ -1,15 +1,16 @@
-//! The disruption controller: voluntary disruption of the nodes Karpenter launched (emptiness and
-//! consolidation; drift replacement comes next), one singleton loop as upstream's.
+//! The disruption controller: voluntary disruption of the nodes Karpenter launched (emptiness,
+//! drift replacement and consolidation), one singleton loop as upstream's.
 //!
 //! Each pass:
 //! 1. heals what a crash left behind: a `karpenter.sh/disrupted` taint or a `DisruptionReason`
 //!    condition on a node no command of this process is working on and that is not going away;
 //! 2. unless nothing changed since a pass that found nothing (at most 5 minutes), asks the pure
-//!    [`crate::disruption::decide`] for the first command of emptiness, multi-node and
+//!    [`crate::disruption::decide`] for the first command of emptiness, drift, multi-node and
 //!    single-node consolidation, and publishes why the other nodes were left alone
 //!    (`DisruptionBlocked`, `Unconsolidatable`, the NodePool's blocking budget);
 //! 3. waits 15 s and validates the command on a fresh snapshot (same candidates, budgets, a new
-//!    simulation); then starts it ([`command`]) and looks for the next one at once. Idle, it
+//!    simulation; drift commands start at once, as upstream's); then starts it ([`command`]) and
+//!    looks for the next one at once. Idle, it
 //!    looks again after 10 s, or 2 s after nodes or NodeClaims went away or a NodePool changed
 //!    (a command's nodes gone free the budget the next one needs).
 //!
@@ -241,6 +242,11 @@ impl Controller {
             return Next::After(IDLE);
         };
         *self.memo.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        if command.method == Method::Drift {
+            // Drift is not validated after a wait, as upstream: the node has to go anyway.
+            self.start(&inputs, command).await;
+            return Next::After(Duration::ZERO);
+        }
 
         // Validation, on a fresh snapshot after a while.
         tokio::select! {
@@ -437,7 +443,6 @@ impl Controller {
     async fn start(self: &Arc<Self>, inputs: &Inputs, command: Command) {
         let nodes: Vec<StateNode> =
             inputs.nodes.iter().filter(|n| command.plan.candidates.contains(&n.name)).cloned().collect();
-        let pool = command.plan.replacement.as_ref().and_then(|r| inputs.pools.get(&r.nodepool)).cloned();
         {
             let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
             in_flight.extend(command.plan.candidates.iter().cloned());
@@ -472,7 +477,7 @@ impl Controller {
             launched: self.launched.clone(),
             command,
             nodes,
-            pool,
+            pools: inputs.pools.clone(),
             timeout: command::TIMEOUT,
         };
         self.commands.lock().unwrap_or_else(PoisonError::into_inner).spawn(run.execute());

@@ -12,8 +12,8 @@
 //! 3. the cloud provider says so, e.g. a new AMI or other subnets (`AMIDrift`, `SubnetDrift`,
 //!    `SecurityGroupDrift`, `NodeClassDrift`).
 //!
-//! Marking is all this controller does: replacing drifted nodes is the job of disruption, which
-//! this project does not implement yet.
+//! Every NodeClaim is looked at every 5 minutes, and within seconds of a NodePool or node class
+//! change. Marking is all this controller does: the disruption controller replaces drifted nodes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,10 +32,10 @@ use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::controllers::Context;
-use crate::controllers::kit::{Next, Options, Timer, run_singleton};
+use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::operator::leader::error_chain;
 use crate::scheduling::Requirements;
-use crate::state::ClusterState;
+use crate::state::{ClusterState, Interest};
 
 /// Delay between two looks at every NodeClaim (as upstream's drift requeue).
 const INTERVAL: Duration = Duration::from_secs(300);
@@ -170,10 +170,13 @@ async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
 
 /// Runs the controller until `stop` turns true.
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    // NodePool and node class edits are what drift most claims at once: looked at within seconds.
+    let interest = Interest { nodepools: true, nodeclasses: true, ..Interest::default() };
+    let wake = Coalesced { changes: state.feed().subscribe(interest), settle: Duration::from_secs(1) };
     run_singleton(
         Options::new("nodeclaim.disruption.drift"),
         Some(ctx.metrics.clone()),
-        Timer,
+        wake,
         stop,
         || async {
             round(&ctx.client, ctx.cloud.as_ref(), &state.nodeclaims.state(), &state.nodepools.state()).await;
