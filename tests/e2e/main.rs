@@ -742,7 +742,8 @@ async fn upstream_behaviours_with_kwok() {
 /// asks for on the Node, initialized once its startup taint is removed, and deleted cleanly.
 /// Drift replacement and expiration on kwok: a NodePool template change drifts every claim, and
 /// they are replaced one at a time under a `nodes: 1` budget with the pods kept running; a
-/// NodeClaim with a short `expireAfter` is deleted when it runs out.
+/// NodeClaim with a short `expireAfter` is deleted when it runs out, and its pod under a
+/// PodDisruptionBudget that allows nothing goes when its `terminationGracePeriod` is over.
 #[tokio::test]
 #[ignore = "needs the local control plane"]
 async fn drift_and_expiry_with_kwok() {
@@ -826,7 +827,9 @@ async fn drift_and_expiry_with_kwok() {
         controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"drifted\"").await;
     assert!(drifted >= 6.0, "{drifted} drifted disruptions counted");
 
-    // 2. A NodeClaim with a 20 s expireAfter is deleted when it runs out.
+    // 2. A NodeClaim with a 20 s expireAfter is deleted when it runs out; its pod, under a
+    // PodDisruptionBudget that allows nothing, holds the drain until the claim's 30 s
+    // terminationGracePeriod is over, then is deleted and the node goes.
     let name = format!("{}-expiring", f.pool);
     let manifest = format!(
         r#"apiVersion: karpenter.sh/v1
@@ -834,6 +837,7 @@ kind: NodeClaim
 metadata: {{name: {name}}}
 spec:
   expireAfter: 20s
+  terminationGracePeriod: 30s
   nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class}}}
   requirements:
     - {{key: node.kubernetes.io/instance-type, operator: In, values: [m5.large]}}
@@ -842,14 +846,48 @@ spec:
     );
     let applied = Instant::now();
     kubectl_apply(&manifest);
-    wait_for("the expiring NodeClaim gone", Duration::from_secs(90), &controller, || async {
+    let node_of = || async {
+        f.claims_api().get_opt(&name).await.unwrap().and_then(|c| c.status?.node_name).unwrap_or_default()
+    };
+    wait_for("the expiring NodeClaim's node", Duration::from_secs(15), &controller, || async {
+        !node_of().await.is_empty()
+    })
+    .await;
+    let node = node_of().await;
+    kubectl_apply(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: held, namespace: {ns}, labels: {{app: held}}}}
+spec:
+  terminationGracePeriodSeconds: 0
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10}}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: held, namespace: {ns}}}
+spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
+"#,
+        ns = f.ns
+    ));
+    wait_for("the expiring NodeClaim deleted", Duration::from_secs(40), &controller, || async {
+        f.claims_api().get_opt(&name).await.unwrap().is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let expired_after = applied.elapsed();
+    let deleted = Instant::now();
+    assert!(expired_after >= Duration::from_secs(19), "not before it expired: {expired_after:?}");
+    assert!(controller.log_contains("deleting expired nodeclaim"), "{}", controller.log_tail());
+    wait_for("the expired NodeClaim gone", Duration::from_secs(60), &controller, || async {
         f.claims_api().get_opt(&name).await.unwrap().is_none()
     })
     .await;
-    let lived = applied.elapsed();
-    eprintln!("a NodeClaim with expireAfter 20s lived {lived:?}");
-    assert!(lived >= Duration::from_secs(19), "not before it expired: {lived:?}");
-    assert!(controller.log_contains("deleting expired nodeclaim"), "{}", controller.log_tail());
+    let drained = deleted.elapsed();
+    eprintln!(
+        "a NodeClaim with expireAfter 20s was deleted after {expired_after:?}, gone {drained:?} later (grace 30s)"
+    );
+    assert!(drained >= Duration::from_secs(25), "the PDB held the pod until the grace period: {drained:?}");
+    assert!(!f.node_exists(&node).await, "the node went too");
     let expired =
         controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"expired\"").await;
     assert!(expired >= 1.0, "{expired} expirations counted");
