@@ -461,6 +461,7 @@ async fn getting_started_with_aws() {
     let instances = pool_instances(&ec2, &f.pool).await;
     assert_eq!(instances.iter().filter(|i| i.is_live()).count(), 6, "{instances:?}");
     assert_eq!(instances.len(), 7, "{instances:?}");
+    let made = ami_drift_replaces_every_node(&f, &controller, &ec2).await;
 
     // Scale to 0: emptiness removes the empty nodes (all at once under a 100 % budget), Nodes
     // gone, instances terminated, no finalizer left (the claims and nodes are gone only once their
@@ -480,7 +481,7 @@ async fn getting_started_with_aws() {
     let metrics = controller.metrics().await;
     assert!(metrics.contains("karpenter_nodeclaims_disrupted_total{reason=\"empty\""), "in /metrics");
     let instances = pool_instances(&ec2, &f.pool).await;
-    assert_eq!(instances.len(), 7, "{instances:?}");
+    assert_eq!(instances.len(), made, "{instances:?}");
     assert!(instances.iter().all(|i| i.state == "terminated"), "every instance terminated: {instances:?}");
     for message in
         ["launched nodeclaim", "registered nodeclaim", "initialized nodeclaim", "deleted nodeclaim"]
@@ -687,6 +688,82 @@ async fn disruption_budget_holds_a_node(f: &Fixture, controller: &Controller) {
     })
     .await;
     f.wait_running(6, Duration::from_secs(120), controller).await;
+}
+
+/// AMI drift: the EC2NodeClass pinned to the older AL2023 release (the emulator publishes two);
+/// every NodeClaim drifts with `AMIDrift` and is replaced, one at a time, by an instance of that
+/// image, and every old instance is terminated. Returns how many instances the pool has had.
+async fn ami_drift_replaces_every_node(
+    f: &Fixture,
+    controller: &Controller,
+    ec2: &aws_sdk_ec2::Client,
+) -> usize {
+    let classes = Api::<karpenter::apis::EC2NodeClass>::all(f.client.clone());
+    let amis = |c: karpenter::apis::EC2NodeClass| -> Vec<String> {
+        c.status.map(|s| s.amis.into_iter().map(|a| a.id).collect()).unwrap_or_default()
+    };
+    let latest = amis(classes.get(&f.class).await.unwrap());
+    let old: std::collections::HashSet<String> = f.claims().await.iter().map(|c| c.name_any()).collect();
+    f.patch_pool(
+        json!({"spec": {"disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never",
+        "budgets": [{"nodes": "1"}]}}}),
+    )
+    .await;
+    let started = Instant::now();
+    classes
+        .patch(
+            &f.class,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"amiSelectorTerms": [{"alias": "al2023@v20251015"}]}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the class resolving the pinned release", Duration::from_secs(60), controller, || async {
+        let pinned = amis(classes.get(&f.class).await.unwrap());
+        !pinned.is_empty() && pinned.iter().all(|a| !latest.contains(a))
+    })
+    .await;
+    let pinned = amis(classes.get(&f.class).await.unwrap());
+    let mut reasons = std::collections::BTreeSet::new();
+    loop {
+        let claims = f.claims().await;
+        for c in &claims {
+            if let Some(d) =
+                c.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Drifted"))
+            {
+                reasons.insert(d.reason.clone());
+            }
+        }
+        let running = f.pods().await.iter().filter(|p| is_running(p)).count();
+        let replaced = claims.iter().all(|c| {
+            !old.contains(&c.name_any())
+                && condition(c, "Ready") == Some("True".into())
+                && c.status.as_ref().and_then(|s| s.image_id.as_ref()).is_some_and(|i| pinned.contains(i))
+        });
+        if replaced && running == 6 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "every node replaced by the pinned image\n{}",
+            controller.log_tail()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!("6 nodes rolled to the pinned AMI in {:?}", started.elapsed());
+    assert!(reasons.contains("AMIDrift"), "drifted with AMIDrift: {reasons:?}");
+    let instances = pool_instances(ec2, &f.pool).await;
+    let live: Vec<&Ec2Instance> = instances.iter().filter(|i| i.is_live()).collect();
+    assert_eq!(live.len(), 6, "{instances:?}");
+    assert!(
+        live.iter().all(|i| pinned.contains(&i.image_id)),
+        "the new instances run the pinned image: {live:?}"
+    );
+    assert!(
+        instances.iter().filter(|i| latest.contains(&i.image_id)).all(|i| !i.is_live()),
+        "every old instance terminated: {instances:?}"
+    );
+    instances.len()
 }
 
 /// Journey 2: with a limit of 10 vCPUs, scaling to 6 stops at the limit, never above it, and the
