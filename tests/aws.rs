@@ -374,6 +374,15 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
     class.status = Some(status);
     p.node_classes().upsert(class);
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::Ami));
+    // Many claims at once (one DescribeInstances): the same answer; a claim whose instance does
+    // not exist is NotFound, one not launched yet has not drifted.
+    let mut gone = claimed.clone();
+    gone.status.as_mut().unwrap().provider_id =
+        Some(launched.provider_id.replace(&id, "i-0123456789abcdef0"));
+    let answers = p.are_drifted(&[&claimed, &gone, &claim]).await;
+    assert_eq!(answers[0].as_ref().unwrap(), &Some(DriftReason::Ami));
+    assert!(answers[1].as_ref().is_err_and(|e| e.is_not_found()), "{:?}", answers[1]);
+    assert_eq!(answers[2].as_ref().unwrap(), &None);
     let replacement =
         p.create(&node_claim("newami-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
     assert_eq!(replacement.image_id, second);

@@ -24,6 +24,17 @@ impl Metered {
     async fn timed<T>(&self, method: &'static str, fut: BoxFuture<'_, Result<T>>) -> Result<T> {
         let start = Instant::now();
         let result = fut.await;
+        self.observe(method, start.elapsed(), result.as_ref().err());
+        result
+    }
+
+    /// Records one call of `method` that took `elapsed` and failed with `error`, if it did.
+    fn observe(
+        &self,
+        method: &'static str,
+        elapsed: std::time::Duration,
+        error: Option<&CloudProviderError>,
+    ) {
         let provider = self.inner.name().to_string();
         observe(
             &self.metrics.cloudprovider_duration,
@@ -32,9 +43,9 @@ impl Metered {
                 ("method", method.to_string()),
                 ("provider", provider.clone()),
             ],
-            start.elapsed(),
+            elapsed,
         );
-        if let Err(error) = &result
+        if let Some(error) = error
             && !error.is_not_found()
         {
             self.metrics
@@ -47,7 +58,6 @@ impl Metered {
                 ])
                 .inc();
         }
-        result
     }
 }
 
@@ -93,6 +103,18 @@ impl CloudProvider for Metered {
 
     fn is_drifted<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, Result<Option<DriftReason>>> {
         Box::pin(self.timed("IsDrifted", self.inner.is_drifted(node_claim)))
+    }
+
+    fn are_drifted<'a>(
+        &'a self,
+        node_claims: &'a [&'a NodeClaim],
+    ) -> BoxFuture<'a, Vec<Result<Option<DriftReason>>>> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let out = self.inner.are_drifted(node_claims).await;
+            self.observe("IsDrifted", start.elapsed(), out.iter().find_map(|r| r.as_ref().err()));
+            out
+        })
     }
 
     fn name(&self) -> &'static str {

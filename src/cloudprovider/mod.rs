@@ -53,6 +53,22 @@ pub trait CloudProvider: Send + Sync {
     /// Whether the instance of `node_claim` no longer matches its node class, and why.
     fn is_drifted<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, Result<Option<DriftReason>>>;
 
+    /// [`CloudProvider::is_drifted`] for each of `node_claims`, in order. A provider that can
+    /// look at many instances in one call answers with few calls (AWS: one DescribeInstances per
+    /// 200 claims); by default, one call per claim.
+    fn are_drifted<'a>(
+        &'a self,
+        node_claims: &'a [&'a NodeClaim],
+    ) -> BoxFuture<'a, Vec<Result<Option<DriftReason>>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(node_claims.len());
+            for claim in node_claims {
+                out.push(self.is_drifted(claim).await);
+            }
+            out
+        })
+    }
+
     /// Name of the provider (`aws`).
     fn name(&self) -> &'static str;
 }

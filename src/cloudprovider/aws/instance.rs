@@ -130,6 +130,17 @@ pub async fn get(ec2: &Ec2Client, id: &str) -> Result<Ec2Instance> {
         .ok_or_else(|| CloudProviderError::NotFound(id.to_string()))
 }
 
+/// The instances among `ids` (terminated ones included; a missing one is simply absent), with one
+/// DescribeInstances call per 200 IDs.
+pub async fn get_many(ec2: &Ec2Client, ids: &[String]) -> Result<Vec<Ec2Instance>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(200) {
+        let values: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        out.extend(describe(ec2, vec![], vec![filter("instance-id", &values)]).await?);
+    }
+    Ok(out)
+}
+
 /// The live instance launched for NodeClaim `name` in `cluster`, if any.
 pub async fn find_by_node_claim(ec2: &Ec2Client, cluster: &str, name: &str) -> Result<Option<Ec2Instance>> {
     let filters = vec![

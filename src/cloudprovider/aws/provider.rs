@@ -775,15 +775,62 @@ impl AwsCloudProvider {
             return Ok(None);
         };
         let (_, id) = crate::cloudprovider::parse_provider_id(pid)?;
-        let (class, status) = self.ready_class(&node_claim.spec.node_class_ref.name)?;
+        self.ready_class(&node_claim.spec.node_class_ref.name)?;
         let inst = instance::get(&self.clients.ec2, &id).await?;
+        self.drift_of(node_claim, &inst)
+    }
+
+    /// Drift of many claims: one DescribeInstances per 200 of them.
+    async fn are_drifted_impl(&self, node_claims: &[&NodeClaim]) -> Vec<Result<Option<DriftReason>>> {
+        let ids: Vec<Result<Option<String>>> = node_claims
+            .iter()
+            .map(|c| match c.status.as_ref().and_then(|s| s.provider_id.as_deref()) {
+                None => Ok(None),
+                Some(pid) => crate::cloudprovider::parse_provider_id(pid).map(|(_, id)| Some(id)),
+            })
+            .collect();
+        let wanted: Vec<String> = ids.iter().filter_map(|r| r.as_ref().ok().cloned().flatten()).collect();
+        let found = match instance::get_many(&self.clients.ec2, &wanted).await {
+            Ok(found) => found,
+            Err(error) => {
+                let message = crate::operator::error_chain(&error);
+                return node_claims
+                    .iter()
+                    .map(|_| {
+                        Err(CloudProviderError::Api {
+                            operation: "DescribeInstances",
+                            code: String::new(),
+                            message: message.clone(),
+                            source: Box::new(std::io::Error::other(message.clone())),
+                        })
+                    })
+                    .collect();
+            }
+        };
+        let by_id: std::collections::HashMap<&str, &Ec2Instance> =
+            found.iter().filter(|i| !i.is_terminated()).map(|i| (i.id.as_str(), i)).collect();
+        node_claims
+            .iter()
+            .zip(ids)
+            .map(|(claim, id)| {
+                let Some(id) = id? else { return Ok(None) };
+                self.ready_class(&claim.spec.node_class_ref.name)?;
+                let inst = by_id.get(id.as_str()).ok_or_else(|| CloudProviderError::NotFound(id.clone()))?;
+                self.drift_of(claim, inst)
+            })
+            .collect()
+    }
+
+    /// Why `node_claim`, whose instance is `inst`, drifted from its class, if it did.
+    fn drift_of(&self, node_claim: &NodeClaim, inst: &Ec2Instance) -> Result<Option<DriftReason>> {
+        let (class, status) = self.ready_class(&node_claim.spec.node_class_ref.name)?;
         // A hash of another scheme (upstream's, say) cannot be compared with ours.
         let annotations = node_claim.metadata.annotations.as_ref();
         let same_scheme =
             annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH_VERSION)).map(String::as_str)
                 == Some(NODE_CLASS_HASH_VERSION);
         let hash = annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH)).filter(|_| same_scheme);
-        Ok(drift(&inst, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
+        Ok(drift(inst, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
     }
 }
 
@@ -877,6 +924,13 @@ impl CloudProvider for AwsCloudProvider {
 
     fn is_drifted<'a>(&'a self, node_claim: &'a NodeClaim) -> BoxFuture<'a, Result<Option<DriftReason>>> {
         Box::pin(self.is_drifted_impl(node_claim))
+    }
+
+    fn are_drifted<'a>(
+        &'a self,
+        node_claims: &'a [&'a NodeClaim],
+    ) -> BoxFuture<'a, Vec<Result<Option<DriftReason>>>> {
+        Box::pin(self.are_drifted_impl(node_claims))
     }
 
     fn name(&self) -> &'static str {

@@ -75,7 +75,9 @@ pub async fn round(
 ) -> usize {
     let pools: HashMap<String, &NodePool> = pools.iter().map(|p| (p.name_any(), p.as_ref())).collect();
     let api: Api<NodeClaim> = Api::all(client.clone());
-    let mut changed = 0;
+    // Static checks first; the claims they do not settle are asked of the provider together.
+    let mut settled: Vec<(&NodeClaim, Option<&'static str>)> = Vec::new();
+    let mut ask: Vec<&NodeClaim> = Vec::new();
     for claim in claims {
         let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         if claim.metadata.deletion_timestamp.is_some() || !is_true(conditions, LAUNCHED) {
@@ -89,22 +91,28 @@ pub async fn round(
             restamp(&api, claim, pool).await;
             continue;
         }
-        let mut reason = pool.and_then(|p| static_drift(claim, p));
-        if reason.is_none() {
-            match cloud.is_drifted(claim).await {
-                Ok(r) => reason = r.map(|r| r.as_str()),
-                // An instance that is gone, or one another provider launched, is the lifecycle's
-                // business, not drift.
-                Err(e @ (CloudProviderError::NotFound(_) | CloudProviderError::InvalidProviderId(_))) => {
-                    tracing::debug!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "not checking the nodeclaim for drift");
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "checking the nodeclaim for drift");
-                    continue;
-                }
+        match pool.and_then(|p| static_drift(claim, p)) {
+            Some(reason) => settled.push((claim, Some(reason))),
+            None => ask.push(claim),
+        }
+    }
+    let answers = cloud.are_drifted(&ask).await;
+    for (claim, answer) in ask.iter().zip(answers) {
+        match answer {
+            Ok(r) => settled.push((claim, r.map(|r| r.as_str()))),
+            // An instance that is gone, or one another provider launched, is the lifecycle's
+            // business, not drift.
+            Err(e @ (CloudProviderError::NotFound(_) | CloudProviderError::InvalidProviderId(_))) => {
+                tracing::debug!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "not checking the nodeclaim for drift");
+            }
+            Err(e) => {
+                tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "checking the nodeclaim for drift");
             }
         }
+    }
+    let mut changed = 0;
+    for (claim, reason) in settled {
+        let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         let now = Timestamp::now();
         let mut conditions = conditions.to_vec();
         let update = match reason {
