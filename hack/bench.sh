@@ -3,8 +3,9 @@
 #   1. the scheduling simulation (criterion, `cargo bench --bench scheduling`) and consolidation
 #      decisions over 500 and 2000 nodes (`cargo bench --bench disruption`);
 #   2. on the local control plane with the kwok provider: 1000 pods of two Deployments, 500 pods
-#      that each need a node of their own (a leader and a standby replica run), and 200 nodes left
-#      at 25 % CPU consolidating under a 10 % budget.
+#      that each need a node of their own (a leader and a standby replica run), 200 nodes left
+#      at 25 % CPU consolidating under a 10 % budget, and 50 drifted nodes replaced under a 10 %
+#      budget.
 # Each prints its figures; record them in docs/benchmarks.md with the date and the machine's load.
 set -euo pipefail
 
@@ -24,8 +25,9 @@ eval "$("$HACK_DIR/cluster-up.sh")"
 "$HACK_DIR/controller-down.sh" >&2
 export KARPENTER_BIN=$REPO_ROOT/target/release/karpenter
 
-log "== 1000 pods, then 500 nodes, then consolidating 200 nodes (kwok)"
+log "== 1000 pods, then 500 nodes, then consolidating 200 nodes, then rolling 50 drifted nodes (kwok)"
 cargo test --locked --test e2e -- --ignored --nocapture --test-threads 1 \
-  a_thousand_pods_with_kwok five_hundred_nodes_with_kwok consolidating_two_hundred_nodes_with_kwok 2>&1 | grep --line-buffered -E 'SCALE RESULT|^test |test result'
+  a_thousand_pods_with_kwok five_hundred_nodes_with_kwok consolidating_two_hundred_nodes_with_kwok \
+  rolling_fifty_drifted_nodes_with_kwok 2>&1 | grep --line-buffered -E 'SCALE RESULT|^test |test result'
 
 log "benchmarks done in $(elapsed "$start")"

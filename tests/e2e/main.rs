@@ -416,6 +416,64 @@ async fn consolidating_two_hundred_nodes_with_kwok() {
     controller.stop_and_check();
 }
 
+/// Drift at scale (a benchmark, `make bench`): 50 nodes (c6a.large, kwok, one 1-vCPU replica
+/// each) drift when the NodePool's template labels change and are replaced under a `nodes: 10%`
+/// budget; prints how long until every node is a new one with every pod running, how many
+/// commands it took, and the most nodes going at once.
+#[tokio::test]
+#[ignore = "benchmark: make bench"]
+async fn rolling_fifty_drifted_nodes_with_kwok() {
+    const N: usize = 50;
+    let _serial = serial().await;
+    let f = Fixture::new("roll").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(1_000_000).await;
+    f.patch_pool(json!({"spec": {
+        "template": {"spec": {"requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["c6a.large"]}]}},
+        "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "10%"}]}}}))
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    let deployment: Deployment = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "spread", "namespace": f.ns},
+        "spec": {"replicas": N, "selector": {"matchLabels": {"app": "spread"}},
+            "template": {"metadata": {"labels": {"app": "spread"}}, "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "nodeSelector": {"karpenter.sh/nodepool": f.pool},
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "1"}}}]}}}}))
+    .unwrap();
+    deployments.create(&PostParams::default(), &deployment).await.unwrap();
+    f.wait_running(N, Duration::from_secs(300), &controller).await;
+    let old: std::collections::HashSet<String> = f.claims().await.iter().map(|c| c.name_any()).collect();
+    assert_eq!(old.len(), N);
+    let commands_before = controller.log().matches("disrupting node(s)").count();
+    let start = Instant::now();
+    f.patch_pool(json!({"spec": {"template": {"metadata": {"labels": {"e2e-roll": "v2"}}}}})).await;
+    let mut most_going = 0;
+    loop {
+        let claims = f.claims().await;
+        let going = claims.iter().filter(|c| c.metadata.deletion_timestamp.is_some()).count();
+        most_going = most_going.max(going);
+        let running = f.pods().await.iter().filter(|p| is_running(p)).count();
+        if claims.iter().all(|c| !old.contains(&c.name_any())) && running == N {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(1800), "rolled\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let rolled = start.elapsed();
+    let commands = controller.log().matches("disrupting node(s)").count() - commands_before;
+    eprintln!(
+        "SCALE RESULT: {N} drifted nodes replaced in {:.0} s with {commands} commands, at most {most_going} NodeClaims going at once",
+        rolled.as_secs_f64()
+    );
+    deployments.delete("spread", &DeleteParams::default()).await.unwrap();
+    f.wait_pods_gone(Duration::from_secs(300)).await;
+    f.cleanup().await;
+    controller.stop_and_check();
+}
+
 /// The getting-started journey with the aws cloud provider against the AWS emulator, the kubelet
 /// stand-in registering a Node for each instance: the EC2NodeClass resolves, six instances launch
 /// for six pods, `kubectl get nodeclaim -o wide` shows their AMIs and instance ids; then, as with
