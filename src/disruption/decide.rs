@@ -265,6 +265,10 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
         drifted.push((node, since.last_transition_time.clone()));
     }
     pass.eligible.insert("drifted", drifted.len());
+    if drifted.is_empty() {
+        // No budget to look at (nor to report as blocking).
+        return None;
+    }
     drifted.sort_by(|(a, at), (b, bt)| {
         emptiness::is_empty(b)
             .cmp(&emptiness::is_empty(a))

@@ -530,3 +530,18 @@ fn a_grace_period_lets_drift_past_blocking_pods_and_unfit_pods_block() {
     assert!(pass.command.is_none());
     assert_eq!(pass.blocked["old"].code, Code::PodsWouldNotSchedule);
 }
+
+#[test]
+fn a_blocking_drift_budget_is_told_only_when_nodes_drifted() {
+    use crate::apis::nodepool::DisruptionReason;
+    let held =
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "0"}]});
+    let mut c = Cluster::new(vec![pool("p", held, &["on-demand"])]);
+    c.node("n1", "p", "large", "on-demand", json!({})).pod("w", "n1", "1", json!({}));
+    let pass = c.decide();
+    assert!(!pass.budget_blocked.iter().any(|(_, r)| *r == DisruptionReason::Drifted), "nothing drifted");
+    c.drifted("n1", "2026-11-24T11:00:00Z", None);
+    let pass = c.decide();
+    assert!(pass.budget_blocked.contains(&("p".to_string(), DisruptionReason::Drifted)));
+    assert!(pass.command.is_none());
+}
