@@ -94,6 +94,12 @@ componentsPatches:
     value: "200"
   - key: kube-api-burst
     value: "400"
+# A Node annotated kwok.x-k8s.io/status=custom keeps the status a test writes
+# (e.g. Ready=False for node repair) instead of the one kwok would report.
+- name: kwok-controller
+  extraArgs:
+  - key: disregard-status-with-annotation-selector
+    value: kwok.x-k8s.io/status=custom
 - name: kube-scheduler
   extraArgs:
   - key: leader-elect

@@ -117,6 +117,10 @@ impl CloudProvider for Metered {
         })
     }
 
+    fn repair_policies(&self) -> Vec<super::RepairPolicy> {
+        self.inner.repair_policies()
+    }
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }

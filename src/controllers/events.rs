@@ -103,6 +103,9 @@ pub mod reasons {
     pub const CONSOLIDATION_APPROVED: &str = "ConsolidationApproved";
     /// A pod's `karpenter.sh/do-not-disrupt` value is not understood and is ignored.
     pub const INVALID_DO_NOT_DISRUPT_ANNOTATION: &str = "InvalidDoNotDisruptAnnotation";
+    /// Node repair of an unhealthy node is refused: too many nodes of its NodePool (or of the
+    /// cluster) are unhealthy.
+    pub const NODE_REPAIR_BLOCKED: &str = "NodeRepairBlocked";
     /// A NodeClaim failed to launch.
     pub const LAUNCH_FAILED: &str = "LaunchFailed";
     /// A NodeClaim did not register in time.

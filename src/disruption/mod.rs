@@ -5,7 +5,8 @@
 //! ([`emptiness`]); whether nodes can be consolidated and how ([`consolidation`]); and one pass
 //! over the cluster that picks the first command ([`decide`]); and the per-node record of why
 //! ([`record`]). The disruption controller
-//! (`controllers::disruption`) acts on them. Drift replacement is not implemented yet.
+//! (`controllers::disruption`) acts on them. Node repair ([`repair`]) is forceful and outside the
+//! loop: `controllers::node::health` acts on it.
 
 pub mod budgets;
 pub mod candidates;
@@ -14,6 +15,7 @@ pub mod cron;
 pub mod decide;
 pub mod emptiness;
 pub mod record;
+pub mod repair;
 
 #[cfg(test)]
 mod tests;

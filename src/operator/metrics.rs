@@ -53,6 +53,8 @@ pub struct Metrics {
     pub nodeclaims_terminated: CounterFamily,
     /// `karpenter_nodeclaims_disrupted_total{reason, nodepool}`.
     pub nodeclaims_disrupted: CounterFamily,
+    /// `karpenter_nodeclaims_unhealthy_disrupted_total{condition, nodepool, capacity_type, image_id}`.
+    pub nodeclaims_unhealthy_disrupted: CounterFamily,
     /// `karpenter_nodeclaims_termination_duration_seconds{nodepool}`.
     pub nodeclaims_termination_duration: HistogramFamily,
     /// `karpenter_nodeclaims_instance_termination_duration_seconds{nodepool}`.
@@ -137,6 +139,7 @@ impl Metrics {
             nodeclaims_initialized: CounterFamily::default(),
             nodeclaims_terminated: CounterFamily::default(),
             nodeclaims_disrupted: CounterFamily::default(),
+            nodeclaims_unhealthy_disrupted: CounterFamily::default(),
             nodeclaims_termination_duration: histogram_family(),
             nodeclaims_instance_termination_duration: histogram_family(),
             nodes_created: CounterFamily::default(),
@@ -222,6 +225,11 @@ impl Metrics {
             "karpenter_nodeclaims_disrupted",
             "Number of nodeclaims disrupted, by reason, nodepool and capacity type.",
             m.nodeclaims_disrupted.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_unhealthy_disrupted",
+            "Number of unhealthy nodeclaims disrupted by node repair, by the node condition, nodepool, capacity type and image.",
+            m.nodeclaims_unhealthy_disrupted.clone(),
         );
         r.register(
             "karpenter_nodeclaims_termination_duration_seconds",

@@ -246,6 +246,9 @@ fn start_controllers(
     tasks.spawn(controllers::nodeclaim::consolidatable::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::nodeclaim::expiration::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::disruption::run(ctx.clone(), state.clone(), stop.clone()));
+    if controllers::node::health::enabled(ctx) {
+        tasks.spawn(controllers::node::health::run(ctx.clone(), state.clone(), stop.clone()));
+    }
     tasks
 }
 

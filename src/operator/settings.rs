@@ -247,8 +247,6 @@ impl Settings {
         }
         let gates = &self.feature_gates;
         for (name, on, explicit_only) in [
-            ("SpotToSpotConsolidation", gates.spot_to_spot_consolidation, false),
-            ("NodeRepair", gates.node_repair, false),
             ("NodeOverlay", gates.node_overlay, false),
             ("StaticCapacity", gates.static_capacity, false),
             // On by default upstream: only worth a word when asked for.
@@ -340,17 +338,16 @@ mod tests {
             "--interruption-queue",
             "demo-queue",
             "--feature-gates",
-            "SpotToSpotConsolidation=true,ReservedCapacity=true,NodeRepair=false",
+            "SpotToSpotConsolidation=true,ReservedCapacity=true,NodeRepair=true",
             "--preference-policy",
             "Ignore",
         ])
         .unwrap();
         let messages = s.unimplemented();
-        assert_eq!(messages.len(), 4, "{messages:?}");
+        assert_eq!(messages.len(), 3, "{messages:?}");
         assert!(messages[0].contains("INTERRUPTION_QUEUE (demo-queue)"));
-        assert!(messages[1].contains("SpotToSpotConsolidation"));
-        assert!(messages[2].contains("ReservedCapacity"));
-        assert!(messages[3].contains("PREFERENCE_POLICY"));
+        assert!(messages[1].contains("ReservedCapacity"));
+        assert!(messages[2].contains("PREFERENCE_POLICY"));
     }
 
     #[test]

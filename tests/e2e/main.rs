@@ -14,7 +14,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use karpenter::apis::NodeClaim;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -873,18 +873,18 @@ async fn upstream_behaviours_with_kwok() {
     controller.stop_and_check();
 }
 
-/// `kubectl apply` of a NodeClaim with no NodePool: launched, registered with everything its spec
-/// asks for on the Node, initialized once its startup taint is removed, and deleted cleanly.
-/// Drift replacement and expiration on kwok: a NodePool template change drifts every claim, and
-/// they are replaced one at a time under a `nodes: 1` budget with the pods kept running; a
-/// NodeClaim with a short `expireAfter` is deleted when it runs out, and its pod under a
-/// PodDisruptionBudget that allows nothing goes when its `terminationGracePeriod` is over.
+/// Drift replacement, expiration and node repair on kwok: a NodePool template change drifts every
+/// claim, and they are replaced one at a time under a `nodes: 1` budget with the pods kept
+/// running; a NodeClaim with a short `expireAfter` is deleted when it runs out, and its pod under
+/// a PodDisruptionBudget that allows nothing goes when its `terminationGracePeriod` is over; with
+/// the `NodeRepair` gate, a node NotReady for longer than its toleration is replaced, unless too
+/// many of its NodePool's nodes are unhealthy.
 #[tokio::test]
 #[ignore = "needs the local control plane"]
-async fn drift_and_expiry_with_kwok() {
+async fn drift_expiry_and_repair_with_kwok() {
     let _serial = serial().await;
     let f = Fixture::new("drift").await;
-    let controller = Controller::start("kwok", &[]);
+    let controller = Controller::start("kwok", &[("FEATURE_GATES", "NodeRepair=true")]);
     f.apply_class_and_pool(100).await;
     let disruption =
         json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "1"}]});
@@ -1026,10 +1026,121 @@ spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
     let expired =
         controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"expired\"").await;
     assert!(expired >= 1.0, "{expired} expirations counted");
+
+    node_repair(&f, &controller).await;
     f.scale(0).await;
     controller.stop_and_check();
 }
 
+/// Makes the kwok node `name` report `Ready` as `status` since `since`. kwok is told to leave the
+/// node's status alone while it is not Ready (it would report it Ready again at once: the local
+/// control plane's kwok disregards the status of nodes annotated `kwok.x-k8s.io/status=custom`),
+/// and given it back when it is.
+async fn set_node_ready(f: &Fixture, name: &str, status: &str, since: k8s_openapi::jiff::Timestamp) {
+    let nodes = Api::<Node>::all(f.client.clone());
+    let custom = if status == "True" { serde_json::Value::Null } else { json!("custom") };
+    let annotations = json!({"metadata": {"annotations": {"kwok.x-k8s.io/status": custom}}});
+    if status != "True" {
+        nodes.patch(name, &PatchParams::default(), &Patch::Merge(&annotations)).await.unwrap();
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let (reason, message) = if status == "True" {
+        ("KubeletReady", "kubelet is posting ready status")
+    } else {
+        ("KubeletNotReady", "container runtime is down")
+    };
+    let condition = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": reason,
+        "message": message, "lastTransitionTime": since.to_string(), "lastHeartbeatTime": now}]}});
+    nodes.patch_status(name, &PatchParams::default(), &Patch::Strategic(&condition)).await.unwrap();
+    if status == "True" {
+        nodes.patch(name, &PatchParams::default(), &Patch::Merge(&annotations)).await.unwrap();
+    }
+}
+
+/// Node repair with the `NodeRepair` gate: half of the NodePool's six nodes NotReady for over 30
+/// minutes is more than the 20 % repair allows: `NodeRepairBlocked`, nothing deleted. Once two of
+/// them recover, the third is replaced: its NodeClaim gets a termination deadline of now and is
+/// deleted, and its pod runs again on a new node.
+async fn node_repair(f: &Fixture, controller: &Controller) {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let mut names: Vec<String> = f.nodes().await.iter().map(|n| n.name_any()).collect();
+    names.sort();
+    assert_eq!(names.len(), 6, "{names:?}");
+    let sick = [names[0].clone(), names[1].clone(), names[2].clone()];
+    // NotReady just now first (unhealthy, not due), then as if since 31 minutes: the three are
+    // counted unhealthy before any of them is due.
+    for name in &sick {
+        set_node_ready(f, name, "False", Timestamp::now()).await;
+    }
+    let long_ago = Timestamp::now() - SignedDuration::from_mins(31);
+    for name in &sick {
+        set_node_ready(f, name, "False", long_ago).await;
+    }
+    wait_for("NodeRepairBlocked on the NodePool", Duration::from_secs(20), controller, || async {
+        !f.cluster_events("NodePool", &f.pool, "NodeRepairBlocked").await.is_empty()
+    })
+    .await;
+    let message = f.cluster_events("NodePool", &f.pool, "NodeRepairBlocked").await.remove(0);
+    assert_eq!(message, "more than 20% nodes are unhealthy in the nodepool");
+    f.wait_node_event(&sick[0], "NodeRepairBlocked", Duration::from_secs(5), controller).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = f.claims().await;
+    assert_eq!(claims.len(), 6);
+    assert!(
+        claims.iter().all(|c| c.metadata.deletion_timestamp.is_none()),
+        "repair refused: nothing deleted"
+    );
+
+    // Two recover (first made not due, so that only the first one is ever due with room).
+    for name in &sick[1..] {
+        set_node_ready(f, name, "False", Timestamp::now()).await;
+    }
+    for name in &sick[1..] {
+        set_node_ready(f, name, "True", Timestamp::now()).await;
+    }
+    let claim_of = |node: String| async move {
+        f.claims()
+            .await
+            .into_iter()
+            .find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
+    };
+    let repaired = claim_of(sick[0].clone()).await.expect("the unhealthy node's claim");
+    let started = Instant::now();
+    wait_for("the unhealthy node's claim deleted", Duration::from_secs(20), controller, || async {
+        f.claims_api()
+            .get_opt(&repaired.name_any())
+            .await
+            .unwrap()
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    eprintln!("the node NotReady for 31 min was repaired {:?} after two others recovered", started.elapsed());
+    if let Some(claim) = f.claims_api().get_opt(&repaired.name_any()).await.unwrap() {
+        assert!(
+            claim.annotations().contains_key("karpenter.sh/nodeclaim-termination-timestamp"),
+            "repair sets the termination deadline"
+        );
+    }
+    wait_for("the repaired node gone", Duration::from_secs(90), controller, || async {
+        !f.node_exists(&sick[0]).await
+    })
+    .await;
+    f.wait_running(6, Duration::from_secs(120), controller).await;
+    for name in &sick[1..] {
+        assert!(f.node_exists(name).await, "recovered node {name} kept");
+    }
+    assert!(controller.log_contains("deleting unhealthy node"), "{}", controller.log_tail());
+    let unhealthy =
+        controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"unhealthy\"").await;
+    assert_eq!(unhealthy, 1.0, "one repair counted");
+    let by_condition = controller
+        .metric_sum_where("karpenter_nodeclaims_unhealthy_disrupted_total", "condition=\"ready\"")
+        .await;
+    assert_eq!(by_condition, 1.0);
+}
+
+/// `kubectl apply` of a NodeClaim with no NodePool: launched, registered with everything its spec
+/// asks for on the Node, initialized once its startup taint is removed, and deleted cleanly.
 async fn standalone_nodeclaim(f: &Fixture, controller: &Controller) {
     let name = format!("{}-standalone", f.pool);
     let manifest = format!(

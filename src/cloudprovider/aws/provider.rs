@@ -933,9 +933,33 @@ impl CloudProvider for AwsCloudProvider {
         Box::pin(self.are_drifted_impl(node_claims))
     }
 
+    fn repair_policies(&self) -> Vec<crate::cloudprovider::RepairPolicy> {
+        repair_policies()
+    }
+
     fn name(&self) -> &'static str {
         "aws"
     }
+}
+
+/// The conditions node repair acts on for EC2 nodes: the kubelet's `Ready`, and those the EKS
+/// node monitoring agent reports (accelerated hardware after 10 minutes, the rest after 30).
+pub fn repair_policies() -> Vec<crate::cloudprovider::RepairPolicy> {
+    use crate::cloudprovider::{KUBELET_REPAIR_POLICIES, RepairPolicy};
+    let agent = |condition_type, minutes: u64| RepairPolicy {
+        condition_type,
+        status: "False",
+        toleration: Duration::from_secs(minutes * 60),
+    };
+    let mut policies = KUBELET_REPAIR_POLICIES.to_vec();
+    policies.extend([
+        agent("AcceleratedHardwareReady", 10),
+        agent("StorageReady", 30),
+        agent("NetworkingReady", 30),
+        agent("KernelReady", 30),
+        agent("ContainerRuntimeReady", 30),
+    ]);
+    policies
 }
 
 #[cfg(test)]

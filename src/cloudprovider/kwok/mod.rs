@@ -294,6 +294,10 @@ impl CloudProvider for KwokCloudProvider {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    fn repair_policies(&self) -> Vec<crate::cloudprovider::RepairPolicy> {
+        crate::cloudprovider::KUBELET_REPAIR_POLICIES.to_vec()
+    }
+
     fn name(&self) -> &'static str {
         "kwok"
     }

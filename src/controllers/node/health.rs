@@ -1,0 +1,200 @@
+//! Node repair (`node.health`, behind the `NodeRepair` feature gate, off by default as upstream):
+//! a node whose unhealthy condition (the cloud provider's repair policies, e.g. `Ready=False` for
+//! 30 minutes) has outlasted its toleration has its NodeClaim deleted, forcefully: the claim's
+//! termination deadline is set to now, so its pods go without waiting for PodDisruptionBudgets
+//! or `karpenter.sh/do-not-disrupt`, and no budget is asked. The provisioner replaces the pods on
+//! new capacity. Refused, with a `NodeRepairBlocked` warning, while more than 20 % of the
+//! NodePool's nodes (or the cluster's, for a NodeClaim without a NodePool) are unhealthy.
+//!
+//! The decision is [`crate::disruption::repair::decide`]; this controller is a singleton pass over
+//! the cached Nodes and their NodeClaims, woken by their changes and when the next unhealthy node
+//! becomes due.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::apis::NodeClaim;
+use crate::apis::labels::{ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_CAPACITY_TYPE, LABEL_NODEPOOL};
+use crate::cloudprovider::RepairPolicy;
+use crate::controllers::Context;
+use crate::controllers::events::{EventType, reasons};
+use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
+use crate::disruption::repair::{self, Blocked, Repair, Scope, Subject};
+use crate::operator::error_chain;
+use crate::operator::metrics::count_disrupted;
+use crate::state::{ClusterState, Interest};
+
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "node.health";
+/// The `reason` of `karpenter_nodeclaims_disrupted_total` for a repaired claim.
+pub const REASON: &str = "unhealthy";
+/// Changes within this time of each other are handled in one pass.
+const COALESCE: Duration = Duration::from_secs(2);
+/// Longest wait between passes; also how soon a refused repair is looked at again.
+const PERIOD: Duration = Duration::from_secs(300);
+/// A blocked node is told about at most once in this window, as upstream.
+const BLOCKED_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(15);
+
+/// Whether node repair runs: the gate is on and the provider has repair policies.
+pub fn enabled(ctx: &Context) -> bool {
+    ctx.settings.feature_gates.node_repair && !ctx.cloud.repair_policies().is_empty()
+}
+
+/// Runs until `stop` turns true.
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let policies = ctx.cloud.repair_policies();
+    tracing::info!(
+        controller = CONTROLLER,
+        policies = %policies.iter().map(|p| format!("{}={} for {:?}", p.condition_type, p.status, p.toleration)).collect::<Vec<_>>().join(", "),
+        "node repair enabled"
+    );
+    let interest = Interest { nodes: true, node_deletions: true, nodeclaims: true, ..Interest::default() };
+    let wake = Coalesced { changes: state.feed().subscribe(interest), settle: COALESCE };
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, || {
+        let (ctx, state, policies) = (ctx.clone(), state.clone(), policies.clone());
+        async move { Ok::<_, std::convert::Infallible>(pass(&ctx, &state, &policies).await) }
+    })
+    .await;
+}
+
+async fn pass(ctx: &Context, state: &ClusterState, policies: &[RepairPolicy]) -> Next {
+    let now = Timestamp::now();
+    let subjects: Vec<Subject> = state
+        .nodes
+        .state()
+        .into_iter()
+        .map(|node| {
+            let claim = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .and_then(|p| state.nodeclaim_with_provider_id(p));
+            Subject { node, claim }
+        })
+        .collect();
+    let decision = repair::decide(&subjects, policies, now);
+    for (node, condition) in &decision.untimed {
+        tracing::debug!(controller = CONTROLLER, Node = %node, condition = %condition, "unhealthy condition has no lastTransitionTime; not repaired");
+    }
+    for blocked in &decision.blocked {
+        tell_blocked(ctx, state, blocked).await;
+    }
+    let mut next = Next::After(PERIOD);
+    for repair in &decision.repairs {
+        if let Err(error) = apply(ctx, repair, now).await {
+            tracing::error!(controller = CONTROLLER, NodeClaim = %repair.claim.name_any(), Node = %repair.node.name_any(), error = %error_chain(&error), "repairing unhealthy node");
+            next = next.min(Next::After(Duration::from_secs(10)));
+        }
+    }
+    if let Some(due) = decision.next {
+        let wait = Duration::try_from(due.duration_since(now)).unwrap_or_default();
+        next = next.min(Next::After(wait.max(Duration::from_secs(1))));
+    }
+    next
+}
+
+/// Sets the claim's termination deadline to now (unless it has an earlier one) and deletes it.
+async fn apply(ctx: &Context, repair: &Repair, now: Timestamp) -> Result<(), kube::Error> {
+    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
+    let name = repair.claim.name_any();
+    let uid = repair.claim.uid();
+    if repair.set_deadline {
+        let deadline = crate::controllers::nodeclaim::lifecycle::logic::timestamp(now);
+        // The uid makes the write fail rather than annotate a claim of the same name made since.
+        let patch = json!({"metadata": {"uid": uid, "annotations": {ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP: deadline}}});
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                tracing::info!(controller = CONTROLLER, NodeClaim = %name, "karpenter.sh/nodeclaim-termination-timestamp" = %deadline, "annotated nodeclaim");
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(error) => return Err(error),
+        }
+    }
+    if repair.claim.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: uid.map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
+        Err(error) => return Err(error),
+    }
+    tracing::info!(
+        controller = CONTROLLER,
+        NodeClaim = %name,
+        Node = %repair.node.name_any(),
+        condition = %repair.condition,
+        status = %repair.status,
+        "deleting unhealthy node"
+    );
+    count_disrupted(&ctx.metrics, &repair.claim, REASON);
+    let label = |key: &str| repair.node.labels().get(key).cloned().unwrap_or_default();
+    let labels = vec![
+        ("condition", snake_case(&repair.condition)),
+        ("nodepool", label(LABEL_NODEPOOL)),
+        ("capacity_type", label(LABEL_CAPACITY_TYPE)),
+        ("image_id", repair.claim.status.as_ref().and_then(|s| s.image_id.clone()).unwrap_or_default()),
+    ];
+    ctx.metrics.nodeclaims_unhealthy_disrupted.get_or_create(&labels).inc();
+    Ok(())
+}
+
+/// `NodeRepairBlocked` on the node, its NodeClaim and (for a NodePool's node) the NodePool.
+async fn tell_blocked(ctx: &Context, state: &ClusterState, blocked: &Blocked) {
+    let message = blocked.message();
+    // Every pass while blocked: the event (once per window) is what operators see.
+    tracing::debug!(
+        controller = CONTROLLER,
+        NodeClaim = %blocked.claim.name_any(),
+        Node = %blocked.node.name_any(),
+        unhealthy = blocked.unhealthy,
+        nodes = blocked.total,
+        message = %message,
+        "node repair blocked"
+    );
+    let events = &ctx.events;
+    let (reason, window) = (reasons::NODE_REPAIR_BLOCKED, BLOCKED_EVENT_WINDOW);
+    events.deduped(blocked.node.as_ref(), EventType::Warning, reason, "", window, message.clone()).await;
+    events.deduped(blocked.claim.as_ref(), EventType::Warning, reason, "", window, message.clone()).await;
+    if let Scope::NodePool(pool) = &blocked.scope
+        && let Some(pool) = state.nodepool(pool)
+    {
+        events.deduped(pool.as_ref(), EventType::Warning, reason, "", window, message).await;
+    }
+}
+
+/// `AcceleratedHardwareReady` → `accelerated_hardware_ready`, as upstream labels conditions.
+pub fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.extend(c.to_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_are_labelled_in_snake_case() {
+        assert_eq!(snake_case("Ready"), "ready");
+        assert_eq!(snake_case("AcceleratedHardwareReady"), "accelerated_hardware_ready");
+        assert_eq!(snake_case("KernelReady"), "kernel_ready");
+    }
+}
