@@ -9,7 +9,9 @@
 //!    with the current hash instead, as upstream does when its scheme changes;
 //! 2. one of its labels has a value its NodePool's requirements no longer allow
 //!    (`RequirementsDrifted`);
-//! 3. the cloud provider says so, e.g. a new AMI or other subnets (`AMIDrift`, `SubnetDrift`,
+//! 3. it is older than an hour and its instance type, or an offering of it in its zone and
+//!    capacity type, is no longer one its NodePool can launch (`InstanceTypeNotFound`);
+//! 4. the cloud provider says so, e.g. a new AMI or other subnets (`AMIDrift`, `SubnetDrift`,
 //!    `SecurityGroupDrift`, `NodeClassDrift`).
 //!
 //! Every NodeClaim is looked at every 5 minutes, and within seconds of a NodePool or node class
@@ -19,14 +21,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
 use super::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
-use crate::apis::labels::{ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, LABEL_NODEPOOL};
+use crate::apis::labels::{
+    ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, CAPACITY_TYPE_ON_DEMAND,
+    CAPACITY_TYPE_RESERVED, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
+};
 use crate::apis::nodeclaim::conditions::{DRIFTED, LAUNCHED};
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{NodeClaim, NodePool};
@@ -35,6 +40,7 @@ use crate::controllers::Context;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::operator::leader::error_chain;
 use crate::scheduling::Requirements;
+use crate::scheduling::instancetypes::InstanceType;
 use crate::state::{ClusterState, Interest};
 
 /// Delay between two looks at every NodeClaim (as upstream's drift requeue).
@@ -43,6 +49,11 @@ const INTERVAL: Duration = Duration::from_secs(300);
 pub const NODEPOOL_DRIFTED: &str = "NodePoolDrifted";
 /// A label of the NodeClaim is no longer allowed by its NodePool.
 pub const REQUIREMENTS_DRIFTED: &str = "RequirementsDrifted";
+/// The NodeClaim's instance type (or its offering) is no longer one its NodePool can launch.
+pub const INSTANCE_TYPE_NOT_FOUND: &str = "InstanceTypeNotFound";
+/// Claims younger than this are not checked for [`INSTANCE_TYPE_NOT_FOUND`], as upstream: a
+/// catalog that briefly lacks a type (a failed refresh) does not drift new nodes.
+const INSTANCE_TYPE_CHECK_AGE: SignedDuration = SignedDuration::from_hours(1);
 
 /// Whether `claim`'s NodePool hash is of the current scheme (else it is re-stamped, not
 /// compared).
@@ -66,6 +77,34 @@ pub fn static_drift(claim: &NodeClaim, pool: &NodePool) -> Option<&'static str> 
     disallowed.then_some(REQUIREMENTS_DRIFTED)
 }
 
+/// Whether `claim` is old enough at `now` to be checked for [`INSTANCE_TYPE_NOT_FOUND`].
+pub fn checks_instance_type(claim: &NodeClaim, now: Timestamp) -> bool {
+    claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .is_some_and(|created| now.duration_since(created.0) > INSTANCE_TYPE_CHECK_AGE)
+}
+
+/// Whether `claim`'s instance type is missing from `types` (what its NodePool can launch now),
+/// or has no offering in the claim's zone and capacity type. A reserved claim also matches an
+/// on-demand offering: its reservation may have ended, the type is still launchable. Whether
+/// an offering is available right now does not matter (a type out of capacity is not drift).
+pub fn instance_type_not_found(claim: &NodeClaim, types: &[Arc<InstanceType>]) -> bool {
+    let labels = claim.labels();
+    let Some(name) = labels.get(LABEL_INSTANCE_TYPE) else { return false };
+    let Some(it) = types.iter().find(|t| t.name == *name) else { return true };
+    let zone = labels.get(LABEL_TOPOLOGY_ZONE);
+    let capacity_type = labels.get(LABEL_CAPACITY_TYPE);
+    !it.offerings.iter().any(|o| {
+        zone.is_none_or(|z| o.zone == *z)
+            && capacity_type.is_none_or(|c| {
+                o.capacity_type == *c
+                    || (c == CAPACITY_TYPE_RESERVED && o.capacity_type == CAPACITY_TYPE_ON_DEMAND)
+            })
+    })
+}
+
 /// Looks at every launched NodeClaim once and writes the changes; returns how many changed.
 pub async fn round(
     client: &Client,
@@ -78,6 +117,9 @@ pub async fn round(
     // Static checks first; the claims they do not settle are asked of the provider together.
     let mut settled: Vec<(&NodeClaim, Option<&'static str>)> = Vec::new();
     let mut ask: Vec<&NodeClaim> = Vec::new();
+    // What each NodePool can launch, asked once per round and only when an old claim needs it.
+    let mut types: HashMap<String, Option<Vec<Arc<InstanceType>>>> = HashMap::new();
+    let now = Timestamp::now();
     for claim in claims {
         let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         if claim.metadata.deletion_timestamp.is_some() || !is_true(conditions, LAUNCHED) {
@@ -91,10 +133,31 @@ pub async fn round(
             restamp(&api, claim, pool).await;
             continue;
         }
-        match pool.and_then(|p| static_drift(claim, p)) {
-            Some(reason) => settled.push((claim, Some(reason))),
-            None => ask.push(claim),
+        if let Some(reason) = pool.and_then(|p| static_drift(claim, p)) {
+            settled.push((claim, Some(reason)));
+            continue;
         }
+        if let Some(pool) = pool
+            && checks_instance_type(claim, now)
+        {
+            let name = pool.name_any();
+            if !types.contains_key(&name) {
+                let answer = match cloud.instance_types(pool).await {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        tracing::warn!(NodePool = %name, error = %error_chain(&e), "listing instance types to check nodeclaims for drift");
+                        None
+                    }
+                };
+                types.insert(name.clone(), answer);
+            }
+            if types.get(&name).and_then(Option::as_deref).is_some_and(|t| instance_type_not_found(claim, t))
+            {
+                settled.push((claim, Some(INSTANCE_TYPE_NOT_FOUND)));
+                continue;
+            }
+        }
+        ask.push(claim);
     }
     let answers = cloud.are_drifted(&ask).await;
     for (claim, answer) in ask.iter().zip(answers) {
@@ -250,6 +313,57 @@ mod tests {
         assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2c")), &p), Some(REQUIREMENTS_DRIFTED));
         // A label the claim does not have is not drift.
         assert_eq!(static_drift(&claim("c", &h, v, None), &p), None);
+    }
+
+    #[test]
+    fn instance_types_the_pool_can_no_longer_launch() {
+        use crate::scheduling::instancetypes::{Offering, Overhead};
+        use crate::scheduling::{Requirements, Resources};
+        let offering = |zone: &str, capacity_type: &str| Offering {
+            zone: zone.into(),
+            capacity_type: capacity_type.into(),
+            price: 0.1,
+            available: false,
+        };
+        let m5 = Arc::new(InstanceType::new(
+            "m5.large",
+            Requirements::default(),
+            Resources::default(),
+            Overhead::default(),
+            vec![offering("us-west-2a", "on-demand"), offering("us-west-2a", "spot")],
+        ));
+        let on = |it: &str, zone: &str, ct: &str| {
+            let mut c = claim("c", "0", NODEPOOL_HASH_VERSION, Some(zone));
+            c.labels_mut().insert(LABEL_INSTANCE_TYPE.into(), it.into());
+            c.labels_mut().insert(LABEL_CAPACITY_TYPE.into(), ct.into());
+            c
+        };
+        let types = [m5];
+        assert!(
+            !instance_type_not_found(&on("m5.large", "us-west-2a", "spot"), &types),
+            "unavailable still counts"
+        );
+        assert!(
+            !instance_type_not_found(&on("m5.large", "us-west-2a", "reserved"), &types),
+            "reserved as on-demand"
+        );
+        assert!(
+            instance_type_not_found(&on("m5.large", "us-west-2b", "spot"), &types),
+            "no offering in the zone"
+        );
+        assert!(instance_type_not_found(&on("c5.large", "us-west-2a", "spot"), &types), "type gone");
+        let mut unlabelled = claim("c", "0", NODEPOOL_HASH_VERSION, None);
+        assert!(!instance_type_not_found(&unlabelled, &types), "no instance type label: nothing to check");
+
+        // Only claims older than an hour are checked.
+        let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+        assert!(!checks_instance_type(&unlabelled, now), "no creation time");
+        let created =
+            |at: &str| Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.parse().unwrap()));
+        unlabelled.metadata.creation_timestamp = created("2026-11-24T11:30:00Z");
+        assert!(!checks_instance_type(&unlabelled, now));
+        unlabelled.metadata.creation_timestamp = created("2026-11-24T10:59:00Z");
+        assert!(checks_instance_type(&unlabelled, now));
     }
 
     /// A cloud whose instances drift when the test says so.
