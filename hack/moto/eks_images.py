@@ -90,13 +90,17 @@ def _image(name, arch, description, created, boot_mode, params):
     }
 
 
-def images() -> list[dict]:
-    """All images, each with the SSM parameters ({name: value}) that point at it."""
+def images(eks_releases: list[tuple[str, str]] = EKS_RELEASES) -> list[dict]:
+    """All images, each with the SSM parameters ({name: value}) that point at it.
+
+    eks_releases (oldest first; the last one is "recommended") defaults to the
+    catalog's; the emulator passes a longer list to publish a newer release.
+    """
     out = []
     for k8s in K8S_MINORS:
         patch = K8S_PATCH[k8s]
-        for i, (release, created) in enumerate(EKS_RELEASES):
-            latest = i == len(EKS_RELEASES) - 1
+        for i, (release, created) in enumerate(eks_releases):
+            latest = i == len(eks_releases) - 1
             date = release[1:]
             release_version = f"{patch}-{date}"
 
@@ -167,29 +171,41 @@ def ssm_parameters() -> dict[str, str]:
     return params
 
 
+def eks_release_images(release: str, created: str) -> list[dict]:
+    """The AL2 and AL2023 images of EKS release `release` (e.g. "v20251201"), as
+    if it were published after the catalog's releases: their "recommended"
+    parameters point at them. A release of the catalog keeps its own date."""
+    known = dict(EKS_RELEASES)
+    releases = [r for r in EKS_RELEASES if r[0] != release]
+    releases.append((release, known.get(release, created)))
+    return [img for img in images(releases) if img["name"].endswith(f"-{release}")]
+
+
 def moto_amis() -> list[dict]:
     """The images in moto's MOTO_AMIS_PATH format (keyword arguments of moto's Ami)."""
-    return [
-        {
-            "ami_id": ami_id(img["name"]),
-            "name": img["name"],
-            "description": img["description"],
-            "owner_id": OWNER_ID,
-            "public": True,
-            "state": "available",
-            "architecture": img["architecture"],
-            "virtualization_type": "hvm",
-            "hypervisor": "xen",
-            "image_type": "machine",
-            "image_location": f"amazon/{img['name']}",
-            "root_device_type": "ebs",
-            "root_device_name": "/dev/xvda",
-            "sriov": "simple",
-            "boot_mode": img["boot_mode"],
-            "creation_date": img["creation_date"],
-        }
-        for img in images()
-    ]
+    return [moto_ami(img) for img in images()]
+
+
+def moto_ami(img: dict) -> dict:
+    """One image in moto's MOTO_AMIS_PATH format (keyword arguments of moto's Ami)."""
+    return {
+        "ami_id": ami_id(img["name"]),
+        "name": img["name"],
+        "description": img["description"],
+        "owner_id": OWNER_ID,
+        "public": True,
+        "state": "available",
+        "architecture": img["architecture"],
+        "virtualization_type": "hvm",
+        "hypervisor": "xen",
+        "image_type": "machine",
+        "image_location": f"amazon/{img['name']}",
+        "root_device_type": "ebs",
+        "root_device_name": "/dev/xvda",
+        "sriov": "simple",
+        "boot_mode": img["boot_mode"],
+        "creation_date": img["creation_date"],
+    }
 
 
 def amis_json() -> str:

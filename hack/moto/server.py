@@ -18,6 +18,12 @@ cannot start with "_"):
                                 "region", "moto_version", "seeded": [...]} once seeded
                                 ("seeded": every cluster/region seeded since start;
                                 /moto-api/reset does not clear that list)
+    POST /_karpenter-rs/publish-eks-release
+                                publish a newer EKS AMI release; JSON body
+                                {"release": "v20251201", "region": "us-west-2"}: its AL2
+                                and AL2023 images are registered (owner 602401143452) and
+                                the "recommended" SSM parameters point at them (publishing
+                                a catalog release again points them back)
     POST /_karpenter-rs/seed    seed more clusters; JSON body
                                 {"clusters": ["name", ...], "region": "us-west-2"}
                                 (or query ?cluster=a&cluster=b&region=...); answers
@@ -72,6 +78,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -342,11 +349,16 @@ class Seeder:
         backend: ParameterDict (a dict of name -> list of versions) and
         Parameter, as in moto 5.2.5 (moto/ssm/models.py).
         """
+        return Seeder._put_public_parameters(account, region, eks_images.ssm_parameters())
+
+    @staticmethod
+    def _put_public_parameters(account: str, region: str, values: dict[str, str]) -> int:
+        """Write SSM parameters under /aws/ (a new version when the value changed)."""
         from moto.core.utils import utcnow
         from moto.ssm.models import Parameter, ssm_backends
 
         params = ssm_backends[account][region]._parameters
-        for name, value in eks_images.ssm_parameters().items():
+        for name, value in values.items():
             versions = params[name]
             if versions and versions[-1].value == value:
                 continue
@@ -365,7 +377,35 @@ class Seeder:
                     tier="Standard",
                 )
             )
-        return len(eks_images.ssm_parameters())
+        return len(values)
+
+    def publish_eks_release(self, endpoint: str, region: str, release: str, created: str) -> dict:
+        """Publish EKS release `release` in `region` as AWS would: its AL2 and AL2023
+        images exist (owner 602401143452) and the "recommended" SSM parameters
+        point at them. Publishing one of the catalog's releases again points
+        "recommended" back at it."""
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.amis import Ami
+        from moto.core.parse import default_timestamp_parser as parse_timestamp
+
+        with self.lock:
+            account = self._clients(endpoint, region)("sts").get_caller_identity()["Account"]
+            backend = ec2_backends[account][region]
+            images = eks_images.eks_release_images(release, created)
+            added = []
+            for img in images:
+                ami = eks_images.moto_ami(img)
+                if ami["ami_id"] in backend.amis:
+                    continue
+                ami["owner_alias"] = "amazon"
+                ami["creation_date"] = parse_timestamp(ami["creation_date"])
+                backend.amis[ami["ami_id"]] = Ami(backend, **ami)
+                added.append(ami["ami_id"])
+            params = {k: v for img in images for k, v in img["ssm"].items()}
+            self._put_public_parameters(account, region, params)
+            log.info("published EKS release %s in %s: %d images (%d new)", release, region, len(images), len(added))
+            return {"release": release, "region": region, "images": len(images), "added": added,
+                    "parameters": params}
 
 
 class App:
@@ -422,7 +462,50 @@ class App:
                 return "400 Bad Request", {"error": "no cluster given"}
             endpoint = f"http://127.0.0.1:{self.port}"
             return "200 OK", {"seeded": self.seeder.seed(endpoint, region, clusters)}
+        if name == "publish-eks-release" and method == "POST":
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+            release = body.get("release", "")
+            if not re.fullmatch(r"v\d{8}", release):
+                return "400 Bad Request", {"error": f"release {release!r} is not vYYYYMMDD"}
+            created = body.get("created") or (
+                f"{release[1:5]}-{release[5:7]}-{release[7:9]}T00:00:00.000Z"
+            )
+            region = body.get("region") or self.region
+            endpoint = f"http://127.0.0.1:{self.port}"
+            return "200 OK", self.seeder.publish_eks_release(endpoint, region, release, created)
         return "404 Not Found", {"error": f"unknown endpoint {method} {INTERNAL_PREFIX}{name}"}
+
+
+def _fleets_use_launch_template_security_groups() -> None:
+    """Make CreateFleet give its instances the launch template's security groups.
+
+    EC2 launches a fleet's instances with the SecurityGroupIds of their launch
+    template; moto 5.2.5 (moto/ec2/models/fleets.py) only reads a "GroupSet" key
+    the template data never has, so every fleet instance lands in the VPC's
+    default group and looks security-group drifted. Before the fleet asks for
+    instances, each launch spec without groups gets its template version's
+    SecurityGroupIds (run_instances accepts ids where it takes group names).
+    """
+    from moto.ec2.models import fleets
+
+    def fill(fleet) -> None:
+        for spec in fleet.launch_specs:
+            ref = getattr(spec, "launch_template_spec", None) or {}
+            if spec.group_set or "LaunchTemplateId" not in ref:
+                continue
+            template = fleet.ec2_backend.get_launch_template(ref["LaunchTemplateId"])
+            version = template.get_version(ref.get("Version") or template.default_version_number)
+            spec.group_set = list(version.data.get("SecurityGroupIds") or [])
+
+    for name in ("create_on_demand_requests", "create_spot_requests"):
+        original = getattr(fleets.Fleet, name)
+
+        def patched(self, weight, _original=original):
+            fill(self)
+            return _original(self, weight)
+
+        setattr(fleets.Fleet, name, patched)
 
 
 def _split_names(values) -> list[str]:
@@ -479,6 +562,7 @@ def main(argv=None) -> int:
     )
     from werkzeug.serving import make_server
 
+    _fleets_use_launch_template_security_groups()
     seeder = Seeder(eks_version)
     app = App(DomainDispatcherApplication(create_backend_app), seeder, args.port, args.region)
 

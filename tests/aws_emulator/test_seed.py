@@ -213,3 +213,71 @@ def test_seed_endpoint_is_idempotent_and_takes_other_clusters(endpoint, client, 
     # Seeding the default cluster again does not duplicate anything either.
     seed(CLUSTER)
     assert len(client("ec2").describe_subnets(Filters=discovery())["Subnets"]) == 3
+
+
+def test_publishing_a_newer_eks_release(endpoint, client, region):
+    def publish(release):
+        req = urllib.request.Request(
+            f"{endpoint}/_karpenter-rs/publish-eks-release",
+            data=json.dumps({"release": release, "region": region}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with _OPENER.open(req, timeout=60) as resp:
+            return json.load(resp)
+
+    def recommended(path):
+        name = f"/aws/service/eks/optimized-ami/1.34/{path}/recommended/image_id"
+        return client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+
+    al2023 = "amazon-linux-2023/x86_64/standard"
+    before = {p: recommended(p) for p in (al2023, "amazon-linux-2")}
+    try:
+        first = publish("v20251201")
+        assert first["added"], "the release's images are new"
+        img = image(client, recommended(al2023))
+        assert img["Name"] == "amazon-eks-node-al2023-x86_64-standard-1.34-v20251201"
+        assert img["OwnerId"] == EKS_OWNER
+        assert img["CreationDate"].startswith("2025-12-01")
+        assert image(client, recommended("amazon-linux-2"))["Name"] == "amazon-eks-node-1.34-v20251201"
+        assert publish("v20251201")["added"] == [], "publishing again adds nothing"
+    finally:
+        publish("v20251101")
+    assert {p: recommended(p) for p in before} == before, "the catalog's release is recommended again"
+
+    req = urllib.request.Request(
+        f"{endpoint}/_karpenter-rs/publish-eks-release",
+        data=json.dumps({"release": "latest"}).encode(),
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        _OPENER.open(req, timeout=10)
+    assert bad.value.code == 400
+
+
+@pytest.mark.parametrize("capacity", ["on-demand", "spot"])
+def test_fleet_instances_get_the_launch_template_security_groups(client, capacity):
+    ec2 = client("ec2")
+    sg = ec2.describe_security_groups(Filters=discovery())["SecurityGroups"][0]["GroupId"]
+    subnet = ec2.describe_subnets(Filters=discovery())["Subnets"][0]["SubnetId"]
+    name = f"krs-emulator-fleet-sg-{capacity}"
+    template = ec2.create_launch_template(
+        LaunchTemplateName=name,
+        LaunchTemplateData={"ImageId": "ami-d189e901b8c3538c9", "SecurityGroupIds": [sg]},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    try:
+        fleet = ec2.create_fleet(
+            Type="instant",
+            TargetCapacitySpecification={"TotalTargetCapacity": 1, "DefaultTargetCapacityType": capacity},
+            LaunchTemplateConfigs=[{
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template, "Version": "$Latest"},
+                "Overrides": [{"InstanceType": "m5.large", "SubnetId": subnet}],
+            }],
+        )
+        ids = [i for group in fleet["Instances"] for i in group["InstanceIds"]]
+        assert len(ids) == 1, fleet
+        described = ec2.describe_instances(InstanceIds=ids)["Reservations"][0]["Instances"][0]
+        assert [g["GroupId"] for g in described["SecurityGroups"]] == [sg]
+        ec2.terminate_instances(InstanceIds=ids)
+    finally:
+        ec2.delete_launch_template(LaunchTemplateId=template)
