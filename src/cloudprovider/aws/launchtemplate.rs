@@ -211,15 +211,28 @@ where
     }
 }
 
+/// Listings [`delete_for_class`] makes at most.
+const MAX_DELETE_ROUNDS: usize = 100;
+
 /// Deletes the launch templates Karpenter created for the class `class` of `cluster` (found by
 /// their cluster and class tags) and returns their names. Templates that are already gone are
 /// skipped.
 pub async fn delete_for_class(ec2: &Ec2Client, cluster: &str, class: &str) -> Result<Vec<String>> {
     let mut deleted = Vec::new();
-    // By ID: each template found is the one deleted, even if another had the same name.
-    for (id, name) in templates_tagged(ec2, &[(CLUSTER_TAG, cluster), (LABEL_EC2NODECLASS, class)]).await? {
-        if delete_id(ec2, &id).await? {
-            deleted.push(name);
+    // Listed again until none is left: a listing cut short without a continuation token (as
+    // the AWS emulator answers past 15 templates) still ends with every template gone.
+    for _ in 0..MAX_DELETE_ROUNDS {
+        let found = templates_tagged(ec2, &[(CLUSTER_TAG, cluster), (LABEL_EC2NODECLASS, class)]).await?;
+        let mut progress = false;
+        // By ID: each template found is the one deleted, even if another had the same name.
+        for (id, name) in found {
+            if delete_id(ec2, &id).await? {
+                deleted.push(name);
+                progress = true;
+            }
+        }
+        if !progress {
+            break;
         }
     }
     Ok(deleted)
