@@ -17,6 +17,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use thiserror::Error;
 
+use crate::apis::common::TaintEffect;
+use crate::apis::labels::TAINT_DISRUPTED;
 use crate::apis::nodepool::{Budget, DisruptionReason, NodePool};
 use crate::operator::settings::parse_duration;
 use crate::state::StateNode;
@@ -110,7 +112,11 @@ pub fn pool_nodes(nodes: &[StateNode]) -> BTreeMap<String, PoolNodes> {
         }
         let counts = pools.entry(pool.to_string()).or_default();
         counts.total += 1;
-        if !node.is_ready() || node.marked_for_deletion {
+        // Tainted `karpenter.sh/disrupted`: a command is replacing it (its replacements may not be
+        // in the cache yet, so it is not marked for deletion yet) or it is draining.
+        let tainted =
+            node.taints.iter().any(|t| t.key == TAINT_DISRUPTED && t.effect == TaintEffect::NoSchedule);
+        if !node.is_ready() || node.marked_for_deletion || tainted {
             counts.disrupting += 1;
         }
     }

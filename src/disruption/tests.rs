@@ -545,3 +545,23 @@ fn a_blocking_drift_budget_is_told_only_when_nodes_drifted() {
     assert!(pass.budget_blocked.contains(&("p".to_string(), DisruptionReason::Drifted)));
     assert!(pass.command.is_none());
 }
+
+#[test]
+fn a_node_tainted_for_disruption_counts_against_the_budget() {
+    // A command replacing `a` has tainted it, but its replacement is not in the cache yet, so it
+    // is not marked for deletion: it still holds the budget's only slot.
+    let mut c = Cluster::new(vec![pool("p", consolidating("1"), &["on-demand"])]);
+    c.node("a", "p", "small", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
+    assert_eq!(candidates(&c.decide()).len(), 1, "one empty node may go");
+    let mut a = (*c.nodes[0]).clone();
+    a.spec.get_or_insert_with(Default::default).taints = Some(vec![
+        serde_json::from_value(json!({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})).unwrap(),
+    ]);
+    c.nodes[0] = Arc::new(a);
+    let pass = c.run(|w| decide(w, &HashSet::from(["a".to_string()])));
+    assert!(
+        pass.command.is_none(),
+        "the budget of 1 is taken by the node being replaced: {:?}",
+        candidates(&pass)
+    );
+}

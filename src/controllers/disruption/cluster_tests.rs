@@ -93,7 +93,7 @@ async fn run_command(
         decisions: Default::default(),
     };
     let in_flight = InFlight::default();
-    in_flight.lock().unwrap().insert(h.name.clone());
+    in_flight.lock().unwrap().insert(h.name.clone(), true);
     let run = Run {
         ctx,
         state,

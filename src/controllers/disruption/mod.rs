@@ -22,7 +22,7 @@
 mod cluster_tests;
 pub mod command;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -65,8 +65,12 @@ const UNCONSOLIDATABLE_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(
 /// The NodePool's blocking-budget event at most this often.
 const BUDGET_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(1);
 
-/// Names of the nodes commands under way are working on.
-pub type InFlight = Arc<Mutex<HashSet<String>>>;
+/// Names of the nodes commands under way are working on, each with whether its command launches
+/// replacements. The nodes of a command that only deletes count as going at once; those of a
+/// command that replaces them only once the command marks them, when its replacements are in the
+/// cache: until then a pass would find their pods a home neither on the node nor on the
+/// replacement it cannot see yet, and launch a second one.
+pub type InFlight = Arc<Mutex<HashMap<String, bool>>>;
 /// NodeClaims commands launched, with when they initialized (see
 /// [`consolidation::CHURN_GUARD`]).
 pub type Launched = Arc<Mutex<BTreeMap<String, Instant>>>;
@@ -112,16 +116,24 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
 
 /// The snapshot a pass decides on: the cluster state, the nodes of commands under way counted as
 /// going away, the NodePools' instance types.
-async fn take_snapshot(ctx: &Context, state: &ClusterState, in_flight: &HashSet<String>) -> Snapshot {
+async fn take_snapshot(ctx: &Context, state: &ClusterState, in_flight: &HashMap<String, bool>) -> Snapshot {
     let mut snapshot = state.snapshot();
-    for node in &snapshot.nodes {
-        if in_flight.contains(&node.name_any()) {
-            snapshot.marked_for_deletion.insert(node.name_any());
+    let deleting = |name: &str| in_flight.get(name) == Some(&false);
+    for node in &mut snapshot.nodes {
+        let name = node.name_any();
+        if deleting(&name) {
+            snapshot.marked_for_deletion.insert(name);
+        } else if in_flight.contains_key(&name) {
+            // Being replaced: nothing new goes there, even before the cache shows the taint.
+            let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+            if let Some(taints) = crate::controllers::node::with_disrupted_taint(taints) {
+                Arc::make_mut(node).spec.get_or_insert_with(Default::default).taints = Some(taints);
+            }
         }
     }
     let claims_of_in_flight: Vec<String> = state_nodes(&snapshot)
         .iter()
-        .filter(|n| in_flight.contains(&n.name))
+        .filter(|n| deleting(&n.name))
         .filter_map(|n| n.claim_name().map(str::to_string))
         .collect();
     snapshot.marked_for_deletion.extend(claims_of_in_flight);
@@ -183,7 +195,7 @@ impl Inputs {
 }
 
 impl Controller {
-    fn in_flight(&self) -> HashSet<String> {
+    fn in_flight(&self) -> HashMap<String, bool> {
         self.in_flight.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
@@ -196,8 +208,9 @@ impl Controller {
             let mut commands = self.commands.lock().unwrap_or_else(PoisonError::into_inner);
             while commands.try_join_next().is_some() {}
         }
-        let in_flight = self.in_flight();
-        let snapshot = take_snapshot(&self.ctx, &self.state, &in_flight).await;
+        let going = self.in_flight();
+        let snapshot = take_snapshot(&self.ctx, &self.state, &going).await;
+        let in_flight: HashSet<String> = going.into_keys().collect();
         self.heal(&snapshot, &in_flight).await;
         let changes = self.state.feed().current();
         if let Some((seen, until)) = *self.memo.lock().unwrap_or_else(PoisonError::into_inner)
@@ -253,9 +266,10 @@ impl Controller {
             _ = tokio::time::sleep(VALIDATION_DELAY) => {}
             _ = crate::controllers::kit::stopped(stop) => return Next::Wait,
         }
-        let in_flight = self.in_flight();
+        let going = self.in_flight();
         let fresh =
-            Inputs::new(&self.ctx, take_snapshot(&self.ctx, &self.state, &in_flight).await, &self.launched);
+            Inputs::new(&self.ctx, take_snapshot(&self.ctx, &self.state, &going).await, &self.launched);
+        let in_flight: HashSet<String> = going.into_keys().collect();
         let validated = {
             let command = command.clone();
             tokio::task::spawn_blocking(move || {
@@ -445,7 +459,8 @@ impl Controller {
             inputs.nodes.iter().filter(|n| command.plan.candidates.contains(&n.name)).cloned().collect();
         {
             let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-            in_flight.extend(command.plan.candidates.iter().cloned());
+            let replacing = !command.plan.replacements.is_empty();
+            in_flight.extend(command.plan.candidates.iter().map(|c| (c.clone(), replacing)));
         }
         for score in &command.scores {
             let labels = vec![
