@@ -193,6 +193,11 @@ pub struct Settings {
     /// (the generated family) or the path of a catalog file.
     #[arg(long, env = "KWOK_INSTANCE_TYPES", value_name = "aws|kwok|FILE", default_value = "aws")]
     pub kwok_instance_types: Catalog,
+    /// How often each EC2NodeClass is resolved again when nothing changes: an AMI newly published
+    /// under an alias, or a new subnet or security group matching the selectors, is picked up
+    /// (and drifts the nodes) within this time.
+    #[arg(long, env = "NODECLASS_REFRESH_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub nodeclass_refresh_interval: Duration,
     /// How long after a launch the kwok provider creates the Node.
     #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub kwok_registration_delay: Duration,
@@ -284,6 +289,7 @@ impl Settings {
             ("leaderElection", (!self.disable_leader_election).to_string()),
             ("kwokInstanceTypes", self.kwok_instance_types.to_string()),
             ("kwokRegistrationDelay", format!("{:?}", self.kwok_registration_delay)),
+            ("nodeclassRefreshInterval", format!("{:?}", self.nodeclass_refresh_interval)),
         ])
     }
 }
@@ -364,6 +370,7 @@ mod tests {
         assert_eq!(s.cloud_provider, CloudProviderKind::Aws);
         assert!(!s.disable_leader_election && !s.isolated_vpc);
         assert_eq!(s.kwok_instance_types, Catalog::Aws);
+        assert_eq!(s.nodeclass_refresh_interval, Duration::from_secs(300));
         assert_eq!(s.kwok_registration_delay, Duration::ZERO);
         assert_eq!(s.validate(), Ok(()));
     }

@@ -486,7 +486,9 @@ async fn getting_started_with_aws() {
     let f = Fixture::new("aws").await;
     let ec2 = ec2().await;
     let standin = Standin::start();
-    let env = aws_controller_env(None);
+    let mut env = aws_controller_env(None);
+    // A newly published AMI is picked up within seconds rather than minutes.
+    env.push(("NODECLASS_REFRESH_INTERVAL".into(), "5s".into()));
     let controller = Controller::start("aws", &env_refs(&env));
     f.apply_class_and_pool(100).await;
     f.wait_class_ready(Duration::from_secs(60), &controller).await;
@@ -748,80 +750,127 @@ async fn disruption_budget_holds_a_node(f: &Fixture, controller: &Controller) {
     f.wait_running(6, Duration::from_secs(120), controller).await;
 }
 
-/// AMI drift: the EC2NodeClass pinned to the older AL2023 release (the emulator publishes two);
-/// every NodeClaim drifts with `AMIDrift` and is replaced, one at a time, by an instance of that
-/// image, and every old instance is terminated. Returns how many instances the pool has had.
+/// AMI drift: every node rolls onto a new image, two at a time under a `nodes: 2` budget, the
+/// pods kept running and every old instance terminated, (1) when a newer AL2023 release is
+/// published under the alias's SSM parameters (the class picks it up within its refresh
+/// interval), (2) when the class moves to AL2 and (3) back from AL2 to AL2023, the upgrade the
+/// seeds make. Returns how many instances the pool has had.
 async fn ami_drift_replaces_every_node(
     f: &Fixture,
     controller: &Controller,
     ec2: &aws_sdk_ec2::Client,
 ) -> usize {
-    let classes = Api::<karpenter::apis::EC2NodeClass>::all(f.client.clone());
-    let amis = |c: karpenter::apis::EC2NodeClass| -> Vec<String> {
-        c.status.map(|s| s.amis.into_iter().map(|a| a.id).collect()).unwrap_or_default()
-    };
-    let latest = amis(classes.get(&f.class).await.unwrap());
-    let old: std::collections::HashSet<String> = f.claims().await.iter().map(|c| c.name_any()).collect();
     f.patch_pool(
         json!({"spec": {"disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never",
-        "budgets": [{"nodes": "1"}]}}}),
+        "budgets": [{"nodes": "2"}]}}}),
     )
     .await;
-    let started = Instant::now();
-    classes
+    let is_al2023 = |name: &str| name.starts_with("amazon-eks-node-al2023-");
+    let is_al2 = |name: &str| !is_al2023(name) && name.starts_with("amazon-eks-");
+
+    publish_eks_release("v20251201").await;
+    let reasons = roll_to_images(f, controller, ec2, "the newly published release", |name| {
+        is_al2023(name) && name.ends_with("-v20251201")
+    })
+    .await;
+    assert_eq!(reasons, ["AMIDrift"].map(String::from).into(), "same class, new image");
+
+    set_ami_alias(f, "al2@latest").await;
+    roll_to_images(f, controller, ec2, "AL2", is_al2).await;
+    set_ami_alias(f, "al2023@latest").await;
+    roll_to_images(f, controller, ec2, "AL2023 again", |name| {
+        is_al2023(name) && name.ends_with("-v20251201")
+    })
+    .await;
+    // The emulator's catalog as it was, for the journeys after this one.
+    publish_eks_release("v20251101").await;
+    pool_instances(ec2, &f.pool).await.len()
+}
+
+/// Publishes an EKS AMI release in the emulator: its images exist and the "recommended" SSM
+/// parameters point at them.
+async fn publish_eks_release(release: &str) {
+    let url = format!("{}/_karpenter-rs/publish-eks-release", aws_var("AWS_ENDPOINT_URL"));
+    let (status, answer) =
+        http_post_json(&url, &json!({"release": release, "region": aws_var("AWS_REGION")})).await;
+    assert_eq!(status, 200, "publishing {release}: {answer}");
+}
+
+async fn set_ami_alias(f: &Fixture, alias: &str) {
+    Api::<karpenter::apis::EC2NodeClass>::all(f.client.clone())
         .patch(
             &f.class,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"amiSelectorTerms": [{"alias": "al2023@v20251015"}]}})),
+            &Patch::Merge(json!({"spec": {"amiSelectorTerms": [{"alias": alias}]}})),
         )
         .await
         .unwrap();
-    wait_for("the class resolving the pinned release", Duration::from_secs(60), controller, || async {
-        let pinned = amis(classes.get(&f.class).await.unwrap());
-        !pinned.is_empty() && pinned.iter().all(|a| !latest.contains(a))
+}
+
+/// Waits for the class to resolve only images whose names `accept` takes, then for every node of
+/// the pool to be replaced by an instance of one of them, the pods running again and every
+/// instance of the old images terminated. Returns the Drifted reasons the old claims showed.
+async fn roll_to_images(
+    f: &Fixture,
+    controller: &Controller,
+    ec2: &aws_sdk_ec2::Client,
+    what: &str,
+    accept: impl Fn(&str) -> bool,
+) -> std::collections::BTreeSet<String> {
+    let classes = Api::<karpenter::apis::EC2NodeClass>::all(f.client.clone());
+    let amis = || async { classes.get(&f.class).await.unwrap().status.map(|s| s.amis).unwrap_or_default() };
+    let started = Instant::now();
+    let before = f.claims().await;
+    let old: std::collections::HashSet<String> = before.iter().map(|c| c.name_any()).collect();
+    let old_images: std::collections::HashSet<String> =
+        before.iter().filter_map(|c| c.status.as_ref()?.image_id.clone()).collect();
+    wait_for(&format!("the class resolving {what}"), Duration::from_secs(60), controller, || async {
+        let amis = amis().await;
+        !amis.is_empty() && amis.iter().all(|a| a.name.as_deref().is_some_and(&accept))
     })
     .await;
-    let pinned = amis(classes.get(&f.class).await.unwrap());
+    let wanted: Vec<String> = amis().await.into_iter().map(|a| a.id).collect();
     let mut reasons = std::collections::BTreeSet::new();
+    let mut most_going = 0;
     loop {
         let claims = f.claims().await;
-        for c in &claims {
+        for c in claims.iter().filter(|c| old.contains(&c.name_any())) {
             if let Some(d) =
                 c.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Drifted"))
             {
                 reasons.insert(d.reason.clone());
             }
         }
+        most_going =
+            most_going.max(claims.iter().filter(|c| c.metadata.deletion_timestamp.is_some()).count());
         let running = f.pods().await.iter().filter(|p| is_running(p)).count();
         let replaced = claims.iter().all(|c| {
             !old.contains(&c.name_any())
                 && condition(c, "Ready") == Some("True".into())
-                && c.status.as_ref().and_then(|s| s.image_id.as_ref()).is_some_and(|i| pinned.contains(i))
+                && c.status.as_ref().and_then(|s| s.image_id.as_ref()).is_some_and(|i| wanted.contains(i))
         });
         if replaced && running == 6 {
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(300),
-            "every node replaced by the pinned image\n{}",
+            "every node replaced by {what}\n{}",
             controller.log_tail()
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    eprintln!("6 nodes rolled to the pinned AMI in {:?}", started.elapsed());
-    assert!(reasons.contains("AMIDrift"), "drifted with AMIDrift: {reasons:?}");
+    eprintln!("6 nodes rolled to {what} in {:?}; drift reasons {reasons:?}", started.elapsed());
+    assert!(!reasons.is_empty(), "the old claims showed Drifted");
+    assert!(most_going <= 2, "the nodes: 2 budget held: {most_going} claims deleting at once");
     let instances = pool_instances(ec2, &f.pool).await;
     let live: Vec<&Ec2Instance> = instances.iter().filter(|i| i.is_live()).collect();
     assert_eq!(live.len(), 6, "{instances:?}");
+    assert!(live.iter().all(|i| wanted.contains(&i.image_id)), "the new instances run {what}: {live:?}");
     assert!(
-        live.iter().all(|i| pinned.contains(&i.image_id)),
-        "the new instances run the pinned image: {live:?}"
-    );
-    assert!(
-        instances.iter().filter(|i| latest.contains(&i.image_id)).all(|i| !i.is_live()),
+        instances.iter().filter(|i| old_images.contains(&i.image_id)).all(|i| !i.is_live()),
         "every old instance terminated: {instances:?}"
     );
-    instances.len()
+    reasons
 }
 
 /// Journey 2: with a limit of 10 vCPUs, scaling to 6 stops at the limit, never above it, and the

@@ -732,6 +732,32 @@ pub fn aws_var(name: &str) -> String {
     aws_env().into_iter().find(|(k, _)| k == name).map(|(_, v)| v).unwrap_or_default()
 }
 
+/// POSTs `body` as JSON to the plain-HTTP `url` (`http://host:port/path`); returns the status
+/// code and the body of the answer.
+pub async fn http_post_json(url: &str, body: &serde_json::Value) -> (u16, String) {
+    let rest = url.strip_prefix("http://").expect("a plain http:// url");
+    let (authority, path) =
+        rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let body = body.to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let authority = authority.to_string();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(authority.as_str()).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap();
+    let status = answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
 /// [`aws_env`] in the shape [`Controller::start`] takes, with `AWS_ENDPOINT_URL` replaced by
 /// `endpoint` when given.
 pub fn aws_controller_env(endpoint: Option<&str>) -> Vec<(String, String)> {

@@ -96,6 +96,9 @@ pub struct Options {
     pub vm_memory_overhead_percent: f64,
     /// How often the instance-type catalog is refreshed.
     pub catalog_refresh: Duration,
+    /// How often each EC2NodeClass is resolved again (AMIs, subnets, security groups) when
+    /// nothing changes.
+    pub node_class_refresh: Duration,
     /// Cluster IP of the `kube-system/kube-dns` Service (see [`kube_dns_ip`]).
     pub kube_dns_ip: Option<String>,
 }
@@ -111,6 +114,7 @@ impl Options {
             reserved_enis: 0,
             vm_memory_overhead_percent: instancetype::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
             catalog_refresh: super::catalog::REFRESH_INTERVAL,
+            node_class_refresh: super::controllers::nodeclass::RESYNC,
             kube_dns_ip: None,
         }
     }
@@ -274,6 +278,11 @@ impl AwsCloudProvider {
     /// The cluster nodes join.
     pub fn cluster(&self) -> &ClusterInfo {
         &self.cluster
+    }
+
+    /// How often each EC2NodeClass is resolved again when nothing changes.
+    pub fn node_class_refresh(&self) -> Duration {
+        self.options.node_class_refresh
     }
 
     /// The known node classes.

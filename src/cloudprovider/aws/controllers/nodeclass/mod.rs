@@ -5,7 +5,8 @@
 //! * A class that is not being deleted gets the `karpenter.k8s.aws/termination` finalizer, is
 //!   resolved with [`AwsCloudProvider::resolve_node_class`], and its status is written through
 //!   the status subresource only when it changed (so the controller's own write does not start a
-//!   loop). It is resolved again every [`RESYNC`]. A failed resolution keeps the last status,
+//!   loop). It is resolved again every [`RESYNC`] (the `NODECLASS_REFRESH_INTERVAL` setting),
+//!   so an AMI published under an alias's SSM parameter is picked up by then. A failed resolution keeps the last status,
 //!   publishes a Warning event and is retried with backoff.
 //! * A class being deleted waits while NodeClaims still reference it (requeued every
 //!   [`WAIT_ON_NODECLAIMS`], with a `WaitingOnNodeClaimTermination` event), then its launch
@@ -36,7 +37,7 @@ use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keye
 use crate::operator::error_chain;
 use crate::state::{ClusterState, Notice};
 
-/// How often a class is resolved again when nothing changes.
+/// How often a class is resolved again when nothing changes, by default.
 pub const RESYNC: Duration = Duration::from_secs(300);
 /// How often a class being deleted checks whether its NodeClaims are gone.
 pub const WAIT_ON_NODECLAIMS: Duration = Duration::from_secs(10);
@@ -379,7 +380,7 @@ async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, 
     let mut resolved = class.clone();
     resolved.status = Some(status);
     provider.node_classes().upsert(resolved);
-    Ok(Next::After(RESYNC))
+    Ok(Next::After(reconciler.provider.node_class_refresh()))
 }
 
 async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, Error> {
