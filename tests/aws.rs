@@ -359,10 +359,8 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
         ..Default::default()
     });
     claimed.metadata.annotations = Some(launched.annotations.clone());
-    // As EC2 would, give the instance the launch template's security groups.
+    // The instance has the launch template's security groups, as EC2 gives them.
     let id = launched.provider_id.rsplit('/').next().unwrap().to_string();
-    let group = class.status.as_ref().unwrap().security_groups[0].id.clone();
-    p.clients().ec2.modify_instance_attribute().instance_id(&id).groups(group).send().await.unwrap();
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
 
     // A newer image matches the selector: it replaces the older one, whose node drifts. Its name
@@ -538,16 +536,33 @@ async fn create_is_idempotent_and_delete_terminates() {
         ..Default::default()
     });
     claimed.metadata.annotations = Some(launched.annotations.clone());
-    // The emulator does not apply the launch template's security groups to the instance (EC2
-    // does): apply them as EC2 would before checking drift.
-    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::SecurityGroup));
-    ec2.modify_instance_attribute()
-        .instance_id(&id)
-        .groups(&status.security_groups[0].id)
+    // The instance has its launch template's security groups, as EC2 gives them.
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
+    // Moved to another group behind Karpenter's back: drifted; moved back: not.
+    let vpc = ec2.describe_instances().instance_ids(&id).send().await.unwrap().reservations()[0].instances()
+        [0]
+    .vpc_id()
+    .unwrap()
+    .to_string();
+    let groups = ec2
+        .describe_security_groups()
+        .filters(aws_sdk_ec2::types::Filter::builder().name("vpc-id").values(&vpc).build())
         .send()
         .await
         .unwrap();
-    assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
+    let other = groups
+        .security_groups()
+        .iter()
+        .filter_map(|g| g.group_id())
+        .find(|g| *g != status.security_groups[0].id)
+        .expect("another group in the VPC")
+        .to_string();
+    for (group, drift) in
+        [(other.as_str(), Some(DriftReason::SecurityGroup)), (&status.security_groups[0].id, None)]
+    {
+        ec2.modify_instance_attribute().instance_id(&id).groups(group).send().await.unwrap();
+        assert_eq!(p.is_drifted(&claimed).await.unwrap(), drift, "in {group}");
+    }
     let mut drifted = (*class).clone();
     drifted.status.as_mut().unwrap().amis.retain(|a| a.id != launched.image_id);
     p.node_classes().upsert(drifted);

@@ -22,8 +22,9 @@ cannot start with "_"):
                                 publish a newer EKS AMI release; JSON body
                                 {"release": "v20251201", "region": "us-west-2"}: its AL2
                                 and AL2023 images are registered (owner 602401143452) and
-                                the "recommended" SSM parameters point at them (publishing
-                                a catalog release again points them back)
+                                the "recommended" SSM parameters point at them; publishing
+                                a release of the catalog again restores the catalog (the
+                                images of releases published since are withdrawn)
     POST /_karpenter-rs/seed    seed more clusters; JSON body
                                 {"clusters": ["name", ...], "region": "us-west-2"}
                                 (or query ?cluster=a&cluster=b&region=...); answers
@@ -403,9 +404,38 @@ class Seeder:
                 added.append(ami["ami_id"])
             params = {k: v for img in images for k, v in img["ssm"].items()}
             self._put_public_parameters(account, region, params)
-            log.info("published EKS release %s in %s: %d images (%d new)", release, region, len(images), len(added))
+            withdrawn = []
+            if release in dict(eks_images.EKS_RELEASES):
+                withdrawn = self._withdraw_published_releases(account, region)
+            log.info(
+                "published EKS release %s in %s: %d images (%d new, %d withdrawn)",
+                release, region, len(images), len(added), len(withdrawn),
+            )
             return {"release": release, "region": region, "images": len(images), "added": added,
-                    "parameters": params}
+                    "withdrawn": withdrawn, "parameters": params}
+
+    @staticmethod
+    def _withdraw_published_releases(account: str, region: str) -> list[str]:
+        """Remove the images (and their pinned SSM parameters) of EKS releases published
+        since the start, so that the catalog is as it was: images are looked up by
+        name too, and the newest matching one wins."""
+        from moto.ec2.models import ec2_backends
+        from moto.ssm.models import ssm_backends
+
+        catalog = {release for release, _ in eks_images.EKS_RELEASES}
+        backend = ec2_backends[account][region]
+        withdrawn = []
+        for ami_id, ami in list(backend.amis.items()):
+            match = re.fullmatch(r"amazon-eks-.*-(v\d{8})", ami.name or "")
+            if ami.owner_id == eks_images.OWNER_ID and match and match.group(1) not in catalog:
+                del backend.amis[ami_id]
+                withdrawn.append(ami_id)
+        params = ssm_backends[account][region]._parameters
+        for name in [n for n in list(params.keys()) if re.search(r"-v\d{8}/image_id$", n)]:
+            release = re.search(r"-(v\d{8})/image_id$", name).group(1)
+            if name.startswith(eks_images.EKS_PREFIX) and release not in catalog:
+                del params[name]
+        return withdrawn
 
 
 class App:

@@ -242,8 +242,13 @@ def test_publishing_a_newer_eks_release(endpoint, client, region):
         assert image(client, recommended("amazon-linux-2"))["Name"] == "amazon-eks-node-1.34-v20251201"
         assert publish("v20251201")["added"] == [], "publishing again adds nothing"
     finally:
-        publish("v20251101")
+        restored = publish("v20251101")
     assert {p: recommended(p) for p in before} == before, "the catalog's release is recommended again"
+    assert restored["withdrawn"], "the published release's images are withdrawn"
+    newer = client("ec2").describe_images(
+        Owners=[EKS_OWNER], Filters=[{"Name": "name", "Values": ["amazon-eks-*-v20251201"]}]
+    )["Images"]
+    assert newer == []
 
     req = urllib.request.Request(
         f"{endpoint}/_karpenter-rs/publish-eks-release",

@@ -538,6 +538,9 @@ async fn getting_started_with_aws() {
         "emptiness removed them\n{}",
         controller.log_tail()
     );
+    // The emulator's catalog as it was (the published release withdrawn), for what follows; no
+    // node is left to drift from it.
+    publish_eks_release("v20251101").await;
     let metrics = controller.metrics().await;
     assert!(metrics.contains("karpenter_nodeclaims_disrupted_total{reason=\"empty\""), "in /metrics");
     let instances = pool_instances(&ec2, &f.pool).await;
@@ -782,8 +785,6 @@ async fn ami_drift_replaces_every_node(
         is_al2023(name) && name.ends_with("-v20251201")
     })
     .await;
-    // The emulator's catalog as it was, for the journeys after this one.
-    publish_eks_release("v20251101").await;
     pool_instances(ec2, &f.pool).await.len()
 }
 
