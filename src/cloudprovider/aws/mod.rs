@@ -10,6 +10,7 @@ pub mod faults;
 pub mod fleet;
 pub mod instance;
 pub mod instancetype;
+pub mod interruption;
 pub mod launchtemplate;
 pub mod nodeclass;
 pub mod pricing;
