@@ -90,19 +90,33 @@ pub fn checks_instance_type(claim: &NodeClaim, now: Timestamp) -> bool {
 /// or has no offering in the claim's zone and capacity type. A reserved claim also matches an
 /// on-demand offering: its reservation may have ended, the type is still launchable. Whether
 /// an offering is available right now does not matter (a type out of capacity is not drift).
+///
+/// Offerings exist only where the provider knows a price, and spot prices may not be fetched
+/// yet (at start, or while the price API fails): a type with no offering of the claim's capacity
+/// type anywhere is not judged, nor is anything when `types` is empty.
 pub fn instance_type_not_found(claim: &NodeClaim, types: &[Arc<InstanceType>]) -> bool {
+    if types.is_empty() {
+        return false;
+    }
     let labels = claim.labels();
     let Some(name) = labels.get(LABEL_INSTANCE_TYPE) else { return false };
     let Some(it) = types.iter().find(|t| t.name == *name) else { return true };
     let zone = labels.get(LABEL_TOPOLOGY_ZONE);
     let capacity_type = labels.get(LABEL_CAPACITY_TYPE);
-    !it.offerings.iter().any(|o| {
-        zone.is_none_or(|z| o.zone == *z)
-            && capacity_type.is_none_or(|c| {
+    let mut priced = it
+        .offerings
+        .iter()
+        .filter(|o| {
+            capacity_type.is_none_or(|c| {
                 o.capacity_type == *c
                     || (c == CAPACITY_TYPE_RESERVED && o.capacity_type == CAPACITY_TYPE_ON_DEMAND)
             })
-    })
+        })
+        .peekable();
+    if priced.peek().is_none() {
+        return false;
+    }
+    !priced.any(|o| zone.is_none_or(|z| o.zone == *z))
 }
 
 /// Looks at every launched NodeClaim once and writes the changes; returns how many changed.
@@ -352,6 +366,14 @@ mod tests {
             "no offering in the zone"
         );
         assert!(instance_type_not_found(&on("c5.large", "us-west-2a", "spot"), &types), "type gone");
+        let mut unpriced = (*types[0]).clone();
+        unpriced.offerings.retain(|o| o.capacity_type != "spot");
+        let unpriced = [Arc::new(unpriced)];
+        assert!(
+            !instance_type_not_found(&on("m5.large", "us-west-2a", "spot"), &unpriced),
+            "no spot price known anywhere (not fetched yet): not judged"
+        );
+        assert!(!instance_type_not_found(&on("c5.large", "us-west-2a", "spot"), &[]), "no types known");
         let mut unlabelled = claim("c", "0", NODEPOOL_HASH_VERSION, None);
         assert!(!instance_type_not_found(&unlabelled, &types), "no instance type label: nothing to check");
 
