@@ -165,7 +165,9 @@ pub fn decide(subjects: &[Subject], policies: &[RepairPolicy], now: Timestamp) -
         let unhealthy = usize::from(is_unhealthy(&subject.node, policies));
         cluster.0 += unhealthy;
         cluster.1 += 1;
-        if let Some(pool) = subject.node.labels().get(LABEL_NODEPOOL) {
+        // The claim's NodePool (the one a repair is judged against), else the node's label.
+        let pool = subject.claim.as_ref().and_then(|c| c.labels().get(LABEL_NODEPOOL));
+        if let Some(pool) = pool.or_else(|| subject.node.labels().get(LABEL_NODEPOOL)) {
             let counts = pools.entry(pool.as_str()).or_default();
             counts.0 += unhealthy;
             counts.1 += 1;

@@ -35,8 +35,10 @@ pub const CONTROLLER: &str = "node.health";
 pub const REASON: &str = "unhealthy";
 /// Changes within this time of each other are handled in one pass.
 const COALESCE: Duration = Duration::from_secs(2);
-/// Longest wait between passes; also how soon a refused repair is looked at again.
+/// Longest wait between passes.
 const PERIOD: Duration = Duration::from_secs(300);
+/// How soon a refused repair is looked at again (nodes may have recovered meanwhile).
+const BLOCKED_RECHECK: Duration = Duration::from_secs(60);
 /// A blocked node is told about at most once in this window, as upstream.
 const BLOCKED_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(15);
 
@@ -84,7 +86,7 @@ async fn pass(ctx: &Context, state: &ClusterState, policies: &[RepairPolicy]) ->
     for blocked in &decision.blocked {
         tell_blocked(ctx, state, blocked).await;
     }
-    let mut next = Next::After(PERIOD);
+    let mut next = Next::After(if decision.blocked.is_empty() { PERIOD } else { BLOCKED_RECHECK });
     for repair in &decision.repairs {
         if let Err(error) = apply(ctx, repair, now).await {
             tracing::error!(controller = CONTROLLER, NodeClaim = %repair.claim.name_any(), Node = %repair.node.name_any(), error = %error_chain(&error), "repairing unhealthy node");
@@ -98,11 +100,43 @@ async fn pass(ctx: &Context, state: &ClusterState, policies: &[RepairPolicy]) ->
     next
 }
 
-/// Sets the claim's termination deadline to now (unless it has an earlier one) and deletes it.
+/// Deletes the claim, then sets its termination deadline to now (unless it has an earlier one).
+/// In that order: a deadline written first would stay on a claim whose deletion then failed, and
+/// a later ordinary disruption of it would skip its PodDisruptionBudgets. A crash in between is
+/// healed by the next pass (a deleting claim whose deadline has not passed is given it).
 async fn apply(ctx: &Context, repair: &Repair, now: Timestamp) -> Result<(), kube::Error> {
     let api: Api<NodeClaim> = Api::all(ctx.client.clone());
     let name = repair.claim.name_any();
     let uid = repair.claim.uid();
+    if repair.claim.metadata.deletion_timestamp.is_none() {
+        let params = DeleteParams {
+            preconditions: uid.clone().map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            // Gone, or a claim of the same name made since: not this one to repair.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
+            Err(error) => return Err(error),
+        }
+        tracing::info!(
+            controller = CONTROLLER,
+            NodeClaim = %name,
+            Node = %repair.node.name_any(),
+            condition = %repair.condition,
+            status = %repair.status,
+            "deleting unhealthy node"
+        );
+        count_disrupted(&ctx.metrics, &repair.claim, REASON);
+        let label = |key: &str| repair.node.labels().get(key).cloned().unwrap_or_default();
+        let labels = vec![
+            ("condition", snake_case(&repair.condition)),
+            ("nodepool", label(LABEL_NODEPOOL)),
+            ("capacity_type", label(LABEL_CAPACITY_TYPE)),
+            ("image_id", repair.claim.status.as_ref().and_then(|s| s.image_id.clone()).unwrap_or_default()),
+        ];
+        ctx.metrics.nodeclaims_unhealthy_disrupted.get_or_create(&labels).inc();
+    }
     if repair.set_deadline {
         let deadline = crate::controllers::nodeclaim::lifecycle::logic::timestamp(now);
         // The uid makes the write fail rather than annotate a claim of the same name made since.
@@ -111,39 +145,11 @@ async fn apply(ctx: &Context, repair: &Repair, now: Timestamp) -> Result<(), kub
             Ok(_) => {
                 tracing::info!(controller = CONTROLLER, NodeClaim = %name, "karpenter.sh/nodeclaim-termination-timestamp" = %deadline, "annotated nodeclaim");
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            // Gone already, or another claim of that name now: nothing to hurry.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 || s.code == 422 => {}
             Err(error) => return Err(error),
         }
     }
-    if repair.claim.metadata.deletion_timestamp.is_some() {
-        return Ok(());
-    }
-    let params = DeleteParams {
-        preconditions: uid.map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
-        ..DeleteParams::default()
-    };
-    match api.delete(&name, &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
-        Err(error) => return Err(error),
-    }
-    tracing::info!(
-        controller = CONTROLLER,
-        NodeClaim = %name,
-        Node = %repair.node.name_any(),
-        condition = %repair.condition,
-        status = %repair.status,
-        "deleting unhealthy node"
-    );
-    count_disrupted(&ctx.metrics, &repair.claim, REASON);
-    let label = |key: &str| repair.node.labels().get(key).cloned().unwrap_or_default();
-    let labels = vec![
-        ("condition", snake_case(&repair.condition)),
-        ("nodepool", label(LABEL_NODEPOOL)),
-        ("capacity_type", label(LABEL_CAPACITY_TYPE)),
-        ("image_id", repair.claim.status.as_ref().and_then(|s| s.image_id.clone()).unwrap_or_default()),
-    ];
-    ctx.metrics.nodeclaims_unhealthy_disrupted.get_or_create(&labels).inc();
     Ok(())
 }
 
