@@ -23,8 +23,8 @@ cannot start with "_"):
                                 {"release": "v20251201", "region": "us-west-2"}: its AL2
                                 and AL2023 images are registered (owner 602401143452) and
                                 the "recommended" SSM parameters point at them; publishing
-                                a release of the catalog again restores the catalog (the
-                                images of releases published since are withdrawn)
+                                the catalog's newest release again (v20251101) restores the
+                                catalog (the images of releases published since are withdrawn)
     POST /_karpenter-rs/seed    seed more clusters; JSON body
                                 {"clusters": ["name", ...], "region": "us-west-2"}
                                 (or query ?cluster=a&cluster=b&region=...); answers
@@ -394,14 +394,17 @@ class Seeder:
             backend = ec2_backends[account][region]
             images = eks_images.eks_release_images(release, created)
             added = []
+            # A new dict swapped in whole: requests being served keep iterating the old one.
+            amis = dict(backend.amis)
             for img in images:
                 ami = eks_images.moto_ami(img)
-                if ami["ami_id"] in backend.amis:
+                if ami["ami_id"] in amis:
                     continue
                 ami["owner_alias"] = "amazon"
                 ami["creation_date"] = parse_timestamp(ami["creation_date"])
-                backend.amis[ami["ami_id"]] = Ami(backend, **ami)
+                amis[ami["ami_id"]] = Ami(backend, **ami)
                 added.append(ami["ami_id"])
+            backend.amis = amis
             params = {k: v for img in images for k, v in img["ssm"].items()}
             self._put_public_parameters(account, region, params)
             withdrawn = []
@@ -425,11 +428,14 @@ class Seeder:
         catalog = {release for release, _ in eks_images.EKS_RELEASES}
         backend = ec2_backends[account][region]
         withdrawn = []
+        kept = {}
         for ami_id, ami in list(backend.amis.items()):
             match = re.fullmatch(r"amazon-eks-.*-(v\d{8})", ami.name or "")
             if ami.owner_id == eks_images.OWNER_ID and match and match.group(1) not in catalog:
-                del backend.amis[ami_id]
                 withdrawn.append(ami_id)
+            else:
+                kept[ami_id] = ami
+        backend.amis = kept
         params = ssm_backends[account][region]._parameters
         for name in [n for n in list(params.keys()) if re.search(r"-v\d{8}/image_id$", n)]:
             release = re.search(r"-(v\d{8})/image_id$", name).group(1)
