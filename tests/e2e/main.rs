@@ -928,7 +928,8 @@ async fn upstream_behaviours_with_kwok() {
 /// running; a NodeClaim with a short `expireAfter` is deleted when it runs out, and its pod under
 /// a PodDisruptionBudget that allows nothing goes when its `terminationGracePeriod` is over; with
 /// the `NodeRepair` gate, a node NotReady for longer than its toleration is replaced, unless too
-/// many of its NodePool's nodes are unhealthy.
+/// many of its NodePool's nodes are unhealthy; a short `expireAfter` in the NodePool's template
+/// expires the claims made from it and their pods run again on new ones.
 #[tokio::test]
 #[ignore = "needs the local control plane"]
 async fn drift_expiry_and_repair_with_kwok() {
@@ -1078,8 +1079,42 @@ spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
     assert!(expired >= 1.0, "{expired} expirations counted");
 
     node_repair(&f, &controller).await;
+    pool_claims_expire(&f, &controller).await;
     f.scale(0).await;
     controller.stop_and_check();
+}
+
+/// `expireAfter` in the NodePool's template: a NodeClaim made from it is deleted when it runs out
+/// and its pod runs again on a new one. (The template change also drifts the existing claims, as
+/// upstream: their replacements carry the new `expireAfter`.)
+async fn pool_claims_expire(f: &Fixture, controller: &Controller) {
+    f.patch_pool(json!({"spec": {"template": {"spec": {"expireAfter": "30s"}}}})).await;
+    let short = || async {
+        f.claims()
+            .await
+            .into_iter()
+            .find(|c| c.spec.expire_after == "30s" && c.metadata.deletion_timestamp.is_none())
+    };
+    wait_for("a NodeClaim made with expireAfter 30s", Duration::from_secs(60), controller, || async {
+        short().await.is_some()
+    })
+    .await;
+    let claim = short().await.unwrap();
+    let name = claim.name_any();
+    let created = claim.metadata.creation_timestamp.clone().unwrap().0;
+    wait_for("the NodeClaim expired", Duration::from_secs(60), controller, || async {
+        f.claims_api().get_opt(&name).await.unwrap().is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let lived = k8s_openapi::jiff::Timestamp::now().duration_since(created);
+    eprintln!("a NodeClaim of the pool with expireAfter 30s was deleted {lived:?} after its creation");
+    assert!(lived >= k8s_openapi::jiff::SignedDuration::from_secs(29), "not before it expired: {lived:?}");
+    assert!(
+        controller.log().lines().any(|l| l.contains("deleting expired nodeclaim") && l.contains(&name)),
+        "expiration deleted {name}\n{}",
+        controller.log_tail()
+    );
+    f.wait_running(6, Duration::from_secs(90), controller).await;
 }
 
 /// Makes the kwok node `name` report `Ready` as `status` since `since`. kwok is told to leave the
