@@ -13,17 +13,14 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::{Api, ResourceExt};
-use serde_json::json;
+use kube::ResourceExt;
 use tokio::sync::watch;
 
-use crate::apis::NodeClaim;
-use crate::apis::labels::{ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_CAPACITY_TYPE, LABEL_NODEPOOL};
+use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_NODEPOOL};
 use crate::cloudprovider::RepairPolicy;
-use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
+use crate::controllers::{Context, nodeclaim};
 use crate::disruption::repair::{self, Blocked, Repair, Scope, Subject};
 use crate::operator::error_chain;
 use crate::operator::metrics::count_disrupted;
@@ -105,23 +102,14 @@ async fn pass(ctx: &Context, state: &ClusterState, policies: &[RepairPolicy]) ->
 /// a later ordinary disruption of it would skip its PodDisruptionBudgets. A crash in between is
 /// healed by the next pass (a deleting claim whose deadline has not passed is given it).
 async fn apply(ctx: &Context, repair: &Repair, now: Timestamp) -> Result<(), kube::Error> {
-    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
-    let name = repair.claim.name_any();
-    let uid = repair.claim.uid();
     if repair.claim.metadata.deletion_timestamp.is_none() {
-        let params = DeleteParams {
-            preconditions: uid.clone().map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &params).await {
-            Ok(_) => {}
-            // Gone, or a claim of the same name made since: not this one to repair.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
-            Err(error) => return Err(error),
+        // Gone, or a claim of the same name made since: not this one to repair.
+        if !nodeclaim::delete(&ctx.client, &repair.claim).await? {
+            return Ok(());
         }
         tracing::info!(
             controller = CONTROLLER,
-            NodeClaim = %name,
+            NodeClaim = %repair.claim.name_any(),
             Node = %repair.node.name_any(),
             condition = %repair.condition,
             status = %repair.status,
@@ -138,17 +126,7 @@ async fn apply(ctx: &Context, repair: &Repair, now: Timestamp) -> Result<(), kub
         ctx.metrics.nodeclaims_unhealthy_disrupted.get_or_create(&labels).inc();
     }
     if repair.set_deadline {
-        let deadline = crate::controllers::nodeclaim::lifecycle::logic::timestamp(now);
-        // The uid makes the write fail rather than annotate a claim of the same name made since.
-        let patch = json!({"metadata": {"uid": uid, "annotations": {ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP: deadline}}});
-        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {
-                tracing::info!(controller = CONTROLLER, NodeClaim = %name, "karpenter.sh/nodeclaim-termination-timestamp" = %deadline, "annotated nodeclaim");
-            }
-            // Gone already, or another claim of that name now: nothing to hurry.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 || s.code == 422 => {}
-            Err(error) => return Err(error),
-        }
+        nodeclaim::set_termination_deadline(&ctx.client, &repair.claim, now).await?;
     }
     Ok(())
 }

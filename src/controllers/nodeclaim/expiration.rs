@@ -12,8 +12,7 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::DeleteParams;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::watch;
 
 use crate::apis::NodeClaim;
@@ -87,22 +86,15 @@ pub fn due<'a>(
 async fn pass(ctx: &Context, state: &ClusterState) -> Next {
     let claims = state.nodeclaims.state();
     let (expired, next) = due(claims.iter().map(|c| c.as_ref()), Timestamp::now());
-    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
     for claim in expired {
         let name = claim.name_any();
         // Only this version: a claim replaced by another of the same name is not expired.
-        let params = DeleteParams {
-            preconditions: claim
-                .uid()
-                .map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &params).await {
-            Ok(_) => {
+        match super::delete(&ctx.client, claim).await {
+            Ok(true) => {
                 tracing::info!(controller = CONTROLLER, NodeClaim = %name, expire_after = %claim.spec.expire_after, "deleting expired nodeclaim");
                 count_disrupted(&ctx.metrics, claim, REASON);
             }
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Ok(false) => {}
             Err(error) => {
                 tracing::error!(controller = CONTROLLER, NodeClaim = %name, error = %error_chain(&error), "deleting expired nodeclaim");
                 return Next::After(Duration::from_secs(10));

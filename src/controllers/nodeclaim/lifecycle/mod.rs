@@ -336,15 +336,10 @@ async fn ensure_finalizer(claim: &NodeClaim, state: &State) -> Result<NodeClaim,
 
 /// Deletes `claim` (only that incarnation of it: the delete is conditional on its uid).
 async fn delete_claim(claim: &NodeClaim, state: &State) -> Result<(), Error> {
-    let params = DeleteParams {
-        preconditions: Some(Preconditions { uid: claim.uid(), resource_version: None }),
-        ..DeleteParams::default()
-    };
-    match state.claims.delete(&claim.name_any(), &params).await {
-        Ok(_) => Ok(()),
-        Err(error) if is_not_found(&error) => Ok(()),
-        Err(source) => Err(Error::Kube { action: "deleting the nodeclaim".into(), source }),
-    }
+    super::delete(&state.ctx.client, claim)
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::Kube { action: "deleting the nodeclaim".into(), source })
 }
 
 async fn expire(
