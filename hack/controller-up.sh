@@ -10,6 +10,8 @@
 #   CLUSTER_NAME        default karpenter-demo
 #   METRICS_PORT        default 18080; HEALTH_PROBE_PORT default 18081
 #   KARPENTER_BIN       the binary (default target/debug/karpenter, built by the caller)
+#   INTERRUPTION_QUEUE  with aws, default $CLUSTER_NAME (the queue the emulator seeds); set it
+#                       empty to run without interruption handling
 #   KARPENTER_RS_HOME   cache root; pid file and log are in $KRS_HOME/controller/
 set -euo pipefail
 
@@ -48,6 +50,7 @@ log "controller: starting with the $provider cloud provider (log $LOG_FILE)"
     export AWS_REGION=${AWS_REGION:-us-west-2}
     export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-testing}
     export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-testing}
+    export INTERRUPTION_QUEUE=${INTERRUPTION_QUEUE-$CLUSTER_NAME}
   fi
   exec setsid "$BIN" controller </dev/null >>"$LOG_FILE" 2>&1
 ) &

@@ -25,6 +25,13 @@ cannot start with "_"):
                                 the "recommended" SSM parameters point at them; publishing
                                 the catalog's newest release again (v20251101) restores the
                                 catalog (the images of releases published since are withdrawn)
+    POST /_karpenter-rs/instance-status
+                                set what DescribeInstanceStatus reports for a running
+                                instance's status checks; JSON body {"instance_id": "i-...",
+                                "check": "instance"|"system", "status": "impaired"|"ok",
+                                "impaired_since": "2026-11-24T12:00:00Z"} (impaired_since
+                                defaults to now; "ok" gives the check back to moto, which
+                                always reports it passed)
     POST /_karpenter-rs/seed    seed more clusters; JSON body
                                 {"clusters": ["name", ...], "region": "us-west-2"}
                                 (or query ?cluster=a&cluster=b&region=...); answers
@@ -76,6 +83,7 @@ hack/moto-up.sh --restart gives a fresh server.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -510,6 +518,10 @@ class App:
             region = body.get("region") or self.region
             endpoint = f"http://127.0.0.1:{self.port}"
             return "200 OK", self.seeder.publish_eks_release(endpoint, region, release, created)
+        if name == "instance-status" and method == "POST":
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+            return _set_instance_status(body)
         return "404 Not Found", {"error": f"unknown endpoint {method} {INTERNAL_PREFIX}{name}"}
 
 
@@ -542,6 +554,56 @@ def _fleets_use_launch_template_security_groups() -> None:
             return _original(self, weight)
 
         setattr(fleets.Fleet, name, patched)
+
+
+# Status checks set through /_karpenter-rs/instance-status: instance id -> check -> summary.
+_STATUS_CHECKS: dict[str, dict[str, dict]] = {}
+
+
+def _set_instance_status(body: dict):
+    instance_id = body.get("instance_id") or ""
+    check = body.get("check") or "instance"
+    status = body.get("status") or "impaired"
+    if not instance_id.startswith("i-") or check not in ("instance", "system"):
+        return "400 Bad Request", {"error": "give instance_id (i-...) and check (instance or system)"}
+    if status == "ok":
+        _STATUS_CHECKS.get(instance_id, {}).pop(check, None)
+        return "200 OK", {"instance_id": instance_id, check: "ok"}
+    if status != "impaired":
+        return "400 Bad Request", {"error": f"status {status!r} is neither impaired nor ok"}
+    since = body.get("impaired_since")
+    since = (
+        datetime.datetime.fromisoformat(since.replace("Z", "+00:00"))
+        if since
+        else datetime.datetime.now(datetime.timezone.utc)
+    )
+    _STATUS_CHECKS.setdefault(instance_id, {})[check] = {
+        "Details": [{"Name": "reachability", "Status": "failed", "ImpairedSince": since}],
+        "Status": "impaired",
+    }
+    return "200 OK", {"instance_id": instance_id, check: "impaired", "impaired_since": since.isoformat()}
+
+
+def _status_checks_can_be_set() -> None:
+    """Make DescribeInstanceStatus report the checks set through /_karpenter-rs/instance-status.
+
+    moto 5.2.5 reports every running instance's instance and system checks as
+    passed; a check set impaired is reported as EC2 reports a failed one (status
+    impaired, a failed reachability detail with its ImpairedSince) while the
+    instance runs.
+    """
+    from moto.ec2.models.instances import Instance
+
+    for attr, check in (("instance_status", "instance"), ("system_status", "system")):
+        original = getattr(Instance, attr)
+
+        def patched(self, _original=original, _check=check):
+            summary = _STATUS_CHECKS.get(self.id, {}).get(_check)
+            if summary is None or self.state_code != 16:
+                return _original.fget(self)
+            return summary
+
+        setattr(Instance, attr, property(patched))
 
 
 def _split_names(values) -> list[str]:
@@ -599,6 +661,7 @@ def main(argv=None) -> int:
     from werkzeug.serving import make_server
 
     _fleets_use_launch_template_security_groups()
+    _status_checks_can_be_set()
     seeder = Seeder(eks_version)
     app = App(DomainDispatcherApplication(create_backend_app), seeder, args.port, args.region)
 

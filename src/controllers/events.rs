@@ -106,6 +106,8 @@ pub mod reasons {
     /// Node repair of an unhealthy node is refused: too many nodes of its NodePool (or of the
     /// cluster) are unhealthy.
     pub const NODE_REPAIR_BLOCKED: &str = "NodeRepairBlocked";
+    /// An interruption (queue message or failed status check) deleted the NodeClaim.
+    pub const TERMINATING_ON_INTERRUPTION: &str = "TerminatingOnInterruption";
     /// A NodeClaim failed to launch.
     pub const LAUNCH_FAILED: &str = "LaunchFailed";
     /// A NodeClaim did not register in time.

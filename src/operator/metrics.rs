@@ -57,6 +57,14 @@ pub struct Metrics {
     pub nodeclaims_unhealthy_disrupted: CounterFamily,
     /// `karpenter_nodeclaims_termination_duration_seconds{nodepool}`.
     pub nodeclaims_termination_duration: HistogramFamily,
+    /// `karpenter_interruption_received_messages_total{message_type}`.
+    pub interruption_received_messages: CounterFamily,
+    /// `karpenter_interruption_deleted_messages_total`.
+    pub interruption_deleted_messages: CounterFamily,
+    /// `karpenter_interruption_message_queue_duration_seconds`: from the event to its handling.
+    pub interruption_message_queue_duration: HistogramFamily,
+    /// `karpenter_interruption_instance_status_unhealthy_total{category}`.
+    pub interruption_instance_status_unhealthy: CounterFamily,
     /// `karpenter_nodeclaims_instance_termination_duration_seconds{nodepool}`.
     pub nodeclaims_instance_termination_duration: HistogramFamily,
     /// `karpenter_nodes_created_total{nodepool}`.
@@ -140,6 +148,10 @@ impl Metrics {
             nodeclaims_terminated: CounterFamily::default(),
             nodeclaims_disrupted: CounterFamily::default(),
             nodeclaims_unhealthy_disrupted: CounterFamily::default(),
+            interruption_received_messages: CounterFamily::default(),
+            interruption_deleted_messages: CounterFamily::default(),
+            interruption_message_queue_duration: histogram_family(),
+            interruption_instance_status_unhealthy: CounterFamily::default(),
             nodeclaims_termination_duration: histogram_family(),
             nodeclaims_instance_termination_duration: histogram_family(),
             nodes_created: CounterFamily::default(),
@@ -230,6 +242,26 @@ impl Metrics {
             "karpenter_nodeclaims_unhealthy_disrupted",
             "Number of unhealthy nodeclaims disrupted by node repair, by the node condition, nodepool, capacity type and image.",
             m.nodeclaims_unhealthy_disrupted.clone(),
+        );
+        r.register(
+            "karpenter_interruption_received_messages",
+            "Count of messages received from the SQS queue. Broken down by message type.",
+            m.interruption_received_messages.clone(),
+        );
+        r.register(
+            "karpenter_interruption_deleted_messages",
+            "Count of messages deleted from the SQS queue.",
+            m.interruption_deleted_messages.clone(),
+        );
+        r.register(
+            "karpenter_interruption_message_queue_duration_seconds",
+            "Time from an interruption event to its handling by the controller.",
+            m.interruption_message_queue_duration.clone(),
+        );
+        r.register(
+            "karpenter_interruption_instance_status_unhealthy",
+            "Count of unhealthy instance statuses found with EC2 DescribeInstanceStatus, once per instance and category.",
+            m.interruption_instance_status_unhealthy.clone(),
         );
         r.register(
             "karpenter_nodeclaims_termination_duration_seconds",

@@ -209,6 +209,21 @@ fn start_controllers(
             stop.clone(),
         ));
         first_refresh = Some(fetched);
+        if let Some(queue) = ctx.settings.interruption_queue() {
+            tasks.spawn(crate::cloudprovider::aws::controllers::interruption::run_queue(
+                ctx.clone(),
+                state.clone(),
+                aws.clone(),
+                queue.to_string(),
+                stop.clone(),
+            ));
+        }
+        tasks.spawn(crate::cloudprovider::aws::controllers::interruption::run_instance_status(
+            ctx.clone(),
+            state.clone(),
+            aws.clone(),
+            stop.clone(),
+        ));
         tasks.spawn(crate::cloudprovider::aws::controllers::nodeclass::run(
             ctx.client.clone(),
             state.clone(),

@@ -242,12 +242,19 @@ impl Settings {
         Ok(())
     }
 
+    /// The interruption queue's name, when one is set.
+    pub fn interruption_queue(&self) -> Option<&str> {
+        self.interruption_queue.as_deref().map(str::trim).filter(|q| !q.is_empty())
+    }
+
     /// What the settings ask for that this version does not do yet, one sentence each.
     pub fn unimplemented(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if let Some(queue) = self.interruption_queue.as_deref().filter(|q| !q.is_empty()) {
+        if let Some(queue) = self.interruption_queue()
+            && self.cloud_provider != CloudProviderKind::Aws
+        {
             out.push(format!(
-                "INTERRUPTION_QUEUE ({queue}) is set, but interruption handling is not implemented yet: the queue is not read"
+                "INTERRUPTION_QUEUE ({queue}) is set, but only the aws provider reads an interruption queue: ignored"
             ));
         }
         let gates = &self.feature_gates;
@@ -338,9 +345,14 @@ mod tests {
     fn settings_not_acted_on_yet_are_named() {
         let quiet = parse(&["--cluster-name", "demo"]).unwrap();
         assert!(quiet.unimplemented().is_empty(), "{:?}", quiet.unimplemented());
+        let aws = parse(&["--cluster-name", "demo", "--interruption-queue", "demo-queue"]).unwrap();
+        assert!(aws.unimplemented().is_empty(), "read by the aws provider: {:?}", aws.unimplemented());
+        assert_eq!(aws.interruption_queue(), Some("demo-queue"));
         let s = parse(&[
             "--cluster-name",
             "demo",
+            "--cloud-provider",
+            "kwok",
             "--interruption-queue",
             "demo-queue",
             "--feature-gates",
@@ -351,7 +363,9 @@ mod tests {
         .unwrap();
         let messages = s.unimplemented();
         assert_eq!(messages.len(), 3, "{messages:?}");
-        assert!(messages[0].contains("INTERRUPTION_QUEUE (demo-queue)"));
+        assert!(
+            messages[0].contains("INTERRUPTION_QUEUE (demo-queue)") && messages[0].contains("aws provider")
+        );
         assert!(messages[1].contains("ReservedCapacity"));
         assert!(messages[2].contains("PREFERENCE_POLICY"));
     }

@@ -21,6 +21,14 @@ struct Joins {
     provider_of: HashMap<String, String>,
     /// Provider ID → names.
     by_provider: HashMap<String, BTreeSet<String>>,
+    /// Instance ID (the provider ID's last path segment) → names.
+    by_instance: HashMap<String, BTreeSet<String>>,
+}
+
+/// The cloud's own ID of an instance: the last path segment of its provider ID
+/// (`aws:///us-west-2a/i-0123` → `i-0123`).
+pub fn instance_id(provider_id: &str) -> &str {
+    provider_id.rsplit('/').next().unwrap_or(provider_id)
 }
 
 impl Joins {
@@ -33,16 +41,19 @@ impl Joins {
         if let Some(pid) = provider_id {
             self.provider_of.insert(name.to_string(), pid.to_string());
             self.by_provider.entry(pid.to_string()).or_default().insert(name.to_string());
+            self.by_instance.entry(instance_id(pid).to_string()).or_default().insert(name.to_string());
         }
     }
 
     fn remove(&mut self, name: &str) {
-        if let Some(old) = self.provider_of.remove(name)
-            && let Some(names) = self.by_provider.get_mut(&old)
+        let Some(old) = self.provider_of.remove(name) else { return };
+        for (map, key) in [(&mut self.by_provider, old.as_str()), (&mut self.by_instance, instance_id(&old))]
         {
-            names.remove(name);
-            if names.is_empty() {
-                self.by_provider.remove(&old);
+            if let Some(names) = map.get_mut(key) {
+                names.remove(name);
+                if names.is_empty() {
+                    map.remove(key);
+                }
             }
         }
     }
@@ -56,6 +67,10 @@ impl Joins {
 
     fn names(&self, provider_id: &str) -> Vec<String> {
         self.by_provider.get(provider_id).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    fn names_of_instance(&self, instance_id: &str) -> Vec<String> {
+        self.by_instance.get(instance_id).map(|s| s.iter().cloned().collect()).unwrap_or_default()
     }
 }
 
@@ -204,6 +219,11 @@ impl Index {
         read(self.joins(kind)).names(provider_id)
     }
 
+    /// Names of the objects of `kind` whose provider ID ends with instance ID `instance_id`.
+    pub fn with_instance_id(&self, kind: Joined, instance_id: &str) -> Vec<String> {
+        read(self.joins(kind)).names_of_instance(instance_id)
+    }
+
     /// The pods bound to Node `node`.
     pub fn pods_on(&self, node: &str) -> Vec<PodKey> {
         read(&self.pods).pods_of.get(node).map(|s| s.iter().cloned().collect()).unwrap_or_default()
@@ -246,6 +266,24 @@ mod tests {
         assert!(index.with_provider_id(Joined::Nodes, "kwok://a").is_empty());
         assert!(index.with_provider_id(Joined::NodeClaims, "kwok://a").is_empty());
         assert_eq!(index.sizes(), (1, 0, 0));
+    }
+
+    #[test]
+    fn instance_ids_find_claims_and_nodes() {
+        let index = Index::default();
+        assert_eq!(instance_id("aws:///us-west-2a/i-0123"), "i-0123");
+        assert_eq!(instance_id("i-0123"), "i-0123");
+        index.set(Joined::NodeClaims, "claim-a", Some("aws:///us-west-2a/i-0123"));
+        index.set(Joined::Nodes, "node-a", Some("aws:///us-west-2a/i-0123"));
+        assert_eq!(index.with_instance_id(Joined::NodeClaims, "i-0123"), ["claim-a"]);
+        assert_eq!(index.with_instance_id(Joined::Nodes, "i-0123"), ["node-a"]);
+        index.set(Joined::NodeClaims, "claim-a", Some("aws:///us-west-2b/i-0456"));
+        assert!(index.with_instance_id(Joined::NodeClaims, "i-0123").is_empty());
+        assert_eq!(index.with_instance_id(Joined::NodeClaims, "i-0456"), ["claim-a"]);
+        index.remove(Joined::NodeClaims, "claim-a");
+        assert!(index.with_instance_id(Joined::NodeClaims, "i-0456").is_empty());
+        index.replace(Joined::Nodes, vec![]);
+        assert!(index.with_instance_id(Joined::Nodes, "i-0123").is_empty());
     }
 
     #[test]

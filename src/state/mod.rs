@@ -665,6 +665,28 @@ impl ClusterState {
             .find(|c| claim_provider_id(c).as_deref() == Some(provider_id))
     }
 
+    /// The cached NodeClaims and Nodes of the instance whose cloud ID is `instance_id` (the last
+    /// segment of their provider ID), each checked to still carry it.
+    pub fn with_instance_id(&self, instance_id: &str) -> (Vec<Arc<NodeClaim>>, Vec<Arc<Node>>) {
+        let carries =
+            |pid: Option<String>| pid.as_deref().is_some_and(|p| index::instance_id(p) == instance_id);
+        let claims = self
+            .index
+            .with_instance_id(Joined::NodeClaims, instance_id)
+            .iter()
+            .filter_map(|name| self.nodeclaim(name))
+            .filter(|c| carries(claim_provider_id(c)))
+            .collect();
+        let nodes = self
+            .index
+            .with_instance_id(Joined::Nodes, instance_id)
+            .iter()
+            .filter_map(|name| self.node(name))
+            .filter(|n| carries(node_provider_id(n)))
+            .collect();
+        (claims, nodes)
+    }
+
     /// The cached pods bound to Node `node`, finished ones excluded.
     pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
         self.index

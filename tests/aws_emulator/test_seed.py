@@ -286,3 +286,41 @@ def test_fleet_instances_get_the_launch_template_security_groups(client, capacit
         ec2.terminate_instances(InstanceIds=ids)
     finally:
         ec2.delete_launch_template(LaunchTemplateId=template)
+
+
+def test_instance_status_checks_can_be_set_impaired(endpoint, client):
+    ec2 = client("ec2")
+    subnet = ec2.describe_subnets(Filters=discovery())["Subnets"][0]["SubnetId"]
+    instance = ec2.run_instances(
+        ImageId="ami-d189e901b8c3538c9", MinCount=1, MaxCount=1, InstanceType="m5.large", SubnetId=subnet
+    )["Instances"][0]["InstanceId"]
+
+    def set_status(body):
+        req = urllib.request.Request(
+            f"{endpoint}/_karpenter-rs/instance-status",
+            data=json.dumps({"instance_id": instance, **body}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with _OPENER.open(req, timeout=10) as resp:
+            return json.load(resp)
+
+    def status():
+        return ec2.describe_instance_status(InstanceIds=[instance])["InstanceStatuses"][0]
+
+    try:
+        assert status()["SystemStatus"]["Status"] == "ok"
+        set_status({"check": "system", "status": "impaired", "impaired_since": "2026-11-24T12:00:00Z"})
+        got = status()
+        assert got["SystemStatus"]["Status"] == "impaired"
+        detail = got["SystemStatus"]["Details"][0]
+        assert detail["Status"] == "failed"
+        assert detail["ImpairedSince"].isoformat().startswith("2026-11-24T12:00:00")
+        assert got["InstanceStatus"]["Status"] == "ok", "the other check is untouched"
+        set_status({"check": "system", "status": "ok"})
+        assert status()["SystemStatus"]["Status"] == "ok"
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            set_status({"check": "disk"})
+        assert bad.value.code == 400
+    finally:
+        ec2.terminate_instances(InstanceIds=[instance])

@@ -489,6 +489,8 @@ async fn getting_started_with_aws() {
     let mut env = aws_controller_env(None);
     // A newly published AMI is picked up within seconds rather than minutes.
     env.push(("NODECLASS_REFRESH_INTERVAL".into(), "5s".into()));
+    // The interruption queue the emulator seeds for the cluster.
+    env.push(("INTERRUPTION_QUEUE".into(), cluster_name()));
     let controller = Controller::start("aws", &env_refs(&env));
     f.apply_class_and_pool(100).await;
     f.wait_class_ready(Duration::from_secs(60), &controller).await;
@@ -521,7 +523,8 @@ async fn getting_started_with_aws() {
     let instances = pool_instances(&ec2, &f.pool).await;
     assert_eq!(instances.iter().filter(|i| i.is_live()).count(), 6, "{instances:?}");
     assert_eq!(instances.len(), 7, "{instances:?}");
-    let made = ami_drift_replaces_every_node(&f, &controller, &ec2).await;
+    ami_drift_replaces_every_node(&f, &controller, &ec2).await;
+    let made = interruptions_replace_nodes(&f, &controller, &ec2).await;
 
     // Scale to 0: emptiness removes the empty nodes (all at once under a 100 % budget), Nodes
     // gone, instances terminated, no finalizer left (the claims and nodes are gone only once their
@@ -538,9 +541,10 @@ async fn getting_started_with_aws() {
         "emptiness removed them\n{}",
         controller.log_tail()
     );
-    // The emulator's catalog as it was (the published release withdrawn), for what follows; no
-    // node is left to drift from it.
+    // The emulator's catalog as it was (the published release withdrawn), and the pool
+    // on-demand only again, for what follows; no node is left to drift from either.
     publish_eks_release("v20251101").await;
+    set_capacity_types(&f, &["on-demand"]).await;
     let metrics = controller.metrics().await;
     assert!(metrics.contains("karpenter_nodeclaims_disrupted_total{reason=\"empty\""), "in /metrics");
     let instances = pool_instances(&ec2, &f.pool).await;
@@ -786,6 +790,210 @@ async fn ami_drift_replaces_every_node(
     })
     .await;
     pool_instances(ec2, &f.pool).await.len()
+}
+
+/// Interruption, with the controller reading the emulator's queue for the cluster: spot allowed
+/// in the pool, a seventh pod gets a spot node. (1) A malformed message and a warning about an
+/// instance the cluster does not know are deleted and counted; a spot interruption warning for
+/// the spot node's instance deletes its NodeClaim, and the pod runs again, on a replacement that
+/// is not the interrupted offering, well within the two minutes a real warning gives; the old
+/// instance is terminated and the queue is empty. (2) A state change to `terminated` replaces
+/// another node. (3) A failed system status check (DescribeInstanceStatus, checked every minute)
+/// terminates a third node forcefully. Returns how many instances the pool has had.
+async fn interruptions_replace_nodes(
+    f: &Fixture,
+    controller: &Controller,
+    ec2: &aws_sdk_ec2::Client,
+) -> usize {
+    let sqs = sqs().await;
+    let queue = sqs.get_queue_url().queue_name(cluster_name()).send().await.unwrap().queue_url.unwrap();
+    let send = |body: String| {
+        let (sqs, queue) = (sqs.clone(), queue.clone());
+        async move { sqs.send_message().queue_url(queue).message_body(body).send().await.unwrap() }
+    };
+    let instance_of = |claim: &NodeClaim| {
+        let pid = claim.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+        pid.rsplit('/').next().unwrap_or_default().to_string()
+    };
+    let label = |claim: &NodeClaim, key: &str| claim.labels().get(key).cloned().unwrap_or_default();
+    const CT: &str = "karpenter.sh/capacity-type";
+    const IT: &str = "node.kubernetes.io/instance-type";
+    const ZONE: &str = "topology.kubernetes.io/zone";
+
+    set_capacity_types(f, &["spot", "on-demand"]).await;
+    f.scale(7).await;
+    f.wait_running(7, Duration::from_secs(120), controller).await;
+    let spot: Vec<NodeClaim> = f.claims().await.into_iter().filter(|c| label(c, CT) == "spot").collect();
+    assert_eq!(
+        spot.len(),
+        1,
+        "the seventh pod's node is spot: {:?}",
+        spot.iter().map(|c| c.name_any()).collect::<Vec<_>>()
+    );
+    let spot = &spot[0];
+    let (spot_name, spot_instance) = (spot.name_any(), instance_of(spot));
+    let spot_node = spot.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let interrupted = (label(spot, IT), label(spot, ZONE));
+    let before: Vec<String> = f.all_claim_names().await;
+
+    send("{\"version\": \"0\", \"detail-type\": ".into()).await;
+    send(eventbridge(
+        "EC2 Spot Instance Interruption Warning",
+        "i-0000000000000dead",
+        json!({"instance-action": "terminate"}),
+    ))
+    .await;
+    let sent = Instant::now();
+    send(eventbridge(
+        "EC2 Spot Instance Interruption Warning",
+        &spot_instance,
+        json!({"instance-action": "terminate"}),
+    ))
+    .await;
+    wait_for(
+        "the interrupted spot node replaced and its pod running again",
+        Duration::from_secs(110),
+        controller,
+        || async {
+            !f.all_claim_names().await.contains(&spot_name)
+                && !f.node_exists(&spot_node).await
+                && f.pods().await.iter().filter(|p| is_running(p)).count() == 7
+        },
+    )
+    .await;
+    let moved = sent.elapsed();
+    eprintln!("spot interruption: the pod ran again on a replacement {moved:?} after the warning was sent");
+    assert!(moved < Duration::from_secs(120), "well within the two-minute warning: {moved:?}");
+    let replacements: Vec<NodeClaim> =
+        f.claims().await.into_iter().filter(|c| !before.contains(&c.name_any())).collect();
+    assert_eq!(replacements.len(), 1, "one replacement");
+    let replacement = &replacements[0];
+    assert!(
+        label(replacement, CT) != "spot" || (label(replacement, IT), label(replacement, ZONE)) != interrupted,
+        "the replacement is not the interrupted offering {interrupted:?} (marked unavailable)"
+    );
+    let old = pool_instances(ec2, &f.pool).await.into_iter().find(|i| i.id == spot_instance).unwrap();
+    assert!(!old.is_live(), "the interrupted instance is terminated: {old:?}");
+    wait_for("the queue empty", Duration::from_secs(30), controller, || async {
+        let attrs = sqs
+            .get_queue_attributes()
+            .queue_url(&queue)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+            .send()
+            .await
+            .unwrap()
+            .attributes
+            .unwrap_or_default();
+        let count = |name: &str| {
+            attrs.get(&aws_sdk_sqs::types::QueueAttributeName::from(name)).cloned().unwrap_or_default()
+        };
+        count("ApproximateNumberOfMessages") == "0" && count("ApproximateNumberOfMessagesNotVisible") == "0"
+    })
+    .await;
+    for reason in ["SpotInterrupted", "TerminatingOnInterruption"] {
+        assert!(
+            !f.cluster_events("NodeClaim", &spot_name, reason).await.is_empty(),
+            "{reason} on {spot_name}"
+        );
+    }
+    for message in [
+        "failed parsing interruption message",
+        "initiating delete from interruption message",
+        "marking offering unavailable",
+    ] {
+        assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
+    }
+    let received = |t: &'static str| async move {
+        controller
+            .metric_sum_where(
+                "karpenter_interruption_received_messages_total",
+                &format!("message_type=\"{t}\""),
+            )
+            .await
+    };
+    assert_eq!(received("malformed").await, 1.0);
+    assert_eq!(received("spot_interrupted").await, 2.0, "the unknown instance's warning is counted too");
+    assert!(controller.metric_sum("karpenter_interruption_deleted_messages_total").await >= 3.0);
+    assert_eq!(
+        controller
+            .metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"spot_interrupted\"")
+            .await,
+        1.0
+    );
+
+    // (2) The instance of another node stops existing.
+    let victim = f.claims().await.into_iter().find(|c| label(c, CT) == "on-demand").unwrap();
+    let victim_name = victim.name_any();
+    send(eventbridge(
+        "EC2 Instance State-change Notification",
+        &instance_of(&victim),
+        json!({"state": "terminated"}),
+    ))
+    .await;
+    wait_for("the terminated instance's node replaced", Duration::from_secs(110), controller, || async {
+        !f.all_claim_names().await.contains(&victim_name)
+            && f.pods().await.iter().filter(|p| is_running(p)).count() == 7
+    })
+    .await;
+    assert!(!f.cluster_events("NodeClaim", &victim_name, "InstanceTerminating").await.is_empty());
+
+    // (3) A third node's system status check has failed for ten minutes.
+    let broken = f.claims().await.into_iter().find(|c| label(c, CT) == "on-demand").unwrap();
+    let broken_name = broken.name_any();
+    let since = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(10);
+    let (code, body) = http_post_json(
+        &format!("{}/_karpenter-rs/instance-status", aws_var("AWS_ENDPOINT_URL")),
+        &json!({"instance_id": instance_of(&broken), "check": "system", "status": "impaired", "impaired_since": since.to_string()}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    // Status checks are read every minute.
+    wait_for("the impaired instance's node replaced", Duration::from_secs(150), controller, || async {
+        !f.all_claim_names().await.contains(&broken_name)
+            && f.pods().await.iter().filter(|p| is_running(p)).count() == 7
+    })
+    .await;
+    assert!(
+        controller.log().lines().any(|l| l.contains("annotated nodeclaim") && l.contains(&broken_name)),
+        "terminated forcefully (its termination deadline set)\n{}",
+        controller.log_tail()
+    );
+    assert!(controller.log_contains("detected unhealthy instance owned by cluster"));
+    assert_eq!(
+        controller
+            .metric_sum_where(
+                "karpenter_interruption_instance_status_unhealthy_total",
+                "category=\"SystemStatus\""
+            )
+            .await,
+        1.0
+    );
+    f.scale(6).await;
+    pool_instances(ec2, &f.pool).await.len()
+}
+
+/// An EventBridge event of the EC2 source as the interruption queue receives it.
+fn eventbridge(detail_type: &str, instance_id: &str, mut detail: serde_json::Value) -> String {
+    detail["instance-id"] = json!(instance_id);
+    json!({
+        "version": "0", "id": format!("e2e-{instance_id}-{}", std::process::id()), "detail-type": detail_type,
+        "source": "aws.ec2", "account": "123456789012", "time": k8s_openapi::jiff::Timestamp::now().to_string(),
+        "region": aws_var("AWS_REGION"), "resources": [format!("arn:aws:ec2:{}:123456789012:instance/{instance_id}", aws_var("AWS_REGION"))],
+        "detail": detail,
+    })
+    .to_string()
+}
+
+/// Sets the capacity types the fixture's NodePool allows.
+async fn set_capacity_types(f: &Fixture, types: &[&str]) {
+    let pool = Api::<karpenter::apis::NodePool>::all(f.client.clone()).get(&f.pool).await.unwrap();
+    let mut requirements = serde_json::to_value(&pool.spec.template.spec.requirements).unwrap();
+    for r in requirements.as_array_mut().unwrap() {
+        if r["key"] == "karpenter.sh/capacity-type" {
+            r["values"] = json!(types);
+        }
+    }
+    f.patch_pool(json!({"spec": {"template": {"spec": {"requirements": requirements}}}})).await;
 }
 
 /// Publishes an EKS AMI release in the emulator: its images exist and the "recommended" SSM

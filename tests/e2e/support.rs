@@ -791,9 +791,13 @@ impl Ec2Instance {
     }
 }
 
-/// An EC2 client for the emulator.
-pub async fn ec2() -> aws_sdk_ec2::Client {
-    let config = karpenter::cloudprovider::aws::config_loader()
+/// An SQS client for the emulator.
+pub async fn sqs() -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&emulator_config().await)
+}
+
+async fn emulator_config() -> aws_config::SdkConfig {
+    karpenter::cloudprovider::aws::config_loader()
         .endpoint_url(aws_var("AWS_ENDPOINT_URL"))
         .region(aws_config::Region::new(aws_var("AWS_REGION")))
         .credentials_provider(aws_sdk_ec2::config::Credentials::new(
@@ -804,8 +808,12 @@ pub async fn ec2() -> aws_sdk_ec2::Client {
             "e2e",
         ))
         .load()
-        .await;
-    aws_sdk_ec2::Client::new(&config)
+        .await
+}
+
+/// An EC2 client for the emulator.
+pub async fn ec2() -> aws_sdk_ec2::Client {
+    aws_sdk_ec2::Client::new(&emulator_config().await)
 }
 
 /// Every instance (in any state) of the cluster tagged for `pool`.

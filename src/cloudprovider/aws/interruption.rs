@@ -32,6 +32,14 @@ pub enum Kind {
     ScheduledChange,
     /// The capacity reservation the instances run in is being reclaimed.
     CapacityReservationInterruption,
+    /// EC2's instance status check has failed for long enough (from DescribeInstanceStatus, not
+    /// from the queue).
+    InstanceStatus,
+    /// EC2's system status check has failed for long enough (DescribeInstanceStatus).
+    SystemStatus,
+    /// EC2 scheduled an event (reboot, maintenance, retirement, stop) for the instance
+    /// (DescribeInstanceStatus).
+    EventStatus,
     /// Nothing Karpenter acts on.
     NoOp,
 }
@@ -46,6 +54,9 @@ impl Kind {
             Kind::Terminating => "instance_terminated",
             Kind::ScheduledChange => "scheduled_change",
             Kind::CapacityReservationInterruption => "capacity_reservation_interrupted",
+            Kind::InstanceStatus => "instance_status",
+            Kind::SystemStatus => "system_status",
+            Kind::EventStatus => "event_status",
             Kind::NoOp => "no_op",
         }
     }
@@ -57,7 +68,9 @@ impl Kind {
             | Kind::Stopping
             | Kind::Terminating
             | Kind::ScheduledChange
+            | Kind::EventStatus
             | Kind::CapacityReservationInterruption => Action::CordonAndDrain,
+            Kind::InstanceStatus | Kind::SystemStatus => Action::ForcefulTermination,
             Kind::RebalanceRecommendation => Action::EventOnly,
             Kind::NoOp => Action::Nothing,
         }
@@ -75,7 +88,7 @@ impl Kind {
             }
             Kind::Stopping => Some(("InstanceStopping", "Instance is stopping", true)),
             Kind::Terminating => Some(("InstanceTerminating", "Instance is terminating", true)),
-            Kind::ScheduledChange => {
+            Kind::ScheduledChange | Kind::InstanceStatus | Kind::SystemStatus | Kind::EventStatus => {
                 Some(("InstanceUnhealthy", "An unhealthy warning was triggered for the instance", true))
             }
             Kind::CapacityReservationInterruption => Some((
@@ -100,6 +113,9 @@ pub enum Action {
     /// Delete their NodeClaims (a normal drain, no disruption budget); the provisioner replaces
     /// the pods meanwhile.
     CordonAndDrain,
+    /// Delete their NodeClaims with a termination deadline of now: the pods are deleted at once,
+    /// PodDisruptionBudgets and do-not-disrupt notwithstanding (the instance is broken).
+    ForcefulTermination,
     /// Only tell it (an event on the NodeClaim and Node).
     EventOnly,
     /// Nothing.

@@ -9,12 +9,14 @@ pub mod embedded;
 pub mod faults;
 pub mod fleet;
 pub mod instance;
+pub mod instancestatus;
 pub mod instancetype;
 pub mod interruption;
 pub mod launchtemplate;
 pub mod nodeclass;
 pub mod pricing;
 pub mod provider;
+pub mod sqs;
 pub mod userdata;
 
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};

@@ -44,6 +44,8 @@ pub struct AwsClients {
     pub iam: aws_sdk_iam::Client,
     /// EKS (cluster endpoint and CA).
     pub eks: aws_sdk_eks::Client,
+    /// SQS (the interruption queue).
+    pub sqs: aws_sdk_sqs::Client,
     /// The Pricing API (on-demand prices), in the region that serves the clients' region.
     pub pricing: aws_sdk_pricing::Client,
     /// Region of the clients.
@@ -68,6 +70,7 @@ impl AwsClients {
             ssm: aws_sdk_ssm::Client::new(config),
             iam: aws_sdk_iam::Client::new(config),
             eks: aws_sdk_eks::Client::new(config),
+            sqs: aws_sdk_sqs::Client::new(config),
             pricing: aws_sdk_pricing::Client::from_conf(
                 aws_sdk_pricing::config::Builder::from(config)
                     .region(aws_config::Region::new(super::pricing::pricing_api_region(&region)))

@@ -1,0 +1,430 @@
+//! Interruption: what EC2 says is about to happen to the cluster's instances, acted on before it
+//! happens.
+//!
+//! * `interruption` (only with `INTERRUPTION_QUEUE`): reads the SQS queue EventBridge feeds with
+//!   spot interruption warnings, rebalance recommendations, instance state changes, AWS Health
+//!   scheduled changes and capacity reservation interruptions (long polling, up to 10 messages at
+//!   a time, handled concurrently). A message is deleted once handled, or when it cannot be
+//!   parsed (it never will be); one whose handling failed stays for SQS to deliver again after
+//!   its visibility timeout. Receive errors back off; the controller never stops on them.
+//! * `interruption.instancestatus` (always): every minute, EC2's status checks of the running
+//!   instances; a failed instance or system check for two minutes terminates the instance's
+//!   NodeClaim forcefully, a scheduled event drains it.
+//!
+//! What is done about an instance is [`decide`]: delete its NodeClaim (no disruption budget; the
+//! termination controller drains it, honouring PodDisruptionBudgets until the claim's
+//! `terminationGracePeriod`, while the provisioner launches capacity for the evicted pods), with
+//! the termination deadline set to now for a forceful termination; a spot interruption also
+//! marks the instance's spot offering unavailable for three minutes, so that the replacement is
+//! not launched into the capacity being reclaimed. A rebalance recommendation is only told.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use tokio::sync::watch;
+
+use crate::apis::NodeClaim;
+use crate::apis::labels::{
+    ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE,
+};
+use crate::cloudprovider::OfferingKey;
+use crate::cloudprovider::aws::AwsCloudProvider;
+use crate::cloudprovider::aws::instancestatus::{self, FirstSeen};
+use crate::cloudprovider::aws::interruption::{self, Action, Kind};
+use crate::cloudprovider::aws::sqs::{Queue, Received};
+use crate::controllers::events::reasons;
+use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
+use crate::controllers::{Context, nodeclaim};
+use crate::operator::error_chain;
+use crate::operator::metrics::count_disrupted;
+use crate::state::ClusterState;
+
+/// Name of the queue controller, in logs and metrics.
+pub const CONTROLLER: &str = "interruption";
+/// Name of the instance status controller.
+pub const STATUS_CONTROLLER: &str = "interruption.instancestatus";
+/// How often the instance status checks are read, as upstream.
+pub const STATUS_PERIOD: Duration = Duration::from_secs(60);
+/// Backoff of failed receives (and of finding the queue).
+const RECEIVE_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+/// The `message_type` label of messages that could not be parsed (upstream does not count them).
+pub const MALFORMED: &str = "malformed";
+
+/// What to do about one NodeClaim of an instance a notice is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Delete the claim (it is not being deleted yet).
+    pub delete: bool,
+    /// Set its termination deadline to now (unless it has one already due).
+    pub deadline: bool,
+    /// The offering to mark unavailable.
+    pub unavailable: Option<OfferingKey>,
+}
+
+/// What `kind` asks for `claim` at `now`.
+pub fn decide(kind: &Kind, claim: &NodeClaim, now: Timestamp) -> Decision {
+    let action = kind.action();
+    let deleting = claim.metadata.deletion_timestamp.is_some();
+    let label = |key: &str| claim.labels().get(key).filter(|v| !v.is_empty()).cloned();
+    let unavailable = match (kind, label(LABEL_INSTANCE_TYPE), label(LABEL_TOPOLOGY_ZONE)) {
+        (Kind::SpotInterruption, Some(instance_type), Some(zone)) => {
+            Some(OfferingKey { instance_type, zone, capacity_type: "spot".to_string() })
+        }
+        _ => None,
+    };
+    let deadline_due = claim
+        .annotations()
+        .get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .is_some_and(|t| t <= now);
+    Decision {
+        delete: matches!(action, Action::CordonAndDrain | Action::ForcefulTermination) && !deleting,
+        deadline: action == Action::ForcefulTermination && !deadline_due,
+        unavailable,
+    }
+}
+
+/// The upstream name of an action, in logs.
+fn action_name(action: Action) -> &'static str {
+    match action {
+        Action::CordonAndDrain => "CordonAndDrain",
+        Action::ForcefulTermination => "ForcefulTermination",
+        Action::EventOnly | Action::Nothing => "NoAction",
+    }
+}
+
+/// Acts on `kind` for the instance `instance_id`: events, offering marked, NodeClaim deleted. An
+/// instance the cluster has no NodeClaim for is left alone.
+async fn act(
+    ctx: &Context,
+    state: &ClusterState,
+    aws: &AwsCloudProvider,
+    controller: &'static str,
+    kind: &Kind,
+    instance_id: &str,
+) -> Result<(), kube::Error> {
+    let (claims, nodes) = state.with_instance_id(instance_id);
+    if claims.is_empty() {
+        tracing::debug!(controller, messageKind = %kind, instance = instance_id, "no nodeclaim for the instance");
+        return Ok(());
+    }
+    let now = Timestamp::now();
+    for claim in claims {
+        let node_name = claim.status.as_ref().and_then(|s| s.node_name.clone());
+        let node: Option<&Arc<Node>> =
+            nodes.iter().find(|n| Some(n.name_any()) == node_name).or_else(|| nodes.first());
+        if let Some((reason, message, warning)) = kind.event() {
+            tell(ctx, &claim, node.map(Arc::as_ref), reason, message, warning).await;
+        }
+        let decision = decide(kind, &claim, now);
+        if let Some(key) = decision.unavailable {
+            tracing::info!(controller, messageKind = %kind, NodeClaim = %claim.name_any(), instance_type = %key.instance_type, zone = %key.zone, capacity_type = %key.capacity_type, "marking offering unavailable after an interruption");
+            aws.unavailable_offerings().insert(key, ());
+        }
+        if decision.delete && nodeclaim::delete(&ctx.client, &claim).await? {
+            tracing::info!(
+                controller,
+                messageKind = %kind,
+                NodeClaim = %claim.name_any(),
+                Node = node.map(|n| n.name_any()).unwrap_or_default(),
+                action = action_name(kind.action()),
+                "initiating delete from interruption message"
+            );
+            tell(ctx, &claim, node.map(Arc::as_ref), reasons::TERMINATING_ON_INTERRUPTION, "", true).await;
+            count_disrupted(&ctx.metrics, &claim, kind.metric_label());
+        }
+        if decision.deadline {
+            nodeclaim::set_termination_deadline(&ctx.client, &claim, now).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Tells `reason` on the claim and its node, once per object (as upstream deduplicates by uid).
+/// An empty `message` is the `TerminatingOnInterruption` text naming the object's kind.
+async fn tell(
+    ctx: &Context,
+    claim: &NodeClaim,
+    node: Option<&Node>,
+    reason: &str,
+    message: &str,
+    warning: bool,
+) {
+    use crate::controllers::events::EventType;
+    let type_ = if warning { EventType::Warning } else { EventType::Normal };
+    let window = k8s_openapi::jiff::SignedDuration::from_mins(5);
+    let text = |object: &str| {
+        if message.is_empty() {
+            format!("Interruption triggered termination for the {object}")
+        } else {
+            message.to_string()
+        }
+    };
+    ctx.events.deduped(claim, type_, reason, "", window, text("NodeClaim")).await;
+    if let Some(node) = node {
+        ctx.events.deduped(node, type_, reason, "", window, text("Node")).await;
+    }
+}
+
+/// Runs the queue controller until `stop` turns true.
+pub async fn run_queue(
+    ctx: Context,
+    state: ClusterState,
+    aws: Arc<AwsCloudProvider>,
+    queue_name: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    let client = aws.clients().sqs.clone();
+    let mut failures = 0u32;
+    let queue = loop {
+        match Queue::find(client.clone(), &queue_name).await {
+            Ok(queue) => break queue,
+            Err(error) => {
+                failures += 1;
+                tracing::error!(controller = CONTROLLER, queue = %queue_name, error = %error_chain(&error), "failed to create valid sqs provider");
+                if sleep_or_stop(RECEIVE_BACKOFF.delay(failures), &mut stop).await {
+                    return;
+                }
+            }
+        }
+    };
+    tracing::info!(controller = CONTROLLER, queue = %queue.name(), url = %queue.url(), "watching interruption queue");
+    failures = 0;
+    loop {
+        let received = tokio::select! {
+            r = queue.receive() => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match received {
+            Ok(messages) => {
+                failures = 0;
+                ctx.metrics
+                    .controller_reconcile
+                    .get_or_create(&vec![
+                        ("controller", CONTROLLER.to_string()),
+                        ("result", "success".to_string()),
+                    ])
+                    .inc();
+                join_all(messages.iter().map(|m| handle(&ctx, &state, &aws, &queue, m))).await;
+            }
+            Err(error) => {
+                failures += 1;
+                ctx.metrics
+                    .controller_reconcile_errors
+                    .get_or_create(&vec![("controller", CONTROLLER.to_string())])
+                    .inc();
+                tracing::error!(controller = CONTROLLER, queue = %queue.name(), error = %error_chain(&error), "getting messages from queue");
+                if sleep_or_stop(RECEIVE_BACKOFF.delay(failures), &mut stop).await {
+                    return;
+                }
+            }
+        }
+        if *stop.borrow() {
+            return;
+        }
+    }
+}
+
+/// Sleeps `delay`; true when `stop` turned true meanwhile.
+async fn sleep_or_stop(delay: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    *stop.borrow()
+}
+
+/// Handles one message: parsed, acted on, deleted (or kept when acting failed).
+async fn handle(
+    ctx: &Context,
+    state: &ClusterState,
+    aws: &AwsCloudProvider,
+    queue: &Queue,
+    received: &Received,
+) {
+    let message = match interruption::parse(&received.body) {
+        Ok(message) => message,
+        Err(error) => {
+            tracing::error!(controller = CONTROLLER, queue = %queue.name(), message_id = %received.message_id, error = %error_chain(&error), "failed parsing interruption message");
+            count_received(ctx, MALFORMED);
+            delete(ctx, queue, received).await;
+            return;
+        }
+    };
+    count_received(ctx, message.kind.metric_label());
+    let mut kept = false;
+    for instance_id in &message.instance_ids {
+        if let Err(error) = act(ctx, state, aws, CONTROLLER, &message.kind, instance_id).await {
+            kept = true;
+            tracing::error!(controller = CONTROLLER, queue = %queue.name(), messageKind = %message.kind, instance = %instance_id, error = %error_chain(&error), "handling message");
+        }
+    }
+    if kept {
+        // Delivered again after the visibility timeout.
+        return;
+    }
+    delete(ctx, queue, received).await;
+    if let Some(time) = message.time {
+        let waited = Duration::try_from(Timestamp::now().duration_since(time)).unwrap_or_default();
+        ctx.metrics.interruption_message_queue_duration.get_or_create(&vec![]).observe(waited.as_secs_f64());
+    }
+}
+
+fn count_received(ctx: &Context, message_type: &str) {
+    ctx.metrics
+        .interruption_received_messages
+        .get_or_create(&vec![("message_type", message_type.to_string())])
+        .inc();
+}
+
+async fn delete(ctx: &Context, queue: &Queue, received: &Received) {
+    match queue.delete(received).await {
+        Ok(()) => {
+            ctx.metrics.interruption_deleted_messages.get_or_create(&vec![]).inc();
+        }
+        Err(error) => {
+            tracing::error!(controller = CONTROLLER, queue = %queue.name(), message_id = %received.message_id, error = %error_chain(&error), "deleting sqs message");
+        }
+    }
+}
+
+/// Runs the instance status controller until `stop` turns true.
+pub async fn run_instance_status(
+    ctx: Context,
+    state: ClusterState,
+    aws: Arc<AwsCloudProvider>,
+    stop: watch::Receiver<bool>,
+) {
+    let first_seen = Arc::new(Mutex::new(FirstSeen::new()));
+    let wake = Timer;
+    let options = Options {
+        backoff: Backoff::new(Duration::from_secs(10), STATUS_PERIOD),
+        ..Options::new(STATUS_CONTROLLER)
+    };
+    run_singleton(options, Some(ctx.metrics.clone()), wake, stop, || {
+        let (ctx, state, aws, first_seen) = (ctx.clone(), state.clone(), aws.clone(), first_seen.clone());
+        async move { status_pass(&ctx, &state, &aws, &first_seen).await }
+    })
+    .await;
+}
+
+async fn status_pass(
+    ctx: &Context,
+    state: &ClusterState,
+    aws: &AwsCloudProvider,
+    first_seen: &Mutex<FirstSeen>,
+) -> Result<Next, crate::cloudprovider::CloudProviderError> {
+    let statuses: Vec<_> = instancestatus::describe(&aws.clients().ec2)
+        .await?
+        .into_iter()
+        .filter(|s| !state.with_instance_id(&s.instance_id).0.is_empty())
+        .collect();
+    let (due, new) = {
+        let mut seen = first_seen.lock().unwrap_or_else(PoisonError::into_inner);
+        instancestatus::assess(&statuses, &mut seen, Timestamp::now())
+    };
+    for problem in &new {
+        tracing::info!(controller = STATUS_CONTROLLER, instanceID = %problem.instance_id, category = %category(&problem.kind), "detected unhealthy instance owned by cluster");
+        ctx.metrics
+            .interruption_instance_status_unhealthy
+            .get_or_create(&vec![("category", category(&problem.kind).to_string())])
+            .inc();
+    }
+    let mut next = Next::After(STATUS_PERIOD);
+    for problem in &due {
+        if let Err(error) = act(ctx, state, aws, STATUS_CONTROLLER, &problem.kind, &problem.instance_id).await
+        {
+            tracing::error!(controller = STATUS_CONTROLLER, instanceID = %problem.instance_id, error = %error_chain(&error), "handling instance status check message");
+            next = Next::After(Duration::from_secs(10));
+        }
+    }
+    Ok(next)
+}
+
+/// The `category` label of an instance status problem, as upstream names it.
+fn category(kind: &Kind) -> &'static str {
+    match kind {
+        Kind::InstanceStatus => "InstanceStatus",
+        Kind::SystemStatus => "SystemStatus",
+        _ => "EventStatus",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::labels::{
+        LABEL_CAPACITY_TYPE as CT, LABEL_INSTANCE_TYPE as IT, LABEL_TOPOLOGY_ZONE as ZONE,
+    };
+
+    fn claim(deleting: bool, deadline: Option<&str>) -> NodeClaim {
+        let mut claim: NodeClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": "c", "uid": "u", "labels": {IT: "m5.large", ZONE: "us-west-2a", CT: "spot"}},
+            "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}, "requirements": []}
+        }))
+        .unwrap();
+        if deleting {
+            claim.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-11-24T11:00:00Z".parse().unwrap(),
+            ));
+        }
+        if let Some(d) = deadline {
+            claim.annotations_mut().insert(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP.into(), d.into());
+        }
+        claim
+    }
+
+    #[test]
+    fn each_kind_decides_as_upstream() {
+        let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+        let spot = decide(&Kind::SpotInterruption, &claim(false, None), now);
+        assert!(spot.delete && !spot.deadline);
+        assert_eq!(
+            spot.unavailable,
+            Some(OfferingKey {
+                instance_type: "m5.large".into(),
+                zone: "us-west-2a".into(),
+                capacity_type: "spot".into()
+            })
+        );
+        for kind in [
+            Kind::Stopping,
+            Kind::Terminating,
+            Kind::ScheduledChange,
+            Kind::EventStatus,
+            Kind::CapacityReservationInterruption,
+        ] {
+            assert_eq!(
+                decide(&kind, &claim(false, None), now),
+                Decision { delete: true, deadline: false, unavailable: None },
+                "{kind}"
+            );
+        }
+        for kind in [Kind::RebalanceRecommendation, Kind::NoOp] {
+            assert_eq!(
+                decide(&kind, &claim(false, None), now),
+                Decision { delete: false, deadline: false, unavailable: None },
+                "{kind}"
+            );
+        }
+        let forceful = decide(&Kind::SystemStatus, &claim(false, None), now);
+        assert!(forceful.delete && forceful.deadline);
+    }
+
+    #[test]
+    fn a_deleting_claim_is_not_deleted_again_and_a_due_deadline_is_kept() {
+        let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+        let d = decide(&Kind::SpotInterruption, &claim(true, None), now);
+        assert!(!d.delete, "already deleting");
+        assert!(d.unavailable.is_some(), "the offering is still marked");
+        let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T11:30:00Z")), now);
+        assert_eq!(d, Decision { delete: false, deadline: false, unavailable: None });
+        let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T13:00:00Z")), now);
+        assert!(d.deadline, "a later deadline is brought forward");
+    }
+}

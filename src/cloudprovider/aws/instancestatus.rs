@@ -1,0 +1,239 @@
+//! EC2 status checks of the cluster's instances (DescribeInstanceStatus): an instance whose
+//! instance or system status check has failed for [`UNHEALTHY_THRESHOLD`] is terminated
+//! forcefully; one with a scheduled event (reboot, maintenance, retirement, stop) is drained.
+//!
+//! [`assess`] is pure: statuses in, what to do about which instance out.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_ec2::types::{InstanceStatus as Ec2Status, InstanceStatusSummary, StatusType, SummaryStatus};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::interruption::Kind;
+use super::sdk_error;
+use crate::cloudprovider::CloudProviderError;
+
+/// How long a status check must have failed before its instance is terminated, as upstream.
+pub const UNHEALTHY_THRESHOLD: Duration = Duration::from_secs(120);
+
+/// The scheduled event codes that drain an instance, as upstream.
+pub const EVENT_CODES: [&str; 5] =
+    ["instance-reboot", "system-reboot", "system-maintenance", "instance-retirement", "instance-stop"];
+
+/// One instance's checks, as DescribeInstanceStatus reports them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// The instance.
+    pub instance_id: String,
+    /// The instance status check.
+    pub instance: Check,
+    /// The system status check.
+    pub system: Check,
+    /// Codes of the instance's scheduled events.
+    pub events: Vec<String>,
+}
+
+/// One status check.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Check {
+    /// Whether the check reports `impaired`.
+    pub impaired: bool,
+    /// The earliest `impairedSince` of its failed details, when EC2 gives one.
+    pub failed_since: Option<Timestamp>,
+}
+
+/// An instance to act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unhealthy {
+    /// The instance.
+    pub instance_id: String,
+    /// Why: [`Kind::InstanceStatus`], [`Kind::SystemStatus`] or [`Kind::EventStatus`].
+    pub kind: Kind,
+    /// Since when (for a failed check, when it failed; for an event, when first seen).
+    pub since: Timestamp,
+}
+
+/// When each instance's problem was first seen, for checks EC2 reports without `impairedSince`
+/// and to count each problem once. Entries of instances no longer reported are dropped.
+pub type FirstSeen = HashMap<(String, &'static str), Timestamp>;
+
+/// What to do about `statuses` at `now`: at most one entry per instance, a failed instance or
+/// system check (terminated forcefully) before a scheduled event (drained). Also returns the
+/// problems seen for the first time (instance and kind), for the metric counting them once.
+/// `first_seen` is updated.
+pub fn assess(
+    statuses: &[Status],
+    first_seen: &mut FirstSeen,
+    now: Timestamp,
+) -> (Vec<Unhealthy>, Vec<Unhealthy>) {
+    let threshold = SignedDuration::try_from(UNHEALTHY_THRESHOLD).unwrap_or(SignedDuration::from_mins(2));
+    let mut act = Vec::new();
+    let mut new = Vec::new();
+    let mut current: FirstSeen = HashMap::new();
+    for status in statuses {
+        let mut problems: Vec<(Kind, Option<Timestamp>)> = Vec::new();
+        if status.instance.impaired {
+            problems.push((Kind::InstanceStatus, status.instance.failed_since));
+        }
+        if status.system.impaired {
+            problems.push((Kind::SystemStatus, status.system.failed_since));
+        }
+        if status.events.iter().any(|code| EVENT_CODES.contains(&code.as_str())) {
+            problems.push((Kind::EventStatus, None));
+        }
+        let mut chosen: Option<Unhealthy> = None;
+        for (kind, since) in problems {
+            let key = (status.instance_id.clone(), kind.metric_label());
+            let first = first_seen.get(&key).copied();
+            let seen = first.unwrap_or(now);
+            current.insert(key, seen);
+            let since = since.unwrap_or(seen);
+            let entry = Unhealthy { instance_id: status.instance_id.clone(), kind: kind.clone(), since };
+            if first.is_none() {
+                new.push(entry.clone());
+            }
+            let due = kind == Kind::EventStatus || now.duration_since(since) >= threshold;
+            // Forceful termination (the checks, listed first) wins over a drain.
+            if due && chosen.is_none() {
+                chosen = Some(entry);
+            }
+        }
+        act.extend(chosen);
+    }
+    *first_seen = current;
+    (act, new)
+}
+
+/// The statuses of every running instance of the account (DescribeInstanceStatus, every page).
+/// The caller keeps the cluster's.
+pub async fn describe(ec2: &aws_sdk_ec2::Client) -> Result<Vec<Status>, CloudProviderError> {
+    let mut statuses = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let out = ec2
+            .describe_instance_status()
+            .set_next_token(token.take())
+            .send()
+            .await
+            .map_err(|e| sdk_error("DescribeInstanceStatus", e))?;
+        statuses.extend(out.instance_statuses.unwrap_or_default().iter().filter_map(status));
+        match out.next_token {
+            Some(t) if !t.is_empty() => token = Some(t),
+            _ => break,
+        }
+    }
+    Ok(statuses)
+}
+
+fn status(s: &Ec2Status) -> Option<Status> {
+    Some(Status {
+        instance_id: s.instance_id.clone().filter(|id| !id.is_empty())?,
+        instance: check(s.instance_status.as_ref()),
+        system: check(s.system_status.as_ref()),
+        events: s
+            .events
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|e| e.code.as_ref().map(|c| c.as_str().to_string()))
+            .collect(),
+    })
+}
+
+fn check(summary: Option<&InstanceStatusSummary>) -> Check {
+    let Some(summary) = summary else { return Check::default() };
+    let failed_since = summary
+        .details
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter(|d| d.status == Some(StatusType::Failed))
+        .filter_map(|d| d.impaired_since.as_ref())
+        .filter_map(|t| Timestamp::from_second(t.secs()).ok())
+        .min();
+    Check { impaired: summary.status == Some(SummaryStatus::Impaired), failed_since }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn impaired(since: Option<&str>) -> Check {
+        Check { impaired: true, failed_since: since.map(t) }
+    }
+
+    #[test]
+    fn failed_checks_act_after_two_minutes_events_at_once() {
+        let now = t("2026-11-24T12:00:00Z");
+        let statuses = vec![
+            Status { instance_id: "i-ok".into(), ..Status::default() },
+            Status {
+                instance_id: "i-young".into(),
+                instance: impaired(Some("2026-11-24T11:59:00Z")),
+                ..Status::default()
+            },
+            Status {
+                instance_id: "i-old".into(),
+                system: impaired(Some("2026-11-24T11:57:00Z")),
+                ..Status::default()
+            },
+            Status {
+                instance_id: "i-event".into(),
+                events: vec!["system-maintenance".into()],
+                ..Status::default()
+            },
+            Status {
+                instance_id: "i-other-event".into(),
+                events: vec!["instance-launch".into()],
+                ..Status::default()
+            },
+        ];
+        let mut seen = FirstSeen::new();
+        let (act, new) = assess(&statuses, &mut seen, now);
+        let got: Vec<(&str, &Kind)> = act.iter().map(|u| (u.instance_id.as_str(), &u.kind)).collect();
+        assert_eq!(got, [("i-old", &Kind::SystemStatus), ("i-event", &Kind::EventStatus)]);
+        assert_eq!(new.len(), 3, "young, old and event problems counted once: {new:?}");
+        // A minute later the young one is due; nothing is new.
+        let (act, new) = assess(&statuses, &mut seen, t("2026-11-24T12:01:00Z"));
+        assert!(act.iter().any(|u| u.instance_id == "i-young" && u.kind == Kind::InstanceStatus), "{act:?}");
+        assert!(new.is_empty(), "{new:?}");
+    }
+
+    #[test]
+    fn a_check_without_impaired_since_counts_from_when_it_was_first_seen() {
+        let statuses =
+            vec![Status { instance_id: "i-a".into(), instance: impaired(None), ..Status::default() }];
+        let mut seen = FirstSeen::new();
+        assert!(assess(&statuses, &mut seen, t("2026-11-24T12:00:00Z")).0.is_empty());
+        assert!(assess(&statuses, &mut seen, t("2026-11-24T12:01:59Z")).0.is_empty());
+        let (act, _) = assess(&statuses, &mut seen, t("2026-11-24T12:02:00Z"));
+        assert_eq!(act.len(), 1);
+        assert_eq!(act[0].since, t("2026-11-24T12:00:00Z"));
+        // Recovered: forgotten, and a later failure starts again.
+        assess(&[], &mut seen, t("2026-11-24T12:03:00Z"));
+        assert!(seen.is_empty());
+        assert!(assess(&statuses, &mut seen, t("2026-11-24T12:04:00Z")).0.is_empty());
+    }
+
+    #[test]
+    fn a_failed_check_is_forceful_even_with_an_event() {
+        let statuses = vec![Status {
+            instance_id: "i-a".into(),
+            instance: impaired(Some("2026-11-24T11:50:00Z")),
+            events: vec!["instance-retirement".into()],
+            ..Status::default()
+        }];
+        let (act, _) = assess(&statuses, &mut FirstSeen::new(), t("2026-11-24T12:00:00Z"));
+        assert_eq!(act.len(), 1);
+        assert_eq!(act[0].kind, Kind::InstanceStatus);
+        assert_eq!(
+            act[0].kind.action(),
+            crate::cloudprovider::aws::interruption::Action::ForcefulTermination
+        );
+    }
+}
