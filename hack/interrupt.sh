@@ -31,7 +31,7 @@ endpoint=${AWS_ENDPOINT_URL:-http://127.0.0.1:${MOTO_PORT:-14566}}
 python=$("$HACK_DIR/moto-up.sh" --venv)/bin/python
 
 if [[ $what == impaired ]]; then
-  since=$(date -u -d '10 minutes ago' +%Y-%m-%dT%H:%M:%SZ)
+  since=$("$python" -c 'import datetime as d; print((d.datetime.now(d.timezone.utc) - d.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ"))')
   curl -fsS -X POST "$endpoint/_karpenter-rs/instance-status" -H 'Content-Type: application/json' \
     -d "{\"instance_id\": \"$instance\", \"check\": \"system\", \"status\": \"impaired\", \"impaired_since\": \"$since\"}" >/dev/null
   log "interrupt: $instance ($claim): system status check impaired since $since"

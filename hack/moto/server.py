@@ -590,9 +590,29 @@ def _status_checks_can_be_set() -> None:
     moto 5.2.5 reports every running instance's instance and system checks as
     passed; a check set impaired is reported as EC2 reports a failed one (status
     impaired, a failed reachability detail with its ImpairedSince) while the
-    instance runs.
+    instance runs. The status filters (instance-status.status,
+    system-status.status, event.code) select instances as EC2's do.
     """
     from moto.ec2.models.instances import Instance
+
+    # DescribeInstanceStatus's status filters, which moto 5.2.5 ignores (it returns every
+    # instance): evaluated here on what the checks report. No instance has scheduled events, so
+    # an event.code filter matches none.
+    status_filters = {
+        "instance-status.status": lambda i: i.instance_status.get("Status"),
+        "system-status.status": lambda i: i.system_status.get("Status"),
+        "event.code": lambda i: None,
+    }
+    original_applies = Instance.applies
+
+    def applies(self, filters, _original=original_applies):
+        for f in filters or []:
+            value = status_filters.get(f.get("name"))
+            if value is not None and value(self) not in f.get("values", []):
+                return False
+        return _original(self, filters)
+
+    Instance.applies = applies
 
     for attr, check in (("instance_status", "instance"), ("system_status", "system")):
         original = getattr(Instance, attr)

@@ -163,4 +163,8 @@ pub mod conditions {
     pub const CONSISTENT_STATE_FOUND: &str = "ConsistentStateFound";
     /// Why the node is being disrupted.
     pub const DISRUPTION_REASON: &str = "DisruptionReason";
+    /// EC2 recommended moving off this spot instance and `REBALANCE_REPLACEMENT` is on: the node
+    /// is replaced as a drifted one is, its replacement Initialized before it drains
+    /// (karpenter-rs only).
+    pub const REBALANCE_RECOMMENDED: &str = "RebalanceRecommended";
 }

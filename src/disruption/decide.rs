@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use crate::apis::nodeclaim::conditions::DRIFTED;
+use crate::apis::nodeclaim::conditions::{DRIFTED, REBALANCE_RECOMMENDED};
 use crate::apis::nodepool::DisruptionReason;
 use crate::state::StateNode;
 
@@ -251,10 +251,11 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
     for node in world.nodes.iter().filter(|n| n.managed && !in_flight.contains(&n.name)) {
         let Some(claim) = node.claim.as_deref() else { continue };
         let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-        let Some(since) = conditions
-            .iter()
-            .find(|c| c.type_ == DRIFTED && c.status == crate::apis::common::ConditionStatus::True)
-        else {
+        // A spot node EC2 recommended moving off (`REBALANCE_REPLACEMENT`) is replaced the same way.
+        let Some(since) = conditions.iter().find(|c| {
+            (c.type_ == DRIFTED || c.type_ == REBALANCE_RECOMMENDED)
+                && c.status == crate::apis::common::ConditionStatus::True
+        }) else {
             continue;
         };
         let ignore_pods = claim.spec.termination_grace_period.is_some();

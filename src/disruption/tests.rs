@@ -111,11 +111,22 @@ impl Cluster {
     /// Marks the claim of `node` `Drifted=True` since `since`, with a `terminationGracePeriod` if
     /// given.
     fn drifted(&mut self, node: &str, since: &str, grace: Option<&str>) -> &mut Self {
+        self.condition(node, "Drifted", "NodePoolDrifted", since, grace)
+    }
+
+    fn condition(
+        &mut self,
+        node: &str,
+        type_: &str,
+        reason: &str,
+        since: &str,
+        grace: Option<&str>,
+    ) -> &mut Self {
         let i = self.claims.iter().position(|c| c.metadata.name.as_deref() == Some(node)).unwrap();
         let mut claim = (*self.claims[i]).clone();
         let mut status = claim.status.clone().unwrap();
         status.conditions.push(
-            serde_json::from_value(json!({"type": "Drifted", "status": "True", "reason": "NodePoolDrifted",
+            serde_json::from_value(json!({"type": type_, "status": "True", "reason": reason,
                 "message": "", "lastTransitionTime": since}))
             .unwrap(),
         );
@@ -450,6 +461,26 @@ fn drift_replaces_one_node_at_a_time_empties_first_then_the_longest_drifted() {
     let command = pass.command.as_ref().unwrap();
     assert_eq!((command.method, command.plan.candidates.clone()), (Method::Drift, vec!["idle".to_string()]));
     assert!(command.plan.replacements.is_empty());
+}
+
+#[test]
+fn a_rebalance_recommended_node_is_replaced_as_a_drifted_one() {
+    let only_drift = json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]});
+    let mut c = Cluster::new(vec![pool("p", only_drift, &["spot"])]);
+    c.types = vec![itype("large", 4, 0.40, Some(0.12))];
+    c.node("warned", "p", "large", "spot", json!({}))
+        .pod("a", "warned", "3", json!({}))
+        .node("calm", "p", "large", "spot", json!({}))
+        .pod("b", "calm", "3", json!({}));
+    assert!(c.decide().command.is_none(), "nothing to do yet");
+    c.condition("warned", "RebalanceRecommended", "RebalanceRecommendation", "2026-11-24T11:59:00Z", None);
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.method, Method::Drift);
+    assert_eq!(command.plan.candidates, ["warned"]);
+    // Its pod fits nowhere else: the replacement is launched first.
+    assert_eq!(command.plan.decision, Decision::Replace);
+    assert_eq!(command.plan.replacements.len(), 1);
 }
 
 #[test]

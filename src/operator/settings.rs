@@ -198,6 +198,12 @@ pub struct Settings {
     /// (and drifts the nodes) within this time.
     #[arg(long, env = "NODECLASS_REFRESH_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub nodeclass_refresh_interval: Duration,
+    /// On an EC2 rebalance recommendation, replace the node before the spot interruption comes:
+    /// its replacement is launched and Initialized first, then it drains (as a drifted node is
+    /// replaced, within the NodePool's `Drifted` budget). Upstream only tells the recommendation
+    /// (karpenter-rs only; needs `INTERRUPTION_QUEUE`).
+    #[arg(long, env = "REBALANCE_REPLACEMENT", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub rebalance_replacement: bool,
     /// How long after a launch the kwok provider creates the Node.
     #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub kwok_registration_delay: Duration,
@@ -250,6 +256,14 @@ impl Settings {
     /// What the settings ask for that this version does not do yet, one sentence each.
     pub fn unimplemented(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if self.rebalance_replacement
+            && (self.interruption_queue().is_none() || self.cloud_provider != CloudProviderKind::Aws)
+        {
+            out.push(
+                "REBALANCE_REPLACEMENT is set, but rebalance recommendations come from the aws provider's INTERRUPTION_QUEUE, which is not read: ignored"
+                    .to_string(),
+            );
+        }
         if let Some(queue) = self.interruption_queue()
             && self.cloud_provider != CloudProviderKind::Aws
         {
@@ -297,6 +311,7 @@ impl Settings {
             ("kwokInstanceTypes", self.kwok_instance_types.to_string()),
             ("kwokRegistrationDelay", format!("{:?}", self.kwok_registration_delay)),
             ("nodeclassRefreshInterval", format!("{:?}", self.nodeclass_refresh_interval)),
+            ("rebalanceReplacement", self.rebalance_replacement.to_string()),
         ])
     }
 }

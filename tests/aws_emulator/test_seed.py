@@ -317,6 +317,15 @@ def test_instance_status_checks_can_be_set_impaired(endpoint, client):
         assert detail["Status"] == "failed"
         assert detail["ImpairedSince"].isoformat().startswith("2026-11-24T12:00:00")
         assert got["InstanceStatus"]["Status"] == "ok", "the other check is untouched"
+
+        def filtered(name, values):
+            answer = ec2.describe_instance_status(Filters=[{"Name": name, "Values": values}])
+            return [s["InstanceId"] for s in answer["InstanceStatuses"]]
+
+        assert filtered("system-status.status", ["impaired"]) == [instance]
+        assert instance not in filtered("instance-status.status", ["impaired"])
+        assert instance in filtered("instance-status.status", ["ok"])
+        assert filtered("event.code", ["system-maintenance"]) == []
         set_status({"check": "system", "status": "ok"})
         assert status()["SystemStatus"]["Status"] == "ok"
         with pytest.raises(urllib.error.HTTPError) as bad:

@@ -30,8 +30,10 @@ from chart_helpers import (
 )
 
 # The environment variables the chart may set on the controller: the names the
-# upstream controller reads.
+# upstream controller reads, plus karpenter-rs's opt-in REBALANCE_REPLACEMENT
+# (set only when enabled, so that default values render upstream's list).
 KNOWN_ENV = {
+    "REBALANCE_REPLACEMENT",
     "CLUSTER_NAME",
     "CLUSTER_ENDPOINT",
     "CLUSTER_CA_BUNDLE",
@@ -240,6 +242,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
             "settings.clusterEndpoint=https://ABC.gr7.us-west-2.eks.amazonaws.com",
             "settings.clusterCABundle=LS0tLS1CRUdJTg==",
             "settings.interruptionQueue=prod-queue",
+            "settings.rebalanceReplacement=true",
             "settings.batchMaxDuration=20s",
             "settings.batchIdleDuration=2s",
             "settings.vmMemoryOverheadPercent=0.1",
@@ -264,6 +267,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
     assert env["CLUSTER_ENDPOINT"] == "https://ABC.gr7.us-west-2.eks.amazonaws.com"
     assert env["CLUSTER_CA_BUNDLE"] == "LS0tLS1CRUdJTg=="
     assert env["INTERRUPTION_QUEUE"] == "prod-queue"
+    assert env["REBALANCE_REPLACEMENT"] == "true"
     assert env["BATCH_MAX_DURATION"] == "20s"
     assert env["BATCH_IDLE_DURATION"] == "2s"
     assert env["VM_MEMORY_OVERHEAD_PERCENT"] == "0.1"

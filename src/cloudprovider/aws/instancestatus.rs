@@ -4,10 +4,12 @@
 //!
 //! [`assess`] is pure: statuses in, what to do about which instance out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use aws_sdk_ec2::types::{InstanceStatus as Ec2Status, InstanceStatusSummary, StatusType, SummaryStatus};
+use aws_sdk_ec2::types::{
+    Filter, InstanceStatus as Ec2Status, InstanceStatusSummary, StatusType, SummaryStatus,
+};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::interruption::Kind;
@@ -105,25 +107,36 @@ pub fn assess(
     (act, new)
 }
 
-/// The statuses of every running instance of the account (DescribeInstanceStatus, every page).
-/// The caller keeps the cluster's.
+/// The statuses of the account's instances with a problem: three DescribeInstanceStatus queries
+/// (every page), as upstream's (instance check impaired, system check impaired, one of
+/// [`EVENT_CODES`] scheduled), merged by instance. The caller keeps the cluster's.
 pub async fn describe(ec2: &aws_sdk_ec2::Client) -> Result<Vec<Status>, CloudProviderError> {
-    let mut statuses = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let out = ec2
-            .describe_instance_status()
-            .set_next_token(token.take())
-            .send()
-            .await
-            .map_err(|e| sdk_error("DescribeInstanceStatus", e))?;
-        statuses.extend(out.instance_statuses.unwrap_or_default().iter().filter_map(status));
-        match out.next_token {
-            Some(t) if !t.is_empty() => token = Some(t),
-            _ => break,
+    let filters = [
+        Filter::builder().name("instance-status.status").values("impaired").build(),
+        Filter::builder().name("system-status.status").values("impaired").build(),
+        Filter::builder().name("event.code").set_values(Some(EVENT_CODES.map(String::from).to_vec())).build(),
+    ];
+    let mut statuses: BTreeMap<String, Status> = BTreeMap::new();
+    for filter in filters {
+        let mut token: Option<String> = None;
+        loop {
+            let out = ec2
+                .describe_instance_status()
+                .filters(filter.clone())
+                .set_next_token(token.take())
+                .send()
+                .await
+                .map_err(|e| sdk_error("DescribeInstanceStatus", e))?;
+            for s in out.instance_statuses.unwrap_or_default().iter().filter_map(status) {
+                statuses.entry(s.instance_id.clone()).or_insert(s);
+            }
+            match out.next_token {
+                Some(t) if !t.is_empty() => token = Some(t),
+                _ => break,
+            }
         }
     }
-    Ok(statuses)
+    Ok(statuses.into_values().collect())
 }
 
 fn status(s: &Ec2Status) -> Option<Status> {
@@ -218,6 +231,40 @@ mod tests {
         assess(&[], &mut seen, t("2026-11-24T12:03:00Z"));
         assert!(seen.is_empty());
         assert!(assess(&statuses, &mut seen, t("2026-11-24T12:04:00Z")).0.is_empty());
+    }
+
+    #[test]
+    fn ec2_answers_map_to_checks() {
+        use aws_sdk_ec2::primitives::DateTime;
+        use aws_sdk_ec2::types::{EventCode, InstanceStatusDetails, InstanceStatusEvent};
+        let detail = |status: StatusType, since: Option<i64>| {
+            InstanceStatusDetails::builder()
+                .status(status)
+                .set_impaired_since(since.map(DateTime::from_secs))
+                .build()
+        };
+        let answer = Ec2Status::builder()
+            .instance_id("i-a")
+            .system_status(
+                InstanceStatusSummary::builder()
+                    .status(SummaryStatus::Impaired)
+                    .details(detail(StatusType::Passed, Some(100)))
+                    .details(detail(StatusType::Failed, Some(1_800_000_000)))
+                    .details(detail(StatusType::Failed, Some(1_700_000_000)))
+                    .build(),
+            )
+            .instance_status(InstanceStatusSummary::builder().status(SummaryStatus::Ok).build())
+            .events(InstanceStatusEvent::builder().code(EventCode::SystemMaintenance).build())
+            .build();
+        let got = status(&answer).unwrap();
+        assert_eq!(got.instance_id, "i-a");
+        assert_eq!(
+            got.system,
+            Check { impaired: true, failed_since: Some(Timestamp::from_second(1_700_000_000).unwrap()) }
+        );
+        assert_eq!(got.instance, Check::default());
+        assert_eq!(got.events, ["system-maintenance"]);
+        assert!(status(&Ec2Status::builder().build()).is_none(), "no instance id");
     }
 
     #[test]

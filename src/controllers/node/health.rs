@@ -126,7 +126,7 @@ async fn apply(ctx: &Context, repair: &Repair, now: Timestamp) -> Result<(), kub
         ctx.metrics.nodeclaims_unhealthy_disrupted.get_or_create(&labels).inc();
     }
     if repair.set_deadline {
-        nodeclaim::set_termination_deadline(&ctx.client, &repair.claim, now).await?;
+        nodeclaim::set_termination_deadline(&ctx.client, CONTROLLER, &repair.claim, now).await?;
     }
     Ok(())
 }

@@ -39,6 +39,7 @@ pub async fn delete(client: &Client, claim: &NodeClaim) -> Result<bool, kube::Er
 /// another claim now.
 pub async fn set_termination_deadline(
     client: &Client,
+    controller: &'static str,
     claim: &NodeClaim,
     at: Timestamp,
 ) -> Result<bool, kube::Error> {
@@ -48,7 +49,7 @@ pub async fn set_termination_deadline(
     let api = Api::<NodeClaim>::all(client.clone());
     match api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => {
-            tracing::info!(NodeClaim = %claim.name_any(), "karpenter.sh/nodeclaim-termination-timestamp" = %deadline, "annotated nodeclaim");
+            tracing::info!(controller, NodeClaim = %claim.name_any(), "karpenter.sh/nodeclaim-termination-timestamp" = %deadline, "annotated nodeclaim");
             Ok(true)
         }
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 || s.code == 422 => Ok(false),

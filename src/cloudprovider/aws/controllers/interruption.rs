@@ -18,6 +18,7 @@
 //! marks the instance's spot offering unavailable for three minutes, so that the replacement is
 //! not launched into the capacity being reclaimed. A rebalance recommendation is only told.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,16 +29,19 @@ use kube::ResourceExt;
 use tokio::sync::watch;
 
 use crate::apis::NodeClaim;
+use crate::apis::common::{ConditionStatus, set_condition};
 use crate::apis::labels::{
     ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE,
 };
+use crate::apis::nodeclaim::conditions::REBALANCE_RECOMMENDED;
+use crate::cloudprovider::CloudProviderError;
 use crate::cloudprovider::OfferingKey;
 use crate::cloudprovider::aws::AwsCloudProvider;
 use crate::cloudprovider::aws::instancestatus::{self, FirstSeen};
 use crate::cloudprovider::aws::interruption::{self, Action, Kind};
 use crate::cloudprovider::aws::sqs::{Queue, Received};
 use crate::controllers::events::reasons;
-use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
+use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton, stopped};
 use crate::controllers::{Context, nodeclaim};
 use crate::operator::error_chain;
 use crate::operator::metrics::count_disrupted;
@@ -49,6 +53,8 @@ pub const CONTROLLER: &str = "interruption";
 pub const STATUS_CONTROLLER: &str = "interruption.instancestatus";
 /// How often the instance status checks are read, as upstream.
 pub const STATUS_PERIOD: Duration = Duration::from_secs(60);
+/// Longest wait for an SQS answer: a receive waits up to 20 s by itself.
+const CALL_TIMEOUT: Duration = Duration::from_secs(35);
 /// Backoff of failed receives (and of finding the queue).
 const RECEIVE_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
 /// The `message_type` label of messages that could not be parsed (upstream does not count them).
@@ -63,10 +69,13 @@ pub struct Decision {
     pub deadline: bool,
     /// The offering to mark unavailable.
     pub unavailable: Option<OfferingKey>,
+    /// Mark the claim `RebalanceRecommended`, so that the disruption controller replaces it
+    /// (replacement first) before the spot interruption comes.
+    pub replace_first: bool,
 }
 
-/// What `kind` asks for `claim` at `now`.
-pub fn decide(kind: &Kind, claim: &NodeClaim, now: Timestamp) -> Decision {
+/// What `kind` asks for `claim` at `now`; `rebalance_replacement` is the setting of that name.
+pub fn decide(kind: &Kind, claim: &NodeClaim, now: Timestamp, rebalance_replacement: bool) -> Decision {
     let action = kind.action();
     let deleting = claim.metadata.deletion_timestamp.is_some();
     let label = |key: &str| claim.labels().get(key).filter(|v| !v.is_empty()).cloned();
@@ -81,10 +90,17 @@ pub fn decide(kind: &Kind, claim: &NodeClaim, now: Timestamp) -> Decision {
         .get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP)
         .and_then(|t| t.parse::<Timestamp>().ok())
         .is_some_and(|t| t <= now);
+    let recommended = claim.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| c.type_ == REBALANCE_RECOMMENDED && c.status == ConditionStatus::True)
+    });
     Decision {
         delete: matches!(action, Action::CordonAndDrain | Action::ForcefulTermination) && !deleting,
         deadline: action == Action::ForcefulTermination && !deadline_due,
         unavailable,
+        replace_first: rebalance_replacement
+            && *kind == Kind::RebalanceRecommendation
+            && !deleting
+            && !recommended,
     }
 }
 
@@ -106,6 +122,7 @@ async fn act(
     controller: &'static str,
     kind: &Kind,
     instance_id: &str,
+    deleted: &Mutex<HashSet<String>>,
 ) -> Result<(), kube::Error> {
     let (claims, nodes) = state.with_instance_id(instance_id);
     if claims.is_empty() {
@@ -120,7 +137,16 @@ async fn act(
         if let Some((reason, message, warning)) = kind.event() {
             tell(ctx, &claim, node.map(Arc::as_ref), reason, message, warning).await;
         }
-        let decision = decide(kind, &claim, now);
+        let mut decision = decide(kind, &claim, now, ctx.settings.rebalance_replacement);
+        // Deleted by another message of this batch: the cache does not show it yet.
+        let uid = claim.uid().unwrap_or_default();
+        if decision.delete && !deleted.lock().unwrap_or_else(PoisonError::into_inner).insert(uid) {
+            decision.delete = false;
+        }
+        if decision.replace_first {
+            mark_rebalance_recommended(ctx, &claim, now).await?;
+            tracing::info!(controller, messageKind = %kind, NodeClaim = %claim.name_any(), "replacing the node before its spot interruption");
+        }
         if let Some(key) = decision.unavailable {
             tracing::info!(controller, messageKind = %kind, NodeClaim = %claim.name_any(), instance_type = %key.instance_type, zone = %key.zone, capacity_type = %key.capacity_type, "marking offering unavailable after an interruption");
             aws.unavailable_offerings().insert(key, ());
@@ -138,10 +164,47 @@ async fn act(
             count_disrupted(&ctx.metrics, &claim, kind.metric_label());
         }
         if decision.deadline {
-            nodeclaim::set_termination_deadline(&ctx.client, &claim, now).await?;
+            nodeclaim::set_termination_deadline(&ctx.client, controller, &claim, now).await?;
         }
     }
     Ok(())
+}
+
+/// Sets the claim's `RebalanceRecommended` condition (the disruption controller replaces such
+/// claims as drifted ones). A claim gone or changed meanwhile is left alone: a conflict is an
+/// error, so the message is handled again.
+async fn mark_rebalance_recommended(
+    ctx: &Context,
+    claim: &NodeClaim,
+    now: Timestamp,
+) -> Result<(), kube::Error> {
+    let mut conditions = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let at = crate::controllers::nodeclaim::lifecycle::logic::timestamp(now);
+    let message = "EC2 recommends moving off this spot instance: it is replaced before its interruption";
+    if !set_condition(
+        &mut conditions,
+        REBALANCE_RECOMMENDED,
+        ConditionStatus::True,
+        "RebalanceRecommendation",
+        message,
+        claim.metadata.generation,
+        &at,
+    ) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": claim.resource_version() },
+        "status": { "conditions": conditions },
+    });
+    let api = kube::Api::<NodeClaim>::all(ctx.client.clone());
+    match api
+        .patch_status(&claim.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(error) => Err(error),
+    }
 }
 
 /// Tells `reason` on the claim and its node, once per object (as upstream deduplicates by uid).
@@ -181,7 +244,7 @@ pub async fn run_queue(
     let client = aws.clients().sqs.clone();
     let mut failures = 0u32;
     let queue = loop {
-        match Queue::find(client.clone(), &queue_name).await {
+        match bounded(Queue::find(client.clone(), &queue_name), "GetQueueUrl").await {
             Ok(queue) => break queue,
             Err(error) => {
                 failures += 1;
@@ -196,20 +259,21 @@ pub async fn run_queue(
     failures = 0;
     loop {
         let received = tokio::select! {
-            r = queue.receive() => r,
-            _ = stop.wait_for(|s| *s) => return,
+            r = bounded(queue.receive(), "ReceiveMessage") => r,
+            _ = stopped(&mut stop) => return,
         };
+        let result = if received.is_ok() { "success" } else { "error" };
+        ctx.metrics
+            .controller_reconcile
+            .get_or_create(&vec![("controller", CONTROLLER.to_string()), ("result", result.to_string())])
+            .inc();
         match received {
             Ok(messages) => {
                 failures = 0;
-                ctx.metrics
-                    .controller_reconcile
-                    .get_or_create(&vec![
-                        ("controller", CONTROLLER.to_string()),
-                        ("result", "success".to_string()),
-                    ])
-                    .inc();
-                join_all(messages.iter().map(|m| handle(&ctx, &state, &aws, &queue, m))).await;
+                // Two messages of one batch about the same instance (a spot warning and a state
+                // change, say) delete its NodeClaim once.
+                let deleted = Mutex::new(HashSet::new());
+                join_all(messages.iter().map(|m| handle(&ctx, &state, &aws, &queue, m, &deleted))).await;
             }
             Err(error) => {
                 failures += 1;
@@ -233,9 +297,24 @@ pub async fn run_queue(
 async fn sleep_or_stop(delay: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(delay) => {}
-        _ = stop.wait_for(|s| *s) => {}
+        _ = stopped(stop) => {}
     }
     *stop.borrow()
+}
+
+/// `call`, failing after [`CALL_TIMEOUT`]: a connection that stalls must not freeze the queue.
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, CloudProviderError>>,
+    operation: &'static str,
+) -> Result<T, CloudProviderError> {
+    tokio::time::timeout(CALL_TIMEOUT, call).await.unwrap_or_else(|_| {
+        Err(CloudProviderError::Api {
+            operation,
+            code: "Timeout".to_string(),
+            message: format!("no answer within {CALL_TIMEOUT:?}"),
+            source: "timed out".into(),
+        })
+    })
 }
 
 /// Handles one message: parsed, acted on, deleted (or kept when acting failed).
@@ -245,6 +324,7 @@ async fn handle(
     aws: &AwsCloudProvider,
     queue: &Queue,
     received: &Received,
+    deleted: &Mutex<HashSet<String>>,
 ) {
     let message = match interruption::parse(&received.body) {
         Ok(message) => message,
@@ -258,7 +338,7 @@ async fn handle(
     count_received(ctx, message.kind.metric_label());
     let mut kept = false;
     for instance_id in &message.instance_ids {
-        if let Err(error) = act(ctx, state, aws, CONTROLLER, &message.kind, instance_id).await {
+        if let Err(error) = act(ctx, state, aws, CONTROLLER, &message.kind, instance_id, deleted).await {
             kept = true;
             tracing::error!(controller = CONTROLLER, queue = %queue.name(), messageKind = %message.kind, instance = %instance_id, error = %error_chain(&error), "handling message");
         }
@@ -318,11 +398,21 @@ async fn status_pass(
     aws: &AwsCloudProvider,
     first_seen: &Mutex<FirstSeen>,
 ) -> Result<Next, crate::cloudprovider::CloudProviderError> {
-    let statuses: Vec<_> = instancestatus::describe(&aws.clients().ec2)
-        .await?
-        .into_iter()
-        .filter(|s| !state.with_instance_id(&s.instance_id).0.is_empty())
-        .collect();
+    let statuses = match instancestatus::describe(&aws.clients().ec2).await {
+        Ok(statuses) => statuses,
+        Err(error)
+            if matches!(
+                error.api_code(),
+                Some("UnauthorizedOperation" | "AccessDenied" | "AccessDeniedException")
+            ) =>
+        {
+            tracing::error!(controller = STATUS_CONTROLLER, error = %error_chain(&error), "ec2:DescribeInstanceStatus permission is not allowed, update the IAM policy and restart the Karpenter deployment to enable instance status health checks");
+            return Ok(Next::Wait);
+        }
+        Err(error) => return Err(error),
+    };
+    let statuses: Vec<_> =
+        statuses.into_iter().filter(|s| !state.with_instance_id(&s.instance_id).0.is_empty()).collect();
     let (due, new) = {
         let mut seen = first_seen.lock().unwrap_or_else(PoisonError::into_inner);
         instancestatus::assess(&statuses, &mut seen, Timestamp::now())
@@ -336,7 +426,9 @@ async fn status_pass(
     }
     let mut next = Next::After(STATUS_PERIOD);
     for problem in &due {
-        if let Err(error) = act(ctx, state, aws, STATUS_CONTROLLER, &problem.kind, &problem.instance_id).await
+        let deleted = Mutex::new(HashSet::new());
+        if let Err(error) =
+            act(ctx, state, aws, STATUS_CONTROLLER, &problem.kind, &problem.instance_id, &deleted).await
         {
             tracing::error!(controller = STATUS_CONTROLLER, instanceID = %problem.instance_id, error = %error_chain(&error), "handling instance status check message");
             next = Next::After(Duration::from_secs(10));
@@ -382,7 +474,7 @@ mod tests {
     #[test]
     fn each_kind_decides_as_upstream() {
         let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
-        let spot = decide(&Kind::SpotInterruption, &claim(false, None), now);
+        let spot = decide(&Kind::SpotInterruption, &claim(false, None), now, false);
         assert!(spot.delete && !spot.deadline);
         assert_eq!(
             spot.unavailable,
@@ -400,31 +492,52 @@ mod tests {
             Kind::CapacityReservationInterruption,
         ] {
             assert_eq!(
-                decide(&kind, &claim(false, None), now),
-                Decision { delete: true, deadline: false, unavailable: None },
+                decide(&kind, &claim(false, None), now, false),
+                Decision { delete: true, deadline: false, unavailable: None, replace_first: false },
                 "{kind}"
             );
         }
         for kind in [Kind::RebalanceRecommendation, Kind::NoOp] {
             assert_eq!(
-                decide(&kind, &claim(false, None), now),
-                Decision { delete: false, deadline: false, unavailable: None },
+                decide(&kind, &claim(false, None), now, false),
+                Decision { delete: false, deadline: false, unavailable: None, replace_first: false },
                 "{kind}"
             );
         }
-        let forceful = decide(&Kind::SystemStatus, &claim(false, None), now);
+        let forceful = decide(&Kind::SystemStatus, &claim(false, None), now, false);
         assert!(forceful.delete && forceful.deadline);
+    }
+
+    #[test]
+    fn a_rebalance_replaces_first_only_when_asked() {
+        let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+        assert!(!decide(&Kind::RebalanceRecommendation, &claim(false, None), now, false).replace_first);
+        let d = decide(&Kind::RebalanceRecommendation, &claim(false, None), now, true);
+        assert_eq!(d, Decision { delete: false, deadline: false, unavailable: None, replace_first: true });
+        assert!(
+            !decide(&Kind::RebalanceRecommendation, &claim(true, None), now, true).replace_first,
+            "already going"
+        );
+        assert!(!decide(&Kind::SpotInterruption, &claim(false, None), now, true).replace_first);
+        let mut marked = claim(false, None);
+        marked.status = Some(serde_json::from_value(serde_json::json!({"conditions": [{
+            "type": REBALANCE_RECOMMENDED, "status": "True", "reason": "RebalanceRecommendation", "message": "",
+            "lastTransitionTime": "2026-11-24T11:00:00Z"}]})).unwrap());
+        assert!(!decide(&Kind::RebalanceRecommendation, &marked, now, true).replace_first, "marked once");
     }
 
     #[test]
     fn a_deleting_claim_is_not_deleted_again_and_a_due_deadline_is_kept() {
         let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
-        let d = decide(&Kind::SpotInterruption, &claim(true, None), now);
+        let d = decide(&Kind::SpotInterruption, &claim(true, None), now, false);
         assert!(!d.delete, "already deleting");
         assert!(d.unavailable.is_some(), "the offering is still marked");
-        let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T11:30:00Z")), now);
-        assert_eq!(d, Decision { delete: false, deadline: false, unavailable: None });
-        let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T13:00:00Z")), now);
+        let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T11:30:00Z")), now, false);
+        assert_eq!(d, Decision { delete: false, deadline: false, unavailable: None, replace_first: false });
+        let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T13:00:00Z")), now, false);
         assert!(d.deadline, "a later deadline is brought forward");
+        // A crash between the deletion and the deadline: the next look sets the deadline.
+        let d = decide(&Kind::SystemStatus, &claim(true, None), now, false);
+        assert_eq!(d, Decision { delete: false, deadline: true, unavailable: None, replace_first: false });
     }
 }
