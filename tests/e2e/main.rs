@@ -588,7 +588,10 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     let standin = Standin::start();
     let trap = CreateFleetTrap::start(&aws_var("AWS_ENDPOINT_URL")).await;
     let trapped_env = aws_controller_env(Some(&trap.url));
-    let direct_env = aws_controller_env(None);
+    let mut direct_env = aws_controller_env(None);
+    // An interruption queue that does not exist yet: the controller keeps trying and runs on.
+    let missing_queue = format!("e2e-missing-{}", std::process::id());
+    direct_env.push(("INTERRUPTION_QUEUE".into(), missing_queue.clone()));
 
     // 1. The first launch: killed once the instance exists, before anything is written.
     let controller = Controller::start("aws", &env_refs(&trapped_env));
@@ -669,6 +672,15 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     let instances = pool_instances(&ec2, &f.pool).await;
     assert!(instances.iter().all(|i| i.state == "terminated"), "no instance left running: {instances:?}");
 
+    // The interruption queue is created while the controller runs.
+    assert!(
+        controller.log().matches("failed to create valid sqs provider").count() >= 2,
+        "a missing queue is looked for again\n{}",
+        controller.log_tail()
+    );
+    let sqs = sqs().await;
+    let queue_url = sqs.create_queue().queue_name(&missing_queue).send().await.unwrap().queue_url.unwrap();
+
     // 5. An instance of the cluster that no NodeClaim accounts for (launched by a run whose
     // NodeClaim was force-deleted, say) is terminated once 30 s old.
     let tag = |k: &str, v: &str| aws_sdk_ec2::types::Tag::builder().key(k).value(v).build();
@@ -695,6 +707,12 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     })
     .await;
     assert!(controller.log_contains("garbage collected cloudprovider instance"), "{}", controller.log_tail());
+    // Retries back off up to a minute.
+    wait_for("the interruption queue found once it exists", Duration::from_secs(70), &controller, || async {
+        controller.log_contains("watching interruption queue")
+    })
+    .await;
+    sqs.delete_queue().queue_url(&queue_url).send().await.unwrap();
     f.cleanup().await;
     controller.stop_and_check();
     drop(standin);
