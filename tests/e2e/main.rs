@@ -1594,7 +1594,21 @@ spec:
         pool = f.pool
     );
     kubectl_apply(&manifest);
-    let pod = f.create_pod("one", "1", true).await;
+    // The pod tolerates karpenter.sh/unregistered: the kube-scheduler may bind it the moment
+    // registration removes that NoExecute taint, while kube-controller-manager's taint-eviction
+    // controller still sees the taint in its cache and deletes the pod (seen once on a loaded
+    // machine). A pod of a Deployment would come back; this bare pod would not.
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "one", "namespace": f.ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"karpenter.sh/nodepool": f.pool},
+            "tolerations": [{"key": "karpenter.sh/unregistered", "operator": "Exists", "effect": "NoExecute"}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "1"}}}]
+        }
+    }))
+    .unwrap();
+    pod = Api::<Pod>::namespaced(f.client.clone(), &f.ns).create(&PostParams::default(), &pod).await.unwrap();
     wait_for("the pod and the DaemonSet pod Running", Duration::from_secs(90), controller, || async {
         let pods = f.pods().await;
         let running = |prefix: &str| {
