@@ -11,6 +11,7 @@
 pub mod apis;
 pub mod cloudprovider;
 pub mod controllers;
+pub mod convert;
 pub mod disruption;
 pub mod operator;
 pub mod scheduling;

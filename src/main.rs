@@ -51,6 +51,13 @@ enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = simulate::OutputFormat::Table)]
         output: simulate::OutputFormat,
     },
+    /// Rewrite v1beta1 NodePools and EC2NodeClasses as v1 (printed on stdout, each change in a
+    /// comment). Exits 2 when something could not be converted (told on stderr and in the output).
+    Convert {
+        /// A YAML file (one or more documents); repeatable.
+        #[arg(long = "file", short = 'f', value_name = "FILE", required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -65,6 +72,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::Convert { files }) => run_convert(&files),
         Some(Command::Simulate { files, instance_types, output }) => {
             match run_simulate(&files, &instance_types, output) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -75,6 +83,35 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn run_convert(files: &[PathBuf]) -> ExitCode {
+    let conversion = match karpenter::convert::convert_files(files) {
+        Ok(conversion) => conversion,
+        Err(error) => {
+            eprintln!("error: {}", error_chain(&error));
+            return ExitCode::FAILURE;
+        }
+    };
+    let yaml = match conversion.to_yaml() {
+        Ok(yaml) => yaml,
+        Err(error) => {
+            eprintln!("error: {}", error_chain(&error));
+            return ExitCode::FAILURE;
+        }
+    };
+    match std::io::stdout().lock().write_all(yaml.as_bytes()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            eprintln!("error: writing to stdout: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    for problem in &conversion.problems {
+        eprintln!("warning: {problem}");
+    }
+    if conversion.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(2) }
 }
 
 fn run_simulate(

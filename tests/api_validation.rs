@@ -100,6 +100,62 @@ async fn every_example_applies_with_kubectl() {
     assert!(stdout.lines().count() >= files, "one object per example file at least:\n{stdout}");
 }
 
+/// `karpenter convert` turns v1beta1 NodePools and EC2NodeClasses into v1 objects the API server
+/// accepts; bad input is a one-line error and a non-zero exit.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn converted_v1beta1_manifests_apply() {
+    client().await;
+    let karpenter = env!("CARGO_BIN_EXE_karpenter");
+    let fixtures = repo().join("tests/fixtures/v1beta1");
+    let converted = Command::new(karpenter)
+        .args(["convert", "-f"])
+        .arg(fixtures.join("default.yaml"))
+        .arg("-f")
+        .arg(fixtures.join("kubelet.yaml"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&converted.stderr);
+    assert!(converted.status.success(), "convert: {stderr}");
+    let yaml = String::from_utf8(converted.stdout).unwrap();
+    assert!(
+        yaml.contains("# karpenter convert: spec.kubelet moved here from NodePool batch's template"),
+        "{yaml}"
+    );
+    let path = std::env::temp_dir().join(format!("converted-{}.yaml", std::process::id()));
+    std::fs::write(&path, &yaml).unwrap();
+    let applied =
+        Command::new("kubectl").args(["apply", "--dry-run=server", "-f"]).arg(&path).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        applied.status.success(),
+        "the API server accepts the output:\n{}\n{yaml}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&applied.stdout).lines().count(),
+        4,
+        "two NodePools, two EC2NodeClasses"
+    );
+
+    // Bad input: one line on stderr, a non-zero exit.
+    let missing = repo().join("tests/fixtures/v1beta1/missing.yaml");
+    let malformed = std::env::temp_dir().join(format!("malformed-{}.yaml", std::process::id()));
+    std::fs::write(&malformed, "apiVersion: [").unwrap();
+    for (input, expected) in [
+        (repo().join("examples/nodepool-general-purpose.yaml"), "is already karpenter.sh/v1"),
+        (missing, "reading"),
+        (malformed.clone(), "invalid YAML"),
+    ] {
+        let out = Command::new(karpenter).args(["convert", "-f"]).arg(&input).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{}: {stderr}", input.display());
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains(expected), "{stderr}");
+    }
+    let _ = std::fs::remove_file(&malformed);
+}
+
 fn yaml_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .unwrap()

@@ -146,7 +146,7 @@ pub fn load_file(path: &Path, manifests: &mut Manifests) -> Result<(), SimulateE
 
 /// Splits a YAML stream into its documents, with the 1-based line each starts on; documents
 /// holding only comments and blank lines are left out.
-fn split_documents(text: &str) -> Vec<(usize, String)> {
+pub(crate) fn split_documents(text: &str) -> Vec<(usize, String)> {
     let mut docs = Vec::new();
     let mut current = String::new();
     let mut start = 1;
