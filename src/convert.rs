@@ -58,6 +58,14 @@ pub enum ConvertError {
         /// What is wrong.
         message: String,
     },
+    /// Two NodePools or two EC2NodeClasses of one name.
+    #[error("{kind} {name} appears twice in the input")]
+    Duplicate {
+        /// NodePool or EC2NodeClass.
+        kind: String,
+        /// Its name.
+        name: String,
+    },
     /// The output could not be written as YAML.
     #[error("rendering YAML: {0}")]
     Render(String),
@@ -130,23 +138,40 @@ pub fn convert(inputs: &[(String, String)]) -> Result<Conversion, ConvertError> 
             }
             let object_error =
                 |message: String| ConvertError::Object { file: file.clone(), document, message };
-            if !value.is_object() {
-                return Err(object_error(
-                    "expected a Kubernetes object (a mapping with apiVersion and kind)".into(),
-                ));
-            }
-            let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-            let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
-            if matches!((kind, api_version), ("NodePool", NODEPOOL_V1) | ("EC2NodeClass", NODECLASS_V1)) {
-                return Err(object_error(format!(
-                    "{kind} {} is already {api_version}: nothing to convert",
-                    name_of(&value)
-                )));
-            }
-            objects.push(value);
+            flatten(value, &mut objects).map_err(object_error)?;
+        }
+    }
+    // One object per kind and name: kubelet settings and problems go to the right one.
+    let mut seen = std::collections::HashSet::new();
+    for object in &objects {
+        let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
+        if matches!(kind, "NodePool" | "EC2NodeClass") && !seen.insert((kind.to_string(), name_of(object))) {
+            return Err(ConvertError::Duplicate { kind: kind.to_string(), name: name_of(object) });
         }
     }
     Ok(convert_objects(objects))
+}
+
+/// Adds `value` (the items of a `List`, one by one) to `objects`; a Karpenter object that is
+/// already v1 is an error.
+fn flatten(value: Value, objects: &mut Vec<Value>) -> Result<(), String> {
+    if !value.is_object() {
+        return Err("expected a Kubernetes object (a mapping with apiVersion and kind)".into());
+    }
+    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if kind == "List" {
+        let items = value.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+        for item in items {
+            flatten(item, objects)?;
+        }
+        return Ok(());
+    }
+    if matches!((kind, api_version), ("NodePool", NODEPOOL_V1) | ("EC2NodeClass", NODECLASS_V1)) {
+        return Err(format!("{kind} {} is already {api_version}: nothing to convert", name_of(&value)));
+    }
+    objects.push(value);
+    Ok(())
 }
 
 fn name_of(value: &Value) -> String {
@@ -158,72 +183,117 @@ fn is(value: &Value, kind: &str, api_version: &str) -> bool {
         && value.get("apiVersion").and_then(Value::as_str) == Some(api_version)
 }
 
+/// A NodePool's reference to its node class, and the kubelet settings leaving its template.
+struct PoolRef {
+    pool: String,
+    group: String,
+    kind: String,
+    class: String,
+    kubelet: Option<Value>,
+}
+
 /// Converts parsed objects (see the module documentation).
 pub fn convert_objects(objects: Vec<Value>) -> Conversion {
     let mut out = Conversion::default();
-    // Kubelet settings leaving NodePools, by EC2NodeClass name: (NodePool, settings).
-    let mut kubelets: Vec<(String, String, Value)> = Vec::new();
+    let mut refs: Vec<PoolRef> = Vec::new();
     for object in objects {
+        let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
         let converted = if is(&object, "NodePool", NODEPOOL_V1BETA1) {
-            let (converted, kubelet) = nodepool(object);
-            if let Some((class, settings)) = kubelet {
-                kubelets.push((class, name_of(&converted.object), settings));
-            }
+            let (converted, reference) = nodepool(object);
+            refs.push(reference);
             converted
         } else if is(&object, "EC2NodeClass", NODECLASS_V1BETA1) {
             nodeclass(object, &mut out.problems)
+        } else if api_version.starts_with("karpenter.sh/") || api_version.starts_with("karpenter.k8s.aws/") {
+            let problem = format!(
+                "{} {} ({api_version}) is not converted: only v1beta1 NodePools and EC2NodeClasses are",
+                object.get("kind").and_then(Value::as_str).unwrap_or_default(),
+                name_of(&object)
+            );
+            out.problems.push(problem.clone());
+            Converted { object, changes: vec![format!("PROBLEM: {problem}")] }
         } else {
             Converted { object, changes: Vec::new() }
         };
         out.objects.push(converted);
     }
-    // The kubelet settings, into their EC2NodeClasses.
-    for (class, pool, settings) in kubelets {
-        let target = out.objects.iter_mut().find(|c| {
-            c.object.get("kind").and_then(Value::as_str) == Some("EC2NodeClass")
-                && c.object.get("apiVersion").and_then(Value::as_str) == Some(NODECLASS_V1)
-                && name_of(&c.object) == class
-        });
-        let problem = match target {
-            None => Some(format!(
-                "NodePool {pool}: its kubelet settings belong on EC2NodeClass {class} in v1, which is not in the input: add `kubelet: {}` to its spec",
-                compact(&settings)
-            )),
-            Some(target) => match target.object.pointer("/spec/kubelet") {
-                Some(existing) if existing != &settings => Some(format!(
-                    "NodePool {pool}: its kubelet settings ({}) differ from those EC2NodeClass {class} already takes from another NodePool ({}): give this NodePool an EC2NodeClass of its own",
-                    compact(&settings),
-                    compact(existing)
-                )),
-                Some(_) => {
-                    target
-                        .changes
-                        .push(format!("spec.kubelet is also NodePool {pool}'s (the same settings)"));
-                    None
-                }
-                None => {
-                    if let Some(spec) = target.object.get_mut("spec").and_then(Value::as_object_mut) {
-                        spec.insert("kubelet".into(), settings.clone());
-                    }
-                    target.changes.push(format!("spec.kubelet moved here from NodePool {pool}'s template"));
-                    None
-                }
-            },
-        };
-        if let Some(problem) = problem {
-            if let Some(p) = out.objects.iter_mut().find(|c| {
-                c.object.get("kind").and_then(Value::as_str) == Some("NodePool") && name_of(&c.object) == pool
-            }) {
-                p.changes.push(format!("PROBLEM: {problem}"));
-            }
-            out.problems.push(problem);
-        }
-    }
+    move_kubelets(&mut out, &refs);
     out
 }
 
-fn compact(value: &Value) -> String {
-    value.to_string()
+/// Moves each NodePool's kubelet settings to the EC2NodeClass it uses, when every NodePool using
+/// that class asks for the same settings (in v1 they apply to all of them); reports the rest.
+fn move_kubelets(out: &mut Conversion, refs: &[PoolRef]) {
+    let mut problems: Vec<(String, String)> = Vec::new();
+    let mut moved: Vec<(String, Value, Vec<String>)> = Vec::new();
+    for r in refs.iter().filter(|r| r.kubelet.is_some()) {
+        if r.group != "karpenter.k8s.aws" || r.kind != "EC2NodeClass" {
+            problems.push((r.pool.clone(), format!(
+                "NodePool {}: its kubelet settings have no place in v1: its nodeClassRef is {}/{}, not an EC2NodeClass",
+                r.pool, r.group, r.kind
+            )));
+            continue;
+        }
+        if moved.iter().any(|(class, _, _)| *class == r.class) {
+            continue;
+        }
+        let users: Vec<&PoolRef> =
+            refs.iter().filter(|u| u.class == r.class && u.group == r.group && u.kind == r.kind).collect();
+        let differing: Vec<String> = users
+            .iter()
+            .filter(|u| u.kubelet != r.kubelet)
+            .map(|u| match &u.kubelet {
+                Some(k) => format!("{} ({})", u.pool, k),
+                None => format!("{} (none)", u.pool),
+            })
+            .collect();
+        if !differing.is_empty() {
+            for u in users.iter().filter(|u| u.kubelet.is_some()) {
+                problems.push((u.pool.clone(), format!(
+                    "NodePool {}: in v1 kubelet settings belong to EC2NodeClass {}, which NodePools with other settings use too ({}): give this NodePool an EC2NodeClass of its own",
+                    u.pool, r.class, differing.join(", ")
+                )));
+            }
+            moved.push((r.class.clone(), Value::Null, Vec::new()));
+            continue;
+        }
+        let pools = users.iter().map(|u| u.pool.clone()).collect();
+        moved.push((r.class.clone(), r.kubelet.clone().unwrap_or(Value::Null), pools));
+    }
+    for (class, settings, pools) in moved.into_iter().filter(|(_, s, _)| !s.is_null()) {
+        let target = out
+            .objects
+            .iter_mut()
+            .find(|c| is(&c.object, "EC2NodeClass", NODECLASS_V1) && name_of(&c.object) == class);
+        match target {
+            Some(target) => {
+                if let Some(spec) = target.object.get_mut("spec").and_then(Value::as_object_mut) {
+                    spec.insert("kubelet".into(), settings);
+                }
+                target.changes.push(format!(
+                    "spec.kubelet moved here from the template of NodePool(s) {}",
+                    pools.join(", ")
+                ));
+            }
+            None => {
+                for pool in pools {
+                    problems.push((pool.clone(), format!(
+                        "NodePool {pool}: its kubelet settings belong on EC2NodeClass {class} in v1, which is not in the input: add `kubelet: {settings}` to its spec"
+                    )));
+                }
+            }
+        }
+    }
+    for (pool, problem) in problems {
+        if let Some(p) = out
+            .objects
+            .iter_mut()
+            .find(|c| is(&c.object, "NodePool", NODEPOOL_V1) && name_of(&c.object) == pool)
+        {
+            p.changes.push(format!("PROBLEM: {problem}"));
+        }
+        out.problems.push(problem);
+    }
 }
 
 fn object_at<'a>(value: &'a mut Value, path: &[&str]) -> Option<&'a mut Map<String, Value>> {
@@ -234,10 +304,53 @@ fn object_at<'a>(value: &'a mut Value, path: &[&str]) -> Option<&'a mut Map<Stri
     current.as_object_mut()
 }
 
-/// A v1beta1 NodePool as v1, and the kubelet settings leaving it (for its EC2NodeClass).
-fn nodepool(mut object: Value) -> (Converted, Option<(String, Value)>) {
+/// Drops what the API server set (`status`, uid, resourceVersion, ...), so that the output of
+/// `kubectl get -o yaml` converts into something to apply.
+fn strip_server_fields(object: &mut Value, changes: &mut Vec<String>) {
+    let mut dropped = Vec::new();
+    if let Some(map) = object.as_object_mut()
+        && map.remove("status").is_some()
+    {
+        dropped.push("status");
+    }
+    if let Some(meta) = object_at(object, &["metadata"]) {
+        for key in
+            ["uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "finalizers"]
+        {
+            if meta.remove(key).is_some() {
+                dropped.push(key);
+            }
+        }
+        let mut no_annotations_left = false;
+        if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
+            for key in [
+                "kubectl.kubernetes.io/last-applied-configuration",
+                "compatibility.karpenter.sh/v1beta1-kubelet-conversion",
+                "karpenter.sh/nodepool-hash",
+                "karpenter.sh/nodepool-hash-version",
+                "karpenter.k8s.aws/ec2nodeclass-hash",
+                "karpenter.k8s.aws/ec2nodeclass-hash-version",
+            ] {
+                if annotations.remove(key).is_some() {
+                    dropped.push(key);
+                }
+            }
+            no_annotations_left = annotations.is_empty();
+        }
+        if no_annotations_left {
+            meta.remove("annotations");
+        }
+    }
+    if !dropped.is_empty() {
+        changes.push(format!("dropped what the API server sets: {}", dropped.join(", ")));
+    }
+}
+
+/// A v1beta1 NodePool as v1, and its reference to its node class.
+fn nodepool(mut object: Value) -> (Converted, PoolRef) {
     let mut changes = vec![format!("apiVersion {NODEPOOL_V1BETA1} -> {NODEPOOL_V1}")];
     object["apiVersion"] = json!(NODEPOOL_V1);
+    strip_server_fields(&mut object, &mut changes);
     let mut expire_after = None;
     if let Some(disruption) = object_at(&mut object, &["spec", "disruption"]) {
         if disruption.get("consolidationPolicy").and_then(Value::as_str) == Some("WhenUnderutilized") {
@@ -263,39 +376,49 @@ fn nodepool(mut object: Value) -> (Converted, Option<(String, Value)>) {
                 .into(),
         );
     }
-    let mut kubelet = None;
+    let pool = name_of(&object);
+    let mut reference = PoolRef {
+        pool,
+        group: "karpenter.k8s.aws".into(),
+        kind: "EC2NodeClass".into(),
+        class: String::new(),
+        kubelet: None,
+    };
     if let Some(template) = object_at(&mut object, &["spec", "template", "spec"]) {
         if let Some(expire) = expire_after {
             template.insert("expireAfter".into(), expire);
             changes.push("spec.disruption.expireAfter moved to spec.template.spec.expireAfter".into());
         }
-        if let Some(Value::Object(reference)) = template.get_mut("nodeClassRef") {
-            let old = reference.remove("apiVersion");
-            let group = old
-                .as_ref()
-                .and_then(Value::as_str)
-                .and_then(|v| v.split('/').next())
-                .filter(|g| !g.is_empty())
-                .unwrap_or("karpenter.k8s.aws")
-                .to_string();
-            reference.insert("group".into(), json!(group));
-            reference.entry("kind").or_insert(json!("EC2NodeClass"));
+        if let Some(Value::Object(r)) = template.get_mut("nodeClassRef") {
+            let old = r.remove("apiVersion");
+            let group = match old.as_ref().and_then(Value::as_str) {
+                Some(v) => v.split_once('/').map(|(g, _)| g).unwrap_or_default().to_string(),
+                None => "karpenter.k8s.aws".to_string(),
+            };
+            r.insert("group".into(), json!(group));
+            let kind =
+                r.entry("kind").or_insert(json!("EC2NodeClass")).as_str().unwrap_or_default().to_string();
+            reference.class = r.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+            reference.group = group.clone();
+            reference.kind = kind;
             changes.push(format!(
                 "spec.template.spec.nodeClassRef names group {group} instead of an apiVersion"
             ));
         }
+        if template.remove("resources").is_some() {
+            changes.push("spec.template.spec.resources dropped (v1 has no such field)".into());
+        }
         if let Some(settings) = template.remove("kubelet") {
-            let class = template
-                .get("nodeClassRef")
-                .and_then(|r| r.get("name"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            changes.push(format!("spec.template.spec.kubelet moved to EC2NodeClass {class}"));
-            kubelet = Some((class, settings));
+            changes.push(format!("spec.template.spec.kubelet moves to EC2NodeClass {}", reference.class));
+            reference.kubelet = Some(settings);
         }
     }
-    (Converted { object, changes }, kubelet)
+    (Converted { object, changes }, reference)
+}
+
+/// v1beta1's instance metadata options (v1 lowers the hop limit to 1).
+fn v1beta1_metadata_options() -> Value {
+    json!({"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled", "httpPutResponseHopLimit": 2, "httpTokens": "required"})
 }
 
 /// A v1beta1 EC2NodeClass as v1.
@@ -303,9 +426,26 @@ fn nodeclass(mut object: Value, problems: &mut Vec<String>) -> Converted {
     let name = name_of(&object);
     let mut changes = vec![format!("apiVersion {NODECLASS_V1BETA1} -> {NODECLASS_V1}")];
     object["apiVersion"] = json!(NODECLASS_V1);
+    strip_server_fields(&mut object, &mut changes);
     let Some(spec) = object_at(&mut object, &["spec"]) else {
         return Converted { object, changes };
     };
+    let hop_note =
+        "(v1's default is 1, which leaves pods without host networking no access to the instance metadata)";
+    match spec.get_mut("metadataOptions") {
+        Some(Value::Object(options)) => {
+            if !options.contains_key("httpPutResponseHopLimit") {
+                options.insert("httpPutResponseHopLimit".into(), json!(2));
+                changes.push(format!(
+                    "metadataOptions.httpPutResponseHopLimit: 2, v1beta1's default, written out {hop_note}"
+                ));
+            }
+        }
+        _ => {
+            spec.insert("metadataOptions".into(), v1beta1_metadata_options());
+            changes.push(format!("metadataOptions: v1beta1's defaults written out, hop limit 2 {hop_note}"));
+        }
+    }
     let has_terms = spec.get("amiSelectorTerms").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
     let family = spec.get("amiFamily").and_then(Value::as_str).map(str::to_string);
     let alias = |family: &str| match family {
@@ -316,35 +456,47 @@ fn nodeclass(mut object: Value, problems: &mut Vec<String>) -> Converted {
         "Windows2022" => Some("windows2022"),
         _ => None,
     };
+    let mut problem = |problem: String, changes: &mut Vec<String>| {
+        changes.push(format!("PROBLEM: {problem}"));
+        problems.push(problem);
+    };
     match (family.as_deref(), has_terms) {
-        (Some("Ubuntu"), _) => {
-            spec.remove("amiFamily");
-            let problem = format!(
-                "EC2NodeClass {name}: amiFamily Ubuntu has no v1 equivalent: select your Ubuntu AMIs with amiSelectorTerms and set amiFamily AL2 (their user data format), or move to AL2023"
-            );
-            changes.push(format!("PROBLEM: {problem}"));
-            problems.push(problem);
+        (None, _) => problem(
+            format!("EC2NodeClass {name}: no amiFamily (v1beta1 required one): choose the AMIs with amiSelectorTerms"),
+            &mut changes,
+        ),
+        (Some("Ubuntu"), true) => {
+            spec.insert("amiFamily".into(), json!("AL2"));
+            changes.push("amiFamily Ubuntu -> AL2 (v1 has no Ubuntu family; Ubuntu AMIs take AL2's user data)".into());
+            if !spec.contains_key("blockDeviceMappings") {
+                spec.insert(
+                    "blockDeviceMappings".into(),
+                    json!([{"deviceName": "/dev/sda1", "ebs": {"encrypted": true, "volumeSize": "20Gi", "volumeType": "gp3"}}]),
+                );
+                changes.push("blockDeviceMappings: Ubuntu's root volume written out (/dev/sda1, 20Gi gp3, encrypted)".into());
+            }
         }
+        (Some("Ubuntu"), false) => problem(
+            format!("EC2NodeClass {name}: amiFamily Ubuntu has no v1 equivalent: select your Ubuntu AMIs with amiSelectorTerms and set amiFamily AL2, or move to AL2023"),
+            &mut changes,
+        ),
+        (Some("Custom"), true) => changes.push(
+            "amiFamily Custom: in v1 the user data must register the node with the taint karpenter.sh/unregistered:NoExecute".into(),
+        ),
         (Some("Custom"), false) => {
-            let problem = format!("EC2NodeClass {name}: amiFamily Custom needs amiSelectorTerms in v1");
-            changes.push(format!("PROBLEM: {problem}"));
-            problems.push(problem);
+            problem(format!("EC2NodeClass {name}: amiFamily Custom needs amiSelectorTerms in v1"), &mut changes)
         }
-        (family, false) => {
-            let family = family.unwrap_or("AL2");
-            if let Some(alias) = alias(family) {
+        (Some(_), true) => {}
+        (Some(family), false) => match alias(family) {
+            Some(alias) => {
                 spec.remove("amiFamily");
                 spec.insert("amiSelectorTerms".into(), json!([{"alias": format!("{alias}@latest")}]));
                 changes.push(format!(
                     "amiFamily {family} -> amiSelectorTerms [{{alias: {alias}@latest}}] (@latest follows each new AMI; pin a version to choose when nodes move)"
                 ));
-            } else {
-                let problem = format!("EC2NodeClass {name}: amiFamily {family} is not one v1 knows");
-                changes.push(format!("PROBLEM: {problem}"));
-                problems.push(problem);
             }
-        }
-        (_, true) => {}
+            None => problem(format!("EC2NodeClass {name}: amiFamily {family} is not one v1 knows"), &mut changes),
+        },
     }
     Converted { object, changes }
 }
@@ -419,13 +571,16 @@ spec:
         assert_eq!(class["spec"]["amiSelectorTerms"], json!([{"alias": "al2023@latest"}]));
         assert!(class["spec"].get("amiFamily").is_none());
         assert_eq!(class["spec"]["kubelet"], json!({"maxPods": 110}));
+        assert_eq!(class["spec"]["metadataOptions"]["httpPutResponseHopLimit"], 2, "v1beta1's default kept");
         let yaml = out.to_yaml().unwrap();
         assert!(
-            yaml.contains("# karpenter convert: spec.template.spec.kubelet moved to EC2NodeClass default"),
+            yaml.contains("# karpenter convert: spec.template.spec.kubelet moves to EC2NodeClass default"),
             "{yaml}"
         );
         assert!(
-            yaml.contains("# karpenter convert: spec.kubelet moved here from NodePool default's template"),
+            yaml.contains(
+                "# karpenter convert: spec.kubelet moved here from the template of NodePool(s) default"
+            ),
             "{yaml}"
         );
         // The output parses back into the v1 types.
@@ -446,27 +601,45 @@ spec:
             out.problems
         );
         assert!(out.to_yaml().unwrap().contains("# karpenter convert: PROBLEM: NodePool default"));
-        // Ubuntu.
+        // Ubuntu without AMIs selected.
         let out = run(&CLASS.replace("AL2023", "Ubuntu"));
         assert!(out.problems[0].contains("Ubuntu"), "{:?}", out.problems);
-        // Two pools asking one class for different kubelets.
+        // No amiFamily (v1beta1 required one).
+        let out = run(&CLASS.replace("  amiFamily: AL2023\n", ""));
+        assert!(out.problems[0].contains("no amiFamily"), "{:?}", out.problems);
+        // Two pools asking one class for different kubelets: neither moves.
         let other = POOL
             .replace("name: default\nspec:\n  template", "name: other\nspec:\n  template")
             .replace("110", "58");
         let out = run(&format!("{POOL}---{other}---{CLASS}"));
+        assert_eq!(out.problems.len(), 2, "{:?}", out.problems);
+        assert!(out.problems.iter().all(|p| p.contains("other settings")), "{:?}", out.problems);
+        assert!(out.objects[2].object["spec"].get("kubelet").is_none());
+        // A pool without kubelet settings shares the class: it would get them in v1.
+        let plain = other.replace("      kubelet:\n        maxPods: 58\n", "");
+        let out = run(&format!("{POOL}---{plain}---{CLASS}"));
         assert_eq!(out.problems.len(), 1, "{:?}", out.problems);
-        assert!(
-            out.problems[0].starts_with("NodePool other") && out.problems[0].contains("differ"),
-            "{:?}",
-            out.problems
+        assert!(out.problems[0].contains("other (none)"), "{:?}", out.problems);
+        assert!(out.objects[2].object["spec"].get("kubelet").is_none());
+        // The same settings in both: moved once.
+        let same = other.replace("58", "110");
+        let out = run(&format!("{POOL}---{same}---{CLASS}"));
+        assert!(out.problems.is_empty(), "{:?}", out.problems);
+        assert_eq!(out.objects[2].object["spec"]["kubelet"], json!({"maxPods": 110}));
+        // A pool of another node class kind keeps no kubelet and says so.
+        let foreign = POOL.replace(
+            "apiVersion: karpenter.k8s.aws/v1beta1\n        kind: EC2NodeClass",
+            "apiVersion: karpenter.kwok.sh/v1alpha1\n        kind: KWOKNodeClass",
         );
+        let out = run(&foreign);
+        assert!(out.problems[0].contains("karpenter.kwok.sh/KWOKNodeClass"), "{:?}", out.problems);
+        // Older Karpenter kinds are not converted, and say so.
+        let out = run("apiVersion: karpenter.sh/v1alpha5\nkind: Provisioner\nmetadata:\n  name: old\n");
+        assert!(out.problems[0].contains("is not converted"), "{:?}", out.problems);
     }
 
     #[test]
-    fn defaults_and_selector_terms_as_v1beta1_meant_them() {
-        // No amiFamily: v1beta1's default AL2.
-        let out = run(&CLASS.replace("  amiFamily: AL2023\n", ""));
-        assert_eq!(out.objects[0].object["spec"]["amiSelectorTerms"], json!([{"alias": "al2@latest"}]));
+    fn ami_families_as_v1_has_them() {
         // amiFamily with selector terms: both kept.
         let with_terms = CLASS.replace(
             "  amiFamily: AL2023\n",
@@ -475,14 +648,54 @@ spec:
         let out = run(&with_terms);
         assert_eq!(out.objects[0].object["spec"]["amiFamily"], "AL2023");
         assert_eq!(out.objects[0].object["spec"]["amiSelectorTerms"], json!([{"id": "ami-0123"}]));
-        // WhenEmpty with its consolidateAfter: kept.
-        let empty = POOL.replace(
-            "consolidationPolicy: WhenUnderutilized",
-            "consolidationPolicy: WhenEmpty\n    consolidateAfter: 30s",
-        );
-        let out = run(&format!("{empty}---{CLASS}"));
+        // Ubuntu with its AMIs selected: AL2 and Ubuntu's root volume.
+        let out = run(&with_terms.replace("AL2023", "Ubuntu"));
+        assert!(out.problems.is_empty(), "{:?}", out.problems);
+        let spec = &out.objects[0].object["spec"];
+        assert_eq!(spec["amiFamily"], "AL2");
+        assert_eq!(spec["blockDeviceMappings"][0]["deviceName"], "/dev/sda1");
+        // A hop limit given is kept; one missing is v1beta1's.
+        let given = CLASS.replace("  role:", "  metadataOptions:\n    httpPutResponseHopLimit: 1\n  role:");
         assert_eq!(
-            out.objects[0].object["spec"]["disruption"],
+            run(&given).objects[0].object["spec"]["metadataOptions"],
+            json!({"httpPutResponseHopLimit": 1})
+        );
+        let partial = CLASS.replace("  role:", "  metadataOptions:\n    httpTokens: optional\n  role:");
+        assert_eq!(
+            run(&partial).objects[0].object["spec"]["metadataOptions"],
+            json!({"httpTokens": "optional", "httpPutResponseHopLimit": 2})
+        );
+    }
+
+    #[test]
+    fn kubectl_get_output_converts() {
+        // A List, as `kubectl get nodepools,ec2nodeclasses -o yaml` prints it, with what the API
+        // server set.
+        let list = r#"
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: karpenter.sh/v1beta1
+    kind: NodePool
+    metadata: {name: default, uid: abc, resourceVersion: "7", generation: 3, annotations: {karpenter.sh/nodepool-hash: "123"}}
+    spec:
+      template:
+        spec:
+          nodeClassRef: {name: default}
+          resources: {cpu: "4"}
+          requirements: []
+      disruption: {consolidationPolicy: WhenEmpty, consolidateAfter: 30s}
+    status: {resources: {cpu: "4"}}
+"#;
+        let out = run(list);
+        assert_eq!(out.objects.len(), 1);
+        let pool = &out.objects[0].object;
+        assert_eq!(pool["apiVersion"], "karpenter.sh/v1");
+        assert!(pool.get("status").is_none());
+        assert_eq!(pool["metadata"], json!({"name": "default"}));
+        assert!(pool["spec"]["template"]["spec"].get("resources").is_none());
+        assert_eq!(
+            pool["spec"]["disruption"],
             json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "30s"})
         );
     }
@@ -498,5 +711,9 @@ spec:
         assert!(err.starts_with("in.yaml: document 1 (line 1): invalid YAML"), "{err}");
         let err = convert(&[("in.yaml".into(), "- 1\n".into())]).unwrap_err().to_string();
         assert!(err.contains("expected a Kubernetes object"), "{err}");
+        let err = convert(&[("a.yaml".into(), CLASS.into()), ("b.yaml".into(), CLASS.into())])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("EC2NodeClass default appears twice"), "{err}");
     }
 }

@@ -119,7 +119,7 @@ async fn converted_v1beta1_manifests_apply() {
     assert!(converted.status.success(), "convert: {stderr}");
     let yaml = String::from_utf8(converted.stdout).unwrap();
     assert!(
-        yaml.contains("# karpenter convert: spec.kubelet moved here from NodePool batch's template"),
+        yaml.contains("# karpenter convert: spec.kubelet moved here from the template of NodePool(s) batch"),
         "{yaml}"
     );
     let path = std::env::temp_dir().join(format!("converted-{}.yaml", std::process::id()));
