@@ -425,8 +425,9 @@ async fn status_pass(
             .inc();
     }
     let mut next = Next::After(STATUS_PERIOD);
+    // assess gives at most one problem per instance; one set per pass, as per queue batch.
+    let deleted = Mutex::new(HashSet::new());
     for problem in &due {
-        let deleted = Mutex::new(HashSet::new());
         if let Err(error) =
             act(ctx, state, aws, STATUS_CONTROLLER, &problem.kind, &problem.instance_id, &deleted).await
         {
