@@ -84,6 +84,10 @@ pub fn fractional_lower_bound(input: &SchedulingInput, results: &SchedulingResul
         .into_iter()
         .map(|(p, a)| (p, [0, 1, 2].map(|k| if requests[k] > 0.0 { a[k] / requests[k] } else { 0.0 })))
         .collect();
+    // A weighting is worth the weight it puts on the resources the pods request: weight on one
+    // they do not request bounds nothing (without this, weight moved there made the "bound" grow
+    // without limit).
+    let requested: [f64; 3] = requests.map(|r| if r > 0.0 { 1.0 } else { 0.0 });
     let value = |l: [f64; 3]| {
         let v = types
             .iter()
@@ -92,7 +96,8 @@ pub fn fractional_lower_bound(input: &SchedulingInput, results: &SchedulingResul
                 if d > 0.0 { p / d } else { f64::INFINITY }
             })
             .fold(f64::INFINITY, f64::min);
-        if v.is_finite() { v } else { 0.0 }
+        let worth = l[0] * requested[0] + l[1] * requested[1] + l[2] * requested[2];
+        if v.is_finite() { v * worth } else { 0.0 }
     };
     const GRID: usize = 24;
     let mut best = ([1.0, 0.0, 0.0], 0.0f64);
@@ -176,6 +181,23 @@ mod tests {
         assert!((fractional - 2.4).abs() < 1e-3, "{fractional}");
         // A pod needs 2 GiB: each goes on its own "mem" ($4 in all), above both bounds.
         assert!((plan_price(&results) - 4.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_resource_no_pod_requests_adds_nothing_to_the_bound() {
+        // Two pods of 1 vCPU and no memory: two vCPU at $0.50 each is the bound, whatever weight
+        // the search tries on memory.
+        let types = vec![it("cpu", 2, 1, 1.0), it("mem", 1, 8, 1.0)];
+        let input = SchedulingInput {
+            pods: shared((0..2).map(|i| pod(&format!("p{i}"), "1", "0")).collect()),
+            nodepools: vec![NodePoolInput::new("default", types)],
+            ..Default::default()
+        };
+        let results = schedule(&input);
+        assert!(results.errors.is_empty());
+        let fractional = fractional_lower_bound(&input, &results);
+        assert!(fractional <= plan_price(&results) + 1e-9, "{fractional} > {}", plan_price(&results));
+        assert!((fractional - 1.0).abs() < 1e-3, "{fractional}");
     }
 
     #[test]
