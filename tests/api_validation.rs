@@ -10,10 +10,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool, crds};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
@@ -30,17 +28,9 @@ async fn client() -> Client {
         .expect("a kubeconfig for the local control plane (run through `make test`, or eval \"$(make -s cluster-up)\")");
     CRDS_INSTALLED
         .get_or_init(|| async {
-            let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-            let params = PatchParams::apply("karpenter-rs-tests").force();
-            for crd in crds::all() {
-                let name = crd.metadata.name.clone().unwrap();
-                api.patch(&name, &params, &Patch::Apply(&crd)).await.expect("apply CRD");
-                let established = await_condition(api.clone(), &name, conditions::is_crd_established());
-                tokio::time::timeout(Duration::from_secs(30), established)
-                    .await
-                    .expect("CRD established within 30 s")
-                    .expect("watch CRD");
-            }
+            crds::install(&client, "karpenter-rs-tests", Duration::from_secs(30))
+                .await
+                .expect("CRDs installed");
         })
         .await;
     client

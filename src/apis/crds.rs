@@ -20,6 +20,48 @@ pub enum CrdError {
         #[source]
         source: serde_saphyr::SerializeError,
     },
+    /// The API server refused a CRD.
+    #[error("applying CRD {name}")]
+    Apply {
+        /// CRD name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A CRD was not Established in time.
+    #[error("CRD {name} not established within {timeout:?}")]
+    NotEstablished {
+        /// CRD name.
+        name: String,
+        /// How long it was given.
+        timeout: std::time::Duration,
+    },
+}
+
+/// Applies every CRD (server-side apply, as field manager `manager`) and waits until each is
+/// Established, at most `timeout` each.
+pub async fn install(
+    client: &kube::Client,
+    manager: &str,
+    timeout: std::time::Duration,
+) -> Result<(), CrdError> {
+    use kube::api::{Api, Patch, PatchParams};
+    use kube::runtime::wait::{await_condition, conditions};
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(manager).force();
+    for crd in all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .map_err(|source| CrdError::Apply { name: name.clone(), source })?;
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        match tokio::time::timeout(timeout, established).await {
+            Ok(Ok(_)) => {}
+            _ => return Err(CrdError::NotEstablished { name, timeout }),
+        }
+    }
+    Ok(())
 }
 
 /// A rendered CRD: the file name it is published under and its YAML.

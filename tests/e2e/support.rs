@@ -12,10 +12,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool, crds};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -39,14 +37,7 @@ pub async fn client() -> Client {
         .await
         .expect("a kubeconfig for the local control plane (run through `make test`, or eval \"$(make -s cluster-up)\")");
     CRDS.get_or_init(|| async {
-        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let params = PatchParams::apply("karpenter-rs-tests").force();
-        for crd in crds::all() {
-            let name = crd.metadata.name.clone().unwrap();
-            api.patch(&name, &params, &Patch::Apply(&crd)).await.expect("apply CRD");
-            let established = await_condition(api.clone(), &name, conditions::is_crd_established());
-            tokio::time::timeout(Duration::from_secs(30), established).await.unwrap().unwrap();
-        }
+        crds::install(&client, "karpenter-rs-tests", Duration::from_secs(30)).await.expect("CRDs installed");
     })
     .await;
     client
