@@ -227,8 +227,8 @@ fn bound(pods: Vec<Arc<Pod>>) -> Built {
     Built { pods, requests, daemonsets }
 }
 
-/// Every StateNode of `snapshot`: one per registered Node (with its NodeClaim, if any) and one
-/// per NodeClaim without a Node. Prices and the capacity of unlaunched NodeClaims come from
+/// Every StateNode of `snapshot`, by name: one per registered Node (with its NodeClaim, if any)
+/// and one per NodeClaim without a Node. Prices and the capacity of unlaunched NodeClaims come from
 /// `snapshot.instance_types`.
 pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
     let types = &snapshot.types_by_name;
@@ -346,6 +346,9 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
             claim: Some(Arc::clone(claim)),
         });
     }
+    // In name order, whatever order the caches list in: the same snapshot always makes the same
+    // decision (ties among equal candidates go to the first name).
+    out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
@@ -459,7 +462,9 @@ mod tests {
         };
         let nodes = state_nodes(&snapshot);
         assert_eq!(nodes.len(), 3);
-        let n1 = &nodes[0];
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["c2", "n1", "unmanaged"], "in name order");
+        let n1 = &nodes[1];
         assert_eq!((n1.name.as_str(), n1.claim_name()), ("n1", Some("c1")));
         assert!(n1.managed && n1.initialized && n1.launched() && n1.registered());
         assert_eq!(
@@ -472,9 +477,9 @@ mod tests {
         assert_eq!(n1.reschedulable_pods().count(), 1);
         assert_eq!(n1.allocatable.get("cpu"), 3900, "initialized: the node's own figure");
         assert!(n1.last_pod_event_time.is_some());
-        let unmanaged = &nodes[1];
+        let unmanaged = &nodes[2];
         assert!(!unmanaged.managed && unmanaged.initialized && unmanaged.claim.is_none());
-        let c2 = &nodes[2];
+        let c2 = &nodes[0];
         assert_eq!(c2.name, "c2");
         assert!(!c2.launched() && !c2.registered() && !c2.initialized);
         assert!(c2.nominated);
