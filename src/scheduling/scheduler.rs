@@ -1026,6 +1026,8 @@ impl<'a> Scheduler<'a> {
             .requirements
             .compatible(reqs, true)
             .map_err(|e| format!("incompatible requirements, {}", e.0))?;
+        // Resources whose limits left some types out, for the reason when nothing else fits.
+        let mut limited_by: Vec<&str> = Vec::new();
         let its: Vec<u32> = match &pool.remaining {
             None => pool.its.clone(),
             Some(rem) => {
@@ -1037,21 +1039,33 @@ impl<'a> Scheduler<'a> {
                     .copied()
                     .filter(|i| rem.values().zip(limits).all(|(left, caps)| caps.amount(*i) <= *left))
                     .collect();
-                if kept.is_empty() {
-                    let over: Vec<&str> = rem
-                        .iter()
+                // The limits every type (`all`) or some type (`!all`) would exceed.
+                let exceeded = |all: bool| -> Vec<&str> {
+                    rem.iter()
                         .filter(|(k, v)| {
-                            pool.its
+                            let mut over = pool
+                                .its
                                 .iter()
                                 .filter_map(|i| types.get(*i as usize))
-                                .all(|it| limited_amount(it, k) > **v)
+                                .map(|it| limited_amount(it, k) > **v);
+                            if all { over.all(|o| o) } else { over.any(|o| o) }
                         })
                         .map(|(k, _)| k.as_str())
-                        .collect();
-                    return Err(format!("would exceed nodepool limits {}", over.join(", ")));
+                        .collect()
+                };
+                if kept.is_empty() {
+                    return Err(format!("would exceed nodepool limits {}", exceeded(true).join(", ")));
+                }
+                if kept.len() < pool.its.len() {
+                    limited_by = exceeded(false);
                 }
                 kept
             }
+        };
+        let limited_by = if limited_by.is_empty() {
+            String::new()
+        } else {
+            format!(" (types that would exceed nodepool limits {} left out)", limited_by.join(", "))
         };
         let hostname = format!("hostname-placeholder-{:05}", self.claims.len());
         let host_id = self.topo.intern(&hostname);
@@ -1076,7 +1090,7 @@ impl<'a> Scheduler<'a> {
             Ok(()) => Ok(()),
             Err((e, _)) => {
                 self.claims.pop();
-                Err(e)
+                Err(e + &limited_by)
             }
         }
     }

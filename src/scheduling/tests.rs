@@ -291,6 +291,11 @@ fn init_container_larger_than_containers_sizes_the_node() {
     pod("a", "100m", "1Gi"),
     "nodepool \"small\": would exceed nodepool limits cpu"
 )]
+#[case::limits_leave_only_smaller_types(
+    NodePoolInput { remaining_limits: Some([("cpu".to_string(), 4000)].into()), ..pool("default") },
+    pod("a", "8", "1Gi"),
+    "nodepool \"default\": no instance type fits cpu 8, memory 1Gi (types that would exceed nodepool limits cpu left out)"
+)]
 #[case::does_not_exist(
     pool_req("np", "team", Operator::DoesNotExist, &[]),
     with_node_selector(pod("a", "1", "1Gi"), "team", "x"),
