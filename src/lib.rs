@@ -17,3 +17,4 @@ pub mod operator;
 pub mod scheduling;
 pub mod simulate;
 pub mod state;
+pub mod tools;

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use karpenter::apis::crds;
 use karpenter::operator::{self, Settings, error_chain};
 use karpenter::simulate;
+use karpenter::tools::{self, Target, live::Scale};
 
 /// jemalloc hands freed memory back to the system after a short decay (its background thread,
 /// started with the controller, does the purging): a controller whose caches shrink after a burst
@@ -38,18 +39,60 @@ enum Command {
         #[arg(long, short = 'o', value_name = "DIR")]
         output_dir: Option<PathBuf>,
     },
-    /// Show which NodeClaims Karpenter would launch for manifests, without a cluster.
+    /// Show which NodeClaims Karpenter would launch for manifests, without a cluster; with
+    /// `--from-cluster`, what the provisioner and consolidation would do on the live cluster plus
+    /// the given changes.
     Simulate {
-        /// A YAML file or a directory of them (NodePools, workloads, nodes); repeatable.
-        #[arg(long = "file", short = 'f', value_name = "PATH", required = true)]
+        /// A YAML file or a directory of them (NodePools, workloads, nodes); repeatable. With
+        /// `--from-cluster`, objects added to the cluster's.
+        #[arg(long = "file", short = 'f', value_name = "PATH", required_unless_present = "from_cluster")]
         files: Vec<PathBuf>,
         /// Instance-type catalog: `kwok` (generated), `aws` (the EC2 types of us-east-1, built
-        /// in) or a catalog file.
-        #[arg(long, value_name = "kwok|aws|FILE", default_value = "kwok")]
-        instance_types: simulate::Catalog,
+        /// in) or a catalog file. Default: `kwok`, or `aws` with `--from-cluster`.
+        #[arg(long, value_name = "kwok|aws|FILE")]
+        instance_types: Option<simulate::Catalog>,
         /// Output format.
         #[arg(long, short = 'o', value_enum, default_value_t = simulate::OutputFormat::Table)]
         output: simulate::OutputFormat,
+        /// Start from the live cluster (the kubeconfig's current context, or `--context`).
+        #[arg(long)]
+        from_cluster: bool,
+        /// With `--from-cluster`: scale a Deployment first (`deployment/NAME=N`, or
+        /// `deployment/NAMESPACE/NAME=N`); repeatable.
+        #[arg(long, value_name = "deployment/NAME=N", requires = "from_cluster")]
+        scale: Vec<Scale>,
+        /// With `--from-cluster`: remove a NodePool first (its nodes go); repeatable.
+        #[arg(long, value_name = "NAME", requires = "from_cluster")]
+        remove_nodepool: Vec<String>,
+        /// With `--from-cluster`: the namespace of `--scale` targets given without one.
+        #[arg(
+            long,
+            short = 'n',
+            value_name = "NAMESPACE",
+            default_value = "default",
+            requires = "from_cluster"
+        )]
+        namespace: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Explain, from the live cluster, why a pod is where it is (or nowhere) and why a node is or
+    /// is not being disrupted.
+    Explain {
+        #[command(subcommand)]
+        what: Explain,
+        /// Instance-type catalog for prices and launch simulations: `aws` (built in), `kwok` or a
+        /// catalog file.
+        #[arg(long, global = true, value_name = "kwok|aws|FILE", default_value = "aws")]
+        instance_types: simulate::Catalog,
+        /// Output format.
+        #[arg(long, short = 'o', global = true, value_enum, default_value_t = simulate::OutputFormat::Table)]
+        output: simulate::OutputFormat,
+        /// The pod's namespace (or give it as `NAMESPACE/NAME`).
+        #[arg(long, short = 'n', global = true, value_name = "NAMESPACE", default_value = "default")]
+        namespace: String,
+        #[command(flatten)]
+        target: Target,
     },
     /// Rewrite v1beta1 NodePools and EC2NodeClasses as v1 (printed on stdout, each change in a
     /// comment). Exits 2 when something could not be converted (told on stderr and in the output).
@@ -57,6 +100,26 @@ enum Command {
         /// A YAML file (one or more documents); repeatable.
         #[arg(long = "file", short = 'f', value_name = "FILE", required = true)]
         files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Explain {
+    /// Where the pod is or would go, and each NodePool's verdict for it.
+    Pod {
+        /// `NAME` or `NAMESPACE/NAME`.
+        name: String,
+    },
+    /// Whether the node is a disruption candidate and why, its drift and expiry.
+    Node {
+        /// The Node's name.
+        name: String,
+    },
+    /// As `node`, by NodeClaim name.
+    #[command(name = "nodeclaim")]
+    NodeClaim {
+        /// The NodeClaim's name.
+        name: String,
     },
 }
 
@@ -73,14 +136,77 @@ fn main() -> ExitCode {
             }
         },
         Some(Command::Convert { files }) => run_convert(&files),
-        Some(Command::Simulate { files, instance_types, output }) => {
-            match run_simulate(&files, &instance_types, output) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(message) => {
-                    eprintln!("error: {message}");
-                    ExitCode::FAILURE
+        Some(Command::Simulate { files, instance_types, output, from_cluster: false, .. }) => {
+            finish(run_simulate(&files, &instance_types.unwrap_or(simulate::Catalog::Kwok), output))
+        }
+        Some(Command::Simulate {
+            files,
+            instance_types,
+            output,
+            from_cluster: true,
+            scale,
+            remove_nodepool,
+            namespace,
+            target,
+        }) => {
+            let catalog = instance_types.unwrap_or(simulate::Catalog::Aws);
+            let run = async {
+                tools::cli::simulate_from_cluster(
+                    &target,
+                    &catalog,
+                    &files,
+                    scale,
+                    remove_nodepool,
+                    &namespace,
+                    output,
+                )
+                .await
+            };
+            finish(block_on(run))
+        }
+        Some(Command::Explain { what, instance_types, output, namespace, target }) => {
+            let run = async {
+                match what {
+                    Explain::Pod { name } => {
+                        tools::cli::explain_pod(&target, &instance_types, &namespace, &name, output).await
+                    }
+                    Explain::Node { name } => {
+                        tools::cli::explain_node(&target, &instance_types, &name, false, output).await
+                    }
+                    Explain::NodeClaim { name } => {
+                        tools::cli::explain_node(&target, &instance_types, &name, true, output).await
+                    }
                 }
-            }
+            };
+            finish(block_on(run))
+        }
+    }
+}
+
+/// Runs a command's future on a runtime of its own.
+fn block_on<F: std::future::Future<Output = Result<String, String>>>(f: F) -> Result<String, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the async runtime: {e}"))?
+        .block_on(f)
+}
+
+/// Prints a command's output, or its error on one line (exit 1).
+fn finish(result: Result<String, String>) -> ExitCode {
+    let out = match result {
+        Ok(out) => out,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing to stdout: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -118,16 +244,12 @@ fn run_simulate(
     files: &[PathBuf],
     catalog: &simulate::Catalog,
     format: simulate::OutputFormat,
-) -> Result<(), String> {
+) -> Result<String, String> {
     let (out, warnings) = simulate::run(files, catalog, format).map_err(|e| error_chain(&e))?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
-    match std::io::stdout().lock().write_all(out.as_bytes()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(format!("writing to stdout: {e}")),
-    }
+    Ok(out)
 }
 
 fn controller(settings: &Settings) -> ExitCode {

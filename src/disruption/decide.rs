@@ -7,16 +7,76 @@
 //! becomes its `DisruptionBlocked` or `Unconsolidatable` event.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 
+use k8s_openapi::jiff::Timestamp;
+
+use crate::apis::NodePool;
 use crate::apis::nodeclaim::conditions::{DRIFTED, REBALANCE_RECOMMENDED};
 use crate::apis::nodepool::DisruptionReason;
+use crate::scheduling::SchedulerOptions;
 use crate::state::StateNode;
+use crate::state::snapshot::Snapshot;
+use crate::state::statenode::state_nodes;
 
 use super::budgets::{self, PoolBudget};
 use super::candidates::{self, Blocked, InvalidAnnotation};
-use super::consolidation::{self, Plan, Reasons, Score, World};
+use super::consolidation::{self, Plan, Reasons, Score, Setting, World};
 use super::emptiness;
 use super::record::{Code, Why};
+
+/// Everything a pass decides on, owned (the controller moves it to a blocking thread; `karpenter
+/// explain` builds one from a snapshot of the live cluster).
+pub struct Inputs {
+    /// The snapshot, with the NodePools' instance types.
+    pub snapshot: Snapshot,
+    /// Its StateNodes.
+    pub nodes: Vec<StateNode>,
+    /// The NodePools not being deleted, by name.
+    pub pools: BTreeMap<String, Arc<NodePool>>,
+    /// Scheduler tunables.
+    pub options: SchedulerOptions,
+    /// The `SpotToSpotConsolidation` feature gate.
+    pub spot_to_spot: bool,
+    /// Now.
+    pub now: Timestamp,
+    /// See [`World::young`].
+    pub young: HashSet<String>,
+}
+
+impl Inputs {
+    /// The inputs of `snapshot` at `now`.
+    pub fn of(
+        snapshot: Snapshot,
+        options: SchedulerOptions,
+        spot_to_spot: bool,
+        now: Timestamp,
+        young: HashSet<String>,
+    ) -> Self {
+        let nodes = state_nodes(&snapshot);
+        let pools = crate::state::input::nodepools_by_name(&snapshot)
+            .into_iter()
+            .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        Inputs { snapshot, nodes, pools, options, spot_to_spot, now, young }
+    }
+
+    /// The world a pass looks at (pending pods keep the room they need).
+    pub fn world(&self) -> World<'_> {
+        World::new(
+            &self.snapshot,
+            Setting {
+                nodes: &self.nodes,
+                pending: self.snapshot.provisionable_pods(),
+                options: self.options.clone(),
+                spot_to_spot: self.spot_to_spot,
+                pools: &self.pools,
+                now: self.now,
+                young: self.young.clone(),
+            },
+        )
+    }
+}
 
 /// How a command was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

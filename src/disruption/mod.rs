@@ -18,4 +18,4 @@ pub mod record;
 pub mod repair;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

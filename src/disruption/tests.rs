@@ -18,9 +18,9 @@ use crate::state::input::nodepools_by_name;
 use crate::state::snapshot::Snapshot;
 use crate::state::statenode::state_nodes;
 
-const NOW: &str = "2026-11-24T12:00:00Z";
+pub(crate) const NOW: &str = "2026-11-24T12:00:00Z";
 
-fn obj<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
+pub(crate) fn obj<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
     Arc::new(serde_json::from_value(v).unwrap())
 }
 
@@ -45,7 +45,7 @@ fn itype(name: &str, cpu: i64, od: f64, spot: Option<f64>) -> Arc<InstanceType> 
     ))
 }
 
-fn catalog() -> Vec<Arc<InstanceType>> {
+pub(crate) fn catalog() -> Vec<Arc<InstanceType>> {
     vec![itype("large", 4, 0.40, Some(0.20)), itype("small", 2, 0.10, Some(0.05))]
 }
 
@@ -58,14 +58,14 @@ fn spot_catalog(cheaper: usize) -> Vec<Arc<InstanceType>> {
     types
 }
 
-fn pool(name: &str, disruption: Value, capacity_types: &[&str]) -> Arc<NodePool> {
+pub(crate) fn pool(name: &str, disruption: Value, capacity_types: &[&str]) -> Arc<NodePool> {
     obj(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
         "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"},
             "requirements": [{"key": LABEL_CAPACITY_TYPE, "operator": "In", "values": capacity_types}]}},
             "disruption": disruption}}))
 }
 
-struct Cluster {
+pub(crate) struct Cluster {
     nodes: Vec<Arc<Node>>,
     claims: Vec<Arc<NodeClaim>>,
     pods: Vec<Arc<Pod>>,
@@ -76,7 +76,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new(pools: Vec<Arc<NodePool>>) -> Self {
+    pub(crate) fn new(pools: Vec<Arc<NodePool>>) -> Self {
         Cluster {
             nodes: vec![],
             claims: vec![],
@@ -90,7 +90,14 @@ impl Cluster {
 
     /// A Ready, initialized node of `pool` on `itype` (`capacity` type), its claim initialized an
     /// hour ago.
-    fn node(&mut self, name: &str, pool: &str, it: &str, capacity: &str, annotations: Value) -> &mut Self {
+    pub(crate) fn node(
+        &mut self,
+        name: &str,
+        pool: &str,
+        it: &str,
+        capacity: &str,
+        annotations: Value,
+    ) -> &mut Self {
         let cpu = self.types.iter().find(|t| t.name == it).unwrap().capacity.get("cpu");
         let labels = json!({"karpenter.sh/nodepool": pool, "karpenter.sh/initialized": "true",
             "node.kubernetes.io/instance-type": it, "karpenter.sh/capacity-type": capacity,
@@ -110,7 +117,7 @@ impl Cluster {
 
     /// Marks the claim of `node` `Drifted=True` since `since`, with a `terminationGracePeriod` if
     /// given.
-    fn drifted(&mut self, node: &str, since: &str, grace: Option<&str>) -> &mut Self {
+    pub(crate) fn drifted(&mut self, node: &str, since: &str, grace: Option<&str>) -> &mut Self {
         self.condition(node, "Drifted", "NodePoolDrifted", since, grace)
     }
 
@@ -136,7 +143,7 @@ impl Cluster {
         self
     }
 
-    fn pod(&mut self, name: &str, node: &str, cpu: &str, annotations: Value) -> &mut Self {
+    pub(crate) fn pod(&mut self, name: &str, node: &str, cpu: &str, annotations: Value) -> &mut Self {
         self.pods.push(obj(json!({"metadata": {"name": name, "namespace": "ns", "uid": name, "annotations": annotations,
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs", "controller": true}]},
             "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
@@ -144,7 +151,7 @@ impl Cluster {
         self
     }
 
-    fn snapshot(&self) -> Snapshot {
+    pub(crate) fn snapshot(&self) -> Snapshot {
         let types: BTreeMap<String, Vec<Arc<InstanceType>>> =
             self.pools.iter().map(|p| (p.metadata.name.clone().unwrap(), self.types.clone())).collect();
         Snapshot {
@@ -181,7 +188,7 @@ impl Cluster {
     }
 }
 
-fn consolidating(budget: &str) -> Value {
+pub(crate) fn consolidating(budget: &str) -> Value {
     json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "30s", "budgets": [{"nodes": budget}]})
 }
 

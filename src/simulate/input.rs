@@ -184,8 +184,12 @@ pub(crate) fn split_documents(text: &str) -> Vec<(usize, String)> {
 pub fn parse_str(text: &str, file: &str, manifests: &mut Manifests) -> Result<(), SimulateError> {
     for (index, (line, doc)) in split_documents(text).into_iter().enumerate() {
         let origin = Origin { file, document: index + 1, item: None };
-        let value: Value = serde_saphyr::from_str(&doc)
-            .map_err(|e| origin.error(format!("invalid YAML (document starts at line {line}): {e}")))?;
+        let value: Value = serde_saphyr::from_str(&doc).map_err(|e| {
+            // The parser's message goes on with a picture of the input: its first line says it.
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            origin.error(format!("invalid YAML (document starts at line {line}): {first}"))
+        })?;
         if value.is_null() {
             continue;
         }
@@ -287,7 +291,7 @@ fn default_namespace(meta: &mut ObjectMeta) {
 }
 
 /// A pod named `name` from a workload's template, in the workload's namespace.
-fn pod_from_template(owner: &ObjectMeta, template: &PodTemplateSpec, name: String) -> Pod {
+pub fn pod_from_template(owner: &ObjectMeta, template: &PodTemplateSpec, name: String) -> Pod {
     let mut metadata = template.metadata.clone().unwrap_or_default();
     metadata.name = Some(name);
     metadata.namespace = owner.namespace.clone();

@@ -90,11 +90,14 @@ pub struct UnschedulableReport {
     pub reasons: Vec<String>,
 }
 
-fn round_price(p: f64) -> f64 {
-    (p * 1e6).round() / 1e6
+/// `p` rounded to six decimals.
+pub fn round_price(p: f64) -> f64 {
+    // `+ 0.0` turns the -0.0 of an empty sum into 0.0 (printed "-0.0000" otherwise).
+    (p * 1e6).round() / 1e6 + 0.0
 }
 
-fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
+/// A NodeClaim to launch, at its cheapest offering.
+pub fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
     let cheapest = claim.instance_type_options.first().and_then(|it| {
         it.compatible_offerings(&claim.requirements)
             .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
@@ -211,7 +214,7 @@ impl Report {
 }
 
 /// Appends rows with columns padded to their widest cell (the last column is not padded).
-fn push_table(out: &mut String, rows: &[Vec<String>]) {
+pub fn push_table(out: &mut String, rows: &[Vec<String>]) {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|i| rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).max().unwrap_or(0))

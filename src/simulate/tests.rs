@@ -279,3 +279,11 @@ spec:
     assert_eq!(listed, 95);
     assert!(json["lowerBoundPerHour"].is_number() && json["priceToLowerBound"].is_number());
 }
+
+#[test]
+fn a_plan_with_no_new_nodeclaims_costs_zero_not_minus_zero() {
+    let m = manifests(&[NODEPOOL]);
+    let (report, _) = simulate(&m, &Catalog::Kwok.load().unwrap()).expect("simulates");
+    assert!(report.total_price_per_hour.is_sign_positive(), "{}", report.total_price_per_hour);
+    assert!(report.to_table().contains("TOTAL $/h: 0.0000"), "{}", report.to_table());
+}

@@ -32,14 +32,13 @@ use kube::ResourceExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::apis::NodePool;
 use crate::apis::labels::TAINT_DISRUPTED;
 use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
-use crate::disruption::consolidation::{self, Setting, World};
-use crate::disruption::decide::{self, Command, Method, Pass, Rejection};
+use crate::disruption::consolidation;
+use crate::disruption::decide::{self, Command, Inputs, Method, Pass, Rejection};
 use crate::disruption::emptiness;
 use crate::disruption::record::{Outcome, Record, Why};
 use crate::operator::metrics::observe;
@@ -141,57 +140,17 @@ async fn take_snapshot(ctx: &Context, state: &ClusterState, in_flight: &HashMap<
     snapshot.with_instance_types(types)
 }
 
-/// Owned inputs of a decision, moved to a blocking thread.
-struct Inputs {
-    snapshot: Snapshot,
-    nodes: Vec<StateNode>,
-    pools: BTreeMap<String, Arc<NodePool>>,
-    options: SchedulerOptions,
-    spot_to_spot: bool,
-    now: Timestamp,
-    young: HashSet<String>,
-}
-
-impl Inputs {
-    fn new(ctx: &Context, snapshot: Snapshot, launched: &Launched) -> Self {
-        let young = {
-            let mut launched = launched.lock().unwrap_or_else(PoisonError::into_inner);
-            launched.retain(|_, at| at.elapsed() < consolidation::CHURN_GUARD);
-            launched.keys().cloned().collect()
-        };
-        let nodes = state_nodes(&snapshot);
-        let pools = crate::state::input::nodepools_by_name(&snapshot)
-            .into_iter()
-            .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        Inputs {
-            snapshot,
-            nodes,
-            pools,
-            options: SchedulerOptions {
-                min_values_policy: ctx.settings.min_values_policy,
-                ..SchedulerOptions::default()
-            },
-            spot_to_spot: ctx.settings.feature_gates.spot_to_spot_consolidation,
-            now: Timestamp::now(),
-            young,
-        }
-    }
-
-    fn world(&self) -> World<'_> {
-        World::new(
-            &self.snapshot,
-            Setting {
-                nodes: &self.nodes,
-                pending: self.snapshot.provisionable_pods(),
-                options: self.options.clone(),
-                spot_to_spot: self.spot_to_spot,
-                pools: &self.pools,
-                now: self.now,
-                young: self.young.clone(),
-            },
-        )
-    }
+/// The inputs of a pass over `snapshot` (NodeClaims consolidation launched lately are `young`).
+fn pass_inputs(ctx: &Context, snapshot: Snapshot, launched: &Launched) -> Inputs {
+    let young = {
+        let mut launched = launched.lock().unwrap_or_else(PoisonError::into_inner);
+        launched.retain(|_, at| at.elapsed() < consolidation::CHURN_GUARD);
+        launched.keys().cloned().collect()
+    };
+    let options =
+        SchedulerOptions { min_values_policy: ctx.settings.min_values_policy, ..SchedulerOptions::default() };
+    let spot_to_spot = ctx.settings.feature_gates.spot_to_spot_consolidation;
+    Inputs::of(snapshot, options, spot_to_spot, Timestamp::now(), young)
 }
 
 impl Controller {
@@ -220,7 +179,7 @@ impl Controller {
             return Next::After(IDLE);
         }
         let start = Instant::now();
-        let inputs = Inputs::new(&self.ctx, snapshot, &self.launched);
+        let inputs = pass_inputs(&self.ctx, snapshot, &self.launched);
         let decided = {
             let in_flight = in_flight.clone();
             tokio::task::spawn_blocking(move || {
@@ -268,7 +227,7 @@ impl Controller {
         }
         let going = self.in_flight();
         let fresh =
-            Inputs::new(&self.ctx, take_snapshot(&self.ctx, &self.state, &going).await, &self.launched);
+            pass_inputs(&self.ctx, take_snapshot(&self.ctx, &self.state, &going).await, &self.launched);
         let in_flight: HashSet<String> = going.into_keys().collect();
         let validated = {
             let command = command.clone();
