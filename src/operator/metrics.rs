@@ -10,6 +10,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 /// Label set of a metric: `(name, value)` pairs in a fixed order.
@@ -104,6 +105,22 @@ pub struct Metrics {
     pub nodepools_allowed_disruptions: GaugeFamily,
     /// `karpenter_nodepools_nodes_consuming_budgets{nodepool, reason}`.
     pub nodepools_nodes_consuming_budgets: GaugeFamily,
+    /// `karpenter_nodepools_cost_total{nodepool}`: $/h of the NodePool's NodeClaims.
+    pub nodepools_cost_total: GaugeFamily,
+    /// `karpenter_nodes_allocatable{node_name, ..., resource_type}`.
+    pub nodes_allocatable: GaugeFamily,
+    /// `karpenter_nodes_total_pod_requests{node_name, ..., resource_type}`.
+    pub nodes_total_pod_requests: GaugeFamily,
+    /// `karpenter_nodes_total_daemon_requests{node_name, ..., resource_type}`.
+    pub nodes_total_daemon_requests: GaugeFamily,
+    /// `karpenter_nodes_system_overhead{node_name, ..., resource_type}`.
+    pub nodes_system_overhead: GaugeFamily,
+    /// `karpenter_nodes_current_lifetime_seconds{node_name, ...}`.
+    pub nodes_current_lifetime_seconds: GaugeFamily,
+    /// `karpenter_nodes_price_per_hour{node_name, ...}` (not upstream's).
+    pub nodes_price_per_hour: GaugeFamily,
+    /// `karpenter_cluster_utilization_percent{resource_type}`.
+    pub cluster_utilization_percent: GaugeFamily,
     /// `karpenter_cluster_state_node_count`.
     pub cluster_state_node_count: GaugeFamily,
     /// `karpenter_cluster_state_synced`: 1 once every watch has listed.
@@ -136,9 +153,32 @@ pub struct Metrics {
     pub rest_client_requests: CounterFamily,
 }
 
+/// Registers metrics, remembering each one's name and type.
+struct Registrar<'a> {
+    registry: &'a mut Registry,
+    names: Vec<(String, MetricType)>,
+}
+
+impl Registrar<'_> {
+    fn register<M: prometheus_client::registry::Metric + TypedMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        metric: M,
+    ) {
+        self.names.push((name.to_string(), M::TYPE));
+        self.registry.register(name, help, metric);
+    }
+}
+
 impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
+        Metrics::registered(registry).0
+    }
+
+    /// [`Metrics::new`], and the name and type of everything it registered.
+    fn registered(registry: &mut Registry) -> (Self, Vec<(String, MetricType)>) {
         let m = Metrics {
             build_info: GaugeFamily::default(),
             nodeclaims_created: CounterFamily::default(),
@@ -172,6 +212,14 @@ impl Metrics {
             nodepools_limit: GaugeFamily::default(),
             nodepools_allowed_disruptions: GaugeFamily::default(),
             nodepools_nodes_consuming_budgets: GaugeFamily::default(),
+            nodepools_cost_total: GaugeFamily::default(),
+            nodes_allocatable: GaugeFamily::default(),
+            nodes_total_pod_requests: GaugeFamily::default(),
+            nodes_total_daemon_requests: GaugeFamily::default(),
+            nodes_system_overhead: GaugeFamily::default(),
+            nodes_current_lifetime_seconds: GaugeFamily::default(),
+            nodes_price_per_hour: GaugeFamily::default(),
+            cluster_utilization_percent: GaugeFamily::default(),
             cluster_state_node_count: GaugeFamily::default(),
             cluster_state_synced: GaugeFamily::default(),
             disruption_evaluation_duration: histogram_family(),
@@ -187,7 +235,8 @@ impl Metrics {
             controller_reconcile_errors: CounterFamily::default(),
             rest_client_requests: CounterFamily::default(),
         };
-        let r = registry;
+        let mut registrar = Registrar { registry, names: Vec::new() };
+        let r = &mut registrar;
         r.register(
             "rest_client_requests",
             "Number of HTTP requests to the API server, partitioned by status code and method.",
@@ -364,6 +413,46 @@ impl Metrics {
             m.nodepools_nodes_consuming_budgets.clone(),
         );
         r.register(
+            "karpenter_nodepools_cost_total",
+            "Hourly price of a nodepool's nodeclaims at their offerings' prices, by nodepool.",
+            m.nodepools_cost_total.clone(),
+        );
+        r.register(
+            "karpenter_nodes_allocatable",
+            "Node allocatable are the resources allocatable by nodes.",
+            m.nodes_allocatable.clone(),
+        );
+        r.register(
+            "karpenter_nodes_total_pod_requests",
+            "Resources requested by the pods bound to a node, DaemonSet pods included.",
+            m.nodes_total_pod_requests.clone(),
+        );
+        r.register(
+            "karpenter_nodes_total_daemon_requests",
+            "Resources requested by the DaemonSet pods bound to a node.",
+            m.nodes_total_daemon_requests.clone(),
+        );
+        r.register(
+            "karpenter_nodes_system_overhead",
+            "Resources reserved for system use: a node's capacity minus its allocatable.",
+            m.nodes_system_overhead.clone(),
+        );
+        r.register(
+            "karpenter_nodes_current_lifetime_seconds",
+            "Seconds since a node was created.",
+            m.nodes_current_lifetime_seconds.clone(),
+        );
+        r.register(
+            "karpenter_nodes_price_per_hour",
+            "Hourly price of a node's offering (instance type, capacity type, zone).",
+            m.nodes_price_per_hour.clone(),
+        );
+        r.register(
+            "karpenter_cluster_utilization_percent",
+            "Requests of the pods bound to nodes over the nodes' allocatable, in percent, by resource type.",
+            m.cluster_utilization_percent.clone(),
+        );
+        r.register(
             "karpenter_cluster_state_node_count",
             "Nodes and nodeclaims in the controller's cluster state.",
             m.cluster_state_node_count.clone(),
@@ -425,7 +514,7 @@ impl Metrics {
                 .get_or_create(&vec![("consolidation_type", kind.to_string())]);
         }
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1.0);
-        m
+        (m, registrar.names)
     }
 
     /// Metrics registered in a throw-away registry, for tests.
@@ -450,6 +539,29 @@ pub fn count_disrupted(metrics: &Metrics, claim: &crate::apis::NodeClaim, reason
     metrics.nodeclaims_disrupted.get_or_create(&labels).inc();
 }
 
+/// The names of every series this controller can export, as they appear in `/metrics`: counters
+/// with `_total`, histograms with `_bucket`, `_sum` and `_count`.
+pub fn exported_names() -> std::collections::BTreeSet<String> {
+    let (_, names) = Metrics::registered(&mut Registry::default());
+    let mut out = std::collections::BTreeSet::new();
+    for (name, kind) in names {
+        match kind {
+            MetricType::Counter => {
+                out.insert(format!("{name}_total"));
+            }
+            MetricType::Histogram => {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    out.insert(format!("{name}{suffix}"));
+                }
+            }
+            _ => {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
 /// Observes `elapsed` in the histogram of `family` with `labels`.
 pub fn observe(family: &HistogramFamily, labels: Labels, elapsed: Duration) {
     family.get_or_create(&labels).observe(elapsed.as_secs_f64());
@@ -458,6 +570,104 @@ pub fn observe(family: &HistogramFamily, labels: Labels, elapsed: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Metric names in a PromQL expression: identifiers not followed by `(` (functions) that are
+    /// not keywords or label names (inside `{...}`, `by (...)`, `on (...)`).
+    fn metric_names(expr: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let (mut braces, mut parens_of_labels) = (0, 0);
+        let bytes = expr.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let c = bytes[i] as char;
+            if c == '"' {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += 1;
+                }
+            } else if c == '[' {
+                // A range or subquery: `[5m]`, `[1h:5m]`.
+                while i < bytes.len() && bytes[i] != b']' {
+                    i += 1;
+                }
+            } else if c == '{' {
+                braces += 1;
+            } else if c == '}' {
+                braces -= 1;
+            } else if c == ')' && parens_of_labels > 0 {
+                parens_of_labels -= 1;
+            } else if c.is_ascii_alphabetic() || c == '_' {
+                let start = i;
+                while i < bytes.len()
+                    && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_' || bytes[i] == b':')
+                {
+                    i += 1;
+                }
+                let word = &expr[start..i];
+                let next = expr[i..].trim_start();
+                const KEYWORDS: [&str; 6] = ["and", "or", "unless", "offset", "bool", "atan2"];
+                // Aggregations may put their grouping first: `sum by (x) (...)`.
+                const AGGREGATIONS: [&str; 8] =
+                    ["sum", "min", "max", "avg", "count", "topk", "bottomk", "quantile"];
+                if ["by", "on", "without", "ignoring", "group_left", "group_right"].contains(&word) {
+                    if next.starts_with('(') {
+                        parens_of_labels += 1;
+                    }
+                } else if braces == 0
+                    && parens_of_labels == 0
+                    && !next.starts_with('(')
+                    && !KEYWORDS.contains(&word)
+                    && !(AGGREGATIONS.contains(&word)
+                        && (next.starts_with("by") || next.starts_with("without")))
+                {
+                    out.push(word.to_string());
+                }
+                continue;
+            }
+            i += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn promql_names_are_found() {
+        assert_eq!(
+            metric_names(
+                r#"sum by (nodepool) (a_b{x="y"} * on (n) group_left () (1 - c / d)) or vector(0) + rate(e[5m])"#
+            ),
+            ["a_b", "c", "d", "e"]
+        );
+    }
+
+    #[test]
+    fn dashboards_query_only_exported_metrics() {
+        let exported = exported_names();
+        assert!(exported.contains("karpenter_nodepools_cost_total"), "{exported:?}");
+        assert!(exported.contains("karpenter_scheduler_scheduling_duration_seconds_bucket"));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/karpenter/dashboards");
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            files += 1;
+            for panel in dashboard["panels"].as_array().unwrap() {
+                for target in panel["targets"].as_array().unwrap() {
+                    let expr = target["expr"].as_str().unwrap();
+                    let names = metric_names(expr);
+                    assert!(!names.is_empty(), "{}: no metric in {expr}", path.display());
+                    for name in names {
+                        assert!(
+                            exported.contains(&name),
+                            "{}: {name} is not exported ({expr})",
+                            path.display()
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(files, 4, "capacity, cost, disruption, performance");
+    }
 
     #[test]
     fn names_are_upstreams() {

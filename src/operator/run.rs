@@ -258,6 +258,7 @@ fn start_controllers(
     tasks.spawn(controllers::nodeclaim::garbagecollection::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::nodeclaim::drift::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::nodepool::status::run(ctx.clone(), state.clone(), stop.clone()));
+    tasks.spawn(controllers::node::metrics::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::nodeclaim::consolidatable::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::nodeclaim::expiration::run(ctx.clone(), state.clone(), stop.clone()));
     tasks.spawn(controllers::disruption::run(ctx.clone(), state.clone(), stop.clone()));

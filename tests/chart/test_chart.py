@@ -7,6 +7,7 @@ helm must be on PATH (`make test` arranges that).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tomllib
 
@@ -343,6 +344,34 @@ def test_metrics_service_and_service_monitor() -> None:
 
 def test_no_service_monitor_by_default(defaults) -> None:
     assert not [d for d in defaults if d["kind"] == "ServiceMonitor"]
+
+
+def test_dashboards_render_as_sidecar_configmaps() -> None:
+    docs = render(sets=(*MINIMAL, "dashboards.enabled=true", "dashboards.namespace=monitoring",
+                        "dashboards.annotations.grafana_folder=Karpenter"))
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    expected = {f"karpenter-dashboard-{n}" for n in ("capacity", "cost", "disruption", "performance")}
+    assert set(maps) == expected
+    files = {p.stem for p in (CHART / "dashboards").glob("*.json")}
+    assert {n.removeprefix("karpenter-dashboard-") for n in maps} == files
+    uids = set()
+    for name, cm in maps.items():
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "Karpenter"}
+        (key, text), = cm["data"].items()
+        dashboard = json.loads(text)
+        assert key == f"karpenter-{name.removeprefix('karpenter-dashboard-')}.json"
+        assert dashboard["title"].startswith("Karpenter / ")
+        uids.add(dashboard["uid"])
+        assert dashboard["panels"], name
+        for panel in dashboard["panels"]:
+            assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
+    assert len(uids) == len(maps), "dashboard uids are unique"
+
+
+def test_no_dashboards_by_default(defaults) -> None:
+    assert not [d for d in defaults if d["kind"] == "ConfigMap"]
 
 
 def test_service_account_can_be_brought_by_the_user() -> None:

@@ -66,6 +66,7 @@ async fn getting_started_with_kwok() {
     ] {
         assert!(metrics.contains(name), "{name} in /metrics");
     }
+    cost_and_utilisation_metrics(&f, &controller).await;
 
     unschedulable_pod_gets_no_claim(&f, &controller).await;
     disruption_budget_holds_a_node(&f, &controller).await;
@@ -721,6 +722,47 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
 /// Journey 1: scaling inflate to 6 gives exactly six Ready NodeClaims, six Nodes and six pods
 /// Running on them (within `running_within`), with every column of `kubectl get nodeclaim -o wide`
 /// filled. Returns the NodeClaims.
+/// The NodePool's cost is the sum of its claims' offering prices (from the catalog the kwok
+/// provider launches from), each node has its series, and the cluster's CPU utilisation is a
+/// percentage.
+async fn cost_and_utilisation_metrics(f: &Fixture, controller: &Controller) {
+    let catalog = karpenter::cloudprovider::aws::embedded::instance_types().unwrap();
+    let claims = f.claims().await;
+    let expected: f64 = claims
+        .iter()
+        .map(|c| {
+            let label = |k: &str| c.labels().get(k).cloned().unwrap_or_default();
+            let it = catalog.iter().find(|t| t.name == label("node.kubernetes.io/instance-type")).unwrap();
+            let zone = label("topology.kubernetes.io/zone");
+            let capacity = label("karpenter.sh/capacity-type");
+            it.offerings.iter().find(|o| o.zone == zone && o.capacity_type == capacity).unwrap().price
+        })
+        .sum();
+    let pool = format!("nodepool=\"{}\"", f.pool);
+    wait_for("karpenter_nodepools_cost_total", Duration::from_secs(20), controller, || async {
+        (controller.metric_sum_where("karpenter_nodepools_cost_total", &pool).await - expected).abs() < 1e-6
+    })
+    .await;
+    let node_prices = controller.metric_sum_where("karpenter_nodes_price_per_hour", &pool).await;
+    assert!((node_prices - expected).abs() < 1e-6, "{node_prices} != {expected}");
+    let metrics = controller.metrics().await;
+    for claim in &claims {
+        let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+        for family in ["karpenter_nodes_allocatable", "karpenter_nodes_total_pod_requests"] {
+            let series = format!("node_name=\"{node}\"");
+            assert!(
+                metrics.lines().any(|l| l.starts_with(family)
+                    && l.contains(&series)
+                    && l.contains("resource_type=\"cpu\"")),
+                "{family} of {node}"
+            );
+        }
+    }
+    let cpu =
+        controller.metric_sum_where("karpenter_cluster_utilization_percent", "resource_type=\"cpu\"").await;
+    assert!(cpu > 0.0 && cpu <= 100.0, "cpu utilisation {cpu}");
+}
+
 async fn scale_to_six(f: &Fixture, controller: &Controller, running_within: Duration) -> Vec<NodeClaim> {
     let start = Instant::now();
     f.scale(6).await;

@@ -1,8 +1,9 @@
 //! Controllers of Nodes: termination (drain, then the instance) of the nodes Karpenter launched,
-//! repair of unhealthy ones (`health`); and the writes to Nodes that several controllers make
+//! repair of unhealthy ones (`health`), the node, utilisation and cost metrics (`metrics`); and the writes to Nodes that several controllers make
 //! (the `karpenter.sh/disrupted` taint).
 
 pub mod health;
+pub mod metrics;
 pub mod termination;
 
 use k8s_openapi::api::core::v1::{Node, Taint};

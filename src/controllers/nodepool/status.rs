@@ -22,6 +22,7 @@ use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{ConditionStatus, NodePool, NodePoolStatus, common::set_condition};
 use crate::controllers::Context;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
+use crate::controllers::node::metrics::metric_value;
 use crate::disruption::budgets;
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
@@ -139,7 +140,7 @@ fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
             ctx.metrics
                 .nodepools_usage
                 .get_or_create(&vec![("nodepool", name.clone()), ("resource_type", resource.clone())])
-                .set(display_value(resource, v));
+                .set(metric_value(resource, v));
         }
     }
     for (resource, q) in np.spec.limits.iter().flatten() {
@@ -147,7 +148,7 @@ fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
             ctx.metrics
                 .nodepools_limit
                 .get_or_create(&vec![("nodepool", name.clone()), ("resource_type", resource.clone())])
-                .set(display_value(resource, v));
+                .set(metric_value(resource, v));
         }
     }
 }
@@ -198,11 +199,6 @@ pub fn pod_state_labels(snapshot: &Snapshot) -> Vec<crate::operator::metrics::La
             ]
         })
         .collect()
-}
-
-/// Quantities are kept in milli-units for CPU; the metrics report whole units, as upstream.
-fn display_value(resource: &str, v: i64) -> f64 {
-    if resource == "cpu" { v as f64 / 1000.0 } else { v as f64 }
 }
 
 /// Whether the pool's node class is ready, and why not.

@@ -1,0 +1,227 @@
+//! Node, utilisation and cost metrics, from the cluster state every few seconds (upstream's
+//! `metrics.node` controller, plus cost).
+//!
+//! - Per node, labelled `node_name`, `nodepool`, `zone`, `region`, `instance_type`, `arch`, `os`,
+//!   `capacity_type`, `managed` (upstream's core labels) and `resource_type`:
+//!   `karpenter_nodes_allocatable`, `karpenter_nodes_total_pod_requests` (every pod bound to the
+//!   node, DaemonSet pods included), `karpenter_nodes_total_daemon_requests`,
+//!   `karpenter_nodes_system_overhead` (capacity minus allocatable); without `resource_type`,
+//!   `karpenter_nodes_current_lifetime_seconds`. CPU in cores, other resources as plain numbers
+//!   (bytes, counts); `resource_type` is the resource name lowercased with `-` as `_`.
+//! - `karpenter_cluster_utilization_percent{resource_type}`: the requests of every pod bound to a
+//!   Node over the Nodes' allocatable, in percent.
+//! - Cost, in dollars per hour at each node's offering price: `karpenter_nodepools_cost_total
+//!   {nodepool}` (upstream's name; the NodeClaims of the NodePool, launched or coming) and, beyond
+//!   upstream, `karpenter_nodes_price_per_hour` with the node labels above (without
+//!   `resource_type`), so that a dashboard can sum cost by any of them.
+//!
+//! Series of nodes and NodePools that went away go with the next pass (the families are rebuilt).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::watch;
+
+use crate::apis::labels::{
+    LABEL_ARCH, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_OS, LABEL_TOPOLOGY_ZONE,
+};
+use crate::controllers::Context;
+use crate::controllers::kit::{Next, Options, Timer, run_singleton};
+use crate::operator::metrics::Labels;
+use crate::scheduling::Resources;
+use crate::state::statenode::state_nodes;
+use crate::state::{ClusterState, StateNode};
+
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "metrics.node";
+/// How often the metrics are recomputed (upstream's period).
+const PERIOD: Duration = Duration::from_secs(5);
+/// `topology.kubernetes.io/region`.
+const LABEL_REGION: &str = "topology.kubernetes.io/region";
+
+/// One node's readings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeReading {
+    /// Its labels (without `resource_type`).
+    pub labels: Labels,
+    /// `karpenter_nodes_allocatable`, by resource type.
+    pub allocatable: Vec<(String, f64)>,
+    /// `karpenter_nodes_total_pod_requests`.
+    pub pod_requests: Vec<(String, f64)>,
+    /// `karpenter_nodes_total_daemon_requests`.
+    pub daemon_requests: Vec<(String, f64)>,
+    /// `karpenter_nodes_system_overhead`.
+    pub system_overhead: Vec<(String, f64)>,
+    /// `karpenter_nodes_current_lifetime_seconds`.
+    pub lifetime_seconds: Option<f64>,
+    /// `karpenter_nodes_price_per_hour`.
+    pub price_per_hour: Option<f64>,
+}
+
+/// Every reading of one pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Readings {
+    /// Per node with a Node object.
+    pub nodes: Vec<NodeReading>,
+    /// `karpenter_cluster_utilization_percent`, by resource type.
+    pub utilization: BTreeMap<String, f64>,
+    /// `karpenter_nodepools_cost_total`, by NodePool.
+    pub nodepool_cost: BTreeMap<String, f64>,
+}
+
+/// `resource_type` as upstream spells it.
+pub fn resource_type(name: &str) -> String {
+    name.to_lowercase().replace('-', "_")
+}
+
+/// A quantity as the metrics report it: cores for CPU, the plain number otherwise.
+pub fn metric_value(resource: &str, v: i64) -> f64 {
+    if resource == "cpu" { v as f64 / 1000.0 } else { v as f64 }
+}
+
+fn by_type(r: &Resources) -> Vec<(String, f64)> {
+    r.iter().map(|(k, v)| (resource_type(k), metric_value(k, v))).collect()
+}
+
+/// The readings of `nodes` at `now` (pure).
+pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
+    let mut out = Readings::default();
+    let mut used = Resources::default();
+    let mut allocatable = Resources::default();
+    for node in nodes {
+        if let (Some(pool), Some(price)) = (node.nodepool(), node.price)
+            && node.claim.is_some()
+        {
+            *out.nodepool_cost.entry(pool.to_string()).or_default() += price;
+        }
+        let Some(object) = node.node.as_deref() else { continue };
+        used.add_assign(&node.pod_requests);
+        allocatable.add_assign(&node.allocatable);
+        let label = |k: &str| node.labels.get(k).cloned().unwrap_or_default();
+        let labels: Labels = vec![
+            ("node_name", node.name.clone()),
+            ("nodepool", label(LABEL_NODEPOOL)),
+            ("zone", label(LABEL_TOPOLOGY_ZONE)),
+            ("region", label(LABEL_REGION)),
+            ("instance_type", label(LABEL_INSTANCE_TYPE)),
+            ("arch", label(LABEL_ARCH)),
+            ("os", label(LABEL_OS)),
+            ("capacity_type", label(LABEL_CAPACITY_TYPE)),
+            ("managed", node.claim.is_some().to_string()),
+        ];
+        let lifetime = object
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| now.duration_since(t.0).as_secs_f64().max(0.0));
+        out.nodes.push(NodeReading {
+            labels,
+            allocatable: by_type(&node.allocatable),
+            pod_requests: by_type(&node.pod_requests),
+            daemon_requests: by_type(&node.daemonset_requests),
+            system_overhead: by_type(&node.capacity.sub_floored(&node.allocatable)),
+            lifetime_seconds: lifetime,
+            price_per_hour: node.price,
+        });
+    }
+    for (resource, total) in allocatable.iter() {
+        if total > 0 {
+            out.utilization.insert(resource_type(resource), 100.0 * used.get(resource) as f64 / total as f64);
+        }
+    }
+    out
+}
+
+/// Sets the metrics to `readings`, dropping the series of nodes and NodePools no longer there.
+pub fn record(ctx: &Context, readings: &Readings) {
+    let m = &ctx.metrics;
+    let families = [
+        &m.nodes_allocatable,
+        &m.nodes_total_pod_requests,
+        &m.nodes_total_daemon_requests,
+        &m.nodes_system_overhead,
+        &m.nodes_current_lifetime_seconds,
+        &m.nodes_price_per_hour,
+        &m.cluster_utilization_percent,
+        &m.nodepools_cost_total,
+    ];
+    for family in families {
+        family.clear();
+    }
+    for node in &readings.nodes {
+        let per_type = |family: &crate::operator::metrics::GaugeFamily, values: &[(String, f64)]| {
+            for (resource, value) in values {
+                let mut labels = node.labels.clone();
+                labels.push(("resource_type", resource.clone()));
+                family.get_or_create(&labels).set(*value);
+            }
+        };
+        per_type(&m.nodes_allocatable, &node.allocatable);
+        per_type(&m.nodes_total_pod_requests, &node.pod_requests);
+        per_type(&m.nodes_total_daemon_requests, &node.daemon_requests);
+        per_type(&m.nodes_system_overhead, &node.system_overhead);
+        if let Some(seconds) = node.lifetime_seconds {
+            m.nodes_current_lifetime_seconds.get_or_create(&node.labels).set(seconds);
+        }
+        if let Some(price) = node.price_per_hour {
+            m.nodes_price_per_hour.get_or_create(&node.labels).set(price);
+        }
+    }
+    for (resource, percent) in &readings.utilization {
+        m.cluster_utilization_percent.get_or_create(&vec![("resource_type", resource.clone())]).set(*percent);
+    }
+    for (pool, cost) in &readings.nodepool_cost {
+        m.nodepools_cost_total.get_or_create(&vec![("nodepool", pool.clone())]).set(*cost);
+    }
+}
+
+/// Runs until `stop` turns true: a pass every [`PERIOD`].
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, || async {
+        if state.is_synced() {
+            let snapshot = state.snapshot_with_instance_types(ctx.cloud.as_ref(), CONTROLLER).await;
+            record(&ctx, &readings(&state_nodes(&snapshot), Timestamp::now()));
+        }
+        Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::disruption::tests::{Cluster, NOW, consolidating, pool};
+
+    #[test]
+    fn nodes_utilisation_and_cost_are_read_off_the_state() {
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.node("a", "p", "large", "on-demand", json!({}))
+            .pod("w", "a", "1", json!({}))
+            .node("b", "p", "small", "on-demand", json!({}))
+            .pod("v", "b", "1", json!({}));
+        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap());
+        assert_eq!(r.nodes.len(), 2);
+        let a = &r.nodes[0];
+        assert!(a.labels.contains(&("node_name", "a".to_string())));
+        assert!(a.labels.contains(&("instance_type", "large".to_string())));
+        assert!(a.labels.contains(&("managed", "true".to_string())));
+        assert!(a.allocatable.contains(&("cpu".to_string(), 4.0)), "{:?}", a.allocatable);
+        assert!(a.pod_requests.contains(&("cpu".to_string(), 1.0)), "{:?}", a.pod_requests);
+        assert_eq!(a.price_per_hour, Some(0.40));
+        // 2 of 6 vCPU requested.
+        assert!((r.utilization["cpu"] - 100.0 / 3.0).abs() < 1e-9, "{:?}", r.utilization);
+        assert!((r.nodepool_cost["p"] - 0.50).abs() < 1e-9, "{:?}", r.nodepool_cost);
+    }
+
+    #[test]
+    fn resource_types_are_spelled_as_upstream() {
+        assert_eq!(resource_type("ephemeral-storage"), "ephemeral_storage");
+        assert_eq!(resource_type("nvidia.com/gpu"), "nvidia.com/gpu");
+        assert_eq!(resource_type("hugepages-2Mi"), "hugepages_2mi");
+        assert_eq!(metric_value("cpu", 1500), 1.5);
+        assert_eq!(metric_value("memory", 1 << 30), (1u64 << 30) as f64);
+    }
+}
