@@ -134,3 +134,15 @@ krs_kubectl() {
   [[ -x "$KRS_BIN/kubectl" ]] && k=$KRS_BIN/kubectl
   "$k" --kubeconfig "$KRS_KUBECONFIG" "$@"
 }
+
+# ensure_tmux: `karpenter top` is tested in a real terminal (tmux); install it from the
+# distribution's packages when it is missing and this is a Debian-like machine run as root.
+ensure_tmux() {
+  command -v tmux >/dev/null && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing tmux (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >&2 \
+      || { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >&2; }
+  fi
+  command -v tmux >/dev/null || die "tmux is needed by the tests of karpenter top; install it (apt-get install tmux)"
+}

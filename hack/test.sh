@@ -32,6 +32,9 @@ export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 step "clippy and test binaries (one build)"
 cargo test --locked --all-targets --no-run
 
+step "tmux (karpenter top is driven in a real terminal)"
+ensure_tmux
+
 step "local control plane and AWS emulator"
 eval "$("$HACK_DIR/cluster-up.sh")"
 

@@ -94,6 +94,18 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// The nodes by NodePool with their requests, prices and disruption flags; totals and
+    /// pending pods. Redraws every second in a terminal (`q` quits).
+    Top {
+        /// Print one frame and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+        /// Instance-type catalog for prices: `aws` (built in), `kwok` or a catalog file.
+        #[arg(long, value_name = "kwok|aws|FILE", default_value = "aws")]
+        instance_types: simulate::Catalog,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Rewrite v1beta1 NodePools and EC2NodeClasses as v1 (printed on stdout, each change in a
     /// comment). Exits 2 when something could not be converted (told on stderr and in the output).
     Convert {
@@ -163,6 +175,18 @@ fn main() -> ExitCode {
                 .await
             };
             finish(block_on(run))
+        }
+        Some(Command::Top { once: true, instance_types, target }) => {
+            finish(block_on(tools::cli::top_once(&target, &instance_types)))
+        }
+        Some(Command::Top { once: false, instance_types, target }) => {
+            match tools::cli::top(&target, &instance_types) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Some(Command::Explain { what, instance_types, output, namespace, target }) => {
             let run = async {

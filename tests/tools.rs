@@ -1,4 +1,5 @@
-//! `karpenter explain` and `karpenter simulate --from-cluster` against the real API server: a
+//! `karpenter explain`, `karpenter simulate --from-cluster` and `karpenter top` (in tmux) against
+//! the real API server: a
 //! cluster made of NodePools, Nodes, NodeClaims, pods and a PodDisruptionBudget whose causes are
 //! known (a taint, a limit, a zone, a do-not-disrupt pod, a PDB, a budget), read by the binary as
 //! a user runs it. No controller runs: the objects are the cluster's whole truth.
@@ -286,7 +287,7 @@ async fn scenario(client: Client, names: Names) {
     assert_eq!(e["expiry"]["expireAfter"], "720h", "{e:#}");
     let table =
         String::from_utf8_lossy(&karpenter(&["explain", "node", &names.pool("idle")]).stdout).to_string();
-    assert!(table.contains("Disruptable:   yes, but not now: No allowed disruptions"), "{table}");
+    assert!(table.contains("yes, but not now: No allowed disruptions"), "{table}");
 
     // simulate --from-cluster: a Deployment scaled, a NodePool removed.
     let scale = format!("deployment/{ns}/batch=3");
@@ -328,9 +329,29 @@ async fn scenario(client: Client, names: Names) {
     assert!(before > idle_price && launched > 0.0, "{r:#}");
     assert!((after - (before - idle_price + launched + command)).abs() < 1e-3, "{r:#}");
 
+    // karpenter top: one frame for scripts, then the terminal view in a real terminal (tmux),
+    // redrawn from the watches.
+    let once = karpenter(&["top", "--once"]);
+    let frame = String::from_utf8_lossy(&once.stdout).to_string();
+    assert!(once.status.success(), "{}", String::from_utf8_lossy(&once.stderr));
+    assert!(frame.contains(&format!("NodePool {}: 2 nodes, $0.", names.pool("open"))), "{frame}");
+    assert!(frame.contains(&format!("NodePool {}: no nodes", names.pool("tainted"))), "{frame}");
+    for (node, flag) in [("dnd", "blocked"), ("pdb", "blocked")] {
+        let line = frame
+            .lines()
+            .find(|l| l.trim_start().starts_with(&names.pool(node)))
+            .unwrap_or_else(|| panic!("{node} in {frame}"));
+        assert!(
+            line.contains("c6a.large") && line.contains("on-demand") && line.trim_end().ends_with(flag),
+            "{line}"
+        );
+    }
+    top_in_a_terminal(&client, names).await;
+
     // Bad input: one line, exit 1.
     fails(&["explain", "pod", &format!("{ns}/nope")], &format!("pod \"{ns}/nope\" not found"), &[]);
     fails(&["explain", "node", "no-such-node"], "node \"no-such-node\" not found", &[]);
+    fails(&["top"], "use --once", &[]);
     fails(
         &["simulate", "--from-cluster", "--remove-nodepool", "no-such-pool"],
         "nodepool \"no-such-pool\" not found",
@@ -356,7 +377,65 @@ async fn scenario(client: Client, names: Names) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `tmux` on a socket of its own.
+fn tmux(args: &[&str]) -> Output {
+    Command::new("tmux")
+        .args(["-L", "karpenter-rs-tests"])
+        .args(args)
+        .output()
+        .expect("tmux (hack/tools.sh installs it)")
+}
+
+fn pane(session: &str) -> String {
+    String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", session]).stdout).to_string()
+}
+
+fn pending_in(screen: &str) -> Option<usize> {
+    screen.lines().find_map(|l| l.strip_prefix("Pending pods: ")).and_then(|n| n.trim().parse().ok())
+}
+
+async fn eventually(what: &str, session: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let screen = pane(session);
+        if check(&screen) {
+            return screen;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}; the terminal shows:\n{screen}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn top_in_a_terminal(client: &Client, names: &Names) {
+    let session = names.id.as_str();
+    let kubeconfig = std::env::var("KUBECONFIG").unwrap_or_default();
+    let command = format!("KUBECONFIG='{kubeconfig}' exec '{}' top", env!("CARGO_BIN_EXE_karpenter"));
+    let started = tmux(&["new-session", "-d", "-s", session, "-x", "220", "-y", "80", &command]);
+    assert!(started.status.success(), "tmux: {}", String::from_utf8_lossy(&started.stderr));
+    let header = format!("NodePool {}: 2 nodes", names.pool("open"));
+    let screen =
+        eventually("the NodePools drawn", session, |s| s.contains(&header) && pending_in(s).is_some()).await;
+    assert!(screen.starts_with("karpenter top"), "{screen}");
+    let before = pending_in(&screen).unwrap();
+    let _: Pod = create(
+        client,
+        Some(session),
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pending-2"},
+            "spec": {"nodeSelector": {"example.com/suite": session},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "1"}}}]}}),
+    )
+    .await;
+    eventually("the new pending pod counted", session, |s| pending_in(s) == Some(before + 1)).await;
+    tmux(&["send-keys", "-t", session, "q"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tmux(&["has-session", "-t", session]).status.success() {
+        assert!(std::time::Instant::now() < deadline, "q quits karpenter top:\n{}", pane(session));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn cleanup(client: &Client, names: &Names) {
+    tmux(&["kill-session", "-t", &names.id]);
     let dp = DeleteParams::default();
     let _ = Api::<Namespace>::all(client.clone()).delete(&names.id, &dp).await;
     for what in ["open", "tainted", "limited", "zoned", "frozen"] {

@@ -105,3 +105,35 @@ pub async fn simulate_from_cluster(
         format => render_data(&report, format).map_err(one_line),
     }
 }
+
+/// `karpenter top --once`: one frame.
+pub async fn top_once(target: &Target, catalog: &Catalog) -> Result<String, String> {
+    let client = target.client().await.map_err(one_line)?;
+    let types = catalog.load().map_err(|e| one_line(e.into()))?;
+    let live = super::Live::start(client, types).await.map_err(one_line)?;
+    let view = super::top::view(&live.snapshot(), Timestamp::now());
+    let mut out = super::top::render(&view).join("\n");
+    out.push('\n');
+    Ok(out)
+}
+
+/// `karpenter top`: the terminal view, until the user quits.
+pub fn top(target: &Target, catalog: &Catalog) -> Result<(), String> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return Err("karpenter top draws in a terminal; use --once to print one frame".into());
+    }
+    // The watches run on the runtime's worker while this thread draws.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the async runtime: {e}"))?;
+    let live = runtime.block_on(async {
+        let client = target.client().await.map_err(one_line)?;
+        let types = catalog.load().map_err(|e| one_line(e.into()))?;
+        super::Live::start(client, types).await.map_err(one_line)
+    })?;
+    let _guard = runtime.enter();
+    super::top::interactive(&live, std::time::Duration::from_secs(1)).map_err(|e| format!("drawing: {e}"))
+}

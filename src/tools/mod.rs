@@ -1,5 +1,5 @@
-//! The commands that look at a live cluster: `karpenter explain` ([`explain`]) and `karpenter
-//! simulate --from-cluster` ([`live`]).
+//! The commands that look at a live cluster: `karpenter explain` ([`explain`]), `karpenter
+//! simulate --from-cluster` ([`live`]) and `karpenter top` ([`top`]).
 //!
 //! Each takes one snapshot of the cluster with the controller's own caches ([`ClusterState`]:
 //! the same lists, the same trimming, a malformed Karpenter object skipped), adds the instance
@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod explain;
 pub mod live;
+pub mod top;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -110,15 +111,41 @@ impl Target {
 /// One snapshot of the live cluster, listed by the controller's caches, with `catalog`'s
 /// instance types for every NodePool.
 pub async fn live_snapshot(client: Client, catalog: &Catalog) -> Result<Snapshot, ToolError> {
-    let types = catalog.load()?;
-    let (state, driver) = ClusterState::start(client);
-    let watches = tokio::spawn(driver);
-    let synced = tokio::time::timeout(SYNC_TIMEOUT, state.wait_synced()).await;
-    let snapshot = state.snapshot();
-    watches.abort();
-    synced.map_err(|_| ToolError::NotSynced(SYNC_TIMEOUT))?;
-    let zones = cluster_zones(&snapshot);
-    Ok(with_catalog(snapshot, &in_zones(&types, &zones)))
+    Ok(Live::start(client, catalog.load()?).await?.snapshot())
+}
+
+/// The live cluster: the controller's caches, kept current by their watches (until dropped),
+/// and the catalog's types for prices and launches.
+pub struct Live {
+    state: ClusterState,
+    watches: tokio::task::JoinHandle<()>,
+    types: Vec<Arc<InstanceType>>,
+}
+
+impl Live {
+    /// Starts the watches and waits until every kind is listed.
+    pub async fn start(client: Client, types: Vec<Arc<InstanceType>>) -> Result<Self, ToolError> {
+        let (state, driver) = ClusterState::start(client);
+        let watches = tokio::spawn(driver);
+        if tokio::time::timeout(SYNC_TIMEOUT, state.wait_synced()).await.is_err() {
+            watches.abort();
+            return Err(ToolError::NotSynced(SYNC_TIMEOUT));
+        }
+        Ok(Live { state, watches, types })
+    }
+
+    /// The cluster now, with the catalog's types (in the cluster's zones) for every NodePool.
+    pub fn snapshot(&self) -> Snapshot {
+        let snapshot = self.state.snapshot();
+        let zones = cluster_zones(&snapshot);
+        with_catalog(snapshot, &in_zones(&self.types, &zones))
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.watches.abort();
+    }
 }
 
 /// The zones the cluster uses: its nodes', its EC2NodeClasses' subnets', those its NodePools
@@ -215,4 +242,29 @@ pub fn render_data<T: serde::Serialize>(
 /// `$0.0416/h` style.
 pub fn price(p: Option<f64>) -> String {
     p.map(|p| format!("${p:.4}/h")).unwrap_or_else(|| "price unknown".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disruption::tests::catalog;
+
+    #[test]
+    fn a_catalog_of_another_region_is_offered_in_the_clusters_zones_at_its_prices() {
+        let types = catalog();
+        assert_eq!(in_zones(&types, &["z1".to_string()].into()), types, "its own zone: unchanged");
+        assert_eq!(in_zones(&types, &BTreeSet::new()), types, "no zone known: unchanged");
+        let zones: BTreeSet<String> = ["us-west-2a".to_string(), "us-west-2b".to_string()].into();
+        let moved = in_zones(&types, &zones);
+        let small = moved.iter().find(|t| t.name == "small").unwrap();
+        assert_eq!(small.offerings.len(), 4, "{:?}", small.offerings);
+        for o in &small.offerings {
+            assert!(zones.contains(&o.zone));
+            let price = if o.capacity_type == "spot" { 0.05 } else { 0.10 };
+            assert_eq!(o.price, price);
+        }
+        let zone_req = small.requirements.get(LABEL_TOPOLOGY_ZONE).unwrap();
+        assert!(zone_req.has("us-west-2a") && !zone_req.has("z1"));
+        assert!(small.requirements.get(LABEL_INSTANCE_TYPE).unwrap().has("small"));
+    }
 }
