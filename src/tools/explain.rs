@@ -380,6 +380,9 @@ pub struct NodeExplanation {
     /// What disrupting it would do, when a method would.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanReport>,
+    /// The cheapest replacement consolidation found when none is cheaper than the node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cheapest_alternative: Option<NodeClaimReport>,
     /// When `consolidateAfter` has passed (or passes) for it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consolidatable_at: Option<Timestamp>,
@@ -543,6 +546,11 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
     };
     let candidate = why.is_ok() || matches!(&why, Err(w) if w.code == Code::Budget);
     let why = why.unwrap_or_else(|w| w);
+    let cheapest_alternative = if why.code == Code::NoCheaperReplacement {
+        consolidation::simulate(&world, &[target]).ok().flatten().map(|claim| claim_report(&claim))
+    } else {
+        None
+    };
 
     let pass = decide::decide(&world, &HashSet::new());
     let next_pass = match &pass.command {
@@ -579,6 +587,7 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
         code: why.code,
         message: why.message,
         plan,
+        cheapest_alternative,
         consolidatable_at,
         budgets,
         next_pass,
@@ -634,6 +643,19 @@ impl NodeExplanation {
                 )
             };
             line("Plan", what);
+        }
+        if let Some(c) = &self.cheapest_alternative {
+            line(
+                "Cheapest option",
+                format!(
+                    "{} ({}, {}) at {}, not below {}",
+                    c.instance_type,
+                    c.capacity_type,
+                    c.zone,
+                    price(Some(c.price_per_hour)),
+                    price(self.price_per_hour)
+                ),
+            );
         }
         if let Some(at) = self.consolidatable_at {
             let when = if at <= self.at {

@@ -171,3 +171,14 @@ fn a_bound_pod_says_where_it_runs() {
     assert_eq!(e.placement, Placement::Bound { node: "n1".into() });
     assert_eq!(find_pod(&snapshot, "ns", "nope").unwrap_err().to_string(), "pod \"ns/nope\" not found");
 }
+
+#[test]
+fn no_cheaper_replacement_shows_the_cheapest_option_found() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("n1", "p", "small", "on-demand", json!({})).pod("w", "n1", "1500m", json!({}));
+    let e = explain(&c, "n1", |_| {});
+    assert_eq!(e.code, Code::NoCheaperReplacement, "{}", e.message);
+    let alternative = e.cheapest_alternative.as_ref().expect("the option found");
+    assert_eq!(alternative.instance_type, "small");
+    assert!(e.to_table().contains("Cheapest option"), "{}", e.to_table());
+}
