@@ -16,10 +16,7 @@ cargo build --locked --bin karpenter >&2
 eval "$("$HACK_DIR/cluster-up.sh")"
 
 log "installing the CRDs"
-# Through cargo, so that a CARGO_TARGET_DIR elsewhere works too.
-cargo run --quiet --locked --bin karpenter -- crds | kubectl apply --server-side --force-conflicts -f - >&2
-kubectl wait --for condition=established --timeout=60s \
-  crd/nodepools.karpenter.sh crd/nodeclaims.karpenter.sh crd/ec2nodeclasses.karpenter.k8s.aws >&2
+install_crds
 
 log "starting the controller"
 "$HACK_DIR/controller-up.sh" "${DEMO_CLOUD_PROVIDER:-kwok}" >&2

@@ -146,3 +146,12 @@ ensure_tmux() {
   fi
   command -v tmux >/dev/null || die "tmux is needed by the tests of karpenter top; install it (apt-get install tmux)"
 }
+
+# install_crds: applies the CRDs generated from the Rust types to the cluster of KUBECONFIG
+# (through cargo, so that a CARGO_TARGET_DIR elsewhere works too) and waits until they are
+# established.
+install_crds() {
+  cargo run --quiet --locked --bin karpenter -- crds | kubectl apply --server-side --force-conflicts -f - >&2
+  kubectl wait --for condition=established --timeout=60s \
+    crd/nodepools.karpenter.sh crd/nodeclaims.karpenter.sh crd/ec2nodeclasses.karpenter.k8s.aws >&2
+}

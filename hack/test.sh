@@ -38,6 +38,9 @@ ensure_tmux
 step "local control plane and AWS emulator"
 eval "$("$HACK_DIR/cluster-up.sh")"
 
+# The cluster tests of the library (run first) watch NodeClaims: the CRDs must be there.
+install_crds
+
 # The end-to-end tests run their own controllers; the demo's must not act alongside them.
 "$HACK_DIR/controller-down.sh" >&2
 
