@@ -147,11 +147,10 @@ ensure_tmux() {
   command -v tmux >/dev/null || die "tmux is needed by the tests of karpenter top; install it (apt-get install tmux)"
 }
 
-# install_crds: applies the CRDs generated from the Rust types to the cluster of KUBECONFIG
-# (through cargo, so that a CARGO_TARGET_DIR elsewhere works too) and waits until they are
-# established.
+# install_crds: applies the CRDs of crds/ (generated from the Rust types; a test fails when they
+# drift) to the cluster of KUBECONFIG and waits until they are established.
 install_crds() {
-  cargo run --quiet --locked --bin karpenter -- crds | kubectl apply --server-side --force-conflicts -f - >&2
+  kubectl apply --server-side --force-conflicts -f "$REPO_ROOT/crds/" >&2
   kubectl wait --for condition=established --timeout=60s \
     crd/nodepools.karpenter.sh crd/nodeclaims.karpenter.sh crd/ec2nodeclasses.karpenter.k8s.aws >&2
 }
