@@ -15,7 +15,8 @@
 //!   upstream, `karpenter_nodes_price_per_hour` with the node labels above (without
 //!   `resource_type`), so that a dashboard can sum cost by any of them.
 //!
-//! Series of nodes and NodePools that went away go with the next pass (the families are rebuilt).
+//! Series of nodes and NodePools that went away go with the next pass; the others are updated in
+//! place, so that a scrape never finds a family half rebuilt.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -108,7 +109,7 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
             ("arch", label(LABEL_ARCH)),
             ("os", label(LABEL_OS)),
             ("capacity_type", label(LABEL_CAPACITY_TYPE)),
-            ("managed", node.claim.is_some().to_string()),
+            ("managed", node.managed.to_string()),
         ];
         let lifetime = object
             .metadata
@@ -133,9 +134,13 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
     out
 }
 
-/// Sets the metrics to `readings`, dropping the series of nodes and NodePools no longer there.
-pub fn record(ctx: &Context, readings: &Readings) {
-    let m = &ctx.metrics;
+/// The series one pass published, per family, so that the next removes only those gone: a
+/// scrape between two passes always sees every series (the families are never emptied).
+#[derive(Debug, Default)]
+pub struct Published(Vec<std::collections::HashSet<Labels>>);
+
+/// Sets the metrics to `readings`, then drops the series of nodes and NodePools no longer there.
+pub fn record(m: &crate::operator::metrics::Metrics, readings: &Readings, published: &mut Published) {
     let families = [
         &m.nodes_allocatable,
         &m.nodes_total_pod_requests,
@@ -146,42 +151,53 @@ pub fn record(ctx: &Context, readings: &Readings) {
         &m.cluster_utilization_percent,
         &m.nodepools_cost_total,
     ];
-    for family in families {
-        family.clear();
-    }
+    let mut now: Vec<std::collections::HashSet<Labels>> = vec![Default::default(); families.len()];
+    let mut set = |i: usize, labels: Labels, value: f64| {
+        families[i].get_or_create(&labels).set(value);
+        now[i].insert(labels);
+    };
     for node in &readings.nodes {
-        let per_type = |family: &crate::operator::metrics::GaugeFamily, values: &[(String, f64)]| {
+        for (i, values) in
+            [&node.allocatable, &node.pod_requests, &node.daemon_requests, &node.system_overhead]
+                .into_iter()
+                .enumerate()
+        {
             for (resource, value) in values {
                 let mut labels = node.labels.clone();
                 labels.push(("resource_type", resource.clone()));
-                family.get_or_create(&labels).set(*value);
+                set(i, labels, *value);
             }
-        };
-        per_type(&m.nodes_allocatable, &node.allocatable);
-        per_type(&m.nodes_total_pod_requests, &node.pod_requests);
-        per_type(&m.nodes_total_daemon_requests, &node.daemon_requests);
-        per_type(&m.nodes_system_overhead, &node.system_overhead);
+        }
         if let Some(seconds) = node.lifetime_seconds {
-            m.nodes_current_lifetime_seconds.get_or_create(&node.labels).set(seconds);
+            set(4, node.labels.clone(), seconds);
         }
         if let Some(price) = node.price_per_hour {
-            m.nodes_price_per_hour.get_or_create(&node.labels).set(price);
+            set(5, node.labels.clone(), price);
         }
     }
     for (resource, percent) in &readings.utilization {
-        m.cluster_utilization_percent.get_or_create(&vec![("resource_type", resource.clone())]).set(*percent);
+        set(6, vec![("resource_type", resource.clone())], *percent);
     }
     for (pool, cost) in &readings.nodepool_cost {
-        m.nodepools_cost_total.get_or_create(&vec![("nodepool", pool.clone())]).set(*cost);
+        set(7, vec![("nodepool", pool.clone())], *cost);
     }
+    for (i, before) in published.0.iter().enumerate() {
+        for gone in before.difference(&now[i]) {
+            families[i].remove(gone);
+        }
+    }
+    published.0 = now;
 }
 
 /// Runs until `stop` turns true: a pass every [`PERIOD`].
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let published = std::sync::Mutex::new(Published::default());
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, || async {
         if state.is_synced() {
             let snapshot = state.snapshot_with_instance_types(ctx.cloud.as_ref(), CONTROLLER).await;
-            record(&ctx, &readings(&state_nodes(&snapshot), Timestamp::now()));
+            let readings = readings(&state_nodes(&snapshot), Timestamp::now());
+            let mut published = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            record(&ctx.metrics, &readings, &mut published);
         }
         Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
     })
@@ -214,6 +230,31 @@ mod tests {
         // 2 of 6 vCPU requested.
         assert!((r.utilization["cpu"] - 100.0 / 3.0).abs() < 1e-9, "{:?}", r.utilization);
         assert!((r.nodepool_cost["p"] - 0.50).abs() < 1e-9, "{:?}", r.nodepool_cost);
+    }
+
+    #[test]
+    fn series_of_nodes_gone_are_removed_and_the_rest_kept() {
+        let ctx_metrics = crate::operator::metrics::Metrics::unregistered();
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
+        let both = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap());
+        let mut only_a = both.clone();
+        only_a.nodes.retain(|n| n.labels.contains(&("node_name", "a".to_string())));
+        let mut published = Published::default();
+        record(&ctx_metrics, &both, &mut published);
+        let labels_of = |name: &str| {
+            both.nodes
+                .iter()
+                .find(|n| n.labels.contains(&("node_name", name.to_string())))
+                .unwrap()
+                .labels
+                .clone()
+        };
+        assert!(ctx_metrics.nodes_price_per_hour.remove(&labels_of("b")), "b published");
+        ctx_metrics.nodes_price_per_hour.get_or_create(&labels_of("b")).set(0.1);
+        record(&ctx_metrics, &only_a, &mut published);
+        assert!(!ctx_metrics.nodes_price_per_hour.remove(&labels_of("b")), "b's series gone");
+        assert!(ctx_metrics.nodes_price_per_hour.remove(&labels_of("a")), "a's series kept");
     }
 
     #[test]
