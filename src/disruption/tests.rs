@@ -603,3 +603,32 @@ fn a_node_tainted_for_disruption_counts_against_the_budget() {
         candidates(&pass)
     );
 }
+
+#[test]
+fn six_lightly_used_nodes_under_a_one_at_a_time_pdb_go_in_one_multi_node_command() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    for n in ["n1", "n2", "n3", "n4", "n5", "n6"] {
+        c.node(n, "p", "small", "on-demand", json!({})).pod(&format!("w-{n}"), n, "100m", json!({}));
+    }
+    let mut snapshot = c.snapshot();
+    snapshot.pdbs.push(obj(json!({"metadata": {"name": "small", "namespace": "ns"},
+        "spec": {"maxUnavailable": 1, "selector": {}},
+        "status": {"disruptionsAllowed": 1, "currentHealthy": 6, "desiredHealthy": 5, "expectedPods": 6}})));
+    let nodes = state_nodes(&snapshot);
+    let pools = nodepools_by_name(&snapshot);
+    let world = World::new(
+        &snapshot,
+        Setting {
+            nodes: &nodes,
+            pending: vec![],
+            options: SchedulerOptions::default(),
+            spot_to_spot: false,
+            pools: &pools,
+            now: NOW.parse::<Timestamp>().unwrap(),
+            young: HashSet::new(),
+        },
+    );
+    let pass = decide(&world, &HashSet::new());
+    let command = pass.command.as_ref().expect("a command");
+    assert_eq!(command.method, Method::MultiNode, "{:?}", command.plan.candidates);
+}
