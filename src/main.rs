@@ -64,6 +64,9 @@ enum Command {
         /// With `--from-cluster`: remove a NodePool first (its nodes go); repeatable.
         #[arg(long, value_name = "NAME", requires = "from_cluster")]
         remove_nodepool: Vec<String>,
+        /// With `--from-cluster`: the controller's feature gates, as its `FEATURE_GATES` setting.
+        #[arg(long, value_name = "GATES", default_value = "")]
+        feature_gates: karpenter::operator::settings::FeatureGates,
         /// With `--from-cluster`: the namespace of `--scale` targets given without one.
         #[arg(
             long,
@@ -91,6 +94,9 @@ enum Command {
         /// The pod's namespace (or give it as `NAMESPACE/NAME`).
         #[arg(long, short = 'n', global = true, value_name = "NAMESPACE", default_value = "default")]
         namespace: String,
+        /// The controller's feature gates, as its `FEATURE_GATES` setting (`SpotToSpotConsolidation=true`).
+        #[arg(long, global = true, value_name = "GATES", default_value = "")]
+        feature_gates: karpenter::operator::settings::FeatureGates,
         #[command(flatten)]
         target: Target,
     },
@@ -159,20 +165,14 @@ fn main() -> ExitCode {
             scale,
             remove_nodepool,
             namespace,
+            feature_gates,
             target,
         }) => {
             let catalog = instance_types.unwrap_or(simulate::Catalog::Aws);
+            let changes = tools::cli::Changes { files, scale, remove_nodepools: remove_nodepool, namespace };
+            let spot_to_spot = feature_gates.spot_to_spot_consolidation;
             let run = async {
-                tools::cli::simulate_from_cluster(
-                    &target,
-                    &catalog,
-                    &files,
-                    scale,
-                    remove_nodepool,
-                    &namespace,
-                    output,
-                )
-                .await
+                tools::cli::simulate_from_cluster(&target, &catalog, &changes, spot_to_spot, output).await
             };
             finish(block_on(run))
         }
@@ -188,17 +188,20 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Some(Command::Explain { what, instance_types, output, namespace, target }) => {
+        Some(Command::Explain { what, instance_types, output, namespace, feature_gates, target }) => {
+            let spot_to_spot = feature_gates.spot_to_spot_consolidation;
             let run = async {
                 match what {
                     Explain::Pod { name } => {
                         tools::cli::explain_pod(&target, &instance_types, &namespace, &name, output).await
                     }
                     Explain::Node { name } => {
-                        tools::cli::explain_node(&target, &instance_types, &name, false, output).await
+                        tools::cli::explain_node(&target, &instance_types, &name, false, spot_to_spot, output)
+                            .await
                     }
                     Explain::NodeClaim { name } => {
-                        tools::cli::explain_node(&target, &instance_types, &name, true, output).await
+                        tools::cli::explain_node(&target, &instance_types, &name, true, spot_to_spot, output)
+                            .await
                     }
                 }
             };

@@ -15,11 +15,19 @@ use crate::scheduling::SchedulerOptions;
 use crate::simulate::{self, OutputFormat};
 
 use super::explain::{explain_node as explain_node_of, explain_pod as explain_pod_of, find_node, find_pod};
-use super::live::{self, Changes, Scale};
+use super::live::{self, Scale};
 use super::{Target, ToolError, live_snapshot, render_data};
 
 fn one_line(e: ToolError) -> String {
     error_chain(&e)
+}
+
+/// `value` as `table` text, JSON or YAML.
+fn render<T: serde::Serialize>(value: &T, table: String, format: OutputFormat) -> Result<String, String> {
+    match format {
+        OutputFormat::Table => Ok(table),
+        format => render_data(value, format).map_err(one_line),
+    }
 }
 
 /// `karpenter explain pod`.
@@ -41,10 +49,7 @@ pub async fn explain_pod(
     let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
     let pod = find_pod(&snapshot, namespace, name).map_err(one_line)?;
     let explanation = explain_pod_of(&snapshot, &pod, &SchedulerOptions::default());
-    match format {
-        OutputFormat::Table => Ok(explanation.to_table()),
-        format => render_data(&explanation, format).map_err(one_line),
-    }
+    render(&explanation, explanation.to_table(), format)
 }
 
 /// `karpenter explain node` (`claim`: `nodeclaim`).
@@ -53,57 +58,67 @@ pub async fn explain_node(
     catalog: &Catalog,
     name: &str,
     claim: bool,
+    spot_to_spot: bool,
     format: OutputFormat,
 ) -> Result<String, String> {
     let client = target.client().await.map_err(one_line)?;
     let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
-    let inputs = Inputs::of(snapshot, SchedulerOptions::default(), false, Timestamp::now(), HashSet::new());
+    let inputs =
+        Inputs::of(snapshot, SchedulerOptions::default(), spot_to_spot, Timestamp::now(), HashSet::new());
     let node = find_node(&inputs.nodes, name, claim).map_err(one_line)?;
     let explanation = explain_node_of(&inputs, node);
-    match format {
-        OutputFormat::Table => Ok(explanation.to_table()),
-        format => render_data(&explanation, format).map_err(one_line),
-    }
+    render(&explanation, explanation.to_table(), format)
+}
+
+/// What `simulate --from-cluster` changes, as given on the command line.
+#[derive(Clone, Debug, Default)]
+pub struct Changes {
+    /// Manifests to add.
+    pub files: Vec<PathBuf>,
+    /// Deployments to scale.
+    pub scale: Vec<Scale>,
+    /// NodePools to remove.
+    pub remove_nodepools: Vec<String>,
+    /// The namespace of `scale` targets given without one.
+    pub namespace: String,
 }
 
 /// `karpenter simulate --from-cluster`.
 pub async fn simulate_from_cluster(
     target: &Target,
     catalog: &Catalog,
-    files: &[PathBuf],
-    scale: Vec<Scale>,
-    remove_nodepools: Vec<String>,
-    namespace: &str,
+    changes: &Changes,
+    spot_to_spot: bool,
     format: OutputFormat,
 ) -> Result<String, String> {
-    let manifests = if files.is_empty() {
+    let manifests = if changes.files.is_empty() {
         simulate::Manifests::default()
     } else {
-        simulate::load_paths(files).map_err(|e| error_chain(&e))?
+        simulate::load_paths(&changes.files).map_err(|e| error_chain(&e))?
     };
     let client = target.client().await.map_err(one_line)?;
     let mut scaled = Vec::new();
-    for s in scale {
-        let ns = s.namespace.clone().unwrap_or_else(|| namespace.to_string());
+    for s in &changes.scale {
+        let ns = s.namespace.clone().unwrap_or_else(|| changes.namespace.clone());
         let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
         match api.get_opt(&s.name).await {
-            Ok(Some(d)) => scaled.push((s, d)),
+            Ok(Some(d)) => scaled.push((s.clone(), d)),
             Ok(None) => return Err(format!("deployment \"{ns}/{}\" not found", s.name)),
             Err(e) => return Err(format!("reading deployment {ns}/{}: {}", s.name, error_chain(&e))),
         }
     }
     let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
-    let changes = Changes { manifests, scale: scaled, remove_nodepools };
+    let live_changes =
+        live::Changes { manifests, scale: scaled, remove_nodepools: changes.remove_nodepools.clone() };
+    let options = SchedulerOptions::default();
+    let now = Timestamp::now();
     let (report, warnings) =
-        live::simulate(snapshot, &changes, namespace, &SchedulerOptions::default(), false, Timestamp::now())
+        live::simulate(snapshot, &live_changes, &changes.namespace, &options, spot_to_spot, now)
             .map_err(one_line)?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
-    match format {
-        OutputFormat::Table => Ok(report.to_table()),
-        format => render_data(&report, format).map_err(one_line),
-    }
+    render(&report, report.to_table(), format)
 }
 
 /// `karpenter top --once`: one frame.

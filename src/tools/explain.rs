@@ -179,6 +179,9 @@ pub fn explain_pod(snapshot: &Snapshot, pod: &Arc<Pod>, options: &SchedulerOptio
         .collect();
     let closed = Taint { key: CLOSED.into(), value: None, effect: TaintEffect::NoSchedule, time_added: None };
     let mut alone = built.input.clone();
+    // The pod alone: not the pods of nodes going away that the builder adds after it.
+    alone.pods.truncate(1);
+    let uid = pod.metadata.uid.as_deref();
     alone.existing_nodes = built
         .input
         .existing_nodes
@@ -186,6 +189,11 @@ pub fn explain_pod(snapshot: &Snapshot, pod: &Arc<Pod>, options: &SchedulerOptio
         .map(|n| {
             let mut n = (**n).clone();
             n.taints.push(closed.clone());
+            // A running pod is taken off its node, so that it does not count against itself.
+            if let Some(i) = n.pods.iter().position(|p| uid.is_some() && p.metadata.uid.as_deref() == uid) {
+                let own = n.pods.remove(i);
+                n.requested = n.requested.sub_floored(&crate::scheduling::resources::pod_requests(&own));
+            }
             Arc::new(n)
         })
         .collect();
@@ -254,7 +262,11 @@ impl PodExplanation {
                 price(Some(c.price_per_hour))
             ),
             Placement::Unschedulable { reasons } if reasons.is_empty() => "fits nowhere".to_string(),
-            Placement::Unschedulable { .. } if !self.nodepools.is_empty() => {
+            // The NodePools' own verdicts below say why, unless one could launch for the pod
+            // alone (then other pending pods took the room: the simulation's reasons say how).
+            Placement::Unschedulable { .. }
+                if !self.nodepools.is_empty() && !self.nodepools.iter().any(|f| f.fits) =>
+            {
                 "fits nowhere (each NodePool's reason below)".to_string()
             }
             Placement::Unschedulable { reasons } => format!("fits nowhere: {}", reasons.join("; ")),

@@ -242,6 +242,10 @@ pub fn simulate(
     }
     pool_types.retain(|name, _| after.nodepools.iter().any(|np| np.metadata.name.as_deref() == Some(name)));
     after = after.with_instance_types(pool_types);
+    // Prices stay known for nodes whose NodePool is gone.
+    for t in &any_types {
+        after.types_by_name.entry(t.name.clone()).or_insert_with(|| Arc::clone(t));
+    }
 
     let nodes_after = state_nodes(&after);
     let removed: Vec<&crate::state::StateNode> = nodes_after
@@ -250,7 +254,8 @@ pub fn simulate(
             n.marked_for_deletion && nodes_before.iter().any(|b| b.name == n.name && !b.marked_for_deletion)
         })
         .collect();
-    let removed_price: f64 = removed.iter().filter_map(|n| n.price).sum();
+    let price_of = |name: &str| nodes_before.iter().find(|b| b.name == name).and_then(|b| b.price);
+    let removed_price: f64 = removed.iter().filter_map(|n| price_of(&n.name)).sum();
 
     let base = Base::new(&after, &nodes_after, after.provisionable_pods(), options.clone());
     let built = base.scenario(&HashSet::new());
@@ -414,6 +419,18 @@ mod tests {
             simulate(c.snapshot(), &missing, "ns", &SchedulerOptions::default(), false, NOW.parse().unwrap())
                 .unwrap_err();
         assert_eq!(error.to_string(), "nodepool \"ghost\" not found");
+    }
+
+    #[test]
+    fn removing_the_last_nodepool_takes_its_nodes_price_off() {
+        let mut c = Cluster::new(vec![pool("only", consolidating("100%"), &["on-demand"])]);
+        c.node("n1", "only", "small", "on-demand", json!({})).pod("w", "n1", "1500m", json!({}));
+        let changes = Changes { remove_nodepools: vec!["only".into()], ..Changes::default() };
+        let report = run(&c, &changes);
+        assert_eq!(report.removed_nodes, ["n1"]);
+        assert!((report.price_before_per_hour - 0.10).abs() < 1e-9);
+        assert!(report.price_after_per_hour.abs() < 1e-9, "{report:?}");
+        assert_eq!(report.provisioning.unschedulable.len(), 1, "no NodePool left for its pod");
     }
 
     #[test]

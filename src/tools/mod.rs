@@ -216,14 +216,19 @@ pub fn in_zones(types: &[Arc<InstanceType>], zones: &BTreeSet<String>) -> Vec<Ar
         .collect()
 }
 
-/// `snapshot` with `types` as every NodePool's instance types (the scheduler keeps those the
-/// NodePool's requirements allow).
+/// `snapshot` with `types` as every live NodePool's instance types (the scheduler keeps those the
+/// NodePool's requirements allow), and all of them known for prices.
 pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot {
     let pool_types = snapshot
         .live_nodepools()
         .map(|np| (np.metadata.name.clone().unwrap_or_default(), types.to_vec()))
         .collect();
-    snapshot.with_instance_types(pool_types)
+    let mut snapshot = snapshot.with_instance_types(pool_types);
+    // Prices of every node, whatever NodePools exist (one being deleted, or none).
+    for t in types {
+        snapshot.types_by_name.entry(t.name.clone()).or_insert_with(|| Arc::clone(t));
+    }
+    snapshot
 }
 
 /// Renders `value` as JSON or YAML.

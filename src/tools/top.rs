@@ -287,7 +287,8 @@ pub fn render(view: &View) -> Vec<String> {
 
 /// Runs the terminal view until `q`, Esc or Ctrl-C; redraws every `refresh`.
 pub fn interactive(live: &Live, refresh: Duration) -> io::Result<()> {
-    let mut terminal = ratatui::try_init()?;
+    // A failure half-way (raw mode on, no alternate screen) must still give the terminal back.
+    let mut terminal = ratatui::try_init().inspect_err(|_| ratatui::restore())?;
     let result = (|| -> io::Result<()> {
         let mut scroll: u16 = 0;
         let mut lines = render(&view(&live.snapshot(), Timestamp::now()));
