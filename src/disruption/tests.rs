@@ -73,6 +73,7 @@ pub(crate) struct Cluster {
     types: Vec<Arc<InstanceType>>,
     spot_to_spot: bool,
     young: HashSet<String>,
+    pdbs: Vec<Arc<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
 }
 
 impl Cluster {
@@ -85,6 +86,7 @@ impl Cluster {
             types: catalog(),
             spot_to_spot: false,
             young: HashSet::new(),
+            pdbs: vec![],
         }
     }
 
@@ -159,6 +161,7 @@ impl Cluster {
             nodeclaims: self.claims.clone(),
             pods: self.pods.clone(),
             nodepools: self.pools.clone(),
+            pdbs: self.pdbs.clone(),
             ..Default::default()
         }
         .with_instance_types(types)
@@ -610,25 +613,10 @@ fn six_lightly_used_nodes_under_a_one_at_a_time_pdb_go_in_one_multi_node_command
     for n in ["n1", "n2", "n3", "n4", "n5", "n6"] {
         c.node(n, "p", "small", "on-demand", json!({})).pod(&format!("w-{n}"), n, "100m", json!({}));
     }
-    let mut snapshot = c.snapshot();
-    snapshot.pdbs.push(obj(json!({"metadata": {"name": "small", "namespace": "ns"},
+    c.pdbs.push(obj(json!({"metadata": {"name": "small", "namespace": "ns"},
         "spec": {"maxUnavailable": 1, "selector": {}},
         "status": {"disruptionsAllowed": 1, "currentHealthy": 6, "desiredHealthy": 5, "expectedPods": 6}})));
-    let nodes = state_nodes(&snapshot);
-    let pools = nodepools_by_name(&snapshot);
-    let world = World::new(
-        &snapshot,
-        Setting {
-            nodes: &nodes,
-            pending: vec![],
-            options: SchedulerOptions::default(),
-            spot_to_spot: false,
-            pools: &pools,
-            now: NOW.parse::<Timestamp>().unwrap(),
-            young: HashSet::new(),
-        },
-    );
-    let pass = decide(&world, &HashSet::new());
+    let pass = c.decide();
     let command = pass.command.as_ref().expect("a command");
     assert_eq!(command.method, Method::MultiNode, "{:?}", command.plan.candidates);
 }
