@@ -639,8 +639,7 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     f.scale(2).await;
     trap.wait_fired(controller.pid(), Duration::from_secs(60), &controller).await;
     controller.kill();
-    let second =
-        f.all_claim_names().await.into_iter().find(|n| *n != first && n.starts_with(&f.pool)).unwrap();
+    let second = f.claim_names().await.into_iter().find(|n| *n != first).unwrap();
     let orphan = pool_instances(&ec2, &f.pool)
         .await
         .into_iter()
@@ -654,7 +653,7 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let controller = Controller::start("aws", &env_refs(&direct_env));
     wait_for("the deleted NodeClaim gone", Duration::from_secs(60), &controller, || async {
-        !f.all_claim_names().await.contains(&second)
+        !f.claim_names().await.contains(&second)
     })
     .await;
     let instances = pool_instances(&ec2, &f.pool).await;
@@ -788,12 +787,12 @@ async fn scale_to_six(f: &Fixture, controller: &Controller, running_within: Dura
 
 /// Journey 3: a pod nothing can host gets FailedScheduling naming the reason, and no NodeClaim.
 async fn unschedulable_pod_gets_no_claim(f: &Fixture, controller: &Controller) {
-    let claims_before = f.all_claim_names().await;
+    let claims_before = f.claim_names().await;
     let huge = f.create_pod("huge", "500", true).await;
     let event = f.wait_event(&huge, "FailedScheduling", Duration::from_secs(60), controller).await;
     assert!(event.contains("cpu"), "the reason names the resource: {event}");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(f.all_claim_names().await, claims_before, "no NodeClaim for a pod nothing can host");
+    assert_eq!(f.claim_names().await, claims_before, "no NodeClaim for a pod nothing can host");
     f.delete_pod("huge").await;
 }
 
@@ -813,7 +812,7 @@ async fn disruption_budget_holds_a_node(f: &Fixture, controller: &Controller) {
     assert_eq!(f.pods_on(&victim_node).await, pod_on_victim, "no pod is lost");
     f.delete_pdb().await;
     wait_for("the held node to go", Duration::from_secs(90), controller, || async {
-        !f.node_exists(&victim_node).await && !f.all_claim_names().await.contains(&victim_name)
+        !f.node_exists(&victim_node).await && !f.claim_names().await.contains(&victim_name)
     })
     .await;
     f.wait_running(6, Duration::from_secs(120), controller).await;
@@ -897,7 +896,7 @@ async fn interruptions_replace_nodes(
     let (spot_name, spot_instance) = (spot.name_any(), instance_of(spot));
     let spot_node = spot.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
     let interrupted = (label(spot, IT), label(spot, ZONE));
-    let before: Vec<String> = f.all_claim_names().await;
+    let before: Vec<String> = f.claim_names().await;
 
     send("{\"version\": \"0\", \"detail-type\": ".into()).await;
     send(eventbridge(
@@ -918,7 +917,7 @@ async fn interruptions_replace_nodes(
         Duration::from_secs(110),
         controller,
         || async {
-            !f.all_claim_names().await.contains(&spot_name)
+            !f.claim_names().await.contains(&spot_name)
                 && !f.node_exists(&spot_node).await
                 && f.pods().await.iter().filter(|p| is_running(p)).count() == 7
         },
@@ -989,7 +988,7 @@ async fn interruptions_replace_nodes(
     // replacement Initialized before it starts going.
     let warned = f.claims().await.into_iter().find(|c| label(c, CT) == "on-demand").unwrap();
     let warned_name = warned.name_any();
-    let before: Vec<String> = f.all_claim_names().await;
+    let before: Vec<String> = f.claim_names().await;
     send(eventbridge("EC2 Instance Rebalance Recommendation", &instance_of(&warned), json!({}))).await;
     let replaced_first = std::sync::Mutex::new(None::<bool>);
     wait_for(
@@ -1020,7 +1019,7 @@ async fn interruptions_replace_nodes(
         "{}",
         controller.log_tail()
     );
-    assert!(f.all_claim_names().await.iter().any(|n| !before.contains(n)), "a replacement was launched");
+    assert!(f.claim_names().await.iter().any(|n| !before.contains(n)), "a replacement was launched");
 
     // (2) The instance of another node stops existing.
     let victim = f.claims().await.into_iter().find(|c| label(c, CT) == "on-demand").unwrap();
@@ -1032,7 +1031,7 @@ async fn interruptions_replace_nodes(
     ))
     .await;
     wait_for("the terminated instance's node replaced", Duration::from_secs(110), controller, || async {
-        !f.all_claim_names().await.contains(&victim_name)
+        !f.claim_names().await.contains(&victim_name)
             && f.pods().await.iter().filter(|p| is_running(p)).count() == 7
     })
     .await;
@@ -1050,7 +1049,7 @@ async fn interruptions_replace_nodes(
     assert_eq!(code, 200, "{body}");
     // Status checks are read every minute.
     wait_for("the impaired instance's node replaced", Duration::from_secs(150), controller, || async {
-        !f.all_claim_names().await.contains(&broken_name)
+        !f.claim_names().await.contains(&broken_name)
             && f.pods().await.iter().filter(|p| is_running(p)).count() == 7
     })
     .await;

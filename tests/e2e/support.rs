@@ -403,16 +403,10 @@ impl Fixture {
         self.claims_api().list(&self.pool_selector()).await.unwrap().items
     }
 
-    pub async fn all_claim_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .claims_api()
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|c| c.name_any())
-            .collect();
+    /// Names of the pool's NodeClaims (those being deleted included), sorted. Journeys share the
+    /// API server, so a claim of another journey's NodePool never counts here.
+    pub async fn claim_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.claims().await.iter().map(|c| c.name_any()).collect();
         names.sort();
         names
     }
