@@ -3,9 +3,11 @@
 //!
 //! Counters are registered without their `_total` suffix: the OpenMetrics encoder adds it.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -18,6 +20,29 @@ pub type Labels = Vec<(&'static str, String)>;
 
 /// A float gauge family.
 pub type GaugeFamily = Family<Labels, Gauge<f64, AtomicU64>>;
+/// Labels of one series of a per-node family: the node's labels, one allocation shared by every
+/// series of the node (a few thousand series at 500 nodes), then `resource_type` where the family
+/// has it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeSeries {
+    /// The node's labels, in order.
+    pub node: Arc<Labels>,
+    /// `resource_type`, last.
+    pub resource_type: Option<String>,
+}
+
+impl EncodeLabelSet for NodeSeries {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.node.as_slice().encode(encoder)?;
+        match &self.resource_type {
+            Some(r) => [("resource_type", r.as_str())].encode(encoder),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A float gauge family of per-node series.
+pub type NodeGaugeFamily = Family<NodeSeries, Gauge<f64, AtomicU64>>;
 /// A counter family.
 pub type CounterFamily = Family<Labels, Counter>;
 /// A histogram family with upstream's duration buckets.
@@ -108,17 +133,17 @@ pub struct Metrics {
     /// `karpenter_nodepools_cost_total{nodepool}`: $/h of the NodePool's NodeClaims.
     pub nodepools_cost_total: GaugeFamily,
     /// `karpenter_nodes_allocatable{node_name, ..., resource_type}`.
-    pub nodes_allocatable: GaugeFamily,
+    pub nodes_allocatable: NodeGaugeFamily,
     /// `karpenter_nodes_total_pod_requests{node_name, ..., resource_type}`.
-    pub nodes_total_pod_requests: GaugeFamily,
+    pub nodes_total_pod_requests: NodeGaugeFamily,
     /// `karpenter_nodes_total_daemon_requests{node_name, ..., resource_type}`.
-    pub nodes_total_daemon_requests: GaugeFamily,
+    pub nodes_total_daemon_requests: NodeGaugeFamily,
     /// `karpenter_nodes_system_overhead{node_name, ..., resource_type}`.
-    pub nodes_system_overhead: GaugeFamily,
+    pub nodes_system_overhead: NodeGaugeFamily,
     /// `karpenter_nodes_current_lifetime_seconds{node_name, ...}`.
-    pub nodes_current_lifetime_seconds: GaugeFamily,
+    pub nodes_current_lifetime_seconds: NodeGaugeFamily,
     /// `karpenter_nodes_price_per_hour{node_name, ...}` (not upstream's).
-    pub nodes_price_per_hour: GaugeFamily,
+    pub nodes_price_per_hour: NodeGaugeFamily,
     /// `karpenter_cluster_utilization_percent{resource_type}`.
     pub cluster_utilization_percent: GaugeFamily,
     /// `karpenter_cluster_state_node_count`.
@@ -213,12 +238,12 @@ impl Metrics {
             nodepools_allowed_disruptions: GaugeFamily::default(),
             nodepools_nodes_consuming_budgets: GaugeFamily::default(),
             nodepools_cost_total: GaugeFamily::default(),
-            nodes_allocatable: GaugeFamily::default(),
-            nodes_total_pod_requests: GaugeFamily::default(),
-            nodes_total_daemon_requests: GaugeFamily::default(),
-            nodes_system_overhead: GaugeFamily::default(),
-            nodes_current_lifetime_seconds: GaugeFamily::default(),
-            nodes_price_per_hour: GaugeFamily::default(),
+            nodes_allocatable: NodeGaugeFamily::default(),
+            nodes_total_pod_requests: NodeGaugeFamily::default(),
+            nodes_total_daemon_requests: NodeGaugeFamily::default(),
+            nodes_system_overhead: NodeGaugeFamily::default(),
+            nodes_current_lifetime_seconds: NodeGaugeFamily::default(),
+            nodes_price_per_hour: NodeGaugeFamily::default(),
             cluster_utilization_percent: GaugeFamily::default(),
             cluster_state_node_count: GaugeFamily::default(),
             cluster_state_synced: GaugeFamily::default(),

@@ -18,7 +18,8 @@
 //! Series of nodes and NodePools that went away go with the next pass; the others are updated in
 //! place, so that a scrape never finds a family half rebuilt.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -29,7 +30,7 @@ use crate::apis::labels::{
 };
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
-use crate::operator::metrics::Labels;
+use crate::operator::metrics::{Labels, NodeSeries};
 use crate::scheduling::Resources;
 use crate::state::statenode::state_nodes;
 use crate::state::{ClusterState, StateNode};
@@ -45,7 +46,7 @@ const LABEL_REGION: &str = "topology.kubernetes.io/region";
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeReading {
     /// Its labels (without `resource_type`).
-    pub labels: Labels,
+    pub labels: Arc<Labels>,
     /// `karpenter_nodes_allocatable`, by resource type.
     pub allocatable: Vec<(String, f64)>,
     /// `karpenter_nodes_total_pod_requests`.
@@ -117,7 +118,7 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
             .as_ref()
             .map(|t| now.duration_since(t.0).as_secs_f64().max(0.0));
         out.nodes.push(NodeReading {
-            labels,
+            labels: Arc::new(labels),
             allocatable: by_type(&node.allocatable),
             pod_requests: by_type(&node.pod_requests),
             daemon_requests: by_type(&node.daemonset_requests),
@@ -134,27 +135,30 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
     out
 }
 
-/// The series one pass published, per family, so that the next removes only those gone: a
-/// scrape between two passes always sees every series (the families are never emptied).
+/// The series one pass published, so that the next removes only those gone: a scrape between
+/// two passes always sees every series (the families are never emptied).
 #[derive(Debug, Default)]
-pub struct Published(Vec<std::collections::HashSet<Labels>>);
+pub struct Published {
+    /// Per per-node family.
+    nodes: Vec<HashSet<NodeSeries>>,
+    /// Utilisation, then NodePool cost.
+    cluster: Vec<HashSet<Labels>>,
+}
 
 /// Sets the metrics to `readings`, then drops the series of nodes and NodePools no longer there.
 pub fn record(m: &crate::operator::metrics::Metrics, readings: &Readings, published: &mut Published) {
-    let families = [
+    let node_families = [
         &m.nodes_allocatable,
         &m.nodes_total_pod_requests,
         &m.nodes_total_daemon_requests,
         &m.nodes_system_overhead,
         &m.nodes_current_lifetime_seconds,
         &m.nodes_price_per_hour,
-        &m.cluster_utilization_percent,
-        &m.nodepools_cost_total,
     ];
-    let mut now: Vec<std::collections::HashSet<Labels>> = vec![Default::default(); families.len()];
-    let mut set = |i: usize, labels: Labels, value: f64| {
-        families[i].get_or_create(&labels).set(value);
-        now[i].insert(labels);
+    let mut now: Vec<HashSet<NodeSeries>> = vec![HashSet::new(); node_families.len()];
+    let mut set = |i: usize, series: NodeSeries, value: f64| {
+        node_families[i].get_or_create(&series).set(value);
+        now[i].insert(series);
     };
     for node in &readings.nodes {
         for (i, values) in
@@ -163,30 +167,42 @@ pub fn record(m: &crate::operator::metrics::Metrics, readings: &Readings, publis
                 .enumerate()
         {
             for (resource, value) in values {
-                let mut labels = node.labels.clone();
-                labels.push(("resource_type", resource.clone()));
-                set(i, labels, *value);
+                let series = NodeSeries { node: node.labels.clone(), resource_type: Some(resource.clone()) };
+                set(i, series, *value);
             }
         }
         if let Some(seconds) = node.lifetime_seconds {
-            set(4, node.labels.clone(), seconds);
+            set(4, NodeSeries { node: node.labels.clone(), resource_type: None }, seconds);
         }
         if let Some(price) = node.price_per_hour {
-            set(5, node.labels.clone(), price);
+            set(5, NodeSeries { node: node.labels.clone(), resource_type: None }, price);
         }
     }
+    for (i, before) in published.nodes.iter().enumerate() {
+        for gone in before.difference(&now[i]) {
+            node_families[i].remove(gone);
+        }
+    }
+    published.nodes = now;
+
+    let cluster_families = [&m.cluster_utilization_percent, &m.nodepools_cost_total];
+    let mut now: Vec<HashSet<Labels>> = vec![HashSet::new(); cluster_families.len()];
     for (resource, percent) in &readings.utilization {
-        set(6, vec![("resource_type", resource.clone())], *percent);
+        let labels = vec![("resource_type", resource.clone())];
+        cluster_families[0].get_or_create(&labels).set(*percent);
+        now[0].insert(labels);
     }
     for (pool, cost) in &readings.nodepool_cost {
-        set(7, vec![("nodepool", pool.clone())], *cost);
+        let labels = vec![("nodepool", pool.clone())];
+        cluster_families[1].get_or_create(&labels).set(*cost);
+        now[1].insert(labels);
     }
-    for (i, before) in published.0.iter().enumerate() {
+    for (i, before) in published.cluster.iter().enumerate() {
         for gone in before.difference(&now[i]) {
-            families[i].remove(gone);
+            cluster_families[i].remove(gone);
         }
     }
-    published.0 = now;
+    published.cluster = now;
 }
 
 /// Runs until `stop` turns true: a pass every [`PERIOD`].
@@ -243,12 +259,14 @@ mod tests {
         let mut published = Published::default();
         record(&ctx_metrics, &both, &mut published);
         let labels_of = |name: &str| {
-            both.nodes
+            let labels = both
+                .nodes
                 .iter()
                 .find(|n| n.labels.contains(&("node_name", name.to_string())))
                 .unwrap()
                 .labels
-                .clone()
+                .clone();
+            NodeSeries { node: labels, resource_type: None }
         };
         assert!(ctx_metrics.nodes_price_per_hour.remove(&labels_of("b")), "b published");
         ctx_metrics.nodes_price_per_hour.get_or_create(&labels_of("b")).set(0.1);
