@@ -153,6 +153,15 @@ impl Cluster {
         self
     }
 
+    /// Sets the labels of the pod `name`.
+    pub(crate) fn pod_labels(&mut self, name: &str, labels: &[(&str, &str)]) -> &mut Self {
+        for pod in self.pods.iter_mut().filter(|p| p.metadata.name.as_deref() == Some(name)) {
+            Arc::make_mut(pod).metadata.labels =
+                Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        }
+        self
+    }
+
     pub(crate) fn snapshot(&self) -> Snapshot {
         let types: BTreeMap<String, Vec<Arc<InstanceType>>> =
             self.pools.iter().map(|p| (p.metadata.name.clone().unwrap(), self.types.clone())).collect();

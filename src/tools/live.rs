@@ -385,11 +385,10 @@ mod tests {
     #[test]
     fn scaling_down_removes_pending_pods_first_and_the_empty_node_goes() {
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
-        c.node("n1", "p", "small", "on-demand", json!({})).pod("web-1", "n1", "1500m", json!({}));
-        let mut snapshot = c.snapshot();
-        let mut web = (*snapshot.pods[0]).clone();
-        web.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
-        snapshot.pods[0] = Arc::new(web);
+        c.node("n1", "p", "small", "on-demand", json!({}))
+            .pod("web-1", "n1", "1500m", json!({}))
+            .pod_labels("web-1", &[("app", "web")]);
+        let snapshot = c.snapshot();
         let scale = Scale { namespace: None, name: "web".into(), replicas: 0 };
         let changes = Changes { scale: vec![(scale, deployment(1))], ..Changes::default() };
         let (report, _) =

@@ -19,10 +19,14 @@
 //! place, so that a scrape never finds a family half rebuilt.
 
 use std::collections::{BTreeMap, HashSet};
+use std::hash::Hash;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
 use crate::apis::labels::{
@@ -145,64 +149,75 @@ pub struct Published {
     cluster: Vec<HashSet<Labels>>,
 }
 
+/// One pass over some gauge families: sets series, then retires those of the pass before that
+/// were not set again.
+struct Pass<'a, L> {
+    families: Vec<&'a Family<L, Gauge<f64, AtomicU64>>>,
+    set: Vec<HashSet<L>>,
+}
+
+impl<'a, L: Clone + Eq + Hash> Pass<'a, L> {
+    fn new(families: Vec<&'a Family<L, Gauge<f64, AtomicU64>>>) -> Self {
+        let set = vec![HashSet::new(); families.len()];
+        Pass { families, set }
+    }
+
+    fn set(&mut self, family: usize, labels: L, value: f64) {
+        self.families[family].get_or_create(&labels).set(value);
+        self.set[family].insert(labels);
+    }
+
+    fn retire(self, published: &mut Vec<HashSet<L>>) {
+        for (i, before) in published.iter().enumerate() {
+            for gone in before.difference(&self.set[i]) {
+                self.families[i].remove(gone);
+            }
+        }
+        *published = self.set;
+    }
+}
+
 /// Sets the metrics to `readings`, then drops the series of nodes and NodePools no longer there.
 pub fn record(m: &crate::operator::metrics::Metrics, readings: &Readings, published: &mut Published) {
-    let node_families = [
+    let mut pass = Pass::new(vec![
         &m.nodes_allocatable,
         &m.nodes_total_pod_requests,
         &m.nodes_total_daemon_requests,
         &m.nodes_system_overhead,
         &m.nodes_current_lifetime_seconds,
         &m.nodes_price_per_hour,
-    ];
-    let mut now: Vec<HashSet<NodeSeries>> = vec![HashSet::new(); node_families.len()];
-    let mut set = |i: usize, series: NodeSeries, value: f64| {
-        node_families[i].get_or_create(&series).set(value);
-        now[i].insert(series);
-    };
+    ]);
     for node in &readings.nodes {
+        let series = |resource_type: Option<&String>| NodeSeries {
+            node: node.labels.clone(),
+            resource_type: resource_type.cloned(),
+        };
         for (i, values) in
             [&node.allocatable, &node.pod_requests, &node.daemon_requests, &node.system_overhead]
                 .into_iter()
                 .enumerate()
         {
             for (resource, value) in values {
-                let series = NodeSeries { node: node.labels.clone(), resource_type: Some(resource.clone()) };
-                set(i, series, *value);
+                pass.set(i, series(Some(resource)), *value);
             }
         }
         if let Some(seconds) = node.lifetime_seconds {
-            set(4, NodeSeries { node: node.labels.clone(), resource_type: None }, seconds);
+            pass.set(4, series(None), seconds);
         }
         if let Some(price) = node.price_per_hour {
-            set(5, NodeSeries { node: node.labels.clone(), resource_type: None }, price);
+            pass.set(5, series(None), price);
         }
     }
-    for (i, before) in published.nodes.iter().enumerate() {
-        for gone in before.difference(&now[i]) {
-            node_families[i].remove(gone);
-        }
-    }
-    published.nodes = now;
+    pass.retire(&mut published.nodes);
 
-    let cluster_families = [&m.cluster_utilization_percent, &m.nodepools_cost_total];
-    let mut now: Vec<HashSet<Labels>> = vec![HashSet::new(); cluster_families.len()];
+    let mut pass = Pass::new(vec![&m.cluster_utilization_percent, &m.nodepools_cost_total]);
     for (resource, percent) in &readings.utilization {
-        let labels = vec![("resource_type", resource.clone())];
-        cluster_families[0].get_or_create(&labels).set(*percent);
-        now[0].insert(labels);
+        pass.set(0, vec![("resource_type", resource.clone())], *percent);
     }
     for (pool, cost) in &readings.nodepool_cost {
-        let labels = vec![("nodepool", pool.clone())];
-        cluster_families[1].get_or_create(&labels).set(*cost);
-        now[1].insert(labels);
+        pass.set(1, vec![("nodepool", pool.clone())], *cost);
     }
-    for (i, before) in published.cluster.iter().enumerate() {
-        for gone in before.difference(&now[i]) {
-            cluster_families[i].remove(gone);
-        }
-    }
-    published.cluster = now;
+    pass.retire(&mut published.cluster);
 }
 
 /// Runs until `stop` turns true: a pass every [`PERIOD`].

@@ -187,10 +187,11 @@ fn no_cheaper_replacement_shows_the_cheapest_option_found() {
 fn a_running_pod_does_not_count_against_itself() {
     // One per zone, and the only zone is the one the pod runs in: as if pending, it fits again.
     let mut c = Cluster::new(vec![pool("open", consolidating("100%"), &["on-demand"])]);
-    c.node("n1", "open", "large", "on-demand", json!({})).pod("w", "n1", "1", json!({}));
+    c.node("n1", "open", "large", "on-demand", json!({}))
+        .pod("w", "n1", "1", json!({}))
+        .pod_labels("w", &[("app", "web")]);
     let mut snapshot = c.snapshot();
     let mut pod = (*snapshot.pods[0]).clone();
-    pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
     pod.spec.as_mut().unwrap().affinity = Some(
         serde_json::from_value(json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "topology.kubernetes.io/zone"}]}}))
