@@ -336,7 +336,7 @@ async fn copy_image(p: &AwsCloudProvider, name: &str, copy_name: &str) -> String
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
-    let (p, cluster) = provider("newami").await;
+    let (p, cluster, faults) = provider_with_faults("newami").await;
     let source = "amazon-eks-node-al2023-x86_64-standard-1.33-v20251101";
     let first = copy_image(&p, source, &format!("{cluster}-node-a")).await;
     let mut class = node_class(&cluster, "al2023@latest");
@@ -377,7 +377,9 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
     let mut gone = claimed.clone();
     gone.status.as_mut().unwrap().provider_id =
         Some(launched.provider_id.replace(&id, "i-0123456789abcdef0"));
+    let before = faults.attempts("DescribeInstances");
     let answers = p.are_drifted(&[&claimed, &gone, &claim]).await;
+    assert_eq!(faults.attempts("DescribeInstances") - before, 1, "one call for every claim");
     assert_eq!(answers[0].as_ref().unwrap(), &Some(DriftReason::Ami));
     assert!(answers[1].as_ref().is_err_and(|e| e.is_not_found()), "{:?}", answers[1]);
     assert_eq!(answers[2].as_ref().unwrap(), &None);

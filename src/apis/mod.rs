@@ -9,6 +9,7 @@
 pub mod common;
 pub mod crds;
 pub mod ec2nodeclass;
+pub mod hash;
 pub mod labels;
 pub mod nodeclaim;
 pub mod nodepool;

@@ -281,8 +281,8 @@ fn add_template_label_rules(schema: &mut Schema) {
 /// Version of the NodePool hash scheme, written next to the hash so that a change of scheme is
 /// not mistaken for drift. Distinct from upstream's versions: the hashes differ, and NodeClaims
 /// made by upstream Karpenter (or by this controller, after a switch back) are re-stamped rather
-/// than compared.
-pub const NODEPOOL_HASH_VERSION: &str = "rs-v1";
+/// than compared. `rs-v2`: lists hashed as sets and zero values left out ([`super::hash`]).
+pub const NODEPOOL_HASH_VERSION: &str = "rs-v2";
 
 impl NodePool {
     /// The pool's weight, 0 when unset.
@@ -295,9 +295,8 @@ impl NodePool {
     /// class reference (requirements are compared on their own). A decimal number, as upstream
     /// writes it in the `karpenter.sh/nodepool-hash` annotation.
     pub fn hash(&self) -> String {
-        use sha2::{Digest, Sha256};
         let t = &self.spec.template;
-        let hashed = serde_json::json!({
+        super::hash::drift_hash(serde_json::json!({
             "labels": t.metadata.as_ref().map(|m| &m.labels),
             "annotations": t.metadata.as_ref().map(|m| &m.annotations),
             "taints": t.spec.taints,
@@ -305,10 +304,7 @@ impl NodePool {
             "expireAfter": t.spec.expire_after,
             "terminationGracePeriod": t.spec.termination_grace_period,
             "nodeClassRef": t.spec.node_class_ref,
-        });
-        let digest = Sha256::digest(hashed.to_string().as_bytes());
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&digest[..8]);
-        u64::from_be_bytes(first).to_string()
+        }))
+        .to_string()
     }
 }

@@ -110,9 +110,14 @@ pub fn subnets_by_zone<'a>(
 
 /// The first (newest) AMI whose requirements the instance type meets.
 pub fn select_ami<'a>(amis: &'a [AmiStatus], it: &InstanceType) -> Option<&'a AmiStatus> {
+    ami_for(amis, &it.requirements)
+}
+
+/// The first (newest) AMI whose requirements an instance type of `requirements` meets.
+pub fn ami_for<'a>(amis: &'a [AmiStatus], requirements: &Requirements) -> Option<&'a AmiStatus> {
     amis.iter().find(|ami| {
         Requirements::from_node_selector(&ami.requirements)
-            .is_ok_and(|reqs| it.requirements.intersects(&reqs).is_ok())
+            .is_ok_and(|reqs| requirements.intersects(&reqs).is_ok())
     })
 }
 

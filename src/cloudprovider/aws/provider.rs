@@ -6,7 +6,6 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use aws_sdk_ec2::types as ec2;
-use sha2::{Digest, Sha256};
 
 use super::cache::{Clock, SystemClock, TtlCache};
 use super::catalog::Catalog;
@@ -30,8 +29,9 @@ use crate::scheduling::resources::Resources;
 
 /// How long an offering that ran out of capacity is left out.
 pub const UNAVAILABLE_OFFERING_TTL: Duration = Duration::from_secs(180);
-/// Version of the node-class hash written to NodeClaims.
-pub const NODE_CLASS_HASH_VERSION: &str = "rs-v1";
+/// Version of the node-class hash written to NodeClaims. `rs-v2`: the AMI family as resolved,
+/// lists as sets and zero values left out.
+pub const NODE_CLASS_HASH_VERSION: &str = "rs-v2";
 
 /// The AWS service clients the provider uses.
 #[derive(Clone, Debug)]
@@ -783,13 +783,8 @@ impl AwsCloudProvider {
     }
 
     async fn is_drifted_impl(&self, node_claim: &NodeClaim) -> Result<Option<DriftReason>> {
-        let Some(pid) = node_claim.status.as_ref().and_then(|s| s.provider_id.as_deref()) else {
-            return Ok(None);
-        };
-        let (_, id) = crate::cloudprovider::parse_provider_id(pid)?;
-        self.ready_class(&node_claim.spec.node_class_ref.name)?;
-        let inst = instance::get(&self.clients.ec2, &id).await?;
-        self.drift_of(node_claim, &inst)
+        let mut answers = self.are_drifted_impl(&[node_claim]).await;
+        answers.pop().unwrap_or(Ok(None))
     }
 
     /// Drift of many claims: one DescribeInstances per 200 of them.
@@ -821,6 +816,10 @@ impl AwsCloudProvider {
         };
         let by_id: std::collections::HashMap<&str, &Ec2Instance> =
             found.iter().filter(|i| !i.is_terminated()).map(|i| (i.id.as_str(), i)).collect();
+        // Which AMI each instance type would get is judged from the catalog's types; without a
+        // catalog, any AMI of the class is taken as current.
+        let catalog = self.catalog.get().await.ok();
+        let mut type_requirements: HashMap<&str, Option<Requirements>> = HashMap::new();
         node_claims
             .iter()
             .zip(ids)
@@ -828,28 +827,43 @@ impl AwsCloudProvider {
                 let Some(id) = id? else { return Ok(None) };
                 self.ready_class(&claim.spec.node_class_ref.name)?;
                 let inst = by_id.get(id.as_str()).ok_or_else(|| CloudProviderError::NotFound(id.clone()))?;
-                self.drift_of(claim, inst)
+                let requirements =
+                    type_requirements.entry(inst.instance_type.as_str()).or_insert_with(|| {
+                        let info = catalog.as_ref()?.types.iter().find(|t| t.name == inst.instance_type)?;
+                        Some(instancetype::requirements(info, &self.clients.region))
+                    });
+                self.drift_of(claim, inst, requirements.as_ref())
             })
             .collect()
     }
 
-    /// Why `node_claim`, whose instance is `inst`, drifted from its class, if it did.
-    fn drift_of(&self, node_claim: &NodeClaim, inst: &Ec2Instance) -> Result<Option<DriftReason>> {
+    /// Why `node_claim`, whose instance is `inst` (of an instance type with `type_requirements`,
+    /// when known), drifted from its class, if it did.
+    fn drift_of(
+        &self,
+        node_claim: &NodeClaim,
+        inst: &Ec2Instance,
+        type_requirements: Option<&Requirements>,
+    ) -> Result<Option<DriftReason>> {
         let (class, status) = self.ready_class(&node_claim.spec.node_class_ref.name)?;
-        // A hash of another scheme (upstream's, say) cannot be compared with ours.
+        // A hash of another scheme (upstream's, say) cannot be compared with ours: the node-class
+        // controller re-stamps it.
         let annotations = node_claim.metadata.annotations.as_ref();
         let same_scheme =
             annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH_VERSION)).map(String::as_str)
                 == Some(NODE_CLASS_HASH_VERSION);
         let hash = annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH)).filter(|_| same_scheme);
-        Ok(drift(inst, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
+        Ok(drift(inst, type_requirements, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
     }
 }
 
 /// Why `inst` drifted from its class's resolved `status`, if it did. `claim_hash` is the class
-/// hash recorded on the NodeClaim at launch.
+/// hash recorded on the NodeClaim at launch. With the `type_requirements` of its instance type,
+/// the instance must run the AMI that type would be launched with now (the newest one the type
+/// can boot); without them, any AMI of the class will do.
 pub fn drift(
     inst: &Ec2Instance,
+    type_requirements: Option<&Requirements>,
     status: &EC2NodeClassStatus,
     claim_hash: Option<&str>,
     class_hash: &str,
@@ -857,7 +871,13 @@ pub fn drift(
     if claim_hash.is_some_and(|h| h != class_hash) {
         return Some(DriftReason::NodeClass);
     }
-    if !status.amis.iter().any(|a| a.id == inst.image_id) {
+    let current_ami = match type_requirements {
+        Some(requirements) => {
+            fleet::ami_for(&status.amis, requirements).is_some_and(|a| a.id == inst.image_id)
+        }
+        None => status.amis.iter().any(|a| a.id == inst.image_id),
+    };
+    if !current_ami {
         return Some(DriftReason::Ami);
     }
     if !status.subnets.iter().any(|s| s.id == inst.subnet_id) {
@@ -872,16 +892,19 @@ pub fn drift(
 }
 
 /// Hash of the parts of a class spec whose change makes its nodes drift: everything but the
-/// selector terms (whose effect is checked through the resolved subnets, groups and AMIs).
+/// selector terms (whose effect is checked through the resolved subnets, groups and AMIs), with
+/// the AMI family as resolved rather than as written (so writing `amiFamily: AL2023` next to an
+/// `al2023@latest` alias drifts nothing), lists as sets and zero values left out.
 pub fn node_class_hash(spec: &EC2NodeClassSpec) -> String {
     let mut spec = spec.clone();
     spec.subnet_selector_terms.clear();
     spec.security_group_selector_terms.clear();
     spec.ami_selector_terms.clear();
     spec.capacity_reservation_selector_terms.clear();
-    let json = serde_json::to_vec(&spec).unwrap_or_default();
-    let digest = Sha256::digest(&json);
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    let family = amifamily::family_of(&spec);
+    spec.ami_family = None;
+    let value = serde_json::json!({ "spec": spec, "amiFamily": family });
+    format!("{:016x}", crate::apis::hash::drift_hash(value))
 }
 
 impl CloudProvider for AwsCloudProvider {
@@ -1040,24 +1063,62 @@ mod tests {
             security_group_ids: vec!["sg-1".into()],
             ..Default::default()
         };
-        assert_eq!(drift(&inst, &status, Some("h"), "h"), None);
-        assert_eq!(drift(&inst, &status, Some("old"), "h"), Some(DriftReason::NodeClass));
+        assert_eq!(drift(&inst, None, &status, Some("h"), "h"), None);
+        assert_eq!(drift(&inst, None, &status, Some("old"), "h"), Some(DriftReason::NodeClass));
         assert_eq!(
-            drift(&Ec2Instance { image_id: "ami-0".into(), ..inst.clone() }, &status, None, "h"),
+            drift(&Ec2Instance { image_id: "ami-0".into(), ..inst.clone() }, None, &status, None, "h"),
             Some(DriftReason::Ami)
         );
         assert_eq!(
-            drift(&Ec2Instance { subnet_id: "subnet-0".into(), ..inst.clone() }, &status, None, "h"),
+            drift(&Ec2Instance { subnet_id: "subnet-0".into(), ..inst.clone() }, None, &status, None, "h"),
             Some(DriftReason::Subnet)
         );
         assert_eq!(
             drift(
-                &Ec2Instance { security_group_ids: vec!["sg-1".into(), "sg-2".into()], ..inst },
+                &Ec2Instance { security_group_ids: vec!["sg-1".into(), "sg-2".into()], ..inst.clone() },
+                None,
                 &status,
                 None,
                 "h"
             ),
             Some(DriftReason::SecurityGroup)
+        );
+
+        // With the instance type known, the node must run the AMI that type gets now: a node
+        // without GPUs on the class's GPU image has drifted, though the image is the class's.
+        let requirement = |key: &str, operator: &str| k8s_openapi::api::core::v1::NodeSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: None,
+        };
+        let status = EC2NodeClassStatus {
+            amis: vec![
+                AmiStatus {
+                    id: "ami-gpu".into(),
+                    requirements: vec![requirement(LABEL_INSTANCE_GPU_COUNT, "Exists")],
+                    ..Default::default()
+                },
+                AmiStatus {
+                    id: "ami-std".into(),
+                    requirements: vec![requirement(LABEL_INSTANCE_GPU_COUNT, "DoesNotExist")],
+                    ..Default::default()
+                },
+            ],
+            ..status
+        };
+        let mut no_gpu = Requirements::new();
+        no_gpu.add(LABEL_INSTANCE_GPU_COUNT, crate::scheduling::Requirement::does_not_exist());
+        let mut gpu = Requirements::new();
+        gpu.add(LABEL_INSTANCE_GPU_COUNT, crate::scheduling::Requirement::in_values(["1"]));
+        let on = |ami: &str| Ec2Instance { image_id: ami.into(), ..inst.clone() };
+        assert_eq!(drift(&on("ami-std"), Some(&no_gpu), &status, None, "h"), None);
+        assert_eq!(drift(&on("ami-gpu"), Some(&gpu), &status, None, "h"), None);
+        assert_eq!(drift(&on("ami-gpu"), Some(&no_gpu), &status, None, "h"), Some(DriftReason::Ami));
+        assert_eq!(drift(&on("ami-std"), Some(&gpu), &status, None, "h"), Some(DriftReason::Ami));
+        assert_eq!(
+            drift(&on("ami-gpu"), None, &status, None, "h"),
+            None,
+            "type unknown: any image of the class"
         );
     }
 }

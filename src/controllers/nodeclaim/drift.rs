@@ -7,19 +7,20 @@
 //!    NodePool's template changed (`NodePoolDrifted`). A claim whose hash is of another scheme
 //!    (`karpenter.sh/nodepool-hash-version`), such as one upstream Karpenter made, is re-stamped
 //!    with the current hash instead, as upstream does when its scheme changes;
-//! 2. one of its labels has a value its NodePool's requirements no longer allow
-//!    (`RequirementsDrifted`);
+//! 2. its NodePool's requirements no longer allow one of its labels, or require a key it has
+//!    neither a label nor a launch requirement for (`RequirementsDrifted`);
 //! 3. it is older than an hour and its instance type, or an offering of it in its zone and
 //!    capacity type, is no longer one its NodePool can launch (`InstanceTypeNotFound`);
 //! 4. the cloud provider says so, e.g. a new AMI or other subnets (`AMIDrift`, `SubnetDrift`,
 //!    `SecurityGroupDrift`, `NodeClassDrift`).
 //!
-//! Every NodeClaim is looked at every 5 minutes, and within seconds of a NodePool or node class
-//! change. Marking is all this controller does: the disruption controller replaces drifted nodes.
+//! Every NodeClaim is looked at every 5 minutes, and within seconds of a NodePool, node class or
+//! NodeClaim change; a round woken by a NodeClaim change asks the cloud provider only about the
+//! claims it was not asked about in the last 5 minutes (or since a node class changed). Marking is all this controller does: the disruption controller replaces drifted nodes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
@@ -55,6 +56,11 @@ pub const INSTANCE_TYPE_NOT_FOUND: &str = "InstanceTypeNotFound";
 /// catalog that briefly lacks a type (a failed refresh) does not drift new nodes.
 const INSTANCE_TYPE_CHECK_AGE: SignedDuration = SignedDuration::from_hours(1);
 
+/// Whether `claim` carries `Drifted=True`.
+pub fn is_drifted(claim: &NodeClaim) -> bool {
+    is_true(claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default(), DRIFTED)
+}
+
 /// Whether `claim`'s NodePool hash is of the current scheme (else it is re-stamped, not
 /// compared).
 pub fn current_hash_scheme(claim: &NodeClaim) -> bool {
@@ -71,10 +77,23 @@ pub fn static_drift(claim: &NodeClaim, pool: &NodePool) -> Option<&'static str> 
     }
     // A requirement that no longer parses is reported by the NodePool's own validation.
     let requirements = Requirements::from_nodepool(&pool.spec.template.spec.requirements).ok()?;
-    let labels = claim.labels();
-    let disallowed =
-        requirements.iter().any(|(key, req)| labels.get(key).is_some_and(|value| !req.has(value)));
-    disallowed.then_some(REQUIREMENTS_DRIFTED)
+    (!node_requirements(claim).is_compatible(&requirements, false)).then_some(REQUIREMENTS_DRIFTED)
+}
+
+/// What the node of `claim` is: its labels, and for a key it has no label for (a NodePool key
+/// allowed several values, say), the requirement it was launched with. As upstream, a NodePool
+/// requirement on a key the node has neither is drift, unless it only excludes values
+/// (`NotIn`, `DoesNotExist`): a requirement added to the NodePool rolls the nodes made before it.
+fn node_requirements(claim: &NodeClaim) -> Requirements {
+    let mut node = Requirements::from_labels(claim.labels());
+    if let Ok(launched) = Requirements::from_nodepool(&claim.spec.requirements) {
+        for (key, req) in launched.iter() {
+            if !node.has(key) {
+                node.add(key, req.clone());
+            }
+        }
+    }
+    node
 }
 
 /// Whether `claim` is old enough at `now` to be checked for [`INSTANCE_TYPE_NOT_FOUND`].
@@ -119,12 +138,48 @@ pub fn instance_type_not_found(claim: &NodeClaim, types: &[Arc<InstanceType>]) -
     !priced.any(|o| zone.is_none_or(|z| o.zone == *z))
 }
 
-/// Looks at every launched NodeClaim once and writes the changes; returns how many changed.
+/// When the cloud provider was last asked about each NodeClaim (by UID), so that a round woken
+/// by a NodeClaim change asks only about the claims not asked lately.
+#[derive(Debug, Default)]
+pub struct Asked {
+    at: HashMap<String, Instant>,
+    /// The node classes (name and resourceVersion) as the provider last judged them.
+    classes: u64,
+}
+
+impl Asked {
+    /// Whether `claim` is due for the provider's check: never asked, or not within [`INTERVAL`].
+    fn due(&self, claim: &NodeClaim, now: Instant) -> bool {
+        claim
+            .metadata
+            .uid
+            .as_ref()
+            .and_then(|uid| self.at.get(uid))
+            .is_none_or(|t| now.duration_since(*t) >= INTERVAL)
+    }
+
+    /// Forgets every answer when the node classes changed (what the provider's drift depends on),
+    /// and the claims that are gone.
+    fn refresh(&mut self, claims: &[Arc<NodeClaim>], classes: u64) {
+        if classes != self.classes {
+            self.at.clear();
+            self.classes = classes;
+        }
+        let live: std::collections::HashSet<&str> =
+            claims.iter().filter_map(|c| c.metadata.uid.as_deref()).collect();
+        self.at.retain(|uid, _| live.contains(uid.as_str()));
+    }
+}
+
+/// Looks at every launched NodeClaim and writes the changes; returns how many changed. The
+/// checks that need no cloud call run for every claim; the provider is asked about the claims
+/// `asked` says are due.
 pub async fn round(
     client: &Client,
     cloud: &dyn CloudProvider,
     claims: &[Arc<NodeClaim>],
     pools: &[Arc<NodePool>],
+    asked: &mut Asked,
 ) -> usize {
     let pools: HashMap<String, &NodePool> = pools.iter().map(|p| (p.name_any(), p.as_ref())).collect();
     let api: Api<NodeClaim> = Api::all(client.clone());
@@ -171,9 +226,13 @@ pub async fn round(
                 continue;
             }
         }
-        ask.push(claim);
+        if asked.due(claim, Instant::now()) {
+            ask.push(claim);
+        }
     }
     let answers = cloud.are_drifted(&ask).await;
+    let now = Instant::now();
+    asked.at.extend(ask.iter().filter_map(|c| c.metadata.uid.clone()).map(|uid| (uid, now)));
     for (claim, answer) in ask.iter().zip(answers) {
         match answer {
             Ok(r) => settled.push((claim, r.map(|r| r.as_str()))),
@@ -233,16 +292,17 @@ pub async fn round(
     changed
 }
 
-/// Writes `pool`'s current hash onto `claim`, whose hash is of another scheme.
+/// Writes `pool`'s current hash onto `claim`, whose hash is of another scheme. As upstream, a
+/// claim already drifted keeps its old hash (only the version changes), so it stays drifted: a
+/// new scheme cannot tell whether it would still differ, and a roll under way is not cancelled.
 async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(ANNOTATION_NODEPOOL_HASH_VERSION.into(), NODEPOOL_HASH_VERSION.into());
+    if !is_drifted(claim) {
+        annotations.insert(ANNOTATION_NODEPOOL_HASH.into(), pool.hash().into());
+    }
     let patch = json!({
-        "metadata": {
-            "resourceVersion": claim.resource_version(),
-            "annotations": {
-                ANNOTATION_NODEPOOL_HASH: pool.hash(),
-                ANNOTATION_NODEPOOL_HASH_VERSION: NODEPOOL_HASH_VERSION,
-            },
-        },
+        "metadata": { "resourceVersion": claim.resource_version(), "annotations": annotations },
     });
     match api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => tracing::debug!(NodeClaim = %claim.name_any(), "re-stamped the nodeclaim's nodepool hash"),
@@ -255,20 +315,41 @@ async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
 
 /// Runs the controller until `stop` turns true.
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
-    // NodePool and node class edits are what drift most claims at once: looked at within seconds.
-    let interest = Interest { nodepools: true, nodeclasses: true, ..Interest::default() };
-    let wake = Coalesced { changes: state.feed().subscribe(interest), settle: Duration::from_secs(1) };
+    // NodePool and node class edits are what drift most claims at once: looked at within seconds,
+    // as are new and changed NodeClaims (a claim launched since, one re-stamped).
+    let interest = Interest { nodepools: true, nodeclasses: true, nodeclaims: true, ..Interest::default() };
+    let wake = Coalesced { changes: state.feed().subscribe(interest), settle: Duration::from_secs(2) };
+    let asked = Arc::new(tokio::sync::Mutex::new(Asked::default()));
     run_singleton(
         Options::new("nodeclaim.disruption.drift"),
         Some(ctx.metrics.clone()),
         wake,
         stop,
         || async {
-            round(&ctx.client, ctx.cloud.as_ref(), &state.nodeclaims.state(), &state.nodepools.state()).await;
+            let claims = state.nodeclaims.state();
+            let mut asked = asked.lock().await;
+            asked.refresh(&claims, classes_fingerprint(&state));
+            round(&ctx.client, ctx.cloud.as_ref(), &claims, &state.nodepools.state(), &mut asked).await;
             Ok::<_, std::convert::Infallible>(Next::After(INTERVAL))
         },
     )
     .await;
+}
+
+/// A fingerprint of the node classes as cached: names and resourceVersions (a status update,
+/// say a newly resolved AMI, changes it).
+fn classes_fingerprint(state: &ClusterState) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut classes: Vec<(String, String)> = state
+        .nodeclasses
+        .state()
+        .iter()
+        .map(|c| (c.name_any(), c.resource_version().unwrap_or_default()))
+        .collect();
+    classes.sort();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    classes.hash(&mut hasher);
+    hasher.finish()
 }
 
 #[cfg(test)]
@@ -313,6 +394,27 @@ mod tests {
         .unwrap()
     }
 
+    /// A NodeClaim as upstream Karpenter writes it.
+    fn upstream_claim() -> NodeClaim {
+        serde_saphyr::from_str(include_str!("../../../tests/fixtures/upstream/nodeclaim.yaml")).unwrap()
+    }
+
+    #[test]
+    fn a_claim_upstream_made_has_not_drifted_from_the_pool_it_came_from() {
+        let claim = upstream_claim();
+        let mut pool = pool("a", &["us-west-2a", "us-west-2b"]);
+        pool.spec.template.spec.requirements = serde_json::from_value(json!([
+            {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m", "r"]},
+            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+            {"key": "karpenter.k8s.aws/instance-generation", "operator": "Gt", "values": ["4"]}]))
+        .unwrap();
+        assert!(!current_hash_scheme(&claim), "upstream's hash is re-stamped, not compared");
+        assert_eq!(static_drift(&claim, &pool), None);
+        pool.spec.template.spec.requirements[0].values = vec!["c".into()];
+        assert_eq!(static_drift(&claim, &pool), Some(REQUIREMENTS_DRIFTED), "m is no longer allowed");
+    }
+
     #[test]
     fn static_drift_reasons() {
         let p = pool("a", &["us-west-2a", "us-west-2b"]);
@@ -325,8 +427,36 @@ mod tests {
         // A hash of another scheme (upstream's v3) is not compared.
         assert_eq!(static_drift(&claim("c", "0", "v3", Some("us-west-2a")), &p), None);
         assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2c")), &p), Some(REQUIREMENTS_DRIFTED));
-        // A label the claim does not have is not drift.
-        assert_eq!(static_drift(&claim("c", &h, v, None), &p), None);
+        // A required key the claim has no label for: drift, as upstream (a requirement added to
+        // the NodePool after the claim was made)...
+        assert_eq!(static_drift(&claim("c", &h, v, None), &p), Some(REQUIREMENTS_DRIFTED));
+        // ... unless the claim was launched with a requirement on it the NodePool still allows
+        // (a key allowed several values gets no label).
+        let mut launched = claim("c", &h, v, None);
+        launched.spec.requirements = serde_json::from_value(json!([
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2b", "us-west-2c"]}]))
+        .unwrap();
+        assert_eq!(static_drift(&launched, &p), None);
+        launched.spec.requirements[0].values = vec!["us-west-2c".into()];
+        assert_eq!(static_drift(&launched, &p), Some(REQUIREMENTS_DRIFTED));
+        // A requirement that only excludes values is met by a node without the label.
+        let mut excluding = pool("a", &["us-west-2a"]);
+        excluding.spec.template.spec.requirements = serde_json::from_value(json!([
+            {"key": "example.com/gpu", "operator": "DoesNotExist"},
+            {"key": "example.com/team", "operator": "NotIn", "values": ["x"]}]))
+        .unwrap();
+        let h = excluding.hash();
+        assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2a")), &excluding), None);
+        // A new custom requirement drifts nodes made before it.
+        excluding.spec.template.spec.requirements.extend(
+            serde_json::from_value::<Vec<_>>(json!([
+                {"key": "example.com/team", "operator": "In", "values": ["a"]}]))
+            .unwrap(),
+        );
+        assert_eq!(
+            static_drift(&claim("c", &h, v, Some("us-west-2a")), &excluding),
+            Some(REQUIREMENTS_DRIFTED)
+        );
     }
 
     #[test]
@@ -424,12 +554,13 @@ mod tests {
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         let name = format!("drift-{:x}-{nanos:x}", std::process::id());
-        // Made by upstream Karpenter: a hash of its own scheme.
-        api.create(&PostParams::default(), &claim(&name, "1234", "v3", Some("us-west-2a"))).await.unwrap();
-        let launched = json!({"status": {"conditions": [{
-            "type": LAUNCHED, "status": "True", "reason": "Launched", "message": "",
-            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&launched)).await.unwrap();
+        // Made by upstream Karpenter: hashes of its own schemes.
+        let mut upstream = upstream_claim();
+        upstream.metadata.name = Some(name.clone());
+        upstream.metadata.finalizers = None;
+        let status = json!({"status": upstream.status.take()});
+        api.create(&PostParams::default(), &upstream).await.unwrap();
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
 
         let cloud = DriftingCloud(Mutex::new(None));
         let pools = [Arc::new(pool("a", &["us-west-2a"]))];
@@ -444,7 +575,7 @@ mod tests {
         ) -> (usize, NodeClaim) {
             let api: Api<NodeClaim> = Api::all(client.clone());
             let current = Arc::new(api.get(name).await.unwrap());
-            let changed = round(client, cloud, &[current], pools).await;
+            let changed = round(client, cloud, &[current], pools, &mut Asked::default()).await;
             (changed, api.get(name).await.unwrap())
         }
 

@@ -13,6 +13,9 @@
 //!   templates and the instance profile Karpenter created for it are deleted, it leaves the
 //!   provider's store, and the finalizer is removed.
 //!
+//! Each resolution also re-stamps the class hash of the class's NodeClaims whose hash is of
+//! another scheme (see [`restamp`]).
+//!
 //! NodeClaims are watched too: a NodeClaim change wakes the class it references while that class
 //! is being deleted.
 
@@ -28,12 +31,16 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::apis::labels::FINALIZER_EC2NODECLASS_TERMINATION;
+use crate::apis::labels::{
+    ANNOTATION_EC2NODECLASS_HASH, ANNOTATION_EC2NODECLASS_HASH_VERSION, FINALIZER_EC2NODECLASS_TERMINATION,
+};
 use crate::apis::{EC2NodeClass, EC2NodeClassStatus, NodeClaim};
 use crate::cloudprovider::CloudProviderError;
 use crate::cloudprovider::aws::AwsCloudProvider;
+use crate::cloudprovider::aws::provider::{NODE_CLASS_HASH_VERSION, node_class_hash};
 use crate::controllers::Events;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
+use crate::controllers::nodeclaim::drift;
 use crate::operator::error_chain;
 use crate::state::{ClusterState, Notice};
 
@@ -380,7 +387,54 @@ async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, 
     let mut resolved = class.clone();
     resolved.status = Some(status);
     provider.node_classes().upsert(resolved);
+    restamp_claims(class, reconciler).await;
     Ok(Next::After(reconciler.provider.node_class_refresh()))
+}
+
+/// The annotations that bring a launched `claim` of `class` to the current hash scheme, or
+/// `None` when it is already on it. As upstream, a claim already drifted keeps its old hash (only
+/// the version changes), so it stays drifted.
+pub fn restamp(claim: &NodeClaim, class: &EC2NodeClass) -> Option<serde_json::Map<String, Value>> {
+    let launched = claim.status.as_ref().is_some_and(|s| s.provider_id.is_some());
+    let version = claim.annotations().get(ANNOTATION_EC2NODECLASS_HASH_VERSION);
+    if !launched
+        || claim.metadata.deletion_timestamp.is_some()
+        || version.map(String::as_str) == Some(NODE_CLASS_HASH_VERSION)
+    {
+        return None;
+    }
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.into(), NODE_CLASS_HASH_VERSION.into());
+    if !drift::is_drifted(claim) {
+        annotations.insert(ANNOTATION_EC2NODECLASS_HASH.into(), node_class_hash(&class.spec).into());
+    }
+    Some(annotations)
+}
+
+/// Re-stamps the class hash of its launched NodeClaims whose hash is of another scheme (made by
+/// upstream Karpenter, or before this controller's scheme changed), so that they are compared
+/// from now on rather than all marked drifted.
+async fn restamp_claims(class: &EC2NodeClass, reconciler: &Reconciler) {
+    let api: Api<NodeClaim> = Api::all(reconciler.client.clone());
+    for claim in reconciler.cluster.nodeclaims.state() {
+        if !references(&claim, &class.name_any()) {
+            continue;
+        }
+        let Some(annotations) = restamp(&claim, class) else { continue };
+        let patch = json!({
+            "metadata": { "resourceVersion": claim.resource_version(), "annotations": annotations },
+        });
+        match api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                tracing::debug!(NodeClaim = %claim.name_any(), "re-stamped the nodeclaim's ec2nodeclass hash")
+            }
+            // Changed or gone meanwhile: the next resolution looks again.
+            Err(e) if is_status(&e, 404) || is_status(&e, 409) => {}
+            Err(e) => {
+                tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "re-stamping the nodeclaim's ec2nodeclass hash")
+            }
+        }
+    }
 }
 
 async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, Error> {

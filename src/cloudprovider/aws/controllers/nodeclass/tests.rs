@@ -132,6 +132,42 @@ fn nodeclaims_of_a_class() {
 }
 
 #[test]
+fn claims_upstream_made_are_restamped_with_this_scheme() {
+    let class = class("default", &[], false);
+    let mut claim: NodeClaim =
+        serde_saphyr::from_str(include_str!("../../../../../tests/fixtures/upstream/nodeclaim.yaml"))
+            .unwrap();
+    let stamp = restamp(&claim, &class).expect("upstream's v4 hash is re-stamped");
+    assert_eq!(stamp[ANNOTATION_EC2NODECLASS_HASH_VERSION], NODE_CLASS_HASH_VERSION);
+    assert_eq!(stamp[ANNOTATION_EC2NODECLASS_HASH], node_class_hash(&class.spec));
+
+    // Once on this scheme, nothing more to write.
+    for (k, v) in &stamp {
+        claim.annotations_mut().insert(k.clone(), v.as_str().unwrap().to_string());
+    }
+    assert_eq!(restamp(&claim, &class), None);
+
+    // A claim already drifted keeps its hash, so it stays drifted; one not launched yet gets its
+    // hash at launch.
+    let mut drifted: NodeClaim =
+        serde_saphyr::from_str(include_str!("../../../../../tests/fixtures/upstream/nodeclaim.yaml"))
+            .unwrap();
+    drifted.status.as_mut().unwrap().conditions.push(Condition {
+        type_: "Drifted".into(),
+        status: ConditionStatus::True,
+        observed_generation: None,
+        last_transition_time: "2026-10-02T08:00:00Z".into(),
+        reason: "AMIDrift".into(),
+        message: String::new(),
+    });
+    let stamp = restamp(&drifted, &class).unwrap();
+    assert_eq!(stamp.len(), 1, "{stamp:?}");
+    assert!(stamp.contains_key(ANNOTATION_EC2NODECLASS_HASH_VERSION));
+    drifted.status = None;
+    assert_eq!(restamp(&drifted, &class), None);
+}
+
+#[test]
 fn names_in_messages() {
     let names: Vec<String> = (1..=7).map(|i| format!("n{i}")).collect();
     assert_eq!(pretty_names(&names[..2], 5), "n1, n2");
