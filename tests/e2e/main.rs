@@ -1382,6 +1382,18 @@ spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
     );
     assert!(drained >= Duration::from_secs(25), "the PDB held the pod until the grace period: {drained:?}");
     assert!(!f.node_exists(&node).await, "the node went too");
+    for (kind, object) in [("NodeClaim", &name), ("Node", &node)] {
+        let told = f.cluster_events(kind, object, "TerminationGracePeriodExpiring").await;
+        assert!(
+            told.iter().any(|m| m.starts_with("All pods will be deleted by ")),
+            "{kind} {object}: {told:?}"
+        );
+    }
+    let disrupted = f.pod_events("held", "Disrupted").await;
+    assert!(
+        disrupted.iter().any(|m| m.contains("bypasses the PDB")),
+        "the held pod was deleted at the deadline, past its budget: {disrupted:?}"
+    );
     let expired =
         controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"expired\"").await;
     assert!(expired >= 1.0, "{expired} expirations counted");

@@ -52,6 +52,7 @@ pub struct Controller {
     child: Child,
     log: PathBuf,
     metrics_port: u16,
+    health_port: u16,
 }
 
 impl Controller {
@@ -67,6 +68,7 @@ impl Controller {
         ));
         let file = std::fs::File::create(&log).unwrap();
         let metrics_port = free_port();
+        let health_port = free_port();
         // KARPENTER_BIN runs another build (e.g. the release binary, for measurements).
         let bin =
             std::env::var("KARPENTER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_karpenter").to_string());
@@ -74,7 +76,7 @@ impl Controller {
         cmd.args(["controller", "--cloud-provider", provider])
             .env("DISABLE_LEADER_ELECTION", "true")
             .env("METRICS_PORT", metrics_port.to_string())
-            .env("HEALTH_PROBE_PORT", free_port().to_string())
+            .env("HEALTH_PROBE_PORT", health_port.to_string())
             // E2E_LOG_LEVEL=debug for a closer look at a failing journey.
             .env("LOG_LEVEL", std::env::var("E2E_LOG_LEVEL").unwrap_or_else(|_| "info".to_string()))
             .stdout(Stdio::null())
@@ -83,7 +85,7 @@ impl Controller {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start the karpenter binary");
-        Controller { child, log, metrics_port }
+        Controller { child, log, metrics_port, health_port }
     }
 
     /// The whole log.
@@ -151,17 +153,12 @@ impl Controller {
 
     /// The answer (headers and body) to a GET of `path` on the metrics port.
     pub async fn metrics_port_get(&self, path: &str) -> String {
-        let port = self.metrics_port;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        tokio::task::spawn_blocking(move || {
-            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-            stream.write_all(request.as_bytes()).unwrap();
-            let mut out = String::new();
-            stream.read_to_string(&mut out).unwrap();
-            out
-        })
-        .await
-        .unwrap()
+        get(self.metrics_port, path).await
+    }
+
+    /// Whether `/readyz` on the health-probe port answers 200.
+    pub async fn is_ready(&self) -> bool {
+        get(self.health_port, "/readyz").await.starts_with("HTTP/1.1 200")
     }
 
     /// Sends SIGTERM and checks the process exits cleanly and promptly.
@@ -191,6 +188,20 @@ impl Controller {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The answer (headers and body) to a GET of `path` on a local port.
+async fn get(port: u16, path: &str) -> String {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap()
 }
 
 impl Drop for Controller {
@@ -494,6 +505,11 @@ impl Fixture {
     /// NodeClaim, a NodePool).
     pub async fn cluster_events(&self, kind: &str, name: &str, reason: &str) -> Vec<String> {
         self.events_about("default", kind, name, reason).await
+    }
+
+    /// The messages of the events with `reason` about the pod `name` of the fixture's namespace.
+    pub async fn pod_events(&self, name: &str, reason: &str) -> Vec<String> {
+        self.events_about(&self.ns, "Pod", name, reason).await
     }
 
     /// Patches the fixture's NodePool.

@@ -43,7 +43,7 @@ use crate::apis::NodeClaim;
 use crate::apis::labels::{ANNOTATION_DO_NOT_DISRUPT, FINALIZER_TERMINATION, LABEL_NODEPOOL};
 use crate::cloudprovider::CloudProviderError;
 use crate::controllers::Context;
-use crate::controllers::events::reasons;
+use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::operator::leader::error_chain;
 use crate::operator::metrics::observe;
@@ -241,6 +241,21 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
             None
         }
     };
+    if let Some(deadline) = deadline {
+        // As upstream, the node says by when its pods go too (the NodeClaim said it when deleted).
+        let message = format!("All pods will be deleted by {deadline}");
+        let window = k8s_openapi::jiff::SignedDuration::from_mins(2);
+        ctx.events
+            .deduped(
+                &*node,
+                EventType::Warning,
+                reasons::TERMINATION_GRACE_PERIOD_EXPIRING,
+                "",
+                window,
+                message,
+            )
+            .await;
+    }
 
     // Drain.
     let now = Timestamp::now();

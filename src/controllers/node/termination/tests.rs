@@ -471,6 +471,9 @@ async fn the_termination_grace_period_overrides_disruption_budgets() {
         eventually("the node to be gone", Duration::from_secs(60), || async { h.node().await.is_none() })
             .await;
         assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 2);
+        // The node said by when its pods would go; the pod was deleted past its budget.
+        assert!(h.has_event(&h.name, reasons::TERMINATION_GRACE_PERIOD_EXPIRING).await);
+        assert!(h.has_event("protected", reasons::DISRUPTED).await);
     })
     .await;
 }
