@@ -930,9 +930,14 @@ async fn interruptions_replace_nodes(
         f.claims().await.into_iter().filter(|c| !before.contains(&c.name_any())).collect();
     assert_eq!(replacements.len(), 1, "one replacement");
     let replacement = &replacements[0];
-    assert!(
-        label(replacement, CT) != "spot" || (label(replacement, IT), label(replacement, ZONE)) != interrupted,
-        "the replacement is not the interrupted offering {interrupted:?} (marked unavailable)"
+    // Spot is still the cheapest capacity, so the replacement is spot too: but not of the
+    // interrupted offering, marked unavailable (without the mark it would be the same one again,
+    // the cheapest).
+    assert_eq!(label(replacement, CT), "spot", "the replacement is spot capacity");
+    assert_ne!(
+        (label(replacement, IT), label(replacement, ZONE)),
+        interrupted,
+        "the replacement is not the interrupted offering (marked unavailable)"
     );
     let old = pool_instances(ec2, &f.pool).await.into_iter().find(|i| i.id == spot_instance).unwrap();
     assert!(!old.is_live(), "the interrupted instance is terminated: {old:?}");

@@ -56,14 +56,16 @@ pub struct Unhealthy {
     pub since: Timestamp,
 }
 
-/// When each instance's problem was first seen, for checks EC2 reports without `impairedSince`
-/// and to count each problem once. Entries of instances no longer reported are dropped.
-pub type FirstSeen = HashMap<(String, &'static str), Timestamp>;
+/// When each instance's problem was first seen, and whether it was counted (once it became
+/// due), for checks EC2 reports without `impairedSince` and to count each problem once. Entries
+/// of instances no longer reported are dropped.
+pub type FirstSeen = HashMap<(String, &'static str), (Timestamp, bool)>;
 
 /// What to do about `statuses` at `now`: at most one entry per instance, a failed instance or
 /// system check (terminated forcefully) before a scheduled event (drained). Also returns the
-/// problems seen for the first time (instance and kind), for the metric counting them once.
-/// `first_seen` is updated.
+/// problems that became due for the first time (instance and kind), for the metric counting
+/// them once, as upstream counts only the problems it acts on: a check that fails for less
+/// than [`UNHEALTHY_THRESHOLD`] and recovers is not counted. `first_seen` is updated.
 pub fn assess(
     statuses: &[Status],
     first_seen: &mut FirstSeen,
@@ -87,15 +89,14 @@ pub fn assess(
         let mut chosen: Option<Unhealthy> = None;
         for (kind, since) in problems {
             let key = (status.instance_id.clone(), kind.metric_label());
-            let first = first_seen.get(&key).copied();
-            let seen = first.unwrap_or(now);
-            current.insert(key, seen);
+            let (seen, counted) = first_seen.get(&key).copied().unwrap_or((now, false));
             let since = since.unwrap_or(seen);
             let entry = Unhealthy { instance_id: status.instance_id.clone(), kind: kind.clone(), since };
-            if first.is_none() {
+            let due = kind == Kind::EventStatus || now.duration_since(since) >= threshold;
+            if due && !counted {
                 new.push(entry.clone());
             }
-            let due = kind == Kind::EventStatus || now.duration_since(since) >= threshold;
+            current.insert(key, (seen, counted || due));
             // Forceful termination (the checks, listed first) wins over a drain.
             if due && chosen.is_none() {
                 chosen = Some(entry);
@@ -210,11 +211,22 @@ mod tests {
         let (act, new) = assess(&statuses, &mut seen, now);
         let got: Vec<(&str, &Kind)> = act.iter().map(|u| (u.instance_id.as_str(), &u.kind)).collect();
         assert_eq!(got, [("i-old", &Kind::SystemStatus), ("i-event", &Kind::EventStatus)]);
-        assert_eq!(new.len(), 3, "young, old and event problems counted once: {new:?}");
-        // A minute later the young one is due; nothing is new.
+        assert_eq!(new, act, "the problems acted on are counted, not the young one");
+        // A minute later the young one is due and counted; the others are not counted again.
         let (act, new) = assess(&statuses, &mut seen, t("2026-11-24T12:01:00Z"));
         assert!(act.iter().any(|u| u.instance_id == "i-young" && u.kind == Kind::InstanceStatus), "{act:?}");
-        assert!(new.is_empty(), "{new:?}");
+        let new: Vec<&str> = new.iter().map(|u| u.instance_id.as_str()).collect();
+        assert_eq!(new, ["i-young"]);
+        assert!(assess(&statuses, &mut seen, t("2026-11-24T12:02:00Z")).1.is_empty(), "each counted once");
+        // A check that fails briefly and recovers is never counted.
+        let brief = vec![Status {
+            instance_id: "i-brief".into(),
+            instance: impaired(Some("2026-11-24T12:01:30Z")),
+            ..Status::default()
+        }];
+        let mut seen = FirstSeen::new();
+        assert!(assess(&brief, &mut seen, t("2026-11-24T12:02:00Z")).1.is_empty());
+        assert!(assess(&[], &mut seen, t("2026-11-24T12:03:00Z")).1.is_empty());
     }
 
     #[test]

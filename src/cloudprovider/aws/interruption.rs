@@ -350,7 +350,60 @@ mod tests {
         assert!(matches!(parse(&huge), Err(ParseError::TooLarge(_))));
     }
 
+    /// Any JSON value: scalars, and arrays and objects of them nested a few levels, with keys
+    /// drawn from the ones the parser reads so that the strategy reaches past the envelope.
+    fn any_json() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,12}".prop_map(Value::String),
+            Just(Value::String("i-0b662ef9931388ba0".into())),
+            Just(Value::String("EC2".into())),
+            Just(Value::String("scheduledChange".into())),
+        ];
+        let key = prop_oneof![
+            Just("instance-id".to_string()),
+            Just("state".to_string()),
+            Just("service".to_string()),
+            Just("eventTypeCategory".to_string()),
+            Just("affectedEntities".to_string()),
+            Just("entityValue".to_string()),
+            Just("instance-action".to_string()),
+            ".{0,6}",
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(key.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
     proptest! {
+        #[test]
+        fn arbitrary_json_never_panics(
+            body in any_json(),
+            detail in any_json(),
+            detail_type in prop_oneof![
+                Just("EC2 Spot Instance Interruption Warning".to_string()),
+                Just("EC2 Instance Rebalance Recommendation".to_string()),
+                Just("EC2 Instance State-change Notification".to_string()),
+                Just("AWS Health Event".to_string()),
+                Just("EC2 Capacity Reservation Instance Interruption Warning".to_string()),
+            ],
+        ) {
+            // A whole body of any shape, and a well-formed envelope around any detail.
+            let _ = parse(&body.to_string());
+            let source = if detail_type == "AWS Health Event" { "aws.health" } else { "aws.ec2" };
+            let envelope = serde_json::json!({"version": "0", "id": "x", "source": source,
+                "detail-type": detail_type, "time": "2026-11-24T12:00:00Z", "detail": detail});
+            let _ = parse(&envelope.to_string());
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
             let body = String::from_utf8_lossy(&bytes);

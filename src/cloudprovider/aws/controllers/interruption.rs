@@ -41,7 +41,7 @@ use crate::cloudprovider::aws::instancestatus::{self, FirstSeen};
 use crate::cloudprovider::aws::interruption::{self, Action, Kind};
 use crate::cloudprovider::aws::sqs::{Queue, Received};
 use crate::controllers::events::reasons;
-use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton, stopped};
+use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
 use crate::controllers::{Context, nodeclaim};
 use crate::operator::error_chain;
 use crate::operator::metrics::count_disrupted;
@@ -53,7 +53,8 @@ pub const CONTROLLER: &str = "interruption";
 pub const STATUS_CONTROLLER: &str = "interruption.instancestatus";
 /// How often the instance status checks are read, as upstream.
 pub const STATUS_PERIOD: Duration = Duration::from_secs(60);
-/// Longest wait for an SQS answer: a receive waits up to 20 s by itself.
+/// Longest wait for an SQS or status-check answer (every page of it): a receive waits up to
+/// 20 s by itself. A connection that stalls must not freeze either loop.
 const CALL_TIMEOUT: Duration = Duration::from_secs(35);
 /// Backoff of failed receives (and of finding the queue).
 const RECEIVE_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
@@ -233,76 +234,69 @@ async fn tell(
     }
 }
 
-/// Runs the queue controller until `stop` turns true.
+/// Why a pass of the queue controller failed (retried with [`RECEIVE_BACKOFF`]).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The queue's URL could not be found (the queue does not exist yet, or no permission).
+    #[error("failed to create valid sqs provider for queue {queue}")]
+    Find {
+        /// The queue's name.
+        queue: String,
+        /// What SQS answered.
+        #[source]
+        source: CloudProviderError,
+    },
+    /// ReceiveMessage failed.
+    #[error("getting messages from queue {queue}")]
+    Receive {
+        /// The queue's name.
+        queue: String,
+        /// What SQS answered.
+        #[source]
+        source: CloudProviderError,
+    },
+}
+
+/// Runs the queue controller until `stop` turns true: one pass finds the queue (until it
+/// exists), receives up to 10 messages (waiting up to 20 s for them) and handles them; the next
+/// pass follows at once, a failed one after a backoff.
 pub async fn run_queue(
     ctx: Context,
     state: ClusterState,
     aws: Arc<AwsCloudProvider>,
     queue_name: String,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let client = aws.clients().sqs.clone();
-    let mut failures = 0u32;
-    let queue = loop {
-        match bounded(Queue::find(client.clone(), &queue_name), "GetQueueUrl").await {
-            Ok(queue) => break queue,
-            Err(error) => {
-                failures += 1;
-                tracing::error!(controller = CONTROLLER, queue = %queue_name, error = %error_chain(&error), "failed to create valid sqs provider");
-                if sleep_or_stop(RECEIVE_BACKOFF.delay(failures), &mut stop).await {
-                    return;
-                }
-            }
+    let queue: Arc<tokio::sync::OnceCell<Queue>> = Arc::new(tokio::sync::OnceCell::new());
+    let options = Options::new(CONTROLLER).backoff(RECEIVE_BACKOFF);
+    run_singleton(options, Some(ctx.metrics.clone()), Timer, stop, || {
+        let (ctx, state, aws, client, queue, name) =
+            (ctx.clone(), state.clone(), aws.clone(), client.clone(), queue.clone(), queue_name.clone());
+        async move {
+            let queue = queue
+                .get_or_try_init(|| async {
+                    let found = bounded(Queue::find(client, &name), "GetQueueUrl")
+                        .await
+                        .map_err(|source| QueueError::Find { queue: name.clone(), source })?;
+                    tracing::info!(controller = CONTROLLER, queue = %found.name(), url = %found.url(), "watching interruption queue");
+                    Ok::<_, QueueError>(found)
+                })
+                .await?;
+            let messages = bounded(queue.receive(), "ReceiveMessage")
+                .await
+                .map_err(|source| QueueError::Receive { queue: name.clone(), source })?;
+            // Two messages of one batch about the same instance (a spot warning and a state
+            // change, say) delete its NodeClaim once.
+            let deleted = Mutex::new(HashSet::new());
+            join_all(messages.iter().map(|m| handle(&ctx, &state, &aws, queue, m, &deleted))).await;
+            Ok::<_, QueueError>(Next::After(Duration::ZERO))
         }
-    };
-    tracing::info!(controller = CONTROLLER, queue = %queue.name(), url = %queue.url(), "watching interruption queue");
-    failures = 0;
-    loop {
-        let received = tokio::select! {
-            r = bounded(queue.receive(), "ReceiveMessage") => r,
-            _ = stopped(&mut stop) => return,
-        };
-        let result = if received.is_ok() { "success" } else { "error" };
-        ctx.metrics
-            .controller_reconcile
-            .get_or_create(&vec![("controller", CONTROLLER.to_string()), ("result", result.to_string())])
-            .inc();
-        match received {
-            Ok(messages) => {
-                failures = 0;
-                // Two messages of one batch about the same instance (a spot warning and a state
-                // change, say) delete its NodeClaim once.
-                let deleted = Mutex::new(HashSet::new());
-                join_all(messages.iter().map(|m| handle(&ctx, &state, &aws, &queue, m, &deleted))).await;
-            }
-            Err(error) => {
-                failures += 1;
-                ctx.metrics
-                    .controller_reconcile_errors
-                    .get_or_create(&vec![("controller", CONTROLLER.to_string())])
-                    .inc();
-                tracing::error!(controller = CONTROLLER, queue = %queue.name(), error = %error_chain(&error), "getting messages from queue");
-                if sleep_or_stop(RECEIVE_BACKOFF.delay(failures), &mut stop).await {
-                    return;
-                }
-            }
-        }
-        if *stop.borrow() {
-            return;
-        }
-    }
+    })
+    .await;
 }
 
-/// Sleeps `delay`; true when `stop` turned true meanwhile.
-async fn sleep_or_stop(delay: Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = stopped(stop) => {}
-    }
-    *stop.borrow()
-}
-
-/// `call`, failing after [`CALL_TIMEOUT`]: a connection that stalls must not freeze the queue.
+/// `call`, failing after [`CALL_TIMEOUT`].
 async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, CloudProviderError>>,
     operation: &'static str,
@@ -362,7 +356,7 @@ fn count_received(ctx: &Context, message_type: &str) {
 }
 
 async fn delete(ctx: &Context, queue: &Queue, received: &Received) {
-    match queue.delete(received).await {
+    match bounded(queue.delete(received), "DeleteMessage").await {
         Ok(()) => {
             ctx.metrics.interruption_deleted_messages.get_or_create(&vec![]).inc();
         }
@@ -398,7 +392,8 @@ async fn status_pass(
     aws: &AwsCloudProvider,
     first_seen: &Mutex<FirstSeen>,
 ) -> Result<Next, crate::cloudprovider::CloudProviderError> {
-    let statuses = match instancestatus::describe(&aws.clients().ec2).await {
+    let statuses = match bounded(instancestatus::describe(&aws.clients().ec2), "DescribeInstanceStatus").await
+    {
         Ok(statuses) => statuses,
         Err(error)
             if matches!(
