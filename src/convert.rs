@@ -471,9 +471,12 @@ fn nodeclass(mut object: Value, problems: &mut Vec<String>) -> Converted {
             if !spec.contains_key("blockDeviceMappings") {
                 spec.insert(
                     "blockDeviceMappings".into(),
-                    json!([{"deviceName": "/dev/sda1", "ebs": {"encrypted": true, "volumeSize": "20Gi", "volumeType": "gp3"}}]),
+                    json!([{"deviceName": "/dev/sda1", "rootVolume": true,
+                        "ebs": {"encrypted": true, "volumeSize": "20Gi", "volumeType": "gp3"}}]),
                 );
-                changes.push("blockDeviceMappings: Ubuntu's root volume written out (/dev/sda1, 20Gi gp3, encrypted)".into());
+                changes.push(
+                    "blockDeviceMappings: Ubuntu's root volume written out (/dev/sda1, 20Gi gp3, encrypted, rootVolume)".into(),
+                );
             }
         }
         (Some("Ubuntu"), false) => problem(

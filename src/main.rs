@@ -67,15 +67,10 @@ enum Command {
         /// With `--from-cluster`: the controller's feature gates, as its `FEATURE_GATES` setting.
         #[arg(long, value_name = "GATES", default_value = "")]
         feature_gates: karpenter::operator::settings::FeatureGates,
-        /// With `--from-cluster`: the namespace of `--scale` targets given without one.
-        #[arg(
-            long,
-            short = 'n',
-            value_name = "NAMESPACE",
-            default_value = "default",
-            requires = "from_cluster"
-        )]
-        namespace: String,
+        /// With `--from-cluster`: the namespace of `--scale` targets given without one
+        /// (default: the kubeconfig context's, as kubectl).
+        #[arg(long, short = 'n', value_name = "NAMESPACE", requires = "from_cluster")]
+        namespace: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -91,9 +86,10 @@ enum Command {
         /// Output format.
         #[arg(long, short = 'o', global = true, value_enum, default_value_t = simulate::OutputFormat::Table)]
         output: simulate::OutputFormat,
-        /// The pod's namespace (or give it as `NAMESPACE/NAME`).
-        #[arg(long, short = 'n', global = true, value_name = "NAMESPACE", default_value = "default")]
-        namespace: String,
+        /// The pod's namespace (or give it as `NAMESPACE/NAME`; default: the kubeconfig
+        /// context's, as kubectl).
+        #[arg(long, short = 'n', global = true, value_name = "NAMESPACE")]
+        namespace: Option<String>,
         /// The controller's feature gates, as its `FEATURE_GATES` setting (`SpotToSpotConsolidation=true`).
         #[arg(long, global = true, value_name = "GATES", default_value = "")]
         feature_gates: karpenter::operator::settings::FeatureGates,
@@ -106,6 +102,9 @@ enum Command {
         /// Print one frame and exit (for scripts).
         #[arg(long)]
         once: bool,
+        /// Output format of `--once`: the frame as drawn (`table`), or its data.
+        #[arg(long, short = 'o', value_enum, default_value_t = simulate::OutputFormat::Table, requires = "once")]
+        output: simulate::OutputFormat,
         /// Instance-type catalog for prices: `aws` (built in), `kwok` or a catalog file.
         #[arg(long, value_name = "kwok|aws|FILE", default_value = "aws")]
         instance_types: simulate::Catalog,
@@ -176,10 +175,10 @@ fn main() -> ExitCode {
             };
             finish(block_on(run))
         }
-        Some(Command::Top { once: true, instance_types, target }) => {
-            finish(block_on(tools::cli::top_once(&target, &instance_types)))
+        Some(Command::Top { once: true, instance_types, output, target }) => {
+            finish(block_on(tools::cli::top_once(&target, &instance_types, output)))
         }
-        Some(Command::Top { once: false, instance_types, target }) => {
+        Some(Command::Top { once: false, instance_types, target, .. }) => {
             match tools::cli::top(&target, &instance_types) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
@@ -193,7 +192,8 @@ fn main() -> ExitCode {
             let run = async {
                 match what {
                     Explain::Pod { name } => {
-                        tools::cli::explain_pod(&target, &instance_types, &namespace, &name, output).await
+                        tools::cli::explain_pod(&target, &instance_types, namespace.as_deref(), &name, output)
+                            .await
                     }
                     Explain::Node { name } => {
                         tools::cli::explain_node(&target, &instance_types, &name, false, spot_to_spot, output)

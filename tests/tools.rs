@@ -138,6 +138,30 @@ async fn managed_node(client: &Client, name: &str, pool: &str, n: usize) {
         .unwrap();
 }
 
+/// The EC2NodeClass `name`, with the status its controller writes once it is resolved.
+async fn ready_node_class(client: &Client, name: &str) {
+    let _: karpenter::apis::EC2NodeClass = create(
+        client,
+        None,
+        json!({"apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": name},
+            "spec": {"role": "KarpenterNodeRole", "amiSelectorTerms": [{"alias": "al2023@latest"}],
+                "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": name}}],
+                "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": name}}]}}),
+    )
+    .await;
+    let status = json!({"status": {
+        "subnets": [{"id": "subnet-0a", "zone": "us-east-1a"}, {"id": "subnet-0b", "zone": "us-east-1b"}],
+        "securityGroups": [{"id": "sg-0a"}],
+        "amis": [{"id": "ami-0a", "requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}],
+        "instanceProfile": format!("{name}-profile"),
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+            "lastTransitionTime": "2026-11-24T00:00:00Z"}]}});
+    Api::<karpenter::apis::EC2NodeClass>::all(client.clone())
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
 fn bound_pod(name: &str, node: &str, labels: Value, annotations: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": labels, "annotations": annotations,
@@ -171,6 +195,12 @@ async fn scenario(client: Client, names: Names) {
     for (what, extra) in pools {
         let _: NodePool = create(&client, None, nodepool(&names.pool(what), id, extra)).await;
     }
+    // The suite's EC2NodeClass, resolved and Ready as its controller leaves it; one NodePool
+    // refers to a class that does not exist, and launches nothing.
+    ready_node_class(&client, id).await;
+    let classless =
+        json!({"spec": {"template": {"spec": {"nodeClassRef": {"name": format!("{id}-missing")}}}}});
+    let _: NodePool = create(&client, None, nodepool(&names.pool("classless"), id, classless)).await;
     managed_node(&client, &names.pool("dnd"), &names.pool("open"), 1).await;
     managed_node(&client, &names.pool("pdb"), &names.pool("open"), 2).await;
     managed_node(&client, &names.pool("idle"), &names.pool("frozen"), 3).await;
@@ -258,10 +288,49 @@ async fn scenario(client: Client, names: Names) {
         "{}",
         why("zoned")
     );
+    assert_eq!(verdict("classless")["fits"], false, "{e:#}");
+    assert!(
+        why("classless").contains(&format!("EC2NodeClass \"{id}-missing\" not found")),
+        "{}",
+        why("classless")
+    );
     assert_eq!(e["placement"]["kind"], "newNodeClaim", "{e:#}");
     assert!(e["schedulerMessage"].as_str().is_some_and(|m| m.contains("didn't match")), "{e:#}");
     let table = karpenter(&["explain", "pod", "pending", "-n", ns]);
     let table = String::from_utf8_lossy(&table.stdout);
+    // Without -n, the namespace of the kubeconfig's context, as kubectl; --context picks another
+    // context of the same kubeconfig.
+    let kubeconfig = std::env::temp_dir().join(format!("{id}-kubeconfig"));
+    let raw = Command::new("kubectl").args(["config", "view", "--raw"]).output().unwrap();
+    std::fs::write(&kubeconfig, &raw.stdout).unwrap();
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl").arg("--kubeconfig").arg(&kubeconfig).args(args).output().unwrap();
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let current = kubectl(&["config", "current-context"]);
+    kubectl(&["config", "set-context", "--current", &format!("--namespace={ns}")]);
+    kubectl(&["config", "set-context", "elsewhere", "--cluster=nowhere", "--user=nobody"]);
+    let with_context_namespace = Command::new(env!("CARGO_BIN_EXE_karpenter"))
+        .args(["explain", "pod", "pending", "-o", "json"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        with_context_namespace.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with_context_namespace.stderr)
+    );
+    let e: Value = serde_json::from_slice(&with_context_namespace.stdout).unwrap();
+    assert_eq!(e["pod"], pod.as_str(), "{e:#}");
+    kubectl(&["config", "use-context", "elsewhere"]);
+    let chosen = Command::new(env!("CARGO_BIN_EXE_karpenter"))
+        .args(["explain", "node", &names.pool("idle"), "--context", &current, "-o", "json"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert!(chosen.status.success(), "--context {current}: {}", String::from_utf8_lossy(&chosen.stderr));
+    let _ = std::fs::remove_file(&kubeconfig);
     assert!(
         table.contains("Placement:  a new NodeClaim of NodePool") && table.contains("WHY NOT"),
         "{table}"
@@ -288,6 +357,36 @@ async fn scenario(client: Client, names: Names) {
     let table =
         String::from_utf8_lossy(&karpenter(&["explain", "node", &names.pool("idle")]).stdout).to_string();
     assert!(table.contains("yes, but not now: No allowed disruptions"), "{table}");
+
+    // simulate --from-cluster as the cluster is: no disruption command touches a node held by
+    // its do-not-disrupt pod, its PodDisruptionBudget or its NodePool's zero budget.
+    let r = json_of(&["simulate", "--from-cluster"]);
+    let held = [names.pool("dnd"), names.pool("pdb"), names.pool("idle")];
+    if let Some(command) = r.get("disruption").filter(|c| !c.is_null()) {
+        let nodes = command["nodes"].as_array().unwrap();
+        assert!(nodes.iter().all(|n| !held.iter().any(|h| n == h.as_str())), "{r:#}");
+    }
+    assert!(r["removedNodes"].as_array().unwrap().is_empty(), "{r:#}");
+
+    // simulate --from-cluster -f: a pod added from a file is placed on a new NodeClaim.
+    let dir = std::env::temp_dir().join(format!("{id}-inputs"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let extra = dir.join("extra.yaml");
+    std::fs::write(
+        &extra,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: added, namespace: {ns}}}\nspec:\n  nodeSelector: {{example.com/suite: {id}}}\n  containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 500m}}}}}}]\n"
+        ),
+    )
+    .unwrap();
+    let r = json_of(&["simulate", "--from-cluster", "-f", extra.to_str().unwrap()]);
+    let placed: Vec<&str> = r["provisioning"]["nodeClaims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["pods"].as_array().unwrap().iter().filter_map(|p| p.as_str()))
+        .collect();
+    assert!(placed.contains(&format!("{ns}/added").as_str()), "{r:#}");
 
     // simulate --from-cluster: a Deployment scaled, a NodePool removed.
     let scale = format!("deployment/{ns}/batch=3");
@@ -346,6 +445,14 @@ async fn scenario(client: Client, names: Names) {
             "{line}"
         );
     }
+    let data = json_of(&["top", "--once"]);
+    let open = data["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["nodepool"] == names.pool("open").as_str())
+        .unwrap_or_else(|| panic!("{data:#}"));
+    assert_eq!(open["nodes"].as_array().map(Vec::len), Some(2), "{data:#}");
     top_in_a_terminal(&client, names).await;
 
     // Bad input: one line, exit 1.
@@ -358,8 +465,6 @@ async fn scenario(client: Client, names: Names) {
         &[],
     );
     fails(&["simulate", "--from-cluster", "--scale", &format!("deployment/{ns}/nope=2")], "not found", &[]);
-    let dir = std::env::temp_dir().join(format!("{id}-inputs"));
-    std::fs::create_dir_all(&dir).unwrap();
     let malformed = dir.join("malformed.yaml");
     std::fs::write(&malformed, "apiVersion: v1\nkind: Pod\nmetadata: [not, a, map\n").unwrap();
     fails(&["simulate", "--from-cluster", "-f", malformed.to_str().unwrap()], "malformed.yaml", &[]);
@@ -438,9 +543,10 @@ async fn cleanup(client: &Client, names: &Names) {
     tmux(&["kill-session", "-t", &names.id]);
     let dp = DeleteParams::default();
     let _ = Api::<Namespace>::all(client.clone()).delete(&names.id, &dp).await;
-    for what in ["open", "tainted", "limited", "zoned", "frozen"] {
+    for what in ["open", "tainted", "limited", "zoned", "frozen", "classless"] {
         let _ = Api::<NodePool>::all(client.clone()).delete(&names.pool(what), &dp).await;
     }
+    let _ = Api::<karpenter::apis::EC2NodeClass>::all(client.clone()).delete(&names.id, &dp).await;
     for what in ["dnd", "pdb", "idle"] {
         let _ = Api::<NodeClaim>::all(client.clone()).delete(&names.pool(what), &dp).await;
         let _ = Api::<Node>::all(client.clone()).delete(&names.pool(what), &dp).await;

@@ -28,7 +28,7 @@ use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 use super::hostports::{HostPort, first_conflict, pod_host_ports};
 use super::instancetypes::{InstanceType, compare_price, unit_price};
 use super::requirements::{Requirement, RequirementError, Requirements, keys_compatible};
-use super::resources::{NODES, QuantityError, Resources, parse_quantity_for, pod_requests};
+use super::resources::{NODES, QuantityError, Resources, format_quantity, parse_quantity_for, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
 use super::topology::{DomainSource, PodTopology, SlotView, Topology};
 use super::volumes::{Attachments, VolumeInput, and_terms, exceeded_limit};
@@ -1054,7 +1054,26 @@ impl<'a> Scheduler<'a> {
                         .collect()
                 };
                 if kept.is_empty() {
-                    return Err(format!("would exceed nodepool limits {}", exceeded(true).join(", ")));
+                    // Each limit with what is left of it and what the smallest type would take.
+                    let detail: Vec<String> = exceeded(true)
+                        .into_iter()
+                        .map(|k| {
+                            let left = rem.get(k).copied().unwrap_or_default().max(0);
+                            let smallest = pool
+                                .its
+                                .iter()
+                                .filter_map(|i| types.get(*i as usize))
+                                .map(|it| limited_amount(it, k))
+                                .min()
+                                .unwrap_or_default();
+                            format!(
+                                "{k} ({} left, the smallest instance type needs {})",
+                                format_quantity(k, left),
+                                format_quantity(k, smallest)
+                            )
+                        })
+                        .collect();
+                    return Err(format!("would exceed nodepool limits {}", detail.join(", ")));
                 }
                 if kept.len() < pool.its.len() {
                     limited_by = exceeded(false);

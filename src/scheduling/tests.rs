@@ -289,7 +289,7 @@ fn init_container_larger_than_containers_sizes_the_node() {
 #[case::limits(
     NodePoolInput { remaining_limits: Some([("cpu".to_string(), 500)].into()), ..pool("small") },
     pod("a", "100m", "1Gi"),
-    "nodepool \"small\": would exceed nodepool limits cpu"
+    "nodepool \"small\": would exceed nodepool limits cpu (500m left, the smallest instance type needs 1)"
 )]
 #[case::limits_leave_only_smaller_types(
     NodePoolInput { remaining_limits: Some([("cpu".to_string(), 4000)].into()), ..pool("default") },
@@ -769,7 +769,7 @@ fn nodepool_from_the_api_object_with_extended_resource_limits() {
         assert_eq!(c.instance_type_names, vec!["g.1".to_string()]);
         assert_eq!(c.labels.get("workload").map(String::as_str), Some("gpu"));
     }
-    assert_eq!(error_of(&r), "nodepool \"gpu\": would exceed nodepool limits nvidia.com/gpu");
+    assert_eq!(error_of(&r), "nodepool \"gpu\": would exceed nodepool limits nvidia.com/gpu (0 left, the smallest instance type needs 1)");
 }
 
 #[test]
@@ -780,7 +780,7 @@ fn nodes_limit_counts_nodeclaims() {
     };
     let r = schedule(&input(pods_n(3, |p| with_anti_affinity(p, LABEL_HOSTNAME, "x")), vec![np]));
     assert_eq!(r.new_node_claims.len(), 2);
-    assert_eq!(error_of(&r), "nodepool \"two\": would exceed nodepool limits nodes");
+    assert_eq!(error_of(&r), "nodepool \"two\": would exceed nodepool limits nodes (0 left, the smallest instance type needs 1)");
 }
 
 #[test]
@@ -798,7 +798,7 @@ fn min_domains_caps_pods_per_zone() {
     assert_eq!(r.new_node_claims.len(), 3);
     assert_eq!(
         error_of(&r),
-        "nodepool \"default\": would violate topology spread constraint on topology.kubernetes.io/zone"
+        "nodepool \"default\": would violate topology spread constraint on topology.kubernetes.io/zone (maxSkew 1, counting pods group=web)"
     );
 }
 

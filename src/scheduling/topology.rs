@@ -69,6 +69,24 @@ impl Selector {
         s
     }
 
+    /// The selector as `kubectl get -l` writes one (`app=web,tier in (a,b)`).
+    pub fn describe(&self) -> String {
+        if self.nothing {
+            return "<none>".to_string();
+        }
+        let mut parts: Vec<String> = self.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        for (k, op, vals) in &self.expressions {
+            let vals = vals.iter().cloned().collect::<Vec<_>>().join(",");
+            parts.push(match op.as_str() {
+                "In" => format!("{k} in ({vals})"),
+                "NotIn" => format!("{k} notin ({vals})"),
+                "Exists" => k.clone(),
+                _ => format!("!{k}"),
+            });
+        }
+        if parts.is_empty() { "<all pods>".to_string() } else { parts.join(",") }
+    }
+
     /// Whether the selector matches `labels`.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         if self.nothing {
@@ -692,7 +710,11 @@ impl Topology {
             (GroupKind::PreferredAffinity, _) => "preferred pod affinity",
             (GroupKind::PreferredAntiAffinity, _) => "preferred pod anti-affinity",
         };
-        format!("would violate {what} on {}", g.key)
+        let detail = match g.kind {
+            GroupKind::Spread { max_skew, .. } => format!("maxSkew {max_skew}, "),
+            _ => String::new(),
+        };
+        format!("would violate {what} on {} ({detail}counting pods {})", g.key, g.selector.describe())
     }
 
     /// Domains of `key` to record a pod under on the final slot: the single value, or for

@@ -98,7 +98,9 @@ impl<'a> Base<'a> {
         for np in snapshot.live_nodepools() {
             let name = np.metadata.name.clone().unwrap_or_default();
             let Some(types) = snapshot.pool_types.get(&name) else {
-                skipped_pools.push((name, "its instance types are not known".to_string()));
+                let why = snapshot.pool_errors.get(&name).cloned();
+                skipped_pools
+                    .push((name, why.unwrap_or_else(|| "its instance types are not known".to_string())));
                 continue;
             };
             let used = usage.get(&name).cloned().unwrap_or_default();

@@ -45,7 +45,6 @@ use tokio::sync::watch;
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
 use crate::cloudprovider::CloudProvider;
 use crate::operator::error_chain;
-use crate::scheduling::InstanceType;
 
 pub use feed::{Changes, Feed, Interest, Subscription};
 pub use index::{Joined, PodKey};
@@ -737,34 +736,40 @@ impl ClusterState {
         cloud: &dyn CloudProvider,
         controller: &str,
     ) -> Snapshot {
-        let snapshot = self.snapshot();
-        let pool_types = instance_types_of_pools(&snapshot, cloud, controller).await;
-        snapshot.with_instance_types(pool_types)
+        with_instance_types_of_pools(self.snapshot(), cloud, controller).await
     }
 }
 
-/// The instance types of each live NodePool of `snapshot`, from `cloud`; failures are logged.
-pub async fn instance_types_of_pools(
-    snapshot: &Snapshot,
+/// `snapshot` with the instance types of each live NodePool, from `cloud`. A NodePool whose
+/// types cannot be resolved (its node class is not ready, say) is logged and left out, and why
+/// is kept in [`Snapshot::pool_errors`] for the decisions' reasons.
+pub async fn with_instance_types_of_pools(
+    snapshot: Snapshot,
     cloud: &dyn CloudProvider,
     controller: &str,
-) -> BTreeMap<String, Vec<Arc<InstanceType>>> {
-    let mut out = BTreeMap::new();
+) -> Snapshot {
+    let mut types = BTreeMap::new();
+    let mut errors = BTreeMap::new();
     for np in snapshot.live_nodepools() {
         let name = np.metadata.name.clone().unwrap_or_default();
         match cloud.instance_types(np).await {
-            Ok(types) => {
-                out.insert(name, types);
+            Ok(found) => {
+                types.insert(name, found);
             }
-            Err(error) => tracing::error!(
-                controller,
-                NodePool = %name,
-                error = %error_chain(&error),
-                "skipping, unable to resolve instance types"
-            ),
+            Err(error) => {
+                tracing::error!(
+                    controller,
+                    NodePool = %name,
+                    error = %error_chain(&error),
+                    "skipping, unable to resolve instance types"
+                );
+                errors.insert(name, error_chain(&error));
+            }
         }
     }
-    out
+    let mut snapshot = snapshot.with_instance_types(types);
+    snapshot.pool_errors = errors;
+    snapshot
 }
 
 /// Drives the watch of a kind that is only read: changes bump the feed's `others`.

@@ -55,6 +55,9 @@ pub struct Snapshot {
     pub pool_types: BTreeMap<String, Vec<Arc<InstanceType>>>,
     /// Every instance type of `pool_types`, by name.
     pub types_by_name: TypesByName,
+    /// Why a live NodePool has no entry in `pool_types`, when that is known (its node class is
+    /// not ready, say).
+    pub pool_errors: BTreeMap<String, String>,
 }
 
 impl Snapshot {
@@ -66,6 +69,14 @@ impl Snapshot {
         }
         self.pool_types = pool_types;
         self
+    }
+
+    /// Whether the node class `np` references can launch nodes, and why not.
+    pub fn node_class_ready(&self, np: &NodePool) -> Result<(), super::nodeclass::NodeClassProblem> {
+        let r = &np.spec.template.spec.node_class_ref;
+        let class =
+            self.nodeclasses.iter().map(AsRef::as_ref).find(|c| c.metadata.name.as_deref() == Some(&r.name));
+        super::nodeclass::readiness(r, class)
     }
 
     /// The pods the provisioner should find capacity for, in name order.

@@ -30,22 +30,25 @@ fn render<T: serde::Serialize>(value: &T, table: String, format: OutputFormat) -
     }
 }
 
-/// `karpenter explain pod`.
+/// `karpenter explain pod`; without `namespace` (`-n`), the namespace of the kubeconfig's
+/// context, as kubectl takes it.
 pub async fn explain_pod(
     target: &Target,
     catalog: &Catalog,
-    namespace: &str,
+    namespace: Option<&str>,
     name: &str,
     format: OutputFormat,
 ) -> Result<String, String> {
-    let (namespace, name) = match name.split_once('/') {
-        Some((ns, n)) => (ns, n),
-        None => (namespace, name),
-    };
-    if name.is_empty() || namespace.is_empty() {
+    let given = name.split_once('/');
+    if given.is_some_and(|(ns, n)| ns.is_empty() || n.is_empty()) || name.is_empty() {
         return Err("expected a pod as NAME or NAMESPACE/NAME".into());
     }
     let client = target.client().await.map_err(one_line)?;
+    let (namespace, name) = match given {
+        Some((ns, n)) => (ns.to_string(), n),
+        None => (namespace.map_or_else(|| client.default_namespace().to_string(), str::to_string), name),
+    };
+    let namespace = namespace.as_str();
     let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
     let pod = find_pod(&snapshot, namespace, name).map_err(one_line)?;
     let explanation = explain_pod_of(&snapshot, &pod, &SchedulerOptions::default());
@@ -79,8 +82,8 @@ pub struct Changes {
     pub scale: Vec<Scale>,
     /// NodePools to remove.
     pub remove_nodepools: Vec<String>,
-    /// The namespace of `scale` targets given without one.
-    pub namespace: String,
+    /// The namespace of `scale` targets given without one (default: the kubeconfig context's).
+    pub namespace: Option<String>,
 }
 
 /// `karpenter simulate --from-cluster`.
@@ -97,9 +100,10 @@ pub async fn simulate_from_cluster(
         simulate::load_paths(&changes.files).map_err(|e| error_chain(&e))?
     };
     let client = target.client().await.map_err(one_line)?;
+    let namespace = changes.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
     let mut scaled = Vec::new();
     for s in &changes.scale {
-        let ns = s.namespace.clone().unwrap_or_else(|| changes.namespace.clone());
+        let ns = s.namespace.clone().unwrap_or_else(|| namespace.clone());
         let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
         match api.get_opt(&s.name).await {
             Ok(Some(d)) => scaled.push((s.clone(), d)),
@@ -113,23 +117,22 @@ pub async fn simulate_from_cluster(
     let options = SchedulerOptions::default();
     let now = Timestamp::now();
     let (report, warnings) =
-        live::simulate(snapshot, &live_changes, &changes.namespace, &options, spot_to_spot, now)
-            .map_err(one_line)?;
+        live::simulate(snapshot, &live_changes, &namespace, &options, spot_to_spot, now).map_err(one_line)?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
     render(&report, report.to_table(), format)
 }
 
-/// `karpenter top --once`: one frame.
-pub async fn top_once(target: &Target, catalog: &Catalog) -> Result<String, String> {
+/// `karpenter top --once`: one frame, as the terminal shows it or as JSON or YAML.
+pub async fn top_once(target: &Target, catalog: &Catalog, format: OutputFormat) -> Result<String, String> {
     let client = target.client().await.map_err(one_line)?;
     let types = catalog.load().map_err(|e| one_line(e.into()))?;
     let live = super::Live::start(client, types).await.map_err(one_line)?;
     let view = super::top::view(&live.snapshot(), Timestamp::now());
-    let mut out = super::top::render(&view).join("\n");
-    out.push('\n');
-    Ok(out)
+    let mut table = super::top::render(&view).join("\n");
+    table.push('\n');
+    render(&view, table, format)
 }
 
 /// `karpenter top`: the terminal view, until the user quits.

@@ -216,14 +216,26 @@ pub fn in_zones(types: &[Arc<InstanceType>], zones: &BTreeSet<String>) -> Vec<Ar
         .collect()
 }
 
-/// `snapshot` with `types` as every live NodePool's instance types (the scheduler keeps those the
-/// NodePool's requirements allow), and all of them known for prices.
+/// `snapshot` with `types` as the instance types of every live NodePool whose node class can
+/// launch nodes (the scheduler keeps those the NodePool's requirements allow), and all of them
+/// known for prices. A NodePool whose node class is missing or not ready launches nothing, as
+/// in the controller, and says why.
 pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot {
-    let pool_types = snapshot
-        .live_nodepools()
-        .map(|np| (np.metadata.name.clone().unwrap_or_default(), types.to_vec()))
-        .collect();
+    let mut pool_types = BTreeMap::new();
+    let mut pool_errors = BTreeMap::new();
+    for np in snapshot.live_nodepools() {
+        let name = np.metadata.name.clone().unwrap_or_default();
+        match snapshot.node_class_ready(np) {
+            Ok(()) => {
+                pool_types.insert(name, types.to_vec());
+            }
+            Err(problem) => {
+                pool_errors.insert(name, problem.to_string());
+            }
+        }
+    }
     let mut snapshot = snapshot.with_instance_types(pool_types);
+    snapshot.pool_errors = pool_errors;
     // Prices of every node, whatever NodePools exist (one being deleted, or none).
     for t in types {
         snapshot.types_by_name.entry(t.name.clone()).or_insert_with(|| Arc::clone(t));

@@ -136,8 +136,7 @@ async fn take_snapshot(ctx: &Context, state: &ClusterState, in_flight: &HashMap<
         .filter_map(|n| n.claim_name().map(str::to_string))
         .collect();
     snapshot.marked_for_deletion.extend(claims_of_in_flight);
-    let types = crate::state::instance_types_of_pools(&snapshot, ctx.cloud.as_ref(), CONTROLLER).await;
-    snapshot.with_instance_types(types)
+    crate::state::with_instance_types_of_pools(snapshot, ctx.cloud.as_ref(), CONTROLLER).await
 }
 
 /// The inputs of a pass over `snapshot` (NodeClaims consolidation launched lately are `young`).

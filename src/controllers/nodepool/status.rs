@@ -26,7 +26,6 @@ use crate::controllers::node::metrics::metric_value;
 use crate::disruption::budgets;
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
-use crate::state::nodeclass::readiness;
 use crate::state::statenode::state_nodes;
 use crate::state::usage::{Counted, nodepool_usage};
 use crate::state::{ClusterState, Interest, Snapshot};
@@ -81,7 +80,7 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
             continue;
         }
         let name = np.metadata.name.clone().unwrap_or_default();
-        let class_ready = node_class_ready(np, &snapshot);
+        let class_ready = snapshot.node_class_ready(np).map_err(|problem| problem.to_string());
         let status = desired_status(np, usage.get(&name), class_ready, &now);
         record_metrics(ctx, np, &status);
         if np.status.as_ref() != Some(&status) {
@@ -199,14 +198,6 @@ pub fn pod_state_labels(snapshot: &Snapshot) -> Vec<crate::operator::metrics::La
             ]
         })
         .collect()
-}
-
-/// Whether the pool's node class is ready, and why not.
-fn node_class_ready(np: &NodePool, snapshot: &Snapshot) -> Result<(), String> {
-    let r = &np.spec.template.spec.node_class_ref;
-    let class =
-        snapshot.nodeclasses.iter().map(AsRef::as_ref).find(|c| c.metadata.name.as_deref() == Some(&r.name));
-    readiness(r, class).map_err(|problem| problem.to_string())
 }
 
 /// The status a pool should have.
@@ -353,7 +344,7 @@ spec:
     fn a_missing_class_makes_the_pool_not_ready() {
         let np = nodepool("Gt");
         let snapshot = Snapshot::default();
-        let class = node_class_ready(&np, &snapshot);
+        let class = snapshot.node_class_ready(&np).map_err(|problem| problem.to_string());
         assert_eq!(class.clone().unwrap_err(), "EC2NodeClass \"default\" not found");
         let status = desired_status(&np, None, class, "t");
         let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();

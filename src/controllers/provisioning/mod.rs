@@ -172,9 +172,8 @@ impl Provisioner {
             at.elapsed() < CREATED_GRACE && !c.metadata.name.as_ref().is_some_and(|n| known.contains(n))
         });
         snapshot.nodeclaims.extend(self.created.iter().map(|(_, c)| Arc::clone(c)));
-        let pool_types =
-            crate::state::instance_types_of_pools(&snapshot, self.ctx.cloud.as_ref(), CONTROLLER).await;
-        let snapshot = snapshot.with_instance_types(pool_types);
+        let snapshot =
+            crate::state::with_instance_types_of_pools(snapshot, self.ctx.cloud.as_ref(), CONTROLLER).await;
         let nodes = state_nodes(&snapshot);
         let pending_count = pending.len();
         let scenario = Scenario {
