@@ -256,13 +256,19 @@ impl Settings {
     /// What the settings ask for that this version does not do yet, one sentence each.
     pub fn unimplemented(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if self.rebalance_replacement
-            && (self.interruption_queue().is_none() || self.cloud_provider != CloudProviderKind::Aws)
-        {
-            out.push(
-                "REBALANCE_REPLACEMENT is set, but rebalance recommendations come from the aws provider's INTERRUPTION_QUEUE, which is not read: ignored"
-                    .to_string(),
-            );
+        if self.rebalance_replacement {
+            let why = if self.cloud_provider != CloudProviderKind::Aws {
+                Some("only the aws provider reads an interruption queue")
+            } else if self.interruption_queue().is_none() {
+                Some("INTERRUPTION_QUEUE is not set")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                out.push(format!(
+                    "REBALANCE_REPLACEMENT is set, but rebalance recommendations come from the interruption queue and {why}: ignored"
+                ));
+            }
         }
         if let Some(queue) = self.interruption_queue()
             && self.cloud_provider != CloudProviderKind::Aws
@@ -383,6 +389,29 @@ mod tests {
         );
         assert!(messages[1].contains("ReservedCapacity"));
         assert!(messages[2].contains("PREFERENCE_POLICY"));
+
+        // REBALANCE_REPLACEMENT needs the aws provider's queue; each missing part is named.
+        let with_queue = parse(&[
+            "--cluster-name",
+            "demo",
+            "--interruption-queue",
+            "q",
+            "--rebalance-replacement",
+            "true",
+        ])
+        .unwrap();
+        assert!(with_queue.unimplemented().is_empty(), "{:?}", with_queue.unimplemented());
+        let no_queue = parse(&["--cluster-name", "demo", "--rebalance-replacement", "true"]).unwrap();
+        assert_eq!(no_queue.unimplemented().len(), 1);
+        assert!(
+            no_queue.unimplemented()[0].contains("INTERRUPTION_QUEUE is not set"),
+            "{:?}",
+            no_queue.unimplemented()
+        );
+        let kwok =
+            parse(&["--cluster-name", "demo", "--cloud-provider", "kwok", "--rebalance-replacement", "true"])
+                .unwrap();
+        assert!(kwok.unimplemented()[0].contains("only the aws provider"), "{:?}", kwok.unimplemented());
     }
 
     #[test]

@@ -440,7 +440,10 @@ impl ClusterState {
         );
         let nodeclaims_f = drive(
             "nodeclaims",
-            reflector::reflector(nodeclaims_w, watches::lenient::<NodeClaim>(client.clone())),
+            reflector::reflector(
+                nodeclaims_w,
+                watches::lenient::<NodeClaim>(client.clone(), nodeclaims.clone()),
+            ),
             follow_joined(
                 Joined::NodeClaims,
                 claim_provider_id,
@@ -454,7 +457,10 @@ impl ClusterState {
             let mut follower = Follower::new(subscribers.nodepools.clone());
             drive(
                 "nodepools",
-                reflector::reflector(nodepools_w, watches::lenient::<NodePool>(client.clone())),
+                reflector::reflector(
+                    nodepools_w,
+                    watches::lenient::<NodePool>(client.clone(), nodepools.clone()),
+                ),
                 move |ev: &Event<NodePool>| {
                     follower.notify(ev);
                     if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
@@ -468,7 +474,10 @@ impl ClusterState {
             let mut follower = Follower::new(subscribers.nodeclasses.clone());
             drive(
                 "ec2nodeclasses",
-                reflector::reflector(nodeclasses_w, watches::lenient::<EC2NodeClass>(client.clone())),
+                reflector::reflector(
+                    nodeclasses_w,
+                    watches::lenient::<EC2NodeClass>(client.clone(), nodeclasses.clone()),
+                ),
                 move |ev: &Event<EC2NodeClass>| {
                     follower.notify(ev);
                     if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, ObjectMeta};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Config, Event};
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -80,19 +81,25 @@ where
 }
 
 /// A watch of a custom resource that converts each object on its own: an object that does not
-/// parse as `K` is logged and left out instead of failing the whole list.
-pub fn lenient<K>(client: Client) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+/// parse as `K` is logged and left out instead of failing the whole list. `cached` is the store
+/// the stream feeds: the deletion of an object that no longer parses (edited into a shape the
+/// types refuse, then deleted) removes the last copy that did, instead of leaving it cached.
+pub fn lenient<K>(
+    client: Client,
+    cached: Store<K>,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
 {
     let ar = ApiResource::erase::<K>(&());
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
     watcher::watcher(api, Config::default()).default_backoff().filter_map(move |ev| {
         let kind = ar.kind.clone();
+        let cached = cached.clone();
         async move {
             match ev {
                 Err(e) => Some(Err(e)),
-                Ok(ev) => convert_event::<K>(ev, &kind).map(Ok),
+                Ok(ev) => convert_event::<K>(ev, &kind, &cached).map(Ok),
             }
         }
     })
@@ -133,10 +140,22 @@ pub fn convert<K: DeserializeOwned + Resource>(obj: DynamicObject, kind: &str) -
     }
 }
 
-fn convert_event<K: DeserializeOwned + Resource>(ev: Event<DynamicObject>, kind: &str) -> Option<Event<K>> {
+fn convert_event<K>(ev: Event<DynamicObject>, kind: &str, cached: &Store<K>) -> Option<Event<K>>
+where
+    K: DeserializeOwned + Resource<DynamicType = ()> + Clone,
+{
     Some(match ev {
         Event::Apply(o) => Event::Apply(convert(o, kind)?),
-        Event::Delete(o) => Event::Delete(convert(o, kind)?),
+        Event::Delete(o) => {
+            let mut key = ObjectRef::<K>::new(o.metadata.name.as_deref().unwrap_or_default());
+            if let Some(ns) = o.metadata.namespace.as_deref() {
+                key = key.within(ns);
+            }
+            match convert(o, kind) {
+                Some(k) => Event::Delete(k),
+                None => Event::Delete(cached.get(&key).map(|k| (*k).clone())?),
+            }
+        }
         Event::InitApply(o) => Event::InitApply(convert(o, kind)?),
         Event::Init => Event::Init,
         Event::InitDone => Event::InitDone,
@@ -171,7 +190,30 @@ mod tests {
             "metadata": {"name": "bad"},
             "spec": {"requirements": "not a list"}
         }));
-        assert!(convert::<NodeClaim>(bad, "NodeClaim").is_none());
+        assert!(convert::<NodeClaim>(bad.clone(), "NodeClaim").is_none());
+
+        // A claim cached while it parsed, then deleted in a shape that does not: its deletion
+        // removes the cached copy.
+        let (store, mut writer) = kube::runtime::reflector::store::<NodeClaim>();
+        let mut was_good: NodeClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": "bad"},
+            "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": []}}))
+        .unwrap();
+        was_good.metadata.resource_version = Some("1".into());
+        writer.apply_watcher_event(&Event::Apply(was_good));
+        assert_eq!(store.state().len(), 1);
+        let Some(Event::Delete(deleted)) =
+            convert_event::<NodeClaim>(Event::Delete(bad.clone()), "NodeClaim", &store)
+        else {
+            panic!("the deletion is passed on")
+        };
+        writer.apply_watcher_event(&Event::Delete(deleted));
+        assert!(store.state().is_empty(), "the stale copy is gone");
+        // Unknown to the cache as well: nothing to pass on.
+        assert!(convert_event::<NodeClaim>(Event::Delete(bad.clone()), "NodeClaim", &store).is_none());
+        // A malformed update is skipped: the last good copy stays until the object parses again.
+        assert!(convert_event::<NodeClaim>(Event::Apply(bad), "NodeClaim", &store).is_none());
     }
 
     #[test]

@@ -176,8 +176,8 @@ pub(crate) async fn run_selected(
     });
     let select = Arc::new(select);
     let _claims = {
-        let (queue, state, select) = (queue.clone(), state.clone(), select.clone());
-        cluster.on_nodeclaim(move |notice| match notice {
+        let (queue, state, select, cluster) = (queue.clone(), state.clone(), select.clone(), cluster.clone());
+        cluster.clone().on_nodeclaim(move |notice| match notice {
             Notice::Applied(claim) if select(claim) => queue.add(claim.name_any()),
             Notice::Applied(_) => {}
             Notice::Deleted(claim) => {
@@ -186,7 +186,14 @@ pub(crate) async fn run_selected(
                     state.launched().remove(uid);
                 }
             }
-            Notice::Gone { name, .. } => queue.forget(&name.to_string()),
+            Notice::Gone { name, .. } => {
+                queue.forget(&name.to_string());
+                // Only the name of a claim found missing is known: keep the launches of the
+                // claims the cache still has.
+                let live: std::collections::HashSet<String> =
+                    cluster.nodeclaims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
+                state.launched().retain(|uid, _| live.contains(uid));
+            }
         })
     };
     let _nodes = {
