@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::reasons;
-use crate::controllers::kit::stopped;
+use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::operator::metrics::observe;
 use crate::scheduling::{SchedulerOptions, SchedulingInput, SchedulingResults, schedule};
 use crate::state::input::{Built, Scenario, scheduling_input};
@@ -59,30 +59,41 @@ fn interest() -> Interest {
     }
 }
 
-/// Runs the provisioner until `stop` turns true.
-pub async fn run(ctx: Context, state: ClusterState, mut stop: watch::Receiver<bool>) {
-    let mut changes = state.feed().subscribe(interest());
-    let mut provisioner = Provisioner::new(ctx, state);
-    tracing::info!(controller = CONTROLLER, "starting controller");
-    // Pods that were already pending when the controller started.
-    let mut window = Some(Duration::ZERO);
-    loop {
-        if let Some(window) = window.take() {
-            observe(&provisioner.ctx.metrics.provisioner_batch_window_duration, vec![], window);
-            tokio::select! {
-                _ = provisioner.reconcile() => {}
-                _ = stopped(&mut stop) => break,
-            }
+/// Runs the provisioner until `stop` turns true: a pass at start (pods already pending), after
+/// each batch, and every [`RESYNC`].
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let batches = Batches {
+        changes: state.feed().subscribe(interest()),
+        idle: ctx.settings.batch_idle_duration,
+        max: ctx.settings.batch_max_duration,
+        metrics: ctx.metrics.clone(),
+    };
+    let metrics = ctx.metrics.clone();
+    let provisioner = Arc::new(tokio::sync::Mutex::new(Provisioner::new(ctx, state)));
+    run_singleton(Options::new(CONTROLLER), Some(metrics), batches, stop, || {
+        let provisioner = provisioner.clone();
+        async move {
+            provisioner.lock().await.reconcile().await;
+            Ok::<_, std::convert::Infallible>(Next::After(RESYNC))
         }
-        let (idle, max) =
-            (provisioner.ctx.settings.batch_idle_duration, provisioner.ctx.settings.batch_max_duration);
-        window = tokio::select! {
-            w = next_batch(&mut changes, idle, max) => Some(w),
-            _ = tokio::time::sleep(RESYNC) => Some(Duration::ZERO),
-            _ = stopped(&mut stop) => break,
-        };
+    })
+    .await;
+}
+
+/// What wakes the provisioner: the close of a batch of changes (see [`next_batch`]), whose
+/// window is recorded.
+struct Batches {
+    changes: Subscription,
+    idle: Duration,
+    max: Duration,
+    metrics: Arc<crate::operator::metrics::Metrics>,
+}
+
+impl Wake for Batches {
+    async fn changed(&mut self) {
+        let window = next_batch(&mut self.changes, self.idle, self.max).await;
+        observe(&self.metrics.provisioner_batch_window_duration, vec![], window);
     }
-    tracing::info!(controller = CONTROLLER, "stopped controller");
 }
 
 /// Waits for a batch and returns how long it stayed open. Any change the provisioner follows
