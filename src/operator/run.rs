@@ -95,22 +95,11 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         decisions,
     };
 
-    // The caches are kept on every replica, so that a standby that takes over acts at once.
-    let (state, watches) = ClusterState::start(client.clone());
-    let watches = tokio::spawn(watches);
-    {
-        let state = state.clone();
-        let readiness = readiness.clone();
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            state.wait_synced().await;
-            metrics.cluster_state_synced.get_or_create(&vec![]).set(1.0);
-            readiness.set(true);
-            tracing::info!("cluster state synced");
-        });
-    }
-
-    // Leadership.
+    // Leadership. A standby holds nothing of the cluster: its memory does not grow with the
+    // cluster, and it watches nothing the API server must send it. It lists every kind when it
+    // takes over, a second or two at 500 nodes beside the 15 s the Lease takes to expire. It is
+    // ready while it waits; a leader is ready once its caches have synced.
+    readiness.set(!settings.disable_leader_election);
     let (elector_stop_tx, elector_stop) = watch::channel(false);
     let (leading_tx, mut leading) = watch::channel(settings.disable_leader_election);
     let elector = if settings.disable_leader_election {
@@ -134,11 +123,56 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     }
 
     let mut outcome = Ok(());
+    let mut watches = None;
     if !*stop.borrow() && *leading.borrow() {
+        readiness.set(false);
+        let (state, driver) = ClusterState::start(client.clone());
+        watches = Some(tokio::spawn(driver));
+        let mut stopping = stop.clone();
+        let synced = tokio::select! {
+            _ = state.wait_synced() => true,
+            _ = stopping.wait_for(|s| *s) => false,
+            _ = leading.wait_for(|l| !*l) => false,
+        };
+        if synced {
+            metrics.cluster_state_synced.get_or_create(&vec![]).set(1.0);
+            readiness.set(true);
+            tracing::info!("cluster state synced");
+        }
+        outcome = if !synced && !*leading.borrow() {
+            Err(RunError::LeadershipLost)
+        } else if synced {
+            lead(&ctx, &state, aws.as_ref(), &stop, &mut leading).await
+        } else {
+            Ok(())
+        };
+    }
+    elector_stop_tx.send_replace(true);
+    if let Some(elector) = elector {
+        let _ = elector.await;
+    }
+    stop_tx.send_replace(true);
+    if let Some(watches) = watches {
+        watches.abort();
+    }
+    while servers.join_next().await.is_some() {}
+    tracing::info!("stopped");
+    outcome
+}
+
+/// Runs the controllers until a stop signal (`Ok`) or the loss of leadership.
+async fn lead(
+    ctx: &Context,
+    state: &ClusterState,
+    aws: Option<&Arc<AwsCloudProvider>>,
+    stop: &watch::Receiver<bool>,
+    leading: &mut watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let mut outcome = Ok(());
+    {
         tracing::info!("starting controllers");
         let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
-        state.wait_synced().await;
-        let mut tasks = start_controllers(&ctx, &state, aws.as_ref(), &ctrl_stop);
+        let mut tasks = start_controllers(ctx, state, aws, &ctrl_stop);
         let mut stopping = stop.clone();
         loop {
             tokio::select! {
@@ -175,14 +209,6 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         }
         while tasks.join_next().await.is_some() {}
     }
-    elector_stop_tx.send_replace(true);
-    if let Some(elector) = elector {
-        let _ = elector.await;
-    }
-    stop_tx.send_replace(true);
-    watches.abort();
-    while servers.join_next().await.is_some() {}
-    tracing::info!("stopped");
     outcome
 }
 

@@ -107,6 +107,7 @@ async fn leader_handover_with_kwok() {
     assert_eq!(f.claims().await.len(), 3);
     assert!(second.log_contains("attempting to acquire leader lease"), "{}", second.log_tail());
     assert!(!second.log_contains("starting controllers"), "only the leader acts\n{}", second.log_tail());
+    assert!(second.is_ready().await, "a standby is ready while it waits");
 
     first.kill();
     let killed = Instant::now();
@@ -254,10 +255,12 @@ async fn many_nodes(n: usize) {
     })
     .await;
     let standby = Controller::start("kwok", &env);
-    wait_for("the standby's caches", Duration::from_secs(30), &standby, || async {
-        standby.log_contains("cluster state synced")
+    wait_for("the standby campaigning", Duration::from_secs(30), &standby, || async {
+        standby.log_contains("attempting to acquire leader lease")
     })
     .await;
+    // It holds no caches while it waits.
+    assert!(!standby.log_contains("cluster state synced"), "{}", standby.log_tail());
     let standby_at_start = standby.rss_kib();
     f.apply_class_and_pool(1_000_000).await;
     let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
