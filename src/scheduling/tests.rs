@@ -769,7 +769,10 @@ fn nodepool_from_the_api_object_with_extended_resource_limits() {
         assert_eq!(c.instance_type_names, vec!["g.1".to_string()]);
         assert_eq!(c.labels.get("workload").map(String::as_str), Some("gpu"));
     }
-    assert_eq!(error_of(&r), "nodepool \"gpu\": would exceed nodepool limits nvidia.com/gpu (0 left, the smallest instance type needs 1)");
+    assert_eq!(
+        error_of(&r),
+        "nodepool \"gpu\": would exceed nodepool limits nvidia.com/gpu (0 left, the smallest instance type needs 1)"
+    );
 }
 
 #[test]
@@ -780,7 +783,10 @@ fn nodes_limit_counts_nodeclaims() {
     };
     let r = schedule(&input(pods_n(3, |p| with_anti_affinity(p, LABEL_HOSTNAME, "x")), vec![np]));
     assert_eq!(r.new_node_claims.len(), 2);
-    assert_eq!(error_of(&r), "nodepool \"two\": would exceed nodepool limits nodes (0 left, the smallest instance type needs 1)");
+    assert_eq!(
+        error_of(&r),
+        "nodepool \"two\": would exceed nodepool limits nodes (0 left, the smallest instance type needs 1)"
+    );
 }
 
 #[test]
