@@ -47,6 +47,9 @@ use crate::cloudprovider::catalog::{Catalog, CatalogError};
 use crate::operator::Settings;
 use crate::scheduling::{InstanceType, Offering, Requirements, Resources};
 
+/// Nodes listed per request when the provider lists its instances.
+const LIST_PAGE: u32 = 100;
+
 /// Prefix of the provider IDs of kwok nodes: `kwok://<node name>`.
 pub const PROVIDER_ID_PREFIX: &str = "kwok://";
 /// Annotation marking a Node as simulated, with [`KWOK_NODE_VALUE`].
@@ -250,16 +253,25 @@ impl KwokCloudProvider {
             .ok_or_else(|| CloudProviderError::NotFound(provider_id.to_string()))
     }
 
+    /// Every instance: the Nodes it made, listed a page at a time (as EC2 pages DescribeInstances)
+    /// so that only one page of whole Node objects is held at once, and those not created yet.
     async fn list_impl(&self) -> Result<Vec<Instance>> {
-        let nodes = self.nodes().list(&ListParams::default()).await.map_err(|e| api_error("ListNodes", e))?;
-        let mut out: Vec<Instance> =
-            nodes.items.iter().filter(|n| is_instance(n)).map(node_instance).collect();
-        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        for (id, (instance, _)) in pending.iter() {
-            if !out.iter().any(|i| &i.provider_id == id) {
-                out.push(instance.clone());
+        let mut out: Vec<Instance> = Vec::new();
+        let mut params = ListParams::default().limit(LIST_PAGE);
+        loop {
+            let page = self.nodes().list(&params).await.map_err(|e| api_error("ListNodes", e))?;
+            out.extend(page.items.iter().filter(|n| is_instance(n)).map(node_instance));
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => break,
             }
         }
+        let listed: std::collections::HashSet<String> = out.iter().map(|i| i.provider_id.clone()).collect();
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        out.extend(
+            pending.iter().filter(|(id, _)| !listed.contains(*id)).map(|(_, (instance, _))| instance.clone()),
+        );
+        drop(pending);
         out.sort_by(|a, b| a.provider_id.cmp(&b.provider_id));
         Ok(out)
     }
