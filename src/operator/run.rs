@@ -139,12 +139,12 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             readiness.set(true);
             tracing::info!("cluster state synced");
         }
-        outcome = if !synced && !*leading.borrow() {
-            Err(RunError::LeadershipLost)
-        } else if synced {
+        outcome = if synced {
             lead(&ctx, &state, aws.as_ref(), &stop, &mut leading).await
+        } else if *leading.borrow() {
+            Ok(()) // stopped while syncing
         } else {
-            Ok(())
+            Err(RunError::LeadershipLost)
         };
     }
     elector_stop_tx.send_replace(true);
@@ -169,46 +169,44 @@ async fn lead(
     leading: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
     let mut outcome = Ok(());
-    {
-        tracing::info!("starting controllers");
-        let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
-        let mut tasks = start_controllers(ctx, state, aws, &ctrl_stop);
-        let mut stopping = stop.clone();
-        loop {
-            tokio::select! {
-                _ = stopping.changed() => if *stopping.borrow() { break },
-                r = leading.changed() => {
-                    if r.is_err() || !*leading.borrow() {
-                        outcome = Err(RunError::LeadershipLost);
-                        break;
-                    }
+    tracing::info!("starting controllers");
+    let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
+    let mut tasks = start_controllers(ctx, state, aws, &ctrl_stop);
+    let mut stopping = stop.clone();
+    loop {
+        tokio::select! {
+            _ = stopping.changed() => if *stopping.borrow() { break },
+            r = leading.changed() => {
+                if r.is_err() || !*leading.borrow() {
+                    outcome = Err(RunError::LeadershipLost);
+                    break;
                 }
             }
         }
-        if outcome.is_err() {
-            // Another replica may lead as soon as the Lease expires: nothing more is done here,
-            // not even finishing what is under way.
-            tracing::error!("leadership lost, stopping every controller now");
-            tasks.abort_all();
-        } else {
-            tracing::info!("stopping controllers");
-            ctrl_stop_tx.send_replace(true);
-            let drained = async {
-                tokio::select! {
-                    _ = async { while tasks.join_next().await.is_some() {} } => true,
-                    _ = leading.wait_for(|l| !*l) => false,
-                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => false,
-                }
-            };
-            if !drained.await {
-                tracing::warn!(
-                    "controllers did not stop within {SHUTDOWN_GRACE:?} (or leadership ended); aborting them"
-                );
-                tasks.abort_all();
-            }
-        }
-        while tasks.join_next().await.is_some() {}
     }
+    if outcome.is_err() {
+        // Another replica may lead as soon as the Lease expires: nothing more is done here,
+        // not even finishing what is under way.
+        tracing::error!("leadership lost, stopping every controller now");
+        tasks.abort_all();
+    } else {
+        tracing::info!("stopping controllers");
+        ctrl_stop_tx.send_replace(true);
+        let drained = async {
+            tokio::select! {
+                _ = async { while tasks.join_next().await.is_some() {} } => true,
+                _ = leading.wait_for(|l| !*l) => false,
+                _ = tokio::time::sleep(SHUTDOWN_GRACE) => false,
+            }
+        };
+        if !drained.await {
+            tracing::warn!(
+                "controllers did not stop within {SHUTDOWN_GRACE:?} (or leadership ended); aborting them"
+            );
+            tasks.abort_all();
+        }
+    }
+    while tasks.join_next().await.is_some() {}
     outcome
 }
 

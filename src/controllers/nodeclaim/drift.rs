@@ -16,7 +16,9 @@
 //!
 //! Every NodeClaim is looked at every 5 minutes, and within seconds of a NodePool, node class or
 //! NodeClaim change; a round woken by a NodeClaim change asks the cloud provider only about the
-//! claims it was not asked about in the last 5 minutes (or since a node class changed). Marking is all this controller does: the disruption controller replaces drifted nodes.
+//! claims it was not asked about in the last 5 minutes (or since a NodePool's spec or a node
+//! class changed). Marking is all this controller does: the disruption controller replaces
+//! drifted nodes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -143,8 +145,8 @@ pub fn instance_type_not_found(claim: &NodeClaim, types: &[Arc<InstanceType>]) -
 #[derive(Debug, Default)]
 pub struct Asked {
     at: HashMap<String, Instant>,
-    /// The node classes (name and resourceVersion) as the provider last judged them.
-    classes: u64,
+    /// [`drift_inputs_fingerprint`] when the answers were given.
+    inputs: u64,
 }
 
 impl Asked {
@@ -158,12 +160,11 @@ impl Asked {
             .is_none_or(|t| now.duration_since(*t) >= INTERVAL)
     }
 
-    /// Forgets every answer when the node classes changed (what the provider's drift depends on),
-    /// and the claims that are gone.
-    fn refresh(&mut self, claims: &[Arc<NodeClaim>], classes: u64) {
-        if classes != self.classes {
+    /// Forgets every answer when what drift depends on changed, and the claims that are gone.
+    fn refresh(&mut self, claims: &[Arc<NodeClaim>], inputs: u64) {
+        if inputs != self.inputs {
             self.at.clear();
-            self.classes = classes;
+            self.inputs = inputs;
         }
         let live: std::collections::HashSet<&str> =
             claims.iter().filter_map(|c| c.metadata.uid.as_deref()).collect();
@@ -328,7 +329,7 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
         || async {
             let claims = state.nodeclaims.state();
             let mut asked = asked.lock().await;
-            asked.refresh(&claims, classes_fingerprint(&state));
+            asked.refresh(&claims, drift_inputs_fingerprint(&state));
             round(&ctx.client, ctx.cloud.as_ref(), &claims, &state.nodepools.state(), &mut asked).await;
             Ok::<_, std::convert::Infallible>(Next::After(INTERVAL))
         },
@@ -336,9 +337,12 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     .await;
 }
 
-/// A fingerprint of the node classes as cached: names and resourceVersions (a status update,
-/// say a newly resolved AMI, changes it).
-fn classes_fingerprint(state: &ClusterState) -> u64 {
+/// A fingerprint of what the drift of every claim depends on besides the claim: the node classes
+/// as cached (names and resourceVersions: a status update, say a newly resolved AMI, changes it)
+/// and the NodePools' specs (names and generations: their status updates do not count). A claim
+/// whose static checks stop finding drift is cleared by the provider's answer, so a change here
+/// asks about every claim again.
+fn drift_inputs_fingerprint(state: &ClusterState) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut classes: Vec<(String, String)> = state
         .nodeclasses
@@ -347,8 +351,15 @@ fn classes_fingerprint(state: &ClusterState) -> u64 {
         .map(|c| (c.name_any(), c.resource_version().unwrap_or_default()))
         .collect();
     classes.sort();
+    let mut pools: Vec<(String, i64)> = state
+        .nodepools
+        .state()
+        .iter()
+        .map(|p| (p.name_any(), p.metadata.generation.unwrap_or_default()))
+        .collect();
+    pools.sort();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    classes.hash(&mut hasher);
+    (classes, pools).hash(&mut hasher);
     hasher.finish()
 }
 
