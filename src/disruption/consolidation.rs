@@ -215,7 +215,8 @@ fn allows(claim: &NewNodeClaim, capacity_type: &str) -> bool {
     claim.requirements.get(LABEL_CAPACITY_TYPE).is_none_or(|r| r.has(capacity_type))
 }
 
-fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
+/// Narrows `claim` to `types`.
+pub(crate) fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
     claim.instance_type_names = types.iter().map(|t| t.name.clone()).collect();
     claim.requirements.remove(LABEL_INSTANCE_TYPE);
     claim.requirements.add(LABEL_INSTANCE_TYPE, Requirement::in_values(claim.instance_type_names.clone()));
@@ -258,11 +259,16 @@ pub fn simulate_all(world: &World<'_>, candidates: &[&StateNode]) -> Result<Vec<
             format!("Not all pods would schedule, {shown}{more}"),
         ));
     }
+    // A candidate's pod may not count on a node that is not initialized yet. The pods of nodes
+    // already going away may (as upstream): their move was decided before, and the node they
+    // land on is most likely the replacement launched for them.
+    let going = world.base.going_pods();
+    let candidate_pod = |index: usize| displaced(index) && !going.contains(&index);
     let uninitialized: HashSet<&str> =
         input.existing_nodes.iter().filter(|n| !n.initialized).map(|n| n.name.as_str()).collect();
     for placement in &results.existing_placements {
         if uninitialized.contains(placement.node.as_str())
-            && placement.pods.iter().any(|p| displaced(p.index))
+            && placement.pods.iter().any(|p| candidate_pod(p.index))
         {
             return Err(Why::new(
                 Code::UninitializedTarget,

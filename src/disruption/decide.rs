@@ -12,9 +12,12 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::apis::NodePool;
+use crate::apis::labels::{
+    CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE,
+};
 use crate::apis::nodeclaim::conditions::{DRIFTED, REBALANCE_RECOMMENDED};
 use crate::apis::nodepool::DisruptionReason;
-use crate::scheduling::SchedulerOptions;
+use crate::scheduling::{NewNodeClaim, SchedulerOptions};
 use crate::state::StateNode;
 use crate::state::snapshot::Snapshot;
 use crate::state::statenode::state_nodes;
@@ -304,7 +307,8 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
 /// is not held by its pods: the grace period bounds the wait), empty ones first, then by how
 /// long they have been drifted, the first whose NodePool's `Drifted` budget allows one more and
 /// whose pods fit on the rest of the cluster plus as many new NodeClaims as they need (no price
-/// check). A drifted node whose pods would not fit is blocked, and the next one is tried.
+/// check). A drifted node whose pods would not fit is blocked (it says why) and the next one is
+/// tried, its budget untouched.
 fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Option<Command> {
     let pool_names: BTreeSet<String> = world.pools.keys().cloned().collect();
     let mut drifted: Vec<(&StateNode, String)> = Vec::new();
@@ -336,17 +340,20 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
             .then_with(|| at.cmp(bt))
             .then_with(|| a.name.cmp(&b.name))
     });
-    let mut budget = remaining(world, DisruptionReason::Drifted, pass);
+    // Only a command that acts spends budget: a node whose pods would not fit is skipped without
+    // taking its NodePool's slot, so one stuck node never holds back the others.
+    let budget = remaining(world, DisruptionReason::Drifted, pass);
     for (node, _) in drifted {
         let pool = node.nodepool().unwrap_or_default();
-        match budget.get_mut(pool) {
-            Some(b) if *b > 0 => *b -= 1,
-            _ => {
-                pass.budget_constrained = true;
-                continue;
-            }
+        if budget.get(pool).is_none_or(|b| *b == 0) {
+            pass.budget_constrained = true;
+            continue;
         }
-        match consolidation::simulate_all(world, &[node]) {
+        let moving_off = !is_true(conditions_of(node), DRIFTED);
+        let simulated = consolidation::simulate_all(world, &[node]).and_then(|replacements| {
+            if moving_off { without_offering_of(node, replacements) } else { Ok(replacements) }
+        });
+        match simulated {
             Ok(replacements) => {
                 let price = node.price.unwrap_or(0.0);
                 let decision = if replacements.is_empty() {
@@ -369,6 +376,48 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
         }
     }
     None
+}
+
+fn conditions_of(node: &StateNode) -> &[crate::apis::Condition] {
+    node.claim.as_deref().and_then(|c| c.status.as_ref()).map(|s| s.conditions.as_slice()).unwrap_or_default()
+}
+
+fn is_true(conditions: &[crate::apis::Condition], type_: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == type_ && c.status == crate::apis::common::ConditionStatus::True)
+}
+
+/// The replacements of a spot node EC2 recommended moving off (`REBALANCE_REPLACEMENT`), kept out
+/// of the node's own spot offering: a replacement that may launch as spot in the node's zone loses
+/// the node's instance type. Why not, when no type is left.
+fn without_offering_of(node: &StateNode, replacements: Vec<NewNodeClaim>) -> Result<Vec<NewNodeClaim>, Why> {
+    let (Some(instance_type), Some(zone)) =
+        (node.labels.get(LABEL_INSTANCE_TYPE), node.labels.get(LABEL_TOPOLOGY_ZONE))
+    else {
+        return Ok(replacements);
+    };
+    if node.capacity_type() != Some(CAPACITY_TYPE_SPOT) {
+        return Ok(replacements);
+    }
+    let allows =
+        |r: &NewNodeClaim, key: &str, value: &str| r.requirements.get(key).is_none_or(|q| q.has(value));
+    replacements
+        .into_iter()
+        .map(|mut r| {
+            if !(allows(&r, LABEL_CAPACITY_TYPE, CAPACITY_TYPE_SPOT) && allows(&r, LABEL_TOPOLOGY_ZONE, zone)) {
+                return Ok(r);
+            }
+            let others: Vec<_> =
+                r.instance_type_options.iter().filter(|t| &t.name != instance_type).cloned().collect();
+            if others.is_empty() {
+                return Err(Why::new(
+                    Code::NoOtherOffering,
+                    format!("No offering to move to other than the recommended one (spot {instance_type} in {zone})"),
+                ));
+            }
+            consolidation::set_types(&mut r, others);
+            Ok(r)
+        })
+        .collect()
 }
 
 /// Why a validated command may not run.

@@ -66,6 +66,8 @@ pub enum Code {
     MinValues,
     /// Too few cheaper types for a single spot node's spot replacement.
     SpotToSpotOptions,
+    /// A spot node EC2 recommended moving off has nowhere to go but its own spot offering.
+    NoOtherOffering,
     /// A Balanced NodePool's score of the move is too low.
     BalancedScore,
     /// The NodePool's disruption budget allows nothing more now.

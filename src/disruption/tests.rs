@@ -486,7 +486,7 @@ fn drift_replaces_one_node_at_a_time_empties_first_then_the_longest_drifted() {
 fn a_rebalance_recommended_node_is_replaced_as_a_drifted_one() {
     let only_drift = json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]});
     let mut c = Cluster::new(vec![pool("p", only_drift, &["spot"])]);
-    c.types = vec![itype("large", 4, 0.40, Some(0.12))];
+    c.types = vec![itype("large", 4, 0.40, Some(0.12)), itype("xlarge", 8, 0.80, Some(0.30))];
     c.node("warned", "p", "large", "spot", json!({}))
         .pod("a", "warned", "3", json!({}))
         .node("calm", "p", "large", "spot", json!({}))
@@ -628,4 +628,88 @@ fn six_lightly_used_nodes_under_a_one_at_a_time_pdb_go_in_one_multi_node_command
     let pass = c.decide();
     let command = pass.command.as_ref().expect("a command");
     assert_eq!(command.method, Method::MultiNode, "{:?}", command.plan.candidates);
+}
+
+#[test]
+fn a_drifted_node_that_cannot_be_replaced_spends_no_budget_and_the_next_one_goes() {
+    // Four drifted nodes under a budget of one; the longest drifted runs a pod that can only run
+    // on it. It is blocked with its reason, and the next drifted node is replaced.
+    let held =
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "1"}]});
+    let mut c = Cluster::new(vec![pool("p", held, &["on-demand"])]);
+    for (n, since) in [
+        ("stuck", "2026-11-24T10:00:00Z"),
+        ("a", "2026-11-24T10:10:00Z"),
+        ("b", "2026-11-24T10:20:00Z"),
+        ("c", "2026-11-24T10:30:00Z"),
+    ] {
+        c.node(n, "p", "large", "on-demand", json!({}))
+            .pod(&format!("w-{n}"), n, "3", json!({}))
+            .drifted(n, since, None);
+    }
+    for pod in c.pods.iter_mut().filter(|p| p.metadata.name.as_deref() == Some("w-stuck")) {
+        Arc::make_mut(pod).spec.as_mut().unwrap().node_selector =
+            Some([("kubernetes.io/hostname".to_string(), "stuck".to_string())].into());
+    }
+    let pass = c.decide();
+    let command = pass.command.as_ref().expect("a drift command");
+    assert_eq!((command.method, command.plan.candidates.clone()), (Method::Drift, vec!["a".to_string()]));
+    assert_eq!(pass.blocked["stuck"].code, Code::PodsWouldNotSchedule, "the stuck node says why");
+}
+
+#[test]
+fn pods_of_a_node_going_away_may_count_on_an_uninitialized_node() {
+    // `going` is being deleted; its pod will land on `fresh`, the replacement launched for it,
+    // which is not initialized yet. That must not keep `c` (whose pod fits on `d`) from being
+    // consolidated: only a candidate's own pods may not count on an uninitialized node.
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("c", "p", "small", "on-demand", json!({}))
+        .pod("w-c", "c", "1", json!({}))
+        .node("d", "p", "large", "on-demand", json!({}))
+        .pod("w-d", "d", "2", json!({}))
+        .node("going", "p", "large", "on-demand", json!({}))
+        .pod("w-going", "going", "3500m", json!({}))
+        .node("fresh", "p", "large", "on-demand", json!({}));
+    for pod in c.pods.iter_mut().filter(|p| p.metadata.name.as_deref() == Some("w-c")) {
+        Arc::make_mut(pod).spec.as_mut().unwrap().node_selector =
+            Some([("kubernetes.io/hostname".to_string(), "d".to_string())].into());
+    }
+    let deleted: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time =
+        serde_json::from_value(json!("2026-11-24T11:59:00Z")).unwrap();
+    for claim in c.claims.iter_mut() {
+        let claim = Arc::make_mut(claim);
+        match claim.metadata.name.as_deref() {
+            Some("going") => claim.metadata.deletion_timestamp = Some(deleted.clone()),
+            Some("fresh") => claim.status.as_mut().unwrap().conditions.clear(),
+            _ => {}
+        }
+    }
+    for node in c.nodes.iter_mut().filter(|n| n.metadata.name.as_deref() == Some("fresh")) {
+        Arc::make_mut(node).metadata.labels.as_mut().unwrap().remove("karpenter.sh/initialized");
+    }
+    let outcome = c.run(|w| {
+        let candidate = w.nodes.iter().find(|n| n.name == "c").unwrap();
+        super::consolidation::simulate_all(w, &[candidate]).map(|r| r.len()).map_err(|why| why.message)
+    });
+    assert_eq!(outcome, Ok(0), "c's pod fits on d; going's pod may land on the fresh node");
+}
+
+#[test]
+fn a_rebalance_replacement_never_goes_back_to_the_recommended_spot_offering() {
+    let only_drift = json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]});
+    let mut c = Cluster::new(vec![pool("p", only_drift, &["spot"])]);
+    c.types = vec![itype("large", 4, 0.40, Some(0.12)), itype("xlarge", 8, 0.80, Some(0.30))];
+    c.node("warned", "p", "large", "spot", json!({})).pod("a", "warned", "3", json!({}));
+    c.condition("warned", "RebalanceRecommended", "RebalanceRecommendation", "2026-11-24T11:59:00Z", None);
+    let pass = c.decide();
+    let command = pass.command.as_ref().expect("a replacement");
+    assert_eq!(command.plan.replacement_types(), ["xlarge"], "the cheaper large is the recommended offering");
+    // With no other type, the node stays and says why.
+    c.types = vec![itype("large", 4, 0.40, Some(0.12))];
+    let pass = c.decide();
+    assert!(pass.command.is_none());
+    assert_eq!(pass.blocked["warned"].code, Code::NoOtherOffering);
+    // A drifted node is replaced as usual, on its own type if it is the best.
+    c.drifted("warned", "2026-11-24T11:59:30Z", None);
+    assert_eq!(c.decide().command.expect("drift").plan.replacement_types(), ["large"]);
 }

@@ -185,6 +185,12 @@ impl<'a> Base<'a> {
     pub fn pending_count(&self) -> usize {
         self.pending_count
     }
+
+    /// Where the pods of nodes already going away stand in every scenario's pods: after the
+    /// pending ones, before those of the nodes a scenario leaves out.
+    pub fn going_pods(&self) -> std::ops::Range<usize> {
+        self.pending_count..self.input.pods.len()
+    }
 }
 
 /// The reschedulable pods of `nodes` not in `seen` (each once).
