@@ -4,9 +4,11 @@
 //! A node that pods were nominated to within the nomination window is about to receive them: it
 //! must not be chosen for disruption (upstream's `StateNode.Nominated`). A NodeClaim marked for
 //! deletion counts as going away for every decision that follows, before its deletion is written
-//! (upstream's `MarkedForDeletion`). Marks are keyed by node name or NodeClaim name; a mark set on
-//! a NodeClaim's name applies to its node as well, and the other way round (see
-//! [`super::statenode`]).
+//! (upstream's `MarkedForDeletion`). Nominations are keyed by node or NodeClaim name (they run
+//! out within seconds); deletion marks by NodeClaim UID, and a mark is dropped as soon as its
+//! NodeClaim has left the cluster: NodeClaim names come from `generateName` and are reused, and a
+//! new claim that happens to get an old one's name must not inherit its mark. A mark applies to
+//! the claim's node as well (see [`super::statenode`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -26,7 +28,8 @@ pub fn nomination_window(batch_max_duration: Duration) -> Duration {
 #[derive(Debug, Default)]
 struct Inner {
     nominated: HashMap<String, Instant>,
-    deleting: HashSet<String>,
+    /// NodeClaim UID -> name.
+    deleting: HashMap<String, String>,
 }
 
 /// The marks.
@@ -56,30 +59,26 @@ impl Marks {
         self.lock().nominated.iter().filter(|(_, t)| **t > now).map(|(n, _)| n.clone()).collect()
     }
 
-    /// Marks NodeClaims as being deleted by a decision of this process.
-    pub fn mark_for_deletion<'a>(&self, claims: impl IntoIterator<Item = &'a str>) {
+    /// Marks NodeClaims, given as `(uid, name)`, as being deleted by a decision of this process.
+    pub fn mark_for_deletion<'a>(&self, claims: impl IntoIterator<Item = (&'a str, &'a str)>) {
         let mut inner = self.lock();
-        inner.deleting.extend(claims.into_iter().map(str::to_string));
+        inner.deleting.extend(claims.into_iter().map(|(uid, name)| (uid.to_string(), name.to_string())));
     }
 
-    /// Takes the marks back (the decision was abandoned), or drops them (the claims are gone).
-    pub fn unmark<'a>(&self, claims: impl IntoIterator<Item = &'a str>) {
+    /// Takes the marks of the NodeClaims with these UIDs back (the decision was abandoned).
+    pub fn unmark<'a>(&self, uids: impl IntoIterator<Item = &'a str>) {
         let mut inner = self.lock();
-        for c in claims {
-            inner.deleting.remove(c);
+        for uid in uids {
+            inner.deleting.remove(uid);
         }
     }
 
-    /// The NodeClaims marked for deletion.
-    pub fn marked_for_deletion(&self) -> HashSet<String> {
-        self.lock().deleting.clone()
-    }
-
-    /// Drops every mark about `name` (its object is gone).
-    pub fn forget(&self, name: &str) {
+    /// The names of the NodeClaims marked for deletion, of those whose UID `live` still holds;
+    /// the marks of the others are dropped for good (their claims are gone).
+    pub fn marked_for_deletion(&self, live: &HashSet<&str>) -> HashSet<String> {
         let mut inner = self.lock();
-        inner.nominated.remove(name);
-        inner.deleting.remove(name);
+        inner.deleting.retain(|uid, _| live.contains(uid.as_str()));
+        inner.deleting.values().cloned().collect()
     }
 }
 
@@ -111,10 +110,20 @@ mod tests {
     #[test]
     fn deletion_marks_come_and_go() {
         let marks = Marks::default();
-        marks.mark_for_deletion(["a", "b"]);
-        marks.unmark(["a"]);
-        assert_eq!(marks.marked_for_deletion(), HashSet::from(["b".to_string()]));
-        marks.forget("b");
-        assert!(marks.marked_for_deletion().is_empty());
+        marks.mark_for_deletion([("uid-a", "a"), ("uid-b", "b")]);
+        marks.unmark(["uid-a"]);
+        let live = HashSet::from(["uid-a", "uid-b"]);
+        assert_eq!(marks.marked_for_deletion(&live), HashSet::from(["b".to_string()]));
+    }
+
+    #[test]
+    fn a_claim_that_reuses_a_gone_claims_name_is_not_marked() {
+        let marks = Marks::default();
+        marks.mark_for_deletion([("uid-1", "default-abcde")]);
+        assert_eq!(marks.marked_for_deletion(&HashSet::from(["uid-1"])).len(), 1);
+        // The claim is gone; a new one got the same name.
+        assert!(marks.marked_for_deletion(&HashSet::from(["uid-2"])).is_empty());
+        // And the mark is gone for good, not only hidden.
+        assert!(marks.marked_for_deletion(&HashSet::from(["uid-1", "uid-2"])).is_empty());
     }
 }

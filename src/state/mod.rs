@@ -34,7 +34,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
@@ -193,6 +193,8 @@ pub struct ClusterState {
     pub storage_classes: Store<StorageClass>,
     /// CSINodes (volume attach limits per node).
     pub csi_nodes: Store<CSINode>,
+    /// VolumeAttachments (termination waits for a drained node's to be gone).
+    pub volume_attachments: Store<VolumeAttachment>,
     /// LimitRanges (the container defaults of pods not created yet, DaemonSet pods among them).
     pub limit_ranges: Store<LimitRange>,
     /// Provider-ID joins and pods by node.
@@ -380,6 +382,7 @@ impl ClusterState {
         let (persistent_volume_claims, pvcs_w) = reflector::store();
         let (storage_classes, storage_classes_w) = reflector::store();
         let (csi_nodes, csi_nodes_w) = reflector::store();
+        let (volume_attachments, volume_attachments_w) = reflector::store();
         let (limit_ranges, limit_ranges_w) = reflector::store();
         let index = Arc::new(index::Index::default());
         let feed = Arc::new(Feed::default());
@@ -495,6 +498,18 @@ impl ClusterState {
         let storage_classes_f =
             drive_other::<StorageClass>("storageclasses", storage_classes_w, &client, &feed);
         let csi_nodes_f = drive_other::<CSINode>("csinodes", csi_nodes_w, &client, &feed);
+        // Read by termination only, which polls: a change wakes no decision.
+        let volume_attachments_f = drive(
+            "volumeattachments",
+            reflector::reflector(
+                volume_attachments_w,
+                watches::typed(
+                    Api::<VolumeAttachment>::all(client.clone()),
+                    watches::trim::<VolumeAttachment>,
+                ),
+            ),
+            |_: &Event<VolumeAttachment>| {},
+        );
         let limit_ranges_f = drive_other::<LimitRange>("limitranges", limit_ranges_w, &client, &feed);
         let state = ClusterState {
             pods,
@@ -509,6 +524,7 @@ impl ClusterState {
             persistent_volume_claims,
             storage_classes,
             csi_nodes,
+            volume_attachments,
             limit_ranges,
             index,
             marks: Arc::new(Marks::default()),
@@ -540,6 +556,7 @@ impl ClusterState {
                 pvcs_f,
                 storage_classes_f,
                 csi_nodes_f,
+                volume_attachments_f,
                 limit_ranges_f
             );
         };
@@ -582,6 +599,7 @@ impl ClusterState {
             ready("persistentvolumeclaims", &self.persistent_volume_claims),
             ready("storageclasses", &self.storage_classes),
             ready("csinodes", &self.csi_nodes),
+            ready("volumeattachments", &self.volume_attachments),
             ready("limitranges", &self.limit_ranges),
         );
     }
@@ -695,6 +713,16 @@ impl ClusterState {
         (claims, nodes)
     }
 
+    /// The cached VolumeAttachments of Node `node`.
+    pub fn volume_attachments_of(&self, node: &str) -> Vec<Arc<VolumeAttachment>> {
+        self.volume_attachments.state().into_iter().filter(|va| va.spec.node_name == node).collect()
+    }
+
+    /// The cached PersistentVolumeClaim `namespace/name`.
+    pub fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        self.persistent_volume_claims.get(&ObjectRef::new(name).within(namespace))
+    }
+
     /// The cached pods bound to Node `node`, finished ones excluded.
     pub fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
         self.index
@@ -718,10 +746,13 @@ impl ClusterState {
 
     /// A consistent-enough copy of the caches and marks for one decision, without instance types.
     pub fn snapshot(&self) -> Snapshot {
+        let nodeclaims = self.nodeclaims.state();
+        let live: HashSet<&str> = nodeclaims.iter().filter_map(|c| c.metadata.uid.as_deref()).collect();
+        let marked_for_deletion = self.marks.marked_for_deletion(&live);
         Snapshot {
             pods: self.pods.state(),
             nodes: self.nodes.state(),
-            nodeclaims: self.nodeclaims.state(),
+            nodeclaims,
             nodepools: self.nodepools.state(),
             nodeclasses: self.nodeclasses.state(),
             daemonsets: self.daemonsets.state(),
@@ -733,7 +764,7 @@ impl ClusterState {
             csi_nodes: self.csi_nodes.state(),
             limit_ranges: self.limit_ranges.state(),
             nominated: self.marks.nominated(),
-            marked_for_deletion: self.marks.marked_for_deletion(),
+            marked_for_deletion,
             ..Default::default()
         }
     }

@@ -27,6 +27,10 @@ pub const STUCK_TERMINATING_AFTER: SignedDuration = SignedDuration::from_secs(60
 /// The grace period Kubernetes gives a pod that does not set `terminationGracePeriodSeconds`.
 pub const DEFAULT_POD_GRACE_PERIOD_SECONDS: i64 = 30;
 
+/// The shortest grace period a pod is deleted with, even past the node's termination deadline
+/// (as upstream): one second, never zero.
+pub const MIN_DELETE_GRACE_SECONDS: i64 = 1;
+
 /// The order in which pods leave a draining node. A group starts only once every pod of the
 /// groups before it is gone, so that critical and node-level services outlive the workloads that
 /// may still need them while shutting down.
@@ -108,10 +112,16 @@ pub struct DrainPlan<'a> {
     pub evict: Vec<&'a Pod>,
     /// Pods to delete now, each with the grace period (seconds) that ends at the deadline, because
     /// waiting for their eviction would run past the node's termination deadline (past the
-    /// deadline: every pod left, with no grace period).
+    /// deadline: every pod left, with [`MIN_DELETE_GRACE_SECONDS`]). Never 0: a pod deleted with
+    /// no grace leaves the API at once while its containers may still run, and its replacement
+    /// (a StatefulSet's same-named pod) could then run beside it.
     pub delete: Vec<(&'a Pod, i64)>,
-    /// Whether the node's termination deadline has passed: the drain is over, finished or not.
+    /// Whether the node's termination deadline has passed: nothing is evicted any more, and the
+    /// drain is over once the pods deleted at the deadline have had their grace period.
     pub expired: bool,
+    /// Whether every pod left is terminating with its grace period over (its deletion time has
+    /// come): past the deadline, the instance may then go.
+    pub settled: bool,
     /// Pods of [`DrainPlan::remaining`] that `karpenter.sh/do-not-disrupt` protects: they are not
     /// evicted, and leave only when deleted at the termination deadline (minus their own grace
     /// period); without a deadline they keep the node.
@@ -121,7 +131,7 @@ pub struct DrainPlan<'a> {
 impl DrainPlan<'_> {
     /// Whether nothing keeps the node any longer.
     pub fn is_drained(&self) -> bool {
-        self.expired || self.remaining.is_empty()
+        self.remaining.is_empty() || (self.expired && self.settled)
     }
 }
 
@@ -134,10 +144,16 @@ pub fn plan<P: Borrow<Pod>>(pods: &[P], now: Timestamp, deadline: Option<Timesta
         Some(deadline) if !expired => {
             remaining.iter().filter_map(|p| expiring(p, now, deadline).map(|g| (*p, g))).collect()
         }
-        // Past the deadline, what is left is deleted at once as the node goes.
-        Some(_) => remaining.iter().filter(|p| !is_terminating(p)).map(|p| (*p, 0)).collect(),
+        // Past the deadline, what is left is deleted with the shortest grace period, and the
+        // node waits for it (a pod terminating with a later deletion time is shortened too).
+        Some(_) => remaining
+            .iter()
+            .filter(|p| grace_left(p, now).is_none_or(|left| left > MIN_DELETE_GRACE_SECONDS))
+            .map(|p| (*p, MIN_DELETE_GRACE_SECONDS))
+            .collect(),
         None => Vec::new(),
     };
+    let settled = remaining.iter().all(|p| grace_left(p, now).is_some_and(|left| left <= 0));
     let protected: Vec<&Pod> = remaining
         .iter()
         .filter(|p| !is_terminating(p) && do_not_disrupt(p, now).is_active())
@@ -153,7 +169,13 @@ pub fn plan<P: Borrow<Pod>>(pods: &[P], now: Timestamp, deadline: Option<Timesta
         .filter(|p| !delete.iter().any(|(d, _)| std::ptr::eq(*d, **p)))
         .copied()
         .collect();
-    DrainPlan { remaining, group, evict, delete, expired, protected }
+    DrainPlan { remaining, group, evict, delete, expired, settled, protected }
+}
+
+/// Seconds until a terminating pod's deletion time (negative once past), `None` if it is not
+/// terminating.
+fn grace_left(pod: &Pod, now: Timestamp) -> Option<i64> {
+    pod.metadata.deletion_timestamp.as_ref().map(|t| t.0.duration_since(now).as_secs())
 }
 
 /// The grace period to delete `pod` with, when it must be deleted now so that it is gone by
@@ -172,7 +194,7 @@ fn expiring(pod: &Pod, now: Timestamp, deadline: Timestamp) -> Option<i64> {
         .unwrap_or(DEFAULT_POD_GRACE_PERIOD_SECONDS)
         .max(0);
     let left = deadline.duration_since(now).as_secs();
-    (left <= own).then_some(left.max(0))
+    (left <= own).then_some(left.max(MIN_DELETE_GRACE_SECONDS))
 }
 
 /// PersistentVolumeClaims (`(namespace, name)`) of the pods that stay on the node although it is
@@ -196,13 +218,14 @@ pub fn claims_of_undrained_pods<P: Borrow<Pod>>(pods: &[P], now: Timestamp) -> B
 /// Names of the VolumeAttachments of `node` that must be gone before its instance is terminated:
 /// all of them except those of the persistent volumes in `ignored_volumes` (the volumes of pods
 /// that were not drained, which cannot be detached while those pods run).
-pub fn pending_volume_attachments(
-    attachments: &[VolumeAttachment],
+pub fn pending_volume_attachments<V: Borrow<VolumeAttachment>>(
+    attachments: &[V],
     node: &str,
     ignored_volumes: &BTreeSet<String>,
 ) -> Vec<String> {
     attachments
         .iter()
+        .map(Borrow::borrow)
         .filter(|va| va.spec.node_name == node)
         .filter(|va| {
             va.spec.source.persistent_volume_name.as_ref().is_none_or(|pv| !ignored_volumes.contains(pv))
@@ -481,20 +504,36 @@ mod tests {
     }
 
     #[test]
-    fn past_the_deadline_the_drain_is_over() {
+    fn past_the_deadline_pods_are_deleted_with_a_grace_period_and_waited_for() {
+        let deadline = Some(ts("2026-01-01T00:10:00Z"));
         let pods = [pod("a", ""), pod("b", "ds")];
-        let plan = plan(&pods, ts(NOW), Some(ts("2026-01-01T00:10:00Z")));
-        assert!(plan.expired && plan.is_drained());
-        // What is left is deleted at once, never evicted.
+        let p = plan(&pods, ts(NOW), deadline);
+        assert!(p.expired);
+        assert!(!p.is_drained(), "the instance waits for the pods deleted at the deadline");
+        // What is left is deleted with a grace period of one second (never 0), never evicted.
         assert_eq!(
-            plan.delete
+            p.delete
                 .iter()
                 .map(|(p, g)| (p.metadata.name.clone().unwrap_or_default(), *g))
                 .collect::<Vec<_>>(),
-            [("a".into(), 0), ("b".into(), 0)]
+            [("a".into(), 1), ("b".into(), 1)]
         );
-        assert!(plan.evict.is_empty());
-        assert_eq!(plan.remaining.len(), 2);
+        assert!(p.evict.is_empty());
+        assert_eq!(p.remaining.len(), 2);
+        // Deleted: terminating until a second from now; the drain waits for that second.
+        let deleting = format!("deleting={}", ts(NOW).checked_add(SignedDuration::from_secs(1)).unwrap());
+        let pods = [pod("a", &deleting), pod("b", &format!("ds,{deleting}"))];
+        let p = plan(&pods, ts(NOW), deadline);
+        assert!(p.delete.is_empty(), "not deleted again");
+        assert!(!p.is_drained());
+        let later = ts(NOW).checked_add(SignedDuration::from_secs(1)).unwrap();
+        assert!(plan(&pods, later, deadline).is_drained(), "their grace period is over");
+        // A pod terminating with a longer grace period than is left is shortened.
+        let slow = format!("deleting={}", ts(NOW).checked_add(SignedDuration::from_secs(600)).unwrap());
+        let pods = [pod("c", &slow)];
+        let p = plan(&pods, ts(NOW), deadline);
+        assert_eq!(p.delete.iter().map(|(_, g)| *g).collect::<Vec<_>>(), [1]);
+        assert!(!p.is_drained());
     }
 
     fn claim(tgp: Option<&str>, annotation: Option<&str>) -> NodeClaim {

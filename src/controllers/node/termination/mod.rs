@@ -17,7 +17,10 @@
 //! controller has them; a node the cache shows drained is checked against the API server before
 //! the instance goes, and a NodeClaim the cache does not have yet is looked up there too.
 //!
-//! Steps 3 and 4 end early once the termination deadline has passed. A node without NodeClaim is
+//! Once the termination deadline has passed, nothing is evicted any more: the pods left are
+//! deleted with a grace period of one second (never 0, so that no pod object disappears while its
+//! containers still run), the instance goes once that second is over, and step 4 is skipped.
+//! A node without NodeClaim is
 //! still drained before its finalizer goes. Errors are logged with the node's name and retried
 //! with backoff; they never stop the controller.
 
@@ -30,8 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Api, ResourceExt};
@@ -69,6 +71,9 @@ const EVICTION_WAIT: Duration = Duration::from_secs(5);
 const DRAIN_CONCURRENCY: usize = 32;
 /// Delay between two checks of an instance that is shutting down.
 const INSTANCE_POLL: Duration = Duration::from_secs(5);
+/// How soon a node past its termination deadline is looked at again (its pods were deleted with
+/// a second of grace).
+const EXPIRED_POLL: Duration = Duration::from_secs(1);
 
 /// Errors of one reconcile of a node.
 #[derive(Debug, Error)]
@@ -290,11 +295,11 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
         if outcome.evicted + outcome.deleted > 0 {
             t.with_progress(&name, |p| p.attempts = 0);
         }
+        if plan.expired {
+            // Past the deadline the pods were deleted with a second of grace: look again then.
+            return Ok(Next::After(EXPIRED_POLL));
+        }
         return Ok(Next::After(t.wait(&name, WAIT_CAP)));
-    }
-    if plan.expired && !plan.delete.is_empty() {
-        // The pods whose deletion time came with the deadline itself go with the node.
-        execute(ctx, &node, &plan, deadline).await;
     }
     let expired = plan.expired;
     let first_drain = t.with_progress(&name, |p| !std::mem::replace(&mut p.drained, true));
@@ -311,7 +316,7 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
 
     // Volumes.
     if !expired {
-        let pending = pending_volume_attachments(ctx, &name, &pods, now).await?;
+        let pending = pending_volume_attachments(&t.cluster, &name, &pods, now);
         if !pending.is_empty() {
             tracing::info!(
                 node = %name,
@@ -555,7 +560,9 @@ async fn delete_pod(ctx: &Context, node: &str, pod: &Pod, grace: i64, deadline: 
     let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = DeleteParams {
-        grace_period_seconds: Some(u32::try_from(grace).unwrap_or(0)),
+        grace_period_seconds: Some(
+            u32::try_from(grace.max(drain::MIN_DELETE_GRACE_SECONDS)).unwrap_or(u32::MAX),
+        ),
         preconditions: uid_precondition(pod.uid()),
         ..Default::default()
     };
@@ -592,28 +599,21 @@ async fn delete_pod(ctx: &Context, node: &str, pod: &Pod, grace: i64, deadline: 
 /// Names of the node's VolumeAttachments that must still go: see
 /// [`drain::pending_volume_attachments`]. Volumes are ignored when they back a
 /// PersistentVolumeClaim of a pod that stays on the node (see [`drain::claims_of_undrained_pods`]).
-async fn pending_volume_attachments(
-    ctx: &Context,
+/// Both come from the shared caches (a watch), filtered by node: nothing is listed per reconcile.
+fn pending_volume_attachments(
+    cluster: &ClusterState,
     node: &str,
     pods: &[Arc<Pod>],
     now: Timestamp,
-) -> Result<Vec<String>, Error> {
-    let attachments: Api<VolumeAttachment> = Api::all(ctx.client.clone());
-    let attachments =
-        attachments.list(&ListParams::default()).await.map_err(kube_error("list volumeattachments"))?;
-    if !attachments.items.iter().any(|va| va.spec.node_name == node) {
-        return Ok(Vec::new());
+) -> Vec<String> {
+    let attachments = cluster.volume_attachments_of(node);
+    if attachments.is_empty() {
+        return Vec::new();
     }
-    let mut ignored = BTreeSet::new();
-    for (namespace, claim) in drain::claims_of_undrained_pods(pods, now) {
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        let found = claims
-            .get_opt(&claim)
-            .await
-            .map_err(kube_error(format!("get persistentvolumeclaim {namespace}/{claim}")))?;
-        if let Some(volume) = found.and_then(|c| c.spec).and_then(|s| s.volume_name) {
-            ignored.insert(volume);
-        }
-    }
-    Ok(drain::pending_volume_attachments(&attachments.items, node, &ignored))
+    let ignored: BTreeSet<String> = drain::claims_of_undrained_pods(pods, now)
+        .into_iter()
+        .filter_map(|(namespace, claim)| cluster.persistent_volume_claim(&namespace, &claim))
+        .filter_map(|c| c.spec.as_ref().and_then(|s| s.volume_name.clone()))
+        .collect();
+    drain::pending_volume_attachments(&attachments, node, &ignored)
 }

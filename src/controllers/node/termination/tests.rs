@@ -14,7 +14,7 @@ use kube::api::PostParams;
 
 use super::*;
 use crate::apis::NodePool;
-use crate::apis::labels::TAINT_DISRUPTED;
+use crate::apis::labels::{ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, TAINT_DISRUPTED};
 use crate::cloudprovider::{BoxFuture, CloudProvider, DriftReason, Instance};
 use crate::controllers::Events;
 use crate::controllers::node::with_disrupted_taint;
@@ -145,6 +145,8 @@ pub(crate) struct Harness {
     pub(crate) client: Client,
     pub(crate) name: String,
     pub(crate) cloud: Arc<FakeCloud>,
+    /// The paths of the requests the controller made (not its caches' watches).
+    requests: Arc<std::sync::Mutex<Vec<String>>>,
     metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
     controller: tokio::task::JoinHandle<()>,
@@ -166,8 +168,18 @@ impl Harness {
         let cloud = Arc::new(FakeCloud::default());
         let metrics = Arc::new(Metrics::unregistered());
         let settings = Cli::try_parse_from(["karpenter", "--cluster-name", "test"]).unwrap().settings;
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recording = {
+            let requests = requests.clone();
+            let record = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+                requests.lock().unwrap().push(req.uri().path().to_string());
+                req
+            });
+            let config = kube::Config::infer().await.unwrap();
+            kube::client::ClientBuilder::try_from(config).unwrap().with_layer(&record).build()
+        };
         let ctx = Context {
-            client: client.clone(),
+            client: recording,
             cloud: cloud.clone(),
             settings: Arc::new(settings),
             metrics: metrics.clone(),
@@ -188,7 +200,7 @@ impl Harness {
             ..Default::default()
         };
         namespaces.create(&PostParams::default(), &namespace).await.unwrap();
-        Harness { client, name, cloud, metrics, stop, controller, watches }
+        Harness { client, name, cloud, requests, metrics, stop, controller, watches }
     }
 
     /// A fake node managed by kwok, with our finalizer and provider ID `kwok://<name>`.
@@ -575,6 +587,96 @@ async fn a_do_not_disrupt_pod_is_deleted_at_the_termination_grace_period() {
         h.wait_gone_after_its_pods().await;
         assert!(h.has_event("pinned", reasons::DISRUPTED).await);
         assert!(!h.has_event("pinned", reasons::EVICTED).await);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_forceful_termination_deletes_pods_with_a_grace_period_before_the_instance_goes() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    with_harness("term-forceful", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        // As repair and failed status checks do: the deadline is now.
+        let now = Timestamp::now().to_string();
+        let annotate =
+            json!({"metadata": {"annotations": {ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP: now}}});
+        Api::<NodeClaim>::all(h.client.clone())
+            .patch(&h.name, &PatchParams::default(), &Patch::Merge(&annotate))
+            .await
+            .unwrap();
+        h.create_pinned_pod("stateful-0", 30).await;
+        h.wait_for_running(1).await;
+        // Every grace period the pod is deleted with, and how many termination requests the
+        // instance had by then.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<(i64, usize)>::new()));
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let recorder = {
+            let (seen, cloud) = (seen.clone(), h.cloud.clone());
+            let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.name);
+            tokio::spawn(async move {
+                let mut ready_tx = Some(ready_tx);
+                let mut events = watcher(pods, watcher::Config::default()).boxed();
+                while let Some(Ok(event)) = events.next().await {
+                    match event {
+                        watcher::Event::InitDone => {
+                            if let Some(tx) = ready_tx.take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                        watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
+                            if let Some(grace) = pod.metadata.deletion_grace_period_seconds {
+                                seen.lock().unwrap().push((grace, cloud.deletes.load(Ordering::SeqCst)));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        };
+        ready.await.unwrap();
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+        h.wait_gone_after_its_pods().await;
+        recorder.abort();
+        let seen = seen.lock().unwrap().clone();
+        assert!(!seen.is_empty(), "the pod was deleted gracefully, not removed at once");
+        // Karpenter's deletion comes first, with a grace period; the kubelet's (kwok's) confirmation
+        // of the stopped pod follows with 0, as a kubelet's does.
+        assert!(seen[0].0 >= 1, "deleted with a grace period, never 0: {seen:?}");
+        assert_eq!(seen[0].1, 0, "the instance was terminated only after the pod's deletion: {seen:?}");
+        assert!(h.has_event("stateful-0", reasons::DISRUPTED).await);
+    })
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_drained_node_waits_for_its_volume_attachments_read_from_the_cache() {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    with_harness("term-volumes", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        let attachments: Api<VolumeAttachment> = Api::all(h.client.clone());
+        let attachment: VolumeAttachment = serde_json::from_value(json!({
+            "metadata": {"name": h.name},
+            "spec": {"attacher": "ebs.csi.aws.com", "nodeName": h.name, "source": {"persistentVolumeName": h.name}}
+        }))
+        .unwrap();
+        attachments.create(&PostParams::default(), &attachment).await.unwrap();
+
+        Api::<Node>::all(h.client.clone()).delete(&h.name, &DeleteParams::default()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(h.node().await.is_some(), "the node waits for its volume attachment");
+        assert_eq!(h.cloud.deletes.load(Ordering::SeqCst), 0, "the instance waits too");
+        attachments.delete(&h.name, &DeleteParams::default()).await.unwrap();
+        eventually("the node to be gone", Duration::from_secs(60), || async { h.node().await.is_none() })
+            .await;
+        let listed: Vec<String> =
+            h.requests.lock().unwrap().iter().filter(|p| p.contains("volumeattachments")).cloned().collect();
+        assert!(listed.is_empty(), "volume attachments come from the watch, not a list per reconcile: {listed:?}");
     })
     .await;
 }
