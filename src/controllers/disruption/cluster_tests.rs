@@ -32,6 +32,14 @@ async fn command_after(h: &Harness, arrive: impl std::future::Future<Output = ()
     run_command(h, arrive, None, None).await
 }
 
+/// How the command's cluster state and time limit are set.
+struct Setup {
+    /// The command's cluster state never sees a NodeClaim (a cache lagging behind).
+    stale_claims: bool,
+    /// How long the replacement has to initialize.
+    timeout: Duration,
+}
+
 /// A replacement of one m5.large from NodePool `pool` (whose template names no node class that
 /// exists: it never launches).
 fn replacement(pool: &str) -> NewNodeClaim {
@@ -71,6 +79,17 @@ async fn run_command(
     replacement: Option<NewNodeClaim>,
     pool: Option<Arc<NodePool>>,
 ) -> Arc<Metrics> {
+    let setup = Setup { stale_claims: false, timeout: Duration::from_secs(3) };
+    run_command_with(h, arrive, replacement, pool, setup).await
+}
+
+async fn run_command_with(
+    h: &Harness,
+    arrive: impl std::future::Future<Output = ()>,
+    replacement: Option<NewNodeClaim>,
+    pool: Option<Arc<NodePool>>,
+    setup: Setup,
+) -> Arc<Metrics> {
     let (state, watches) = ClusterState::start(h.client.clone());
     let watches = tokio::spawn(watches);
     state.wait_synced().await;
@@ -94,6 +113,7 @@ async fn run_command(
     };
     let in_flight = InFlight::default();
     in_flight.lock().unwrap().insert(h.name.clone(), true);
+    let state = if setup.stale_claims { state.forgetting_pods_and_nodeclaims() } else { state };
     let run = Run {
         ctx,
         state,
@@ -112,7 +132,7 @@ async fn run_command(
         },
         nodes: vec![node],
         pools: pool.into_iter().map(|p| (p.metadata.name.clone().unwrap_or_default(), p)).collect(),
-        timeout: Duration::from_secs(3),
+        timeout: setup.timeout,
     };
     tokio::time::timeout(Duration::from_secs(60), run.execute()).await.expect("the command ends");
     assert!(in_flight.lock().unwrap().is_empty(), "the node left the in-flight set");
@@ -206,6 +226,108 @@ async fn a_replacement_that_never_initializes_keeps_the_node() {
         for claim in made.items {
             let _ = claims.delete(&claim.name_any(), &Default::default()).await;
         }
+    })
+    .await;
+}
+
+/// Heal and undo never untaint a node that is draining: neither one being deleted (though the
+/// copy they hold predates its deletion) nor one whose NodeClaim is being deleted.
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn the_disrupted_taint_stays_on_a_node_or_nodeclaim_being_deleted() {
+    use crate::controllers::node::remove_disrupted_taint;
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    use serde_json::json;
+    const HOLD: &str = "karpenter-rs.test/hold";
+    let client = kube::Client::try_default().await.unwrap();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let name = format!("untaint-{}-{}", std::process::id(), nanos % 1_000_000_000);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let taint = json!([{"key": TAINT_DISRUPTED, "effect": "NoSchedule"}]);
+    let new_node = |n: &str| -> Node {
+        serde_json::from_value(json!({"metadata": {"name": n, "finalizers": [HOLD]},
+            "spec": {"taints": taint}}))
+        .unwrap()
+    };
+    let tainted = |node: Node| {
+        node.spec.and_then(|s| s.taints).unwrap_or_default().iter().any(|t| t.key == TAINT_DISRUPTED)
+    };
+
+    // A node being deleted, seen through a copy from before its deletion.
+    let going = format!("{name}-node");
+    let before = nodes.create(&PostParams::default(), &new_node(&going)).await.unwrap();
+    nodes.delete(&going, &DeleteParams::default()).await.unwrap();
+    let kept = remove_disrupted_taint(&client, &before, None).await.unwrap();
+    assert!(kept.is_none());
+    assert!(tainted(nodes.get(&going).await.unwrap()), "the draining node kept its taint");
+
+    // A node whose NodeClaim is being deleted.
+    let stays = format!("{name}-claimed");
+    let node = nodes.create(&PostParams::default(), &new_node(&stays)).await.unwrap();
+    let claim: NodeClaim = serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": stays, "finalizers": [HOLD]},
+        "spec": {"requirements": [], "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}}}))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    claims.delete(&stays, &DeleteParams::default()).await.unwrap();
+    assert!(remove_disrupted_taint(&client, &node, Some(&stays)).await.unwrap().is_none());
+    assert!(tainted(nodes.get(&stays).await.unwrap()), "the node of a deleting NodeClaim kept its taint");
+
+    // Once nothing is going away, the taint goes.
+    let release = json!({"metadata": {"finalizers": null}});
+    claims.patch(&stays, &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    let node = nodes.get(&stays).await.unwrap();
+    assert!(remove_disrupted_taint(&client, &node, Some(&stays)).await.unwrap().is_some());
+    assert!(!tainted(nodes.get(&stays).await.unwrap()));
+
+    for n in [&going, &stays] {
+        let _ = nodes.patch(n, &PatchParams::default(), &Patch::Merge(&release)).await;
+        let _ = nodes.delete(n, &DeleteParams::default()).await;
+    }
+}
+
+/// A replacement the cluster state has not seen yet is not taken for gone: the API server is
+/// asked, and the command goes on once the replacement initializes.
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn a_replacement_the_cache_does_not_show_is_waited_for() {
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+    with_harness("disrupt-lag", |h| async move {
+        h.create_node().await;
+        h.create_claim(None).await;
+        let pool = format!("{}-pool", h.name);
+        let claims: Api<NodeClaim> = Api::all(h.client.clone());
+        // Stands in for the lifecycle: initializes the replacement as soon as it exists.
+        let initializer = {
+            let (claims, pool) = (claims.clone(), pool.clone());
+            tokio::spawn(async move {
+                loop {
+                    let made = claims
+                        .list(&ListParams::default().labels(&format!("{LABEL_NODEPOOL}={pool}")))
+                        .await
+                        .unwrap();
+                    if let Some(claim) = made.items.first() {
+                        let status = json!({"status": {"conditions": [{"type": "Initialized", "status": "True",
+                            "reason": "Initialized", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+                        claims
+                            .patch_status(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&status))
+                            .await
+                            .unwrap();
+                        return claim.name_any();
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        };
+        let setup = Setup { stale_claims: true, timeout: Duration::from_secs(30) };
+        let metrics = run_command_with(&h, async {}, Some(replacement(&pool)), Some(nodepool(&pool)), setup).await;
+        let made = initializer.await.unwrap();
+        assert_eq!(failures(&metrics, "replace"), 0, "the command did not give up");
+        let old = claims.get_opt(&h.name).await.unwrap();
+        assert!(old.is_none_or(|c| c.metadata.deletion_timestamp.is_some()), "the old NodeClaim was deleted");
+        let _ = claims.delete(&made, &Default::default()).await;
     })
     .await;
 }

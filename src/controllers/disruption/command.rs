@@ -108,8 +108,13 @@ enum Failure {
 }
 
 impl Run {
-    fn claim_names(&self) -> Vec<String> {
-        self.nodes.iter().filter_map(|n| n.claim_name().map(str::to_string)).collect()
+    /// The candidates' NodeClaims as `(uid, name)`.
+    fn claim_ids(&self) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.claim.as_deref())
+            .filter_map(|c| Some((c.metadata.uid.clone()?, c.name_any())))
+            .collect()
     }
 
     /// Runs the command to its end; the nodes leave the in-flight set when it is over.
@@ -173,7 +178,7 @@ impl Run {
         // 1. Taint, and say why on the NodeClaims.
         for node in &self.nodes {
             if let Some(k8s) = &node.node {
-                crate::controllers::node::write_disrupted_taint(&self.ctx.client, k8s, true, false)
+                crate::controllers::node::add_disrupted_taint(&self.ctx.client, k8s, false)
                     .await
                     .map_err(|source| Failure::Taint { node: node.name.clone(), source })?;
             }
@@ -248,8 +253,8 @@ impl Run {
     }
 
     fn mark(&self) {
-        let claims = self.claim_names();
-        self.state.marks.mark_for_deletion(claims.iter().map(String::as_str));
+        let claims = self.claim_ids();
+        self.state.marks.mark_for_deletion(claims.iter().map(|(uid, name)| (uid.as_str(), name.as_str())));
     }
 
     fn count_decision(&self) {
@@ -313,12 +318,27 @@ impl Run {
         let start = Instant::now();
         let (mut told_launching, mut told_waiting) = (false, false);
         loop {
-            let Some(claim) = self.state.nodeclaim(name) else {
-                return Err(Failure::ReplacementGone(name.to_string()));
+            let claim = match self.state.nodeclaim(name) {
+                Some(cached)
+                    if cached.metadata.uid == created.metadata.uid
+                        && cached.metadata.deletion_timestamp.is_none() =>
+                {
+                    Some(cached)
+                }
+                // The cache may lag behind: only the API server says the replacement is gone.
+                _ => match self.live_replacement(name, created).await {
+                    Live::Here(claim) => Some(claim),
+                    Live::Gone => return Err(Failure::ReplacementGone(name.to_string())),
+                    Live::Unknown => None,
+                },
             };
-            if claim.metadata.deletion_timestamp.is_some() {
-                return Err(Failure::ReplacementGone(name.to_string()));
-            }
+            let Some(claim) = claim else {
+                if start.elapsed() >= self.timeout {
+                    return Err(Failure::Timeout(name.to_string(), self.timeout));
+                }
+                tokio::time::sleep(POLL).await;
+                continue;
+            };
             let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
             if is_true(conditions, INITIALIZED) {
                 self.launched
@@ -352,6 +372,24 @@ impl Run {
         }
     }
 
+    /// The replacement `created` as the API server has it.
+    async fn live_replacement(&self, name: &str, created: &NodeClaim) -> Live {
+        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+        match api.get_opt(name).await {
+            Ok(Some(claim))
+                if claim.metadata.uid == created.metadata.uid
+                    && claim.metadata.deletion_timestamp.is_none() =>
+            {
+                Live::Here(Arc::new(claim))
+            }
+            Ok(_) => Live::Gone,
+            Err(error) => {
+                tracing::warn!(controller = CONTROLLER, NodeClaim = %name, error = %error_chain(&error), "reading the replacement nodeclaim");
+                Live::Unknown
+            }
+        }
+    }
+
     async fn delete(&self) {
         let reason = self.command.reason();
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
@@ -363,7 +401,7 @@ impl Run {
                 Err(e) => {
                     // Its taint stays until the next pass heals it; the node keeps running.
                     tracing::error!(controller = CONTROLLER, NodeClaim = %claim.name_any(), error = %error_chain(&e), "deleting nodeclaim");
-                    self.state.marks.unmark([claim.name_any().as_str()]);
+                    self.state.marks.unmark(claim.metadata.uid.as_deref());
                     continue;
                 }
             }
@@ -389,22 +427,24 @@ impl Run {
         }
     }
 
-    /// Removes the taint and the condition. Read from the API server, not the cache: a command
-    /// that fails right after tainting would otherwise see a cached node without the taint and
-    /// leave it (until the next pass healed it).
+    /// Removes the taint and the condition, unless the node or its NodeClaim is being deleted
+    /// meanwhile. Read from the API server, not the cache: a command that fails right after
+    /// tainting would otherwise see a cached node without the taint and leave it (until the next
+    /// pass healed it), and a cache may not show a deletion yet.
     async fn undo(&self) {
-        let claims = self.claim_names();
-        self.state.marks.unmark(claims.iter().map(String::as_str));
+        let claims = self.claim_ids();
+        self.state.marks.unmark(claims.iter().map(|(uid, _)| uid.as_str()));
         let nodes: Api<Node> = Api::all(self.ctx.client.clone());
         let claims: Api<NodeClaim> = Api::all(self.ctx.client.clone());
         for node in &self.nodes {
             if let Some(name) = node.node_name() {
+                // A node whose NodeClaim is being deleted meanwhile (expiry, interruption, a user)
+                // keeps its taint: it is draining.
                 let removed = match nodes.get_opt(name).await {
-                    Ok(Some(current)) => crate::controllers::node::write_disrupted_taint(
+                    Ok(Some(current)) => crate::controllers::node::remove_disrupted_taint(
                         &self.ctx.client,
                         &current,
-                        false,
-                        false,
+                        node.claim_name(),
                     )
                     .await
                     .map(|_| ()),
@@ -417,8 +457,11 @@ impl Run {
             }
             if let Some(name) = node.claim_name() {
                 match claims.get_opt(name).await {
-                    Ok(Some(claim)) => clear_disruption_reason(&self.ctx.client, &claim).await,
-                    Ok(None) => {}
+                    // A NodeClaim being deleted keeps saying why.
+                    Ok(Some(claim)) if claim.metadata.deletion_timestamp.is_none() => {
+                        clear_disruption_reason(&self.ctx.client, &claim).await
+                    }
+                    Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(controller = CONTROLLER, NodeClaim = %name, error = %error_chain(&e), "removing the DisruptionReason condition")
                     }
@@ -426,6 +469,16 @@ impl Run {
             }
         }
     }
+}
+
+/// What the API server says of a replacement.
+enum Live {
+    /// There, not being deleted.
+    Here(Arc<NodeClaim>),
+    /// Deleted, being deleted, or another NodeClaim of the same name.
+    Gone,
+    /// The API server did not answer.
+    Unknown,
 }
 
 /// Sets `DisruptionReason=True` with `reason` on `claim` (best effort: the taint is what keeps

@@ -282,7 +282,8 @@ impl Controller {
                     t.key == TAINT_DISRUPTED && t.effect == crate::apis::common::TaintEffect::NoSchedule
                 })
                 && let Err(error) =
-                    crate::controllers::node::write_disrupted_taint(&self.ctx.client, k8s, false, false).await
+                    crate::controllers::node::remove_disrupted_taint(&self.ctx.client, k8s, node.claim_name())
+                        .await
             {
                 tracing::warn!(controller = CONTROLLER, Node = %node.name, error = %crate::operator::error_chain(&error), "removing a stale disrupted taint");
             }

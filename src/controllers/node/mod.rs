@@ -11,6 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use crate::apis::NodeClaim;
 use crate::apis::labels::TAINT_DISRUPTED;
 
 /// The label that takes a node out of external load balancers while it drains (as upstream sets
@@ -39,23 +40,58 @@ const TAINT_ATTEMPTS: usize = 3;
 /// Taints `node` `karpenter.sh/disrupted:NoSchedule` (and labels it out of external load
 /// balancers), unless it already is, as termination does. Returns the tainted node.
 pub async fn taint_disrupted(client: &Client, node: &Node) -> Result<Option<Node>, kube::Error> {
-    write_disrupted_taint(client, node, true, true).await
+    add_disrupted_taint(client, node, true).await
 }
 
-/// Adds (`present`) or removes the `karpenter.sh/disrupted:NoSchedule` taint of `node`, and
-/// with `exclude_from_load_balancers` labels it out of external load balancers. The taints are
-/// written whole, conditional on the version they were read at, so a taint someone else adds
-/// meanwhile is never lost: on a conflict the node is read again and the write retried at once.
-/// Returns the node as written, `None` when there was nothing to change.
-pub async fn write_disrupted_taint(
+/// Removes the `karpenter.sh/disrupted:NoSchedule` taint of `node`, unless the node or its
+/// NodeClaim `claim` is being deleted: a draining node keeps it, or new pods would land there.
+/// Both are read from the API server (a cache may not show a deletion yet) before the write, and
+/// again before each retry after a conflict. Returns the node as written, `None` when the taint
+/// stays or was not there.
+pub async fn remove_disrupted_taint(
+    client: &Client,
+    node: &Node,
+    claim: Option<&str>,
+) -> Result<Option<Node>, kube::Error> {
+    write_taint(client, node, false, false, claim).await
+}
+
+/// Adds the `karpenter.sh/disrupted:NoSchedule` taint to `node`, and with
+/// `exclude_from_load_balancers` labels it out of external load balancers. The taints are written
+/// whole, conditional on the version they were read at, so a taint someone else adds meanwhile is
+/// never lost: on a conflict the node is read again and the write retried at once. Returns the
+/// node as written, `None` when there was nothing to change.
+pub async fn add_disrupted_taint(
+    client: &Client,
+    node: &Node,
+    exclude_from_load_balancers: bool,
+) -> Result<Option<Node>, kube::Error> {
+    write_taint(client, node, true, exclude_from_load_balancers, None).await
+}
+
+async fn write_taint(
     client: &Client,
     node: &Node,
     present: bool,
     exclude_from_load_balancers: bool,
+    claim: Option<&str>,
 ) -> Result<Option<Node>, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let mut current = node.clone();
+    let claims: Api<NodeClaim> = Api::all(client.clone());
+    let mut current = if present { node.clone() } else { nodes.get(&node.name_any()).await? };
     for attempt in 1..=TAINT_ATTEMPTS {
+        if !present {
+            let claim_going = match claim {
+                Some(name) => {
+                    claims.get_opt(name).await?.is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+                }
+                None => false,
+            };
+            if current.metadata.deletion_timestamp.is_some() || claim_going {
+                tracing::debug!(node = %node.name_any(), "leaving the disrupted taint of a node being deleted");
+                return Ok(None);
+            }
+        }
         let taints = current.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
         let taints = if present { with_disrupted_taint(taints) } else { without_disrupted_taint(taints) };
         let Some(taints) = taints else { return Ok(None) };
