@@ -44,6 +44,78 @@ pub enum RunError {
     /// replacement starts from a clean state.
     #[error("leader election lost")]
     LeadershipLost,
+    /// A controller (or the cluster-state watches) stopped on its own while leading: the process
+    /// exits, releasing the Lease, so that a standby takes over with every controller running.
+    #[error("controller {name} stopped unexpectedly{}", if *.panicked { " (it panicked)" } else { "" })]
+    ControllerEnded {
+        /// Which controller.
+        name: &'static str,
+        /// Whether it panicked (else it returned).
+        panicked: bool,
+    },
+}
+
+/// The controllers' tasks, each with its name.
+#[derive(Default)]
+struct Controllers {
+    tasks: JoinSet<()>,
+    names: std::collections::HashMap<tokio::task::Id, &'static str>,
+}
+
+impl Controllers {
+    fn spawn(&mut self, name: &'static str, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let handle = self.tasks.spawn(task);
+        self.names.insert(handle.id(), name);
+    }
+
+    /// The name of the task that ended as `ended` says, and whether it panicked.
+    fn ended(&self, ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>) -> (&'static str, bool) {
+        let (id, panicked) = match ended {
+            Ok((id, ())) => (id, false),
+            Err(error) => (error.id(), error.is_panic()),
+        };
+        (self.names.get(&id).copied().unwrap_or("unknown"), panicked)
+    }
+}
+
+/// Why the leader stops leading.
+#[derive(Debug, PartialEq)]
+enum Stop {
+    /// A stop signal.
+    Signal,
+    /// The Lease was lost.
+    LeadershipLost,
+    /// A task ended on its own.
+    Ended { name: &'static str, panicked: bool },
+}
+
+/// Waits until the leader must stop: a stop signal, the loss of the Lease, or a controller task
+/// (or the cluster-state `watches`) ending on its own, which a controller never does while
+/// leading.
+async fn supervise(
+    controllers: &mut Controllers,
+    watches: &mut tokio::task::JoinHandle<()>,
+    stop: &mut watch::Receiver<bool>,
+    leading: &mut watch::Receiver<bool>,
+) -> Stop {
+    loop {
+        tokio::select! {
+            _ = stop.changed() => if *stop.borrow() { return Stop::Signal },
+            r = leading.changed() => {
+                if r.is_err() || !*leading.borrow() {
+                    return Stop::LeadershipLost;
+                }
+            }
+            Some(ended) = controllers.tasks.join_next_with_id() => {
+                let (name, panicked) = controllers.ended(ended);
+                return Stop::Ended { name, panicked };
+            }
+            ended = &mut *watches => {
+                let panicked = ended.as_ref().err().is_some_and(|e| e.is_panic());
+                return Stop::Ended { name: "cluster-state", panicked };
+            }
+        }
+    }
 }
 
 /// How long the controllers get to finish after a stop signal.
@@ -127,7 +199,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     if !*stop.borrow() && *leading.borrow() {
         readiness.set(false);
         let (state, driver) = ClusterState::start(client.clone());
-        watches = Some(tokio::spawn(driver));
+        let watches = watches.insert(tokio::spawn(driver));
         let mut stopping = stop.clone();
         let synced = tokio::select! {
             _ = state.wait_synced() => true,
@@ -140,7 +212,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             tracing::info!("cluster state synced");
         }
         outcome = if synced {
-            lead(&ctx, &state, aws.as_ref(), &stop, &mut leading).await
+            lead(&ctx, &state, aws.as_ref(), watches, &stop, &mut leading).await
         } else if *leading.borrow() {
             Ok(()) // stopped while syncing
         } else {
@@ -160,50 +232,56 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     outcome
 }
 
-/// Runs the controllers until a stop signal (`Ok`) or the loss of leadership.
+/// Runs the controllers until a stop signal (`Ok`), the loss of leadership, or a controller (or
+/// the cluster-state `watches`) ending on its own.
 async fn lead(
     ctx: &Context,
     state: &ClusterState,
     aws: Option<&Arc<AwsCloudProvider>>,
+    watches: &mut tokio::task::JoinHandle<()>,
     stop: &watch::Receiver<bool>,
     leading: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
-    let mut outcome = Ok(());
     tracing::info!("starting controllers");
     let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
-    let mut tasks = start_controllers(ctx, state, aws, &ctrl_stop);
+    let mut controllers = start_controllers(ctx, state, aws, &ctrl_stop);
     let mut stopping = stop.clone();
-    loop {
-        tokio::select! {
-            _ = stopping.changed() => if *stopping.borrow() { break },
-            r = leading.changed() => {
-                if r.is_err() || !*leading.borrow() {
-                    outcome = Err(RunError::LeadershipLost);
-                    break;
-                }
-            }
-        }
-    }
-    if outcome.is_err() {
-        // Another replica may lead as soon as the Lease expires: nothing more is done here,
-        // not even finishing what is under way.
-        tracing::error!("leadership lost, stopping every controller now");
-        tasks.abort_all();
-    } else {
-        tracing::info!("stopping controllers");
-        ctrl_stop_tx.send_replace(true);
-        let drained = async {
-            tokio::select! {
-                _ = async { while tasks.join_next().await.is_some() {} } => true,
-                _ = leading.wait_for(|l| !*l) => false,
-                _ = tokio::time::sleep(SHUTDOWN_GRACE) => false,
-            }
-        };
-        if !drained.await {
-            tracing::warn!(
-                "controllers did not stop within {SHUTDOWN_GRACE:?} (or leadership ended); aborting them"
-            );
+    let why = supervise(&mut controllers, watches, &mut stopping, leading).await;
+    let outcome = match why {
+        Stop::Signal => Ok(()),
+        Stop::LeadershipLost => Err(RunError::LeadershipLost),
+        Stop::Ended { name, panicked } => Err(RunError::ControllerEnded { name, panicked }),
+    };
+    let tasks = &mut controllers.tasks;
+    match &outcome {
+        Err(RunError::LeadershipLost) => {
+            // Another replica may lead as soon as the Lease expires: nothing more is done here,
+            // not even finishing what is under way.
+            tracing::error!("leadership lost, stopping every controller now");
             tasks.abort_all();
+        }
+        Err(error) => {
+            // This replica cannot do its whole job: it stops at once and releases the Lease, so
+            // that a standby with every controller running takes over.
+            tracing::error!(error = %error, "a controller stopped unexpectedly, giving up leadership");
+            tasks.abort_all();
+        }
+        Ok(()) => {
+            tracing::info!("stopping controllers");
+            ctrl_stop_tx.send_replace(true);
+            let drained = async {
+                tokio::select! {
+                    _ = async { while tasks.join_next().await.is_some() {} } => true,
+                    _ = leading.wait_for(|l| !*l) => false,
+                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => false,
+                }
+            };
+            if !drained.await {
+                tracing::warn!(
+                    "controllers did not stop within {SHUTDOWN_GRACE:?} (or leadership ended); aborting them"
+                );
+                tasks.abort_all();
+            }
         }
     }
     while tasks.join_next().await.is_some() {}
@@ -216,8 +294,8 @@ fn start_controllers(
     state: &ClusterState,
     aws: Option<&Arc<AwsCloudProvider>>,
     stop: &watch::Receiver<bool>,
-) -> JoinSet<()> {
-    let mut tasks = JoinSet::new();
+) -> Controllers {
+    let mut tasks = Controllers::default();
     let mut first_refresh = None;
     if let Some(aws) = aws {
         // Launches after a restart must not wait for the node-class controller to resolve the
@@ -226,42 +304,54 @@ fn start_controllers(
         let seeded = aws.node_classes().seed(state.nodeclasses.state().iter().map(|c| (**c).clone()));
         tracing::debug!(count = seeded, "node classes known from the API");
         let (fetched_tx, fetched) = tokio::sync::oneshot::channel();
-        tasks.spawn(crate::cloudprovider::aws::controllers::refresh::run(
-            aws.clone(),
-            ctx.settings.isolated_vpc,
-            fetched_tx,
-            stop.clone(),
-        ));
+        tasks.spawn(
+            "aws.refresh",
+            crate::cloudprovider::aws::controllers::refresh::run(
+                aws.clone(),
+                ctx.settings.isolated_vpc,
+                fetched_tx,
+                stop.clone(),
+            ),
+        );
         first_refresh = Some(fetched);
         if let Some(queue) = ctx.settings.interruption_queue() {
-            tasks.spawn(crate::cloudprovider::aws::controllers::interruption::run_queue(
+            tasks.spawn(
+                crate::cloudprovider::aws::controllers::interruption::CONTROLLER,
+                crate::cloudprovider::aws::controllers::interruption::run_queue(
+                    ctx.clone(),
+                    state.clone(),
+                    aws.clone(),
+                    queue.to_string(),
+                    stop.clone(),
+                ),
+            );
+        }
+        tasks.spawn(
+            crate::cloudprovider::aws::controllers::interruption::STATUS_CONTROLLER,
+            crate::cloudprovider::aws::controllers::interruption::run_instance_status(
                 ctx.clone(),
                 state.clone(),
                 aws.clone(),
-                queue.to_string(),
                 stop.clone(),
-            ));
-        }
-        tasks.spawn(crate::cloudprovider::aws::controllers::interruption::run_instance_status(
-            ctx.clone(),
-            state.clone(),
-            aws.clone(),
-            stop.clone(),
-        ));
-        tasks.spawn(crate::cloudprovider::aws::controllers::nodeclass::run(
-            ctx.client.clone(),
-            state.clone(),
-            aws.clone(),
-            ctx.events.clone(),
-            stop.clone(),
-        ));
+            ),
+        );
+        tasks.spawn(
+            crate::cloudprovider::aws::controllers::nodeclass::CONTROLLER,
+            crate::cloudprovider::aws::controllers::nodeclass::run(
+                ctx.client.clone(),
+                state.clone(),
+                aws.clone(),
+                ctx.events.clone(),
+                stop.clone(),
+            ),
+        );
     }
     {
         // The first launches wait (a little) for the instance types and current prices, so that a
         // NodePool allowing spot does not start on on-demand for want of spot prices. The other
         // controllers start at once.
         let (ctx, state, stop) = (ctx.clone(), state.clone(), stop.clone());
-        tasks.spawn(async move {
+        tasks.spawn(controllers::provisioning::CONTROLLER, async move {
             if let Some(fetched) = first_refresh
                 && tokio::time::timeout(FIRST_REFRESH_WAIT, fetched).await.is_err()
             {
@@ -271,23 +361,52 @@ fn start_controllers(
         });
     }
     if aws.is_none() {
-        tasks.spawn(crate::cloudprovider::kwok::controllers::run(
-            ctx.client.clone(),
-            state.clone(),
-            stop.clone(),
-        ));
+        tasks.spawn(
+            crate::cloudprovider::kwok::controllers::CONTROLLER,
+            crate::cloudprovider::kwok::controllers::run(ctx.client.clone(), state.clone(), stop.clone()),
+        );
     }
-    tasks.spawn(controllers::nodeclaim::lifecycle::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::node::termination::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::nodeclaim::garbagecollection::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::nodeclaim::drift::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::nodepool::status::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::node::metrics::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::nodeclaim::consolidatable::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::nodeclaim::expiration::run(ctx.clone(), state.clone(), stop.clone()));
-    tasks.spawn(controllers::disruption::run(ctx.clone(), state.clone(), stop.clone()));
+    tasks.spawn(
+        controllers::nodeclaim::lifecycle::CONTROLLER,
+        controllers::nodeclaim::lifecycle::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::node::termination::CONTROLLER,
+        controllers::node::termination::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::nodeclaim::garbagecollection::CONTROLLER,
+        controllers::nodeclaim::garbagecollection::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::nodeclaim::drift::CONTROLLER,
+        controllers::nodeclaim::drift::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::nodepool::status::CONTROLLER,
+        controllers::nodepool::status::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::node::metrics::CONTROLLER,
+        controllers::node::metrics::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::nodeclaim::consolidatable::CONTROLLER,
+        controllers::nodeclaim::consolidatable::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::nodeclaim::expiration::CONTROLLER,
+        controllers::nodeclaim::expiration::run(ctx.clone(), state.clone(), stop.clone()),
+    );
+    tasks.spawn(
+        controllers::disruption::CONTROLLER,
+        controllers::disruption::run(ctx.clone(), state.clone(), stop.clone()),
+    );
     if controllers::node::health::enabled(ctx) {
-        tasks.spawn(controllers::node::health::run(ctx.clone(), state.clone(), stop.clone()));
+        tasks.spawn(
+            controllers::node::health::CONTROLLER,
+            controllers::node::health::run(ctx.clone(), state.clone(), stop.clone()),
+        );
     }
     tasks
 }
@@ -345,7 +464,7 @@ async fn cloud_provider(
                 tracing::error!(error = %error_chain(&e), "starting the aws cloud provider");
                 RunError::CloudProvider { provider: "aws", source: Box::new(e) }
             };
-            let clients = AwsClients::from_env().await.map_err(fail)?;
+            let clients = AwsClients::for_controller().await.map_err(fail)?;
             let mut options = Options::new(settings.cluster_name.clone().unwrap_or_default());
             options.cluster_endpoint = settings.cluster_endpoint.clone();
             options.node_class_refresh = settings.nodeclass_refresh_interval;
@@ -370,5 +489,72 @@ async fn cloud_provider(
             let provider = Arc::new(AwsCloudProvider::new(clients, options).await.map_err(fail)?);
             Ok((provider.clone(), Some(provider)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn channels() -> (watch::Sender<bool>, watch::Receiver<bool>, watch::Sender<bool>, watch::Receiver<bool>)
+    {
+        let (stop_tx, stop) = watch::channel(false);
+        let (leading_tx, leading) = watch::channel(true);
+        (stop_tx, stop, leading_tx, leading)
+    }
+
+    fn running() -> tokio::task::JoinHandle<()> {
+        tokio::spawn(futures::future::pending())
+    }
+
+    #[tokio::test]
+    async fn a_controller_that_returns_stops_the_leader() {
+        let (_stop_tx, mut stop, _leading_tx, mut leading) = channels();
+        let mut controllers = Controllers::default();
+        controllers.spawn("steady", futures::future::pending());
+        controllers.spawn("broken", async {});
+        let why = supervise(&mut controllers, &mut running(), &mut stop, &mut leading).await;
+        assert_eq!(why, Stop::Ended { name: "broken", panicked: false });
+    }
+
+    #[tokio::test]
+    async fn a_controller_that_panics_stops_the_leader() {
+        let (_stop_tx, mut stop, _leading_tx, mut leading) = channels();
+        let mut controllers = Controllers::default();
+        controllers.spawn("steady", futures::future::pending());
+        controllers.spawn("crashing", async { panic!("boom") });
+        let why = supervise(&mut controllers, &mut running(), &mut stop, &mut leading).await;
+        assert_eq!(why, Stop::Ended { name: "crashing", panicked: true });
+    }
+
+    #[tokio::test]
+    async fn the_cluster_state_watches_ending_stop_the_leader() {
+        let (_stop_tx, mut stop, _leading_tx, mut leading) = channels();
+        let mut controllers = Controllers::default();
+        controllers.spawn("steady", futures::future::pending());
+        let mut watches = tokio::spawn(async {});
+        let why = supervise(&mut controllers, &mut watches, &mut stop, &mut leading).await;
+        assert_eq!(why, Stop::Ended { name: "cluster-state", panicked: false });
+    }
+
+    #[tokio::test]
+    async fn a_stop_signal_and_a_lost_lease_are_told_apart() {
+        let (stop_tx, mut stop, leading_tx, mut leading) = channels();
+        let mut controllers = Controllers::default();
+        controllers.spawn("steady", futures::future::pending());
+        stop_tx.send_replace(true);
+        assert_eq!(supervise(&mut controllers, &mut running(), &mut stop, &mut leading).await, Stop::Signal);
+        let (_stop_tx, mut stop, _, _) = channels();
+        leading_tx.send_replace(false);
+        assert_eq!(
+            supervise(&mut controllers, &mut running(), &mut stop, &mut leading).await,
+            Stop::LeadershipLost
+        );
+    }
+
+    #[test]
+    fn the_error_names_the_controller() {
+        let error = RunError::ControllerEnded { name: "disruption", panicked: true };
+        assert_eq!(error.to_string(), "controller disruption stopped unexpectedly (it panicked)");
     }
 }

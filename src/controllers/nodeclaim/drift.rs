@@ -314,6 +314,9 @@ async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
     }
 }
 
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "nodeclaim.disruption.drift";
+
 /// Runs the controller until `stop` turns true.
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
     // NodePool and node class edits are what drift most claims at once: looked at within seconds,
@@ -321,19 +324,13 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     let interest = Interest { nodepools: true, nodeclasses: true, nodeclaims: true, ..Interest::default() };
     let wake = Coalesced { changes: state.feed().subscribe(interest), settle: Duration::from_secs(2) };
     let asked = Arc::new(tokio::sync::Mutex::new(Asked::default()));
-    run_singleton(
-        Options::new("nodeclaim.disruption.drift"),
-        Some(ctx.metrics.clone()),
-        wake,
-        stop,
-        || async {
-            let claims = state.nodeclaims.state();
-            let mut asked = asked.lock().await;
-            asked.refresh(&claims, drift_inputs_fingerprint(&state));
-            round(&ctx.client, ctx.cloud.as_ref(), &claims, &state.nodepools.state(), &mut asked).await;
-            Ok::<_, std::convert::Infallible>(Next::After(INTERVAL))
-        },
-    )
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, || async {
+        let claims = state.nodeclaims.state();
+        let mut asked = asked.lock().await;
+        asked.refresh(&claims, drift_inputs_fingerprint(&state));
+        round(&ctx.client, ctx.cloud.as_ref(), &claims, &state.nodepools.state(), &mut asked).await;
+        Ok::<_, std::convert::Infallible>(Next::After(INTERVAL))
+    })
     .await;
 }
 
