@@ -1,38 +1,40 @@
 #!/usr/bin/env bash
-# Runs the build commands of the Dockerfile's builder stage directly, without
-# a container engine, so that CI proves the image build would succeed:
+# Runs the Dockerfile's builder stage without a container engine, so that CI proves the image
+# build: the stage's own COPY and RUN instructions, read from the Dockerfile by
+# hack/dockerfile_stage.py, in a working directory that stands for its WORKDIR, from the build
+# context .dockerignore lets through. Then checks the binary the runtime stage copies out.
 #
-#   cargo build --release --locked --bin karpenter
-#   karpenter --version
+#   hack/docker-build-stage.sh            the release profile as Cargo.toml sets it (as `docker build`)
+#   hack/docker-build-stage.sh --quick    the same commands with the release profile made cheap
+#                                         through cargo's environment (no LTO, no optimisation):
+#                                         what `make test` runs, to prove the steps in minutes
 #
-# Like the image build, it sees only what .dockerignore lets into the build
-# context (Cargo.toml, Cargo.lock, src/, benches/): those are copied into a scratch
-# directory and built there. The target directory is the repository's own
-# (target/), so dependencies compiled before are reused.
-#
-# The toolchain is the one on PATH (the Dockerfile pins rust:1.95-bookworm;
-# Cargo.toml's rust-version is the floor). Takes several minutes from scratch.
+# The toolchain is the one on PATH (the Dockerfile pins rust:1.95-bookworm; Cargo.toml's
+# rust-version is the floor). The stage's target/ directory is kept between runs under
+# $KARPENTER_RS_HOME/image-stage/, so dependencies are compiled once.
 set -euo pipefail
 
-REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-context=$(mktemp -d "${TMPDIR:-/tmp}/karpenter-image-context.XXXXXX")
-trap 'rm -rf "$context"' EXIT
-for needed in Cargo.toml Cargo.lock src benches; do
-  [[ -e "$REPO_ROOT/$needed" ]] || { log "ERROR: $needed is missing"; exit 1; }
-  cp -R "$REPO_ROOT/$needed" "$context/"
-done
+env_args=()
+workdir=$KRS_HOME/image-stage/builder
+if [[ "${1:-}" == "--quick" ]]; then
+  env_args=(
+    --env CARGO_PROFILE_RELEASE_OPT_LEVEL=0
+    --env CARGO_PROFILE_RELEASE_LTO=off
+    --env CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256
+    --env CARGO_PROFILE_RELEASE_DEBUG=false
+  )
+  workdir=$KRS_HOME/image-stage/builder-quick
+fi
 
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_ROOT/target}
-log "cargo build --release --locked --bin karpenter (context: Cargo.toml Cargo.lock src/ benches/)"
-(cd "$context" && cargo build --release --locked --bin karpenter)
+python3 "$HACK_DIR/dockerfile_stage.py" --stage builder --workdir "$workdir" "${env_args[@]}"
 
-binary=$CARGO_TARGET_DIR/release/karpenter
+binary=$workdir/target/release/karpenter
 version=$("$binary" --version)
 expected=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -n1)
 log "built: $version"
 if [[ "$version" != "karpenter $expected" ]]; then
-  log "ERROR: expected 'karpenter $expected' from --version, got '$version'"
-  exit 1
+  die "expected 'karpenter $expected' from --version, got '$version'"
 fi
