@@ -42,6 +42,8 @@ pub struct FeatureGates {
     pub node_overlay: bool,
     /// NodePools with a fixed number of replicas.
     pub static_capacity: bool,
+    /// CapacityBuffer resources keep headroom.
+    pub capacity_buffer: bool,
     /// The gates named in the setting, whatever their value.
     pub explicit: Vec<String>,
 }
@@ -54,6 +56,7 @@ impl Default for FeatureGates {
             reserved_capacity: true,
             node_overlay: false,
             static_capacity: false,
+            capacity_buffer: false,
             explicit: Vec::new(),
         }
     }
@@ -83,6 +86,7 @@ impl std::str::FromStr for FeatureGates {
                 "ReservedCapacity" => gates.reserved_capacity = value,
                 "NodeOverlay" => gates.node_overlay = value,
                 "StaticCapacity" => gates.static_capacity = value,
+                "CapacityBuffer" => gates.capacity_buffer = value,
                 retired if RETIRED_FEATURE_GATES.contains(&retired) => {}
                 unknown => return Err(format!("unrecognized feature gate {unknown:?}")),
             }
@@ -281,6 +285,7 @@ impl Settings {
         for (name, on, explicit_only) in [
             ("NodeOverlay", gates.node_overlay, false),
             ("StaticCapacity", gates.static_capacity, false),
+            ("CapacityBuffer", gates.capacity_buffer, false),
             // On by default upstream: only worth a word when asked for.
             ("ReservedCapacity", gates.reserved_capacity, true),
         ] {
@@ -453,6 +458,16 @@ mod tests {
         assert!(s.feature_gates.reserved_capacity, "untouched gates keep their defaults");
         assert!(s.isolated_vpc);
         assert_eq!(s.cloud_provider, CloudProviderKind::Kwok);
+    }
+
+    #[test]
+    fn upstream_charts_feature_gates_are_all_known() {
+        // What upstream v1.14.1's chart renders with its default values.
+        let gates = "ReservedCapacity=true,SpotToSpotConsolidation=false,NodeRepair=false,NodeOverlay=false,StaticCapacity=false,CapacityBuffer=false";
+        let s = parse(&[&format!("--feature-gates={gates}")]).unwrap();
+        assert!(!s.feature_gates.capacity_buffer);
+        let s = parse(&["--feature-gates=CapacityBuffer=true"]).unwrap();
+        assert!(s.unimplemented().iter().any(|m| m.starts_with("feature gate CapacityBuffer is enabled")));
     }
 
     #[test]

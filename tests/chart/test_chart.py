@@ -227,7 +227,7 @@ def test_default_env_vars_and_values(defaults) -> None:
         "PREFERENCE_POLICY": "Respect",
         "MIN_VALUES_POLICY": "Strict",
         "FEATURE_GATES": (
-            "SpotToSpotConsolidation=false,NodeRepair=false,ReservedCapacity=true,NodeOverlay=false,StaticCapacity=false"
+            "SpotToSpotConsolidation=false,NodeRepair=false,ReservedCapacity=true,NodeOverlay=false,StaticCapacity=false,CapacityBuffer=false"
         ),
         "LOG_LEVEL": "info",
         "METRICS_PORT": "8080",
@@ -256,6 +256,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
             "settings.featureGates.reservedCapacity=false",
             "settings.featureGates.nodeOverlay=true",
             "settings.featureGates.staticCapacity=true",
+            "settings.featureGates.capacityBuffer=true",
             "logLevel=debug",
             "controller.metrics.port=9000",
             "controller.healthProbe.port=9001",
@@ -277,7 +278,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
     assert env["PREFERENCE_POLICY"] == "Ignore"
     assert env["MIN_VALUES_POLICY"] == "BestEffort"
     assert env["FEATURE_GATES"] == (
-        "SpotToSpotConsolidation=true,NodeRepair=true,ReservedCapacity=false,NodeOverlay=true,StaticCapacity=true"
+        "SpotToSpotConsolidation=true,NodeRepair=true,ReservedCapacity=false,NodeOverlay=true,StaticCapacity=true,CapacityBuffer=true"
     )
     assert env["LOG_LEVEL"] == "debug"
     assert env["METRICS_PORT"] == "9000"

@@ -96,7 +96,8 @@ Only the gates this chart knows are passed; others (e.g. the graduated
   (list "NodeRepair" "nodeRepair" false)
   (list "ReservedCapacity" "reservedCapacity" true)
   (list "NodeOverlay" "nodeOverlay" false)
-  (list "StaticCapacity" "staticCapacity" false) }}
+  (list "StaticCapacity" "staticCapacity" false)
+  (list "CapacityBuffer" "capacityBuffer" false) }}
 {{- $pairs := list }}
 {{- range $known }}
 {{- $key := index . 1 }}
