@@ -21,6 +21,10 @@
 #   EKS_CLUSTER_VERSION Kubernetes version of the EKS cluster records
 #                       (default: minor of K8S_VERSION in hack/versions.env, else 1.34)
 #   PYTHON              interpreter for the venv (default python3)
+#   KARPENTER_RS_MOTO_CALL_LOG
+#                       call log of the controller's AWS requests (see hack/moto/server.py):
+#                       a file path records to it (a running emulator is switched over),
+#                       empty switches recording off, unset leaves it as it is (off at start)
 #   KARPENTER_RS_HOME   cache root (default ~/.cache/karpenter-rs); the venv is
 #                       $KRS_HOME/venv-moto-$MOTO_VERSION, pid file and log are
 #                       in $KRS_HOME/moto/
@@ -55,6 +59,10 @@ if [[ -z "${EKS_CLUSTER_VERSION:-}" ]]; then
   fi
 fi
 PID_FILE=$STATE_DIR/server-$PORT.pid
+# The emulator runs in another directory: an absolute path for its call log.
+if [[ -n "${KARPENTER_RS_MOTO_CALL_LOG:-}" && "$KARPENTER_RS_MOTO_CALL_LOG" != /* ]]; then
+  KARPENTER_RS_MOTO_CALL_LOG=$PWD/$KARPENTER_RS_MOTO_CALL_LOG
+fi
 LOG_FILE=$STATE_DIR/server-$PORT.log
 URL=http://127.0.0.1:$PORT
 
@@ -182,6 +190,13 @@ if [[ $rc -eq 0 ]]; then
   clusters_json=$(printf '"%s",' $(tr ',' ' ' <<<"$CLUSTER_NAMES"))
   http POST /_karpenter-rs/seed "{\"clusters\": [${clusters_json%,}], \"region\": \"$REGION\"}" >/dev/null ||
     die "seeding $CLUSTER_NAMES failed; see $LOG_FILE"
+  if [[ -n "${KARPENTER_RS_MOTO_CALL_LOG+set}" ]]; then
+    call_log=null
+    [[ -n "$KARPENTER_RS_MOTO_CALL_LOG" ]] && call_log="\"$KARPENTER_RS_MOTO_CALL_LOG\""
+    http POST /_karpenter-rs/call-log "{\"path\": $call_log}" >/dev/null ||
+      die "switching the call log to ${KARPENTER_RS_MOTO_CALL_LOG:-off} failed; see $LOG_FILE"
+    log "moto: call log ${KARPENTER_RS_MOTO_CALL_LOG:-off}"
+  fi
   log "moto: emulator already up at $URL (pid $pid, log $LOG_FILE)"
   print_env
   exit 0
@@ -195,6 +210,7 @@ t0=$SECONDS
 (
   cd "$MOTO_DIR"
   export MOTO_PORT=$PORT AWS_REGION=$REGION CLUSTER_NAMES EKS_CLUSTER_VERSION
+  if [[ -n "${KARPENTER_RS_MOTO_CALL_LOG:-}" ]]; then export KARPENTER_RS_MOTO_CALL_LOG; fi
   export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
   exec setsid "$VENV/bin/python" "$MOTO_DIR/server.py" --port "$PORT" --region "$REGION" \
     --pid-file "$PID_FILE" </dev/null >"$LOG_FILE" 2>&1 9>&-

@@ -15,7 +15,7 @@ its own under /_karpenter-rs/ (no AWS API uses that path: S3 bucket names
 cannot start with "_"):
 
     GET  /_karpenter-rs/ready   200 + JSON {"service": "karpenter-rs-moto", "pid", "port",
-                                "region", "moto_version", "seeded": [...]} once seeded
+                                "region", "moto_version", "seeded": [...], "call_log"} once seeded
                                 ("seeded": every cluster/region seeded since start;
                                 /moto-api/reset does not clear that list)
     POST /_karpenter-rs/publish-eks-release
@@ -36,6 +36,25 @@ cannot start with "_"):
                                 {"clusters": ["name", ...], "region": "us-west-2"}
                                 (or query ?cluster=a&cluster=b&region=...); answers
                                 with what was seeded (ids, ARNs, URLs) as JSON
+    POST /_karpenter-rs/call-log
+                                switch the call log (below); JSON body {"path": "/abs/file.jsonl"}
+                                records from now on to that file (appending), {"path": null} or
+                                "" switches it off; answers {"call_log": ..., "previous": ...}
+
+Call log of the controller's requests
+-------------------------------------
+With KARPENTER_RS_MOTO_CALL_LOG=/abs/path.jsonl in its environment (default: off; a
+relative path is taken from the server's working directory), or once switched on through
+POST /_karpenter-rs/call-log, the emulator appends one JSON line per IAM authorisation
+that a request of the controller needs: action, resource ARN, and the condition keys IAM
+would evaluate (request tags, the resource's tags as moto has them when the request
+arrives, ec2:CreateAction, aws:RequestedRegion, iam:PassedToService). The controller's
+requests are those whose user agent carries `app/karpenter-rs` (the app name the
+`karpenter controller` command gives its AWS SDK clients); the seeding, the tests and the
+kubelet stand-in (boto3) and the Rust tests' own SDK clients are not recorded.
+hack/moto/call_log.py describes the lines and what each operation authorises;
+tests/aws_emulator/test_controller_policy.py evaluates them against the controller policy
+of docs/install.md. GET /_karpenter-rs/ready reports the file as "call_log".
 
 Account seed (per cluster name and region)
 ------------------------------------------
@@ -100,6 +119,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 
+import call_log  # noqa: E402
 import eks_images  # noqa: E402
 
 DISCOVERY_TAG = "karpenter.sh/discovery"
@@ -455,9 +475,11 @@ class Seeder:
 class App:
     """moto's WSGI app plus the /_karpenter-rs/ endpoints."""
 
-    def __init__(self, moto_app, seeder: Seeder, port: int, region: str):
+    def __init__(self, moto_app, seeder: Seeder, port: int, region: str,
+                 recorder: call_log.CallRecorder | None = None):
         self.moto_app = moto_app
         self.seeder = seeder
+        self.recorder = recorder
         self.port = port
         self.region = region
 
@@ -489,6 +511,7 @@ class App:
                 "region": self.region,
                 "moto_version": moto.__version__,
                 "seeded": self.seeder.seeded,
+                "call_log": self.recorder.path if self.recorder else None,
             }
         if name == "seed" and method == "POST":
             query = parse_qs(environ.get("QUERY_STRING", ""))
@@ -518,6 +541,14 @@ class App:
             region = body.get("region") or self.region
             endpoint = f"http://127.0.0.1:{self.port}"
             return "200 OK", self.seeder.publish_eks_release(endpoint, region, release, created)
+        if name == "call-log" and method == "POST" and self.recorder is not None:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+            path = body.get("path") or None
+            if path and not os.path.isabs(path):
+                return "400 Bad Request", {"error": f"path {path!r} is not absolute"}
+            previous = self.recorder.set_path(path)
+            return "200 OK", {"call_log": self.recorder.path, "previous": previous}
         if name == "instance-status" and method == "POST":
             length = int(environ.get("CONTENT_LENGTH") or 0)
             body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
@@ -683,7 +714,10 @@ def main(argv=None) -> int:
     _fleets_use_launch_template_security_groups()
     _status_checks_can_be_set()
     seeder = Seeder(eks_version)
-    app = App(DomainDispatcherApplication(create_backend_app), seeder, args.port, args.region)
+    recorder = call_log.CallRecorder(DomainDispatcherApplication(create_backend_app))
+    if os.environ.get(call_log.ENV_VAR):
+        recorder.set_path(os.path.abspath(os.environ[call_log.ENV_VAR]))
+    app = App(recorder, seeder, args.port, args.region, recorder)
 
     # Bind the real port now (fails fast if taken); it serves only after seeding.
     server = make_server(

@@ -80,9 +80,10 @@ impl Ec2Instance {
         self.state == "terminated" || self.state == "shutting-down"
     }
 
-    /// The NodePool named in the instance's tags.
+    /// The NodePool named in the instance's tags (none for a standalone NodeClaim's instance,
+    /// whose tag is empty).
     pub fn node_pool(&self) -> Option<&str> {
-        self.tags.get(LABEL_NODEPOOL).map(String::as_str)
+        self.tags.get(LABEL_NODEPOOL).map(String::as_str).filter(|pool| !pool.is_empty())
     }
 }
 

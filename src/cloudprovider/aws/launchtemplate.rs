@@ -42,8 +42,13 @@ pub struct LaunchTemplate {
     pub detailed_monitoring: bool,
     /// Public IPv4 address on the primary interface (subnet default when unset).
     pub associate_public_ip_address: Option<bool>,
-    /// Tags of the template itself.
+    /// Tags of the template itself, and of the network interfaces (and spot requests) launched
+    /// from it.
     pub tags: BTreeMap<String, String>,
+    /// Whether it launches spot instances: their spot requests are tagged too. Part of the
+    /// name's hash, so that templates made before network interfaces and spot requests were
+    /// tagged are not reused (they are deleted once unused for the TTL).
+    pub spot: bool,
     /// User data (plain text; encoded when the template is created).
     pub user_data: String,
 }
@@ -87,6 +92,24 @@ impl LaunchTemplate {
                     .build(),
             )
             .user_data(base64::engine::general_purpose::STANDARD.encode(&self.user_data));
+        // What a launch creates besides the instance and its volumes (tagged by CreateFleet) gets
+        // the template's tags, as upstream's templates give them: IAM policies that require the
+        // cluster's tags on every resource a launch creates (docs/install.md) then allow it.
+        let mut tagged = Vec::new();
+        if !self.tags.is_empty() {
+            tagged.push(ec2::ResourceType::NetworkInterface);
+            if self.spot {
+                tagged.push(ec2::ResourceType::SpotInstancesRequest);
+            }
+        }
+        for resource in tagged {
+            data = data.tag_specifications(
+                ec2::LaunchTemplateTagSpecificationRequest::builder()
+                    .resource_type(resource)
+                    .set_tags(Some(ec2_tags(&self.tags)))
+                    .build(),
+            );
+        }
         match self.associate_public_ip_address {
             Some(public) => {
                 data = data.network_interfaces(
@@ -383,6 +406,7 @@ mod tests {
             detailed_monitoring: false,
             associate_public_ip_address: None,
             tags: BTreeMap::new(),
+            spot: false,
             user_data: "#!/bin/sh".into(),
         }
     }
@@ -428,5 +452,28 @@ mod tests {
             LaunchTemplate { associate_public_ip_address: Some(false), ..template() }.request_data().unwrap();
         assert!(public.security_group_ids().is_empty());
         assert_eq!(public.network_interfaces()[0].groups(), ["sg-1".to_string()]);
+    }
+
+    #[test]
+    fn launched_network_interfaces_and_spot_requests_get_the_tags() {
+        let tags = BTreeMap::from([("kubernetes.io/cluster/demo".to_string(), "owned".to_string())]);
+        let types = |lt: LaunchTemplate| -> Vec<String> {
+            let data = lt.request_data().unwrap();
+            for spec in data.tag_specifications() {
+                assert_eq!(spec.tags().len(), 1);
+                assert_eq!(spec.tags()[0].key(), Some("kubernetes.io/cluster/demo"));
+            }
+            data.tag_specifications()
+                .iter()
+                .filter_map(|s| s.resource_type().map(|t| t.as_str().to_string()))
+                .collect()
+        };
+        assert_eq!(types(LaunchTemplate { tags: tags.clone(), ..template() }), ["network-interface"]);
+        assert_eq!(
+            types(LaunchTemplate { tags, spot: true, ..template() }),
+            ["network-interface", "spot-instances-request"]
+        );
+        // Spot templates have names of their own.
+        assert_ne!(LaunchTemplate { spot: true, ..template() }.name(), template().name());
     }
 }

@@ -17,7 +17,7 @@ use crate::apis::ec2nodeclass::{
     AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassStatus, SecurityGroupSelectorTerm,
     SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
 };
-use crate::apis::labels::LABEL_EC2NODECLASS;
+use crate::apis::labels::{LABEL_EC2NODECLASS, TAG_EKS_CLUSTER_NAME};
 use crate::apis::{Condition, ConditionStatus};
 use crate::cloudprovider::{CloudProviderError, Result};
 
@@ -374,16 +374,19 @@ pub async fn resolve_instance_profile(
     let roles: Vec<String> = match existing {
         Some(roles) => roles,
         None => {
-            let tag = |k: &str, v: &str| aws_sdk_iam::types::Tag::builder().key(k).value(v).build();
-            let tags = [
-                tag(&format!("kubernetes.io/cluster/{cluster}"), "owned"),
-                tag("karpenter.sh/managed-by", cluster),
-                tag(LABEL_EC2NODECLASS, &class_name),
-                tag("topology.kubernetes.io/region", region),
-            ]
-            .into_iter()
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| CloudProviderError::Config(format!("invalid instance profile tag: {e}")))?;
+            // As upstream tags them: the class's tags, then Karpenter's (which win), which the
+            // IAM policy of docs/install.md requires on the profiles the controller manages.
+            let mut wanted = class.spec.tags.clone();
+            wanted.insert(format!("kubernetes.io/cluster/{cluster}"), "owned".to_string());
+            wanted.insert(TAG_EKS_CLUSTER_NAME.to_string(), cluster.to_string());
+            wanted.insert("karpenter.sh/managed-by".to_string(), cluster.to_string());
+            wanted.insert(LABEL_EC2NODECLASS.to_string(), class_name.clone());
+            wanted.insert("topology.kubernetes.io/region".to_string(), region.to_string());
+            let tags = wanted
+                .iter()
+                .map(|(k, v)| aws_sdk_iam::types::Tag::builder().key(k).value(v).build())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| CloudProviderError::Config(format!("invalid instance profile tag: {e}")))?;
             iam.create_instance_profile()
                 .instance_profile_name(&name)
                 .path("/")

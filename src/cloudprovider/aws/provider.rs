@@ -52,11 +52,26 @@ pub struct AwsClients {
     pub region: String,
 }
 
+/// The app name in the user agent of the controller's AWS requests (`app/karpenter-rs`), as
+/// upstream's carry `karpenter.sh-<version>`: CloudTrail tells the controller's calls apart, and
+/// so does the AWS emulator's call log (hack/moto/call_log.py), which the IAM policy test of
+/// docs/install.md reads.
+pub const USER_AGENT_APP_NAME: &str = "karpenter-rs";
+
 impl AwsClients {
     /// Clients configured from the environment (credentials chain, `AWS_REGION`,
     /// `AWS_ENDPOINT_URL`, ...).
     pub async fn from_env() -> Result<Self> {
         let config = super::config_loader().load().await;
+        Self::from_config(&config)
+    }
+
+    /// The controller's clients: as [`AwsClients::from_env`], with [`USER_AGENT_APP_NAME`] in
+    /// the user agent of every request.
+    pub async fn for_controller() -> Result<Self> {
+        let app = aws_config::AppName::new(USER_AGENT_APP_NAME)
+            .map_err(|e| CloudProviderError::Config(format!("user agent app name: {e}")))?;
+        let config = super::config_loader().app_name(app).load().await;
         Self::from_config(&config)
     }
 
@@ -121,6 +136,13 @@ impl Options {
             kube_dns_ip: None,
         }
     }
+}
+
+/// The value of the `karpenter.sh/nodepool` tag of what is launched for `node_claim`: its NodePool,
+/// or empty for a standalone NodeClaim (as upstream tags it), so that IAM policies requiring the
+/// tag (`StringLike` `*`, docs/install.md) cover standalone NodeClaims too.
+fn node_pool_tag(node_claim: &NodeClaim) -> String {
+    node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)).cloned().unwrap_or_default()
 }
 
 /// The cluster nodes join: endpoint, CA and version from `options` where set, the rest from EKS
@@ -700,9 +722,7 @@ impl AwsCloudProvider {
         tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
         tags.insert(TAG_NODECLAIM.to_string(), node_claim.metadata.name.clone().unwrap_or_default());
         tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
-        if let Some(pool) = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) {
-            tags.insert(LABEL_NODEPOOL.to_string(), pool.clone());
-        }
+        tags.insert(LABEL_NODEPOOL.to_string(), node_pool_tag(node_claim));
         tags
     }
 
@@ -743,9 +763,7 @@ impl AwsCloudProvider {
         tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
         tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
         tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
-        if let Some(pool) = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)) {
-            tags.insert(LABEL_NODEPOOL.to_string(), pool.clone());
-        }
+        tags.insert(LABEL_NODEPOOL.to_string(), node_pool_tag(node_claim));
         let mut sgs: Vec<String> = status.security_groups.iter().map(|g| g.id.clone()).collect();
         sgs.sort();
         Ok(LaunchTemplate {
@@ -757,6 +775,7 @@ impl AwsCloudProvider {
             detailed_monitoring: spec.detailed_monitoring.unwrap_or(false),
             associate_public_ip_address: spec.associate_public_ip_address,
             tags,
+            spot: capacity_type == CAPACITY_TYPE_SPOT,
             user_data,
         })
     }
