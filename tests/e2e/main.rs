@@ -1233,6 +1233,7 @@ async fn upstream_behaviours_with_kwok() {
     standalone_nodeclaim(&f, &controller).await;
     limit_range_daemonset_overhead(&f, &controller).await;
     pods_that_never_stay_back_off(&f, &controller).await;
+    nodes_another_controller_taints_do_not_run_away(&f, &controller).await;
     do_not_disrupt_holds_until_the_grace_period(&f, &controller).await;
 
     f.cleanup().await;
@@ -1758,6 +1759,81 @@ spec:
 /// A workload whose pods the cluster keeps removing from new nodes (here a NoExecute taint put on
 /// each node of the pool once a pod of it runs there, as a broken agent might): after three bounces
 /// its pending pod gets a ProvisioningBackoff warning and no new NodeClaim.
+/// Upstream's regression spec: another controller taints every new node `NoExecute` as it
+/// appears, and one pod does not tolerate it. The capacity launched for the pod never takes it:
+/// that counts as a bounce, the workload backs off, and the pool stays small (upstream keeps it
+/// under 35 nodes in 5 minutes; here fewer than 10, measured over 90 s in `make test`).
+async fn nodes_another_controller_taints_do_not_run_away(f: &Fixture, controller: &Controller) {
+    let manifest = format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: untolerant, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: untolerant}}}}
+  template:
+    metadata: {{labels: {{app: untolerant}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 100m}}}}}}]
+"#,
+        ns = f.ns,
+        pool = f.pool
+    );
+    let nodes = Api::<Node>::all(f.client.clone());
+    let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={}", f.pool));
+    let tainter = {
+        let (nodes, selector) = (nodes.clone(), selector.clone());
+        tokio::spawn(async move {
+            loop {
+                for node in nodes.list(&selector).await.map(|l| l.items).unwrap_or_default() {
+                    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+                    if taints.iter().any(|t| t.key == "test") {
+                        continue;
+                    }
+                    let mut taints = serde_json::to_value(taints).unwrap();
+                    taints
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"key": "test", "value": "true", "effect": "NoExecute"}));
+                    let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": taints}});
+                    let name = node.metadata.name.clone().unwrap();
+                    let _ = nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    kubectl_apply(&manifest);
+    let started = Instant::now();
+    let mut seen = std::collections::HashSet::new();
+    while started.elapsed() < Duration::from_secs(90) {
+        seen.extend(f.claim_names().await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("{} NodeClaims launched in 90 s for a pod whose nodes another controller taints", seen.len());
+    assert!(seen.len() < 10, "{} NodeClaims for one pod\n{}", seen.len(), controller.log_tail());
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(f.client.clone(), &f.ns);
+    let backoff = ListParams::default().fields("reason=ProvisioningBackoff");
+    let told = events
+        .list(&backoff)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|e| e.involved_object.name.as_deref().is_some_and(|n| n.starts_with("untolerant")));
+    assert!(told, "the pod was told it backs off\n{}", controller.log_tail());
+    tainter.abort();
+    kubectl_delete(&format!("deployment/untolerant -n {}", f.ns));
+    f.wait_pods_gone(Duration::from_secs(60)).await;
+    f.delete_all_claims().await;
+    wait_for("the pool empty", Duration::from_secs(60), controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+}
+
 async fn pods_that_never_stay_back_off(f: &Fixture, controller: &Controller) {
     let manifest = format!(
         r#"apiVersion: apps/v1

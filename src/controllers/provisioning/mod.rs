@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::watch;
@@ -161,7 +162,7 @@ impl Provisioner {
     async fn reconcile(&mut self) {
         let start = Instant::now();
         let mut snapshot = self.state.snapshot();
-        let pending = self.hold_back_bouncing_pods(snapshot.provisionable_pods()).await;
+        let pending = self.hold_back_bouncing_pods(&snapshot, snapshot.provisionable_pods()).await;
         if !Self::has_work(&snapshot, &pending) {
             return;
         }
@@ -245,14 +246,36 @@ impl Provisioner {
     }
 
     /// The pending pods the relaunch guard lets have new NodeClaims (see [`relaunch`]); the first
-    /// pod of a workload that just went over its limit gets a warning.
-    async fn hold_back_bouncing_pods(&mut self, pending: Vec<Arc<Pod>>) -> Vec<Arc<Pod>> {
+    /// pod of a workload that just went over its limit gets a warning. A pending pod whose
+    /// NodeClaim's node will not take it ([`relaunch::misses`]) counts as bounced first.
+    async fn hold_back_bouncing_pods(
+        &mut self,
+        snapshot: &Snapshot,
+        pending: Vec<Arc<Pod>>,
+    ) -> Vec<Arc<Pod>> {
         let now = tokio::time::Instant::now();
         let mut kept = Vec::with_capacity(pending.len());
         let mut warnings = Vec::new();
         {
             let mut relaunches = self.relaunches();
             relaunches.forget_old(now);
+            let followed: Vec<(&Arc<Pod>, String)> = pending
+                .iter()
+                .filter_map(|p| Some((p, relaunches.claim_of(p.metadata.uid.as_deref()?)?.to_string())))
+                .collect();
+            if !followed.is_empty() {
+                let nodes = state_nodes(snapshot);
+                let wall = Timestamp::now();
+                for (pod, claim) in followed {
+                    let Some(node) = nodes.iter().find(|n| n.claim_name() == Some(claim.as_str())) else {
+                        continue;
+                    };
+                    if let Some(why) = relaunch::misses(pod, node, wall) {
+                        tracing::debug!(controller = CONTROLLER, Pod = %pod_key(pod), NodeClaim = %claim, reason = %why, "the capacity launched for the pod did not take it");
+                        relaunches.removed(&pod_uid(pod), now);
+                    }
+                }
+            }
             for pod in pending {
                 match relaunches.verdict(&relaunch::workload(&pod), now) {
                     relaunch::Verdict::Place => kept.push(pod),
@@ -331,7 +354,7 @@ impl Provisioner {
                         if p.index < pending_count
                             && let Some(pod) = input.pods.get(p.index)
                         {
-                            self.relaunches().placed(&pod_uid(pod), &relaunch::workload(pod), now);
+                            self.relaunches().placed(&pod_uid(pod), &relaunch::workload(pod), &name, now);
                         }
                     }
                     self.created.push((Instant::now(), Arc::new(claim)));

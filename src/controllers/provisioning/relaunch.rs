@@ -13,17 +13,66 @@
 //! (drains, consolidation), ordinary deletions, and a pending pod placed again (the kube-scheduler
 //! often binds another pod where one was nominated) are not bounces.
 //!
+//! A pod also counts as bounced when the capacity launched for it does not take it: its NodeClaim's
+//! node has registered with a taint the pod does not tolerate that neither the NodeClaim nor
+//! Kubernetes put there (another controller taints new nodes), or the pod is still pending
+//! [`MISS_GRACE`] after that node was initialized ([`misses`]).
+//!
 //! Whatever makes pods bounce (DaemonSet overhead the plan did not see, preemption by
 //! higher-priority pods, a taint someone adds to new nodes), a mistake then costs a handful of
-//! nodes, not a new one every batch.
+//! nodes, not a new one every batch; the empty nodes left behind go the way of empty nodes.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::time::Instant;
 
+use crate::apis::TaintEffect;
+use crate::apis::labels::TAINT_DISRUPTED;
+use crate::apis::nodeclaim::conditions::INITIALIZED;
 use crate::controllers::kit::Backoff;
+use crate::scheduling::taints::{describe, is_ephemeral, tolerates};
+use crate::state::StateNode;
+
+/// How long a pod may stay pending after the node launched for it is initialized before that
+/// counts as the node not taking it (the kube-scheduler binds within seconds).
+pub const MISS_GRACE: SignedDuration = SignedDuration::from_secs(60);
+
+/// Why the capacity launched for the pending `pod`, the StateNode of its NodeClaim, will not take
+/// it (see the module's documentation); `None` while the node may still take it.
+pub fn misses(pod: &Pod, node: &StateNode, now: Timestamp) -> Option<String> {
+    // Checked as soon as the node has registered, before the next pass places the pod again.
+    node.node.as_ref()?;
+    let asked = node.claim.as_deref().map(|c| (c.spec.taints.as_slice(), c.spec.startup_taints.as_slice()));
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+    let foreign = node.taints.iter().find(|t| {
+        t.effect != TaintEffect::PreferNoSchedule
+            && !is_ephemeral(t)
+            && t.key != TAINT_DISRUPTED
+            && !t.key.starts_with("node.kubernetes.io/")
+            && !asked.is_some_and(|(taints, startup)| {
+                taints.iter().chain(startup).any(|a| a.key == t.key && a.effect == t.effect)
+            })
+            && !tolerations.iter().any(|tol| tolerates(tol, t))
+    });
+    if let Some(taint) = foreign {
+        return Some(format!("node {} has taint {} the pod does not tolerate", node.name, describe(taint)));
+    }
+    if !node.initialized {
+        return None;
+    }
+    let initialized_at = node
+        .claim
+        .as_deref()
+        .and_then(|c| c.status.as_ref())
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == INITIALIZED))
+        .and_then(|c| c.last_transition_time.parse::<Timestamp>().ok())?;
+    (now.duration_since(initialized_at) >= MISS_GRACE).then(|| {
+        format!("the pod is still pending {}s after node {} was initialized", MISS_GRACE.as_secs(), node.name)
+    })
+}
 
 /// Bounces of a workload within [`WINDOW`] before its pods back off.
 pub const LIMIT: usize = 3;
@@ -82,27 +131,42 @@ pub enum Verdict {
     Waiting,
 }
 
+/// A pod placed on a new NodeClaim.
+#[derive(Debug)]
+struct Placement {
+    workload: String,
+    claim: String,
+    at: Instant,
+}
+
 /// Pods placed on new NodeClaims, and the bounces of their workloads.
 #[derive(Debug, Default)]
 pub struct Relaunches {
-    /// Pod uid → (workload, when it was placed on a new NodeClaim).
-    placed: HashMap<String, (String, Instant)>,
+    /// Pod uid → where and when it was placed on a new NodeClaim.
+    placed: HashMap<String, Placement>,
     workloads: HashMap<String, WorkloadRecord>,
 }
 
 impl Relaunches {
-    /// Records that pod `uid` of `workload` was placed on a new NodeClaim.
-    pub fn placed(&mut self, uid: &str, workload: &str, now: Instant) {
-        self.placed.insert(uid.to_string(), (workload.to_string(), now));
+    /// Records that pod `uid` of `workload` was placed on the new NodeClaim `claim`.
+    pub fn placed(&mut self, uid: &str, workload: &str, claim: &str, now: Instant) {
+        let placement = Placement { workload: workload.to_string(), claim: claim.to_string(), at: now };
+        self.placed.insert(uid.to_string(), placement);
     }
 
-    /// Records that pod `uid` is being taken off its node (see [`is_bounced`]): a bounce if it was
-    /// placed on a new NodeClaim within the window. Counts once per pod.
+    /// The NodeClaim pod `uid` was last placed on, if the guard follows it.
+    pub fn claim_of(&self, uid: &str) -> Option<&str> {
+        self.placed.get(uid).map(|p| p.claim.as_str())
+    }
+
+    /// Records that pod `uid` is being taken off its node (see [`is_bounced`]), or that the node
+    /// launched for it will not take it ([`misses`]): a bounce if it was placed on a new NodeClaim
+    /// within the window. Counts once per placement.
     pub fn removed(&mut self, uid: &str, now: Instant) {
-        if let Some((key, at)) = self.placed.remove(uid)
-            && now.saturating_duration_since(at) < WINDOW
+        if let Some(p) = self.placed.remove(uid)
+            && now.saturating_duration_since(p.at) < WINDOW
         {
-            self.bounce(&key, now);
+            self.bounce(&p.workload, now);
         }
     }
 
@@ -136,7 +200,7 @@ impl Relaunches {
     /// Forgets placements and bounces older than the window, and workloads with nothing left to
     /// wait out.
     pub fn forget_old(&mut self, now: Instant) {
-        self.placed.retain(|_, (_, at)| now.saturating_duration_since(*at) < WINDOW);
+        self.placed.retain(|_, p| now.saturating_duration_since(p.at) < WINDOW);
         self.workloads.retain(|_, r| {
             r.bounces.retain(|t| now.saturating_duration_since(*t) < WINDOW);
             !r.bounces.is_empty() || r.until.is_some_and(|u| now < u)
@@ -172,7 +236,7 @@ mod tests {
         // Each replacement pod of the ReplicaSet is placed on a new NodeClaim and preempted there.
         for i in 0..LIMIT {
             assert_eq!(r.verdict("rs", Instant::now()), Verdict::Place);
-            r.placed(&format!("pod-{i}"), "rs", Instant::now());
+            r.placed(&format!("pod-{i}"), "rs", "claim", Instant::now());
             tokio::time::sleep(Duration::from_secs(20)).await;
             r.removed(&format!("pod-{i}"), Instant::now());
         }
@@ -185,7 +249,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(61)).await;
         // One more try after the wait; one more bounce doubles the next wait.
         assert_eq!(r.verdict("rs", Instant::now()), Verdict::Place);
-        r.placed("pod-x", "rs", Instant::now());
+        r.placed("pod-x", "rs", "claim", Instant::now());
         r.removed("pod-x", Instant::now());
         let Verdict::BackOff { until, .. } = r.verdict("rs", Instant::now()) else {
             panic!("backs off again")
@@ -201,10 +265,10 @@ mod tests {
         // A scale-up of many pods, and a pod placed on new NodeClaims again and again (another pod
         // took its place each time), back nothing off.
         for i in 0..10 {
-            r.placed(&format!("pod-{i}"), "big", Instant::now());
+            r.placed(&format!("pod-{i}"), "big", "claim", Instant::now());
         }
         for _ in 0..=LIMIT {
-            r.placed("moved", "big", Instant::now());
+            r.placed("moved", "big", "claim", Instant::now());
         }
         assert_eq!(r.verdict("big", Instant::now()), Verdict::Place);
         // A pod removed twice counts once.
@@ -217,7 +281,7 @@ mod tests {
     async fn old_placements_and_bounces_are_forgotten() {
         let mut r = Relaunches::default();
         for i in 0..LIMIT {
-            r.placed(&format!("p{i}"), "w", Instant::now());
+            r.placed(&format!("p{i}"), "w", "claim", Instant::now());
             tokio::time::sleep(WINDOW / 2).await;
             r.removed(&format!("p{i}"), Instant::now());
         }
@@ -243,6 +307,91 @@ mod tests {
         .unwrap();
         assert_eq!(workload(&owned), "rs-uid");
         assert_eq!(workload(&pod("x")), "u");
+    }
+
+    /// The StateNode of an initialized NodeClaim `c1` (initialized at `initialized`) whose node has
+    /// `node_taints`, the claim asking for `claim_taints`.
+    fn launched(
+        node_taints: serde_json::Value,
+        claim_taints: serde_json::Value,
+        initialized: &str,
+    ) -> StateNode {
+        use crate::state::snapshot::Snapshot;
+        let labels = json!({"karpenter.sh/nodepool": "p", "karpenter.sh/initialized": "true", "kubernetes.io/hostname": "c1"});
+        let node = serde_json::from_value(json!({"metadata": {"name": "c1", "labels": labels},
+            "spec": {"providerID": "kwok://c1", "taints": node_taints},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap();
+        let claim = serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": "c1", "labels": labels},
+            "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"},
+                "requirements": [], "taints": claim_taints},
+            "status": {"providerID": "kwok://c1", "nodeName": "c1", "conditions": [{"type": "Initialized",
+                "status": "True", "reason": "Initialized", "message": "", "lastTransitionTime": initialized}]}}))
+        .unwrap();
+        let snapshot = Snapshot {
+            nodes: vec![std::sync::Arc::new(node)],
+            nodeclaims: vec![std::sync::Arc::new(claim)],
+            ..Default::default()
+        };
+        crate::state::statenode::state_nodes(&snapshot).remove(0)
+    }
+
+    #[test]
+    fn a_node_that_will_not_take_its_pod_is_a_miss() {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [], "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}))
+        .unwrap();
+        let now: Timestamp = "2026-11-24T12:00:30Z".parse().unwrap();
+        let just = "2026-11-24T12:00:00Z";
+        // Another controller tainted the node: a miss at once.
+        let tainted =
+            launched(json!([{"key": "test", "value": "true", "effect": "NoExecute"}]), json!([]), just);
+        assert_eq!(
+            misses(&pod, &tainted, now).as_deref(),
+            Some("node c1 has taint test=true:NoExecute the pod does not tolerate")
+        );
+        // A taint the NodeClaim asked for, one the pod tolerates, Kubernetes' own or a preference:
+        // no reason to think the node will not take the pod.
+        for (node_taints, claim_taints) in [
+            (
+                json!([{"key": "test", "effect": "NoSchedule"}]),
+                json!([{"key": "test", "effect": "NoSchedule"}]),
+            ),
+            (json!([{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]), json!([])),
+            (json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]), json!([])),
+            (json!([{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]), json!([])),
+            (json!([{"key": "soft", "effect": "PreferNoSchedule"}]), json!([])),
+        ] {
+            let node = launched(node_taints.clone(), claim_taints, just);
+            assert_eq!(misses(&pod, &node, now), None, "{node_taints}");
+        }
+        // Registered, not initialized yet: the foreign taint already counts (before the next pass
+        // would place the pod again), the wait does not.
+        let mut coming =
+            launched(json!([{"key": "test", "value": "true", "effect": "NoExecute"}]), json!([]), just);
+        coming.initialized = false;
+        assert!(misses(&pod, &coming, now).is_some());
+        let mut coming = launched(json!([]), json!([]), just);
+        coming.initialized = false;
+        assert_eq!(misses(&pod, &coming, "2026-11-24T13:00:00Z".parse().unwrap()), None);
+        // Still pending a minute after the node was initialized: a miss.
+        let untainted = launched(json!([]), json!([]), just);
+        assert_eq!(misses(&pod, &untainted, now), None);
+        let later: Timestamp = "2026-11-24T12:01:00Z".parse().unwrap();
+        assert!(misses(&pod, &untainted, later).is_some_and(|m| m.contains("still pending 60s")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn misses_count_like_bounces_once_per_placement() {
+        let mut r = Relaunches::default();
+        for i in 0..LIMIT {
+            r.placed("pod", "rs", &format!("claim-{i}"), Instant::now());
+            assert_eq!(r.claim_of("pod"), Some(format!("claim-{i}").as_str()));
+            r.removed("pod", Instant::now());
+            r.removed("pod", Instant::now());
+        }
+        assert!(matches!(r.verdict("rs", Instant::now()), Verdict::BackOff { bounces: LIMIT, .. }));
     }
 
     #[test]
