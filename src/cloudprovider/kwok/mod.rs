@@ -246,6 +246,12 @@ impl KwokCloudProvider {
     }
 
     async fn get_impl(&self, provider_id: &str) -> Result<Instance> {
+        // A provider ID of another scheme names no instance this provider made: not found (as
+        // upstream's kwok provider answers), so that garbage collection removes a NodeClaim that
+        // claims one.
+        if node_name(provider_id).is_err() {
+            return Err(CloudProviderError::NotFound(provider_id.to_string()));
+        }
         if let Some(node) = self.node(provider_id).await? {
             return Ok(node_instance(&node));
         }

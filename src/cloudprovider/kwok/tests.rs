@@ -345,7 +345,12 @@ async fn instance_types_serve_every_node_pool() {
     assert_eq!(cloud.name(), "kwok");
     let claim = m5_large_claim("x");
     assert_eq!(cloud.is_drifted(&claim).await.unwrap(), None);
-    assert!(matches!(cloud.get("gce://x").await, Err(CloudProviderError::InvalidProviderId(_))));
+    // Another scheme's provider ID names no instance of this provider.
+    assert!(matches!(cloud.get("gce://x").await, Err(CloudProviderError::NotFound(_))));
+    assert!(matches!(
+        cloud.get("Provider:///AZ/i-01234567890123456").await,
+        Err(CloudProviderError::NotFound(_))
+    ));
 }
 
 #[test]
@@ -369,4 +374,40 @@ fn spot_offering_of_the_embedded_catalog() {
         .filter_map(|t| t.cheapest_price(&reqs))
         .min_by(f64::total_cmp);
     assert_eq!(Some(o.price), cheapest);
+}
+
+/// Upstream's garbage-collection spec, with the kwok provider: a NodeClaim marked launched,
+/// registered and initialized by hand, with a provider ID no kwok instance has, is deleted.
+#[tokio::test]
+#[ignore = "needs the local control plane"]
+async fn garbage_collection_deletes_a_claim_whose_provider_id_names_no_instance() {
+    use crate::controllers::nodeclaim::garbagecollection::{self, KnownClaim, collect_claims};
+    use kube::api::{Patch, PatchParams, PostParams};
+    let cloud = provider(Duration::ZERO).await;
+    let client = Client::try_default().await.unwrap();
+    let claims: kube::Api<NodeClaim> = kube::Api::all(client.clone());
+    let name = unique("kwok-gc-unknown");
+    claims.create(&PostParams::default(), &m5_large_claim(&name)).await.unwrap();
+    let at = "2026-01-01T00:00:00Z";
+    let condition =
+        |t: &str| json!({"type": t, "status": "True", "reason": t, "message": "", "lastTransitionTime": at});
+    let status = json!({"status": {"providerID": "Provider:///AZ/i-01234567890123456", "conditions": [
+        condition("Launched"), condition("Registered"), condition("Initialized")]}});
+    claims.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+
+    let known: Vec<KnownClaim> = garbagecollection::list_claims(&client)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.name == name)
+        .collect();
+    assert_eq!(known.len(), 1);
+    let instances = cloud.list().await.unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let collected = collect_claims(&client, &cloud, &known, &instances, now, garbagecollection::GRACE).await;
+    assert_eq!(collected, std::slice::from_ref(&name));
+    let left = claims.get_opt(&name).await.unwrap();
+    assert!(left.is_none_or(|c| c.metadata.deletion_timestamp.is_some()), "the NodeClaim is deleted");
+    let release = json!({"metadata": {"finalizers": null}});
+    let _ = claims.patch(&name, &PatchParams::default(), &Patch::Merge(&release)).await;
 }
