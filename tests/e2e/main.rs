@@ -1756,23 +1756,17 @@ spec:
     .await;
 }
 
-/// A workload whose pods the cluster keeps removing from new nodes (here a NoExecute taint put on
-/// each node of the pool once a pod of it runs there, as a broken agent might): after three bounces
-/// its pending pod gets a ProvisioningBackoff warning and no new NodeClaim.
-/// Upstream's regression spec: another controller taints every new node `NoExecute` as it
-/// appears, and one pod does not tolerate it. The capacity launched for the pod never takes it:
-/// that counts as a bounce, the workload backs off, and the pool stays small (upstream keeps it
-/// under 35 nodes in 5 minutes; here fewer than 10, measured over 90 s in `make test`).
-async fn nodes_another_controller_taints_do_not_run_away(f: &Fixture, controller: &Controller) {
-    let manifest = format!(
+/// A one-replica Deployment `name` of the fixture's namespace on its pool (100m CPU).
+fn one_pod_deployment(f: &Fixture, name: &str) -> String {
+    format!(
         r#"apiVersion: apps/v1
 kind: Deployment
-metadata: {{name: untolerant, namespace: {ns}}}
+metadata: {{name: {name}, namespace: {ns}}}
 spec:
   replicas: 1
-  selector: {{matchLabels: {{app: untolerant}}}}
+  selector: {{matchLabels: {{app: {name}}}}}
   template:
-    metadata: {{labels: {{app: untolerant}}}}
+    metadata: {{labels: {{app: {name}}}}}
     spec:
       terminationGracePeriodSeconds: 0
       nodeSelector: {{karpenter.sh/nodepool: {pool}}}
@@ -1780,31 +1774,63 @@ spec:
 "#,
         ns = f.ns,
         pool = f.pool
-    );
+    )
+}
+
+/// Another controller: taints the pool's nodes `<key>=true:NoExecute`, every node as it appears,
+/// or with `running` only those where a pod of that app runs. Abort the task to stop it.
+fn spawn_tainter(
+    f: &Fixture,
+    key: &'static str,
+    running: Option<&'static str>,
+) -> tokio::task::JoinHandle<()> {
     let nodes = Api::<Node>::all(f.client.clone());
     let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={}", f.pool));
-    let tainter = {
-        let (nodes, selector) = (nodes.clone(), selector.clone());
-        tokio::spawn(async move {
-            loop {
-                for node in nodes.list(&selector).await.map(|l| l.items).unwrap_or_default() {
-                    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-                    if taints.iter().any(|t| t.key == "test") {
-                        continue;
-                    }
-                    let mut taints = serde_json::to_value(taints).unwrap();
-                    taints
-                        .as_array_mut()
-                        .unwrap()
-                        .push(json!({"key": "test", "value": "true", "effect": "NoExecute"}));
-                    let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": taints}});
-                    let name = node.metadata.name.clone().unwrap();
-                    let _ = nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+    let pods = Api::<Pod>::namespaced(f.client.clone(), &f.ns);
+    tokio::spawn(async move {
+        loop {
+            let bound: Option<Vec<String>> = match running {
+                Some(app) => Some(
+                    pods.list(&ListParams::default().labels(&format!("app={app}")))
+                        .await
+                        .map(|l| l.items)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(is_running)
+                        .filter_map(|p| p.spec.and_then(|s| s.node_name))
+                        .collect(),
+                ),
+                None => None,
+            };
+            for node in nodes.list(&selector).await.map(|l| l.items).unwrap_or_default() {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                if bound.as_ref().is_some_and(|b| !b.contains(&name)) {
+                    continue;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+                if taints.iter().any(|t| t.key == key) {
+                    continue;
+                }
+                let mut taints = serde_json::to_value(taints).unwrap();
+                taints
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"key": key, "value": "true", "effect": "NoExecute"}));
+                let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": taints}});
+                let _ = nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
             }
-        })
-    };
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// Upstream's regression spec: another controller taints every new node `NoExecute` as it
+/// appears, and one pod does not tolerate it. The capacity launched for the pod never takes it:
+/// that counts as a bounce, the workload backs off, and the pool stays small (upstream keeps it
+/// under 35 nodes in 5 minutes; here fewer than 10, measured over 90 s in `make test`).
+async fn nodes_another_controller_taints_do_not_run_away(f: &Fixture, controller: &Controller) {
+    let manifest = one_pod_deployment(f, "untolerant");
+    let tainter = spawn_tainter(f, "test", None);
     kubectl_apply(&manifest);
     let started = Instant::now();
     let mut seen = std::collections::HashSet::new();
@@ -1834,62 +1860,12 @@ spec:
     .await;
 }
 
+/// A workload whose pods the cluster keeps removing from new nodes (here a NoExecute taint put on
+/// each node of the pool once a pod of it runs there, as a broken agent might): after three bounces
+/// its pending pod gets a ProvisioningBackoff warning and no new NodeClaim.
 async fn pods_that_never_stay_back_off(f: &Fixture, controller: &Controller) {
-    let manifest = format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: bouncer, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: bouncer}}}}
-  template:
-    metadata: {{labels: {{app: bouncer}}}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
-      containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 100m}}}}}}]
-"#,
-        ns = f.ns,
-        pool = f.pool
-    );
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(f.client.clone());
-    let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={}", f.pool));
-    let tainter = {
-        let nodes = nodes.clone();
-        let selector = selector.clone();
-        let pods = Api::<Pod>::namespaced(f.client.clone(), &f.ns);
-        tokio::spawn(async move {
-            loop {
-                let bound: Vec<String> = pods
-                    .list(&ListParams::default().labels("app=bouncer"))
-                    .await
-                    .map(|l| l.items)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(is_running)
-                    .filter_map(|p| p.spec.and_then(|s| s.node_name))
-                    .collect();
-                for node in nodes.list(&selector).await.map(|l| l.items).unwrap_or_default() {
-                    if !node.metadata.name.as_ref().is_some_and(|n| bound.contains(n)) {
-                        continue;
-                    }
-                    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-                    if taints.iter().any(|t| t.key == "example.com/broken") {
-                        continue;
-                    }
-                    let mut taints = serde_json::to_value(taints).unwrap();
-                    taints
-                        .as_array_mut()
-                        .unwrap()
-                        .push(json!({"key": "example.com/broken", "effect": "NoExecute"}));
-                    let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": taints}});
-                    let name = node.metadata.name.clone().unwrap();
-                    let _ = nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-    };
+    let manifest = one_pod_deployment(f, "bouncer");
+    let tainter = spawn_tainter(f, "example.com/broken", Some("bouncer"));
     kubectl_apply(&manifest);
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(f.client.clone(), &f.ns);
     let backoff = ListParams::default().fields("reason=ProvisioningBackoff");
