@@ -10,6 +10,7 @@ pub mod common;
 pub mod crds;
 pub mod ec2nodeclass;
 pub mod hash;
+pub mod hashstructure;
 pub mod labels;
 pub mod nodeclaim;
 pub mod nodepool;

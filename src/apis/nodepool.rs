@@ -279,10 +279,10 @@ fn add_template_label_rules(schema: &mut Schema) {
 }
 
 /// Version of the NodePool hash scheme, written next to the hash so that a change of scheme is
-/// not mistaken for drift. Distinct from upstream's versions: the hashes differ, and NodeClaims
-/// made by upstream Karpenter (or by this controller, after a switch back) are re-stamped rather
-/// than compared. `rs-v2`: lists hashed as sets and zero values left out ([`super::hash`]).
-pub const NODEPOOL_HASH_VERSION: &str = "rs-v2";
+/// not mistaken for drift: upstream's `NodePoolHashVersion`, as the hash is upstream's
+/// ([`super::hash::nodepool_hash`]). A NodeClaim stamped with another version (such as `rs-v2`,
+/// this controller's former scheme) is re-stamped rather than compared.
+pub const NODEPOOL_HASH_VERSION: &str = "v3";
 
 impl NodePool {
     /// The pool's weight, 0 when unset.
@@ -292,19 +292,16 @@ impl NodePool {
 
     /// Hash of the template fields whose change makes existing nodes drift: labels,
     /// annotations, taints, startup taints, expireAfter, terminationGracePeriod and the node
-    /// class reference (requirements are compared on their own). A decimal number, as upstream
-    /// writes it in the `karpenter.sh/nodepool-hash` annotation.
+    /// class reference (requirements are compared on their own). Upstream's `NodePool.Hash()`, a
+    /// decimal number written in the `karpenter.sh/nodepool-hash` annotation.
     pub fn hash(&self) -> String {
-        let t = &self.spec.template;
-        super::hash::drift_hash(serde_json::json!({
-            "labels": t.metadata.as_ref().map(|m| &m.labels),
-            "annotations": t.metadata.as_ref().map(|m| &m.annotations),
-            "taints": t.spec.taints,
-            "startupTaints": t.spec.startup_taints,
-            "expireAfter": t.spec.expire_after,
-            "terminationGracePeriod": t.spec.termination_grace_period,
-            "nodeClassRef": t.spec.node_class_ref,
-        }))
-        .to_string()
+        super::hash::nodepool_hash(&self.spec.template)
+    }
+
+    /// Whether `hash` is this NodePool's, however upstream read its empty lists and maps (see
+    /// [`super::hash::nodepool_hash_readings`]).
+    pub fn hash_matches(&self, hash: &str) -> bool {
+        hash == self.hash()
+            || super::hash::nodepool_hash_readings(&self.spec.template).iter().any(|h| h == hash)
     }
 }

@@ -57,11 +57,37 @@ pub fn counted(
 }
 
 /// The CA bundle the client trusts for the API server (from the kubeconfig or the in-cluster
-/// service account), base64-encoded PEM as `CLUSTER_CA_BUNDLE` takes it. `None` when the
-/// configuration names no CA of its own.
+/// service account), base64-encoded as `CLUSTER_CA_BUNDLE` takes it: the CA file's own bytes, as
+/// upstream encodes them (the EC2NodeClass hash includes it, so the same bytes give the same hash
+/// as upstream's), else the certificates the client parsed, in PEM. `None` when the configuration
+/// names no CA of its own.
 pub async fn cluster_ca_bundle() -> Option<String> {
+    use base64::Engine;
+    if let Some(raw) = raw_cluster_ca() {
+        return Some(base64::engine::general_purpose::STANDARD.encode(raw));
+    }
     let config = Config::infer().await.ok()?;
     ca_bundle(config.root_cert.as_deref()?)
+}
+
+/// Where a pod's service account CA is mounted.
+const SERVICE_ACCOUNT_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+
+/// The bytes of the CA the client trusts, as configured: the kubeconfig's current cluster
+/// (`certificate-authority-data` decoded, or the `certificate-authority` file), else in a pod the
+/// service account's CA file.
+fn raw_cluster_ca() -> Option<Vec<u8>> {
+    use base64::Engine;
+    if let Ok(kubeconfig) = kube::config::Kubeconfig::read() {
+        let current = kubeconfig.current_context.as_deref()?;
+        let context = kubeconfig.contexts.iter().find(|c| c.name == current)?.context.as_ref()?;
+        let cluster = kubeconfig.clusters.iter().find(|c| c.name == context.cluster)?.cluster.as_ref()?;
+        if let Some(data) = cluster.certificate_authority_data.as_deref() {
+            return base64::engine::general_purpose::STANDARD.decode(data.trim()).ok();
+        }
+        return std::fs::read(cluster.certificate_authority.as_deref()?).ok();
+    }
+    std::env::var_os("KUBERNETES_SERVICE_HOST").and_then(|_| std::fs::read(SERVICE_ACCOUNT_CA).ok())
 }
 
 /// Base64 of the PEM encoding of DER certificates.

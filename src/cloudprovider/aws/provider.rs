@@ -29,9 +29,10 @@ use crate::scheduling::resources::Resources;
 
 /// How long an offering that ran out of capacity is left out.
 pub const UNAVAILABLE_OFFERING_TTL: Duration = Duration::from_secs(180);
-/// Version of the node-class hash written to NodeClaims. `rs-v2`: the AMI family as resolved,
-/// lists as sets and zero values left out.
-pub const NODE_CLASS_HASH_VERSION: &str = "rs-v2";
+/// Version of the node-class hash written to NodeClaims: upstream's `EC2NodeClassHashVersion`,
+/// as the hash is upstream's ([`node_class_hash`]). A NodeClaim stamped with another version
+/// (such as `rs-v2`, this controller's former scheme) is re-stamped rather than compared.
+pub const NODE_CLASS_HASH_VERSION: &str = "v5";
 
 /// The AWS service clients the provider uses.
 #[derive(Clone, Debug)]
@@ -303,6 +304,13 @@ impl AwsCloudProvider {
     /// The cluster nodes join.
     pub fn cluster(&self) -> &ClusterInfo {
         &self.cluster
+    }
+
+    /// The `karpenter.k8s.aws/ec2nodeclass-hash` of a class with `spec`, with the CA bundle this
+    /// controller trusts for the API server (`CLUSTER_CA_BUNDLE`, else its client's), as upstream
+    /// hashes it.
+    pub fn class_hash(&self, spec: &EC2NodeClassSpec) -> String {
+        node_class_hash(spec, self.options.cluster_ca_bundle.as_deref().unwrap_or_default())
     }
 
     /// How often each EC2NodeClass is resolved again when nothing changes.
@@ -710,7 +718,7 @@ impl AwsCloudProvider {
     }
 
     fn with_annotations(&self, mut i: Instance, spec: &EC2NodeClassSpec) -> Instance {
-        i.annotations.insert(ANNOTATION_EC2NODECLASS_HASH.to_string(), node_class_hash(spec));
+        i.annotations.insert(ANNOTATION_EC2NODECLASS_HASH.to_string(), self.class_hash(spec));
         i.annotations
             .insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.to_string(), NODE_CLASS_HASH_VERSION.to_string());
         i
@@ -865,14 +873,14 @@ impl AwsCloudProvider {
         type_requirements: Option<&Requirements>,
     ) -> Result<Option<DriftReason>> {
         let (class, status) = self.ready_class(&node_claim.spec.node_class_ref.name)?;
-        // A hash of another scheme (upstream's, say) cannot be compared with ours: the node-class
-        // controller re-stamps it.
+        // A hash of another scheme (an older one of upstream's, or this controller's former
+        // `rs-v2`) cannot be compared with ours: the node-class controller re-stamps it.
         let annotations = node_claim.metadata.annotations.as_ref();
         let same_scheme =
             annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH_VERSION)).map(String::as_str)
                 == Some(NODE_CLASS_HASH_VERSION);
         let hash = annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH)).filter(|_| same_scheme);
-        Ok(drift(inst, type_requirements, &status, hash.map(String::as_str), &node_class_hash(&class.spec)))
+        Ok(drift(inst, type_requirements, &status, hash.map(String::as_str), &self.class_hash(&class.spec)))
     }
 }
 
@@ -910,20 +918,14 @@ pub fn drift(
     None
 }
 
-/// Hash of the parts of a class spec whose change makes its nodes drift: everything but the
-/// selector terms (whose effect is checked through the resolved subnets, groups and AMIs), with
-/// the AMI family as resolved rather than as written (so writing `amiFamily: AL2023` next to an
-/// `al2023@latest` alias drifts nothing), lists as sets and zero values left out.
-pub fn node_class_hash(spec: &EC2NodeClassSpec) -> String {
-    let mut spec = spec.clone();
-    spec.subnet_selector_terms.clear();
-    spec.security_group_selector_terms.clear();
-    spec.ami_selector_terms.clear();
-    spec.capacity_reservation_selector_terms.clear();
-    let family = amifamily::family_of(&spec);
-    spec.ami_family = None;
-    let value = serde_json::json!({ "spec": spec, "amiFamily": family });
-    format!("{:016x}", crate::apis::hash::drift_hash(value))
+/// Hash of the parts of a class spec whose change makes its nodes drift, for a controller
+/// trusting `ca_bundle` (base64 PEM, empty when none): upstream's `EC2NodeClass.Hash(caBundle)`
+/// ([`crate::apis::hash::ec2nodeclass_hash`]): everything but the selector terms (whose effect
+/// is checked through the resolved subnets, groups and AMIs), with the AMI family as resolved
+/// rather than as written (so writing `amiFamily: AL2023` next to an `al2023@latest` alias
+/// drifts nothing), and the CA bundle.
+pub fn node_class_hash(spec: &EC2NodeClassSpec, ca_bundle: &str) -> String {
+    crate::apis::hash::ec2nodeclass_hash(spec, ca_bundle)
 }
 
 impl CloudProvider for AwsCloudProvider {

@@ -4,9 +4,11 @@
 //!
 //! A NodeClaim has drifted, checked in this order, when:
 //! 1. its `karpenter.sh/nodepool-hash` annotation differs from its NodePool's current hash: the
-//!    NodePool's template changed (`NodePoolDrifted`). A claim whose hash is of another scheme
-//!    (`karpenter.sh/nodepool-hash-version`), such as one upstream Karpenter made, is re-stamped
-//!    with the current hash instead, as upstream does when its scheme changes;
+//!    NodePool's template changed (`NodePoolDrifted`). The hash is upstream's (version `v3`), so
+//!    a claim upstream Karpenter made is compared as it is. A claim whose hash is of another
+//!    scheme (`karpenter.sh/nodepool-hash-version`: an older one of upstream's, or `rs-v2`, this
+//!    controller's former one) is re-stamped with the current hash instead, as upstream does when
+//!    its scheme changes (a claim already drifted keeps its hash);
 //! 2. its NodePool's requirements no longer allow one of its labels, or require a key it has
 //!    neither a label nor a launch requirement for (`RequirementsDrifted`);
 //! 3. it is older than an hour and its instance type, or an offering of it in its zone and
@@ -73,7 +75,7 @@ pub fn current_hash_scheme(claim: &NodeClaim) -> bool {
 /// Whether `claim` drifted from `pool` without asking the cloud provider: the reason, if so.
 pub fn static_drift(claim: &NodeClaim, pool: &NodePool) -> Option<&'static str> {
     if current_hash_scheme(claim)
-        && claim.annotations().get(ANNOTATION_NODEPOOL_HASH).is_some_and(|h| *h != pool.hash())
+        && claim.annotations().get(ANNOTATION_NODEPOOL_HASH).is_some_and(|h| !pool.hash_matches(h))
     {
         return Some(NODEPOOL_DRIFTED);
     }
@@ -410,17 +412,24 @@ mod tests {
     #[test]
     fn a_claim_upstream_made_has_not_drifted_from_the_pool_it_came_from() {
         let claim = upstream_claim();
+        // The getting-started NodePool, which that claim came from: no labels.
         let mut pool = pool("a", &["us-west-2a", "us-west-2b"]);
+        pool.spec.template.metadata = None;
         pool.spec.template.spec.requirements = serde_json::from_value(json!([
             {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m", "r"]},
             {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
             {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
             {"key": "karpenter.k8s.aws/instance-generation", "operator": "Gt", "values": ["4"]}]))
         .unwrap();
-        assert!(!current_hash_scheme(&claim), "upstream's hash is re-stamped, not compared");
+        // Upstream's scheme is this controller's: its hash is compared as it is, and matches.
+        assert!(current_hash_scheme(&claim), "upstream's v3 hash is compared");
+        assert_eq!(claim.annotations().get(ANNOTATION_NODEPOOL_HASH), Some(&pool.hash()));
         assert_eq!(static_drift(&claim, &pool), None);
         pool.spec.template.spec.requirements[0].values = vec!["c".into()];
         assert_eq!(static_drift(&claim, &pool), Some(REQUIREMENTS_DRIFTED), "m is no longer allowed");
+        // A change of the template is drift, as upstream sees it.
+        pool.spec.template.spec.expire_after = "24h".into();
+        assert_eq!(static_drift(&claim, &pool), Some(NODEPOOL_DRIFTED));
     }
 
     #[test]
@@ -432,8 +441,10 @@ mod tests {
         // The template changed.
         let changed = pool("b", &["us-west-2a", "us-west-2b"]);
         assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2a")), &changed), Some(NODEPOOL_DRIFTED));
-        // A hash of another scheme (upstream's v3) is not compared.
-        assert_eq!(static_drift(&claim("c", "0", "v3", Some("us-west-2a")), &p), None);
+        // A hash of another scheme (this controller's former rs-v2, an older one of upstream's)
+        // is not compared.
+        assert_eq!(static_drift(&claim("c", "0", "rs-v2", Some("us-west-2a")), &p), None);
+        assert_eq!(static_drift(&claim("c", "0", "v2", Some("us-west-2a")), &p), None);
         assert_eq!(static_drift(&claim("c", &h, v, Some("us-west-2c")), &p), Some(REQUIREMENTS_DRIFTED));
         // A required key the claim has no label for: drift, as upstream (a requirement added to
         // the NodePool after the claim was made)...
@@ -562,8 +573,10 @@ mod tests {
         let nanos =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
         let name = format!("drift-{:x}-{nanos:x}", std::process::id());
-        // Made by upstream Karpenter: hashes of its own schemes.
+        // Made by upstream Karpenter, its NodePool hash then stamped with this controller's
+        // former scheme (rs-v2): re-stamped rather than compared.
         let mut upstream = upstream_claim();
+        upstream.annotations_mut().insert(ANNOTATION_NODEPOOL_HASH_VERSION.into(), "rs-v2".into());
         upstream.metadata.name = Some(name.clone());
         upstream.metadata.finalizers = None;
         let status = json!({"status": upstream.status.take()});

@@ -37,7 +37,7 @@ use crate::apis::labels::{
 use crate::apis::{EC2NodeClass, EC2NodeClassStatus, NodeClaim};
 use crate::cloudprovider::CloudProviderError;
 use crate::cloudprovider::aws::AwsCloudProvider;
-use crate::cloudprovider::aws::provider::{NODE_CLASS_HASH_VERSION, node_class_hash};
+use crate::cloudprovider::aws::provider::NODE_CLASS_HASH_VERSION;
 use crate::controllers::Events;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::controllers::nodeclaim::drift;
@@ -391,10 +391,10 @@ async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, 
     Ok(Next::After(reconciler.provider.node_class_refresh()))
 }
 
-/// The annotations that bring a launched `claim` of `class` to the current hash scheme, or
-/// `None` when it is already on it. As upstream, a claim already drifted keeps its old hash (only
-/// the version changes), so it stays drifted.
-pub fn restamp(claim: &NodeClaim, class: &EC2NodeClass) -> Option<serde_json::Map<String, Value>> {
+/// The annotations that bring a launched `claim` of a class whose current hash is `class_hash`
+/// to the current hash scheme, or `None` when it is already on it. As upstream, a claim already
+/// drifted keeps its old hash (only the version changes), so it stays drifted.
+pub fn restamp(claim: &NodeClaim, class_hash: &str) -> Option<serde_json::Map<String, Value>> {
     let launched = claim.status.as_ref().is_some_and(|s| s.provider_id.is_some());
     let version = claim.annotations().get(ANNOTATION_EC2NODECLASS_HASH_VERSION);
     if !launched
@@ -406,21 +406,22 @@ pub fn restamp(claim: &NodeClaim, class: &EC2NodeClass) -> Option<serde_json::Ma
     let mut annotations = serde_json::Map::new();
     annotations.insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.into(), NODE_CLASS_HASH_VERSION.into());
     if !drift::is_drifted(claim) {
-        annotations.insert(ANNOTATION_EC2NODECLASS_HASH.into(), node_class_hash(&class.spec).into());
+        annotations.insert(ANNOTATION_EC2NODECLASS_HASH.into(), class_hash.into());
     }
     Some(annotations)
 }
 
-/// Re-stamps the class hash of its launched NodeClaims whose hash is of another scheme (made by
-/// upstream Karpenter, or before this controller's scheme changed), so that they are compared
-/// from now on rather than all marked drifted.
+/// Re-stamps the class hash of its launched NodeClaims whose hash is of another scheme (an older
+/// one of upstream's, or `rs-v2`, this controller's former one), so that they are compared from
+/// now on rather than all marked drifted.
 async fn restamp_claims(class: &EC2NodeClass, reconciler: &Reconciler) {
     let api: Api<NodeClaim> = Api::all(reconciler.client.clone());
+    let class_hash = reconciler.provider.class_hash(&class.spec);
     for claim in reconciler.cluster.nodeclaims.state() {
         if !references(&claim, &class.name_any()) {
             continue;
         }
-        let Some(annotations) = restamp(&claim, class) else { continue };
+        let Some(annotations) = restamp(&claim, &class_hash) else { continue };
         let patch = json!({
             "metadata": { "resourceVersion": claim.resource_version(), "annotations": annotations },
         });

@@ -11,6 +11,7 @@ use super::*;
 use crate::apis::ec2nodeclass::{AmiStatus, SecurityGroupStatus, SubnetStatus};
 use crate::apis::{Condition, ConditionStatus};
 use crate::cloudprovider::aws::nodeclass::{conditions, is_ready};
+use crate::cloudprovider::aws::provider::node_class_hash;
 use crate::cloudprovider::aws::{AwsClients, Options};
 
 fn class(name: &str, finalizers: &[&str], deleting: bool) -> EC2NodeClass {
@@ -137,15 +138,16 @@ fn claims_upstream_made_are_restamped_with_this_scheme() {
     let mut claim: NodeClaim =
         serde_saphyr::from_str(include_str!("../../../../../tests/fixtures/upstream/nodeclaim.yaml"))
             .unwrap();
-    let stamp = restamp(&claim, &class).expect("upstream's v4 hash is re-stamped");
+    let hash = node_class_hash(&class.spec, "");
+    let stamp = restamp(&claim, &hash).expect("upstream's v4 hash is re-stamped");
     assert_eq!(stamp[ANNOTATION_EC2NODECLASS_HASH_VERSION], NODE_CLASS_HASH_VERSION);
-    assert_eq!(stamp[ANNOTATION_EC2NODECLASS_HASH], node_class_hash(&class.spec));
+    assert_eq!(stamp[ANNOTATION_EC2NODECLASS_HASH], hash);
 
     // Once on this scheme, nothing more to write.
     for (k, v) in &stamp {
         claim.annotations_mut().insert(k.clone(), v.as_str().unwrap().to_string());
     }
-    assert_eq!(restamp(&claim, &class), None);
+    assert_eq!(restamp(&claim, &hash), None);
 
     // A claim already drifted keeps its hash, so it stays drifted; one not launched yet gets its
     // hash at launch.
@@ -160,11 +162,11 @@ fn claims_upstream_made_are_restamped_with_this_scheme() {
         reason: "AMIDrift".into(),
         message: String::new(),
     });
-    let stamp = restamp(&drifted, &class).unwrap();
+    let stamp = restamp(&drifted, &hash).unwrap();
     assert_eq!(stamp.len(), 1, "{stamp:?}");
     assert!(stamp.contains_key(ANNOTATION_EC2NODECLASS_HASH_VERSION));
     drifted.status = None;
-    assert_eq!(restamp(&drifted, &class), None);
+    assert_eq!(restamp(&drifted, &hash), None);
 }
 
 #[test]
