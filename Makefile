@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-.PHONY: help demo test bench cluster-up cluster-down tools build crds fmt lint unit
+.PHONY: help demo test bench chaos cluster-up cluster-down tools build crds fmt lint unit
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -15,6 +15,9 @@ test: ## Run every test (starts the local control plane and AWS emulator as need
 
 bench: ## The benchmarks of docs/benchmarks.md (release build; scheduling, 1000 pods, 500 nodes)
 	@hack/bench.sh
+
+chaos: ## The fault-injection run of docs/reliability.md (leader kills, API server restart, EC2 faults, SQS duplicates)
+	@hack/chaos.sh
 
 cluster-up: ## Start the local control plane + AWS emulator; prints export lines: eval "$$(make -s cluster-up)"
 	@hack/cluster-up.sh

@@ -40,6 +40,16 @@ cannot start with "_"):
                                 switch the call log (below); JSON body {"path": "/abs/file.jsonl"}
                                 records from now on to that file (appending), {"path": null} or
                                 "" switches it off; answers {"call_log": ..., "previous": ...}
+    POST /_karpenter-rs/faults  make the next calls of an EC2 action fail or hang as EC2's do
+                                (below); JSON body {"action": "CreateFleet", "error":
+                                "InsufficientInstanceCapacity"|"RequestLimitExceeded"|
+                                "InternalError"|"stall", "count": N, "seconds": S}; answers
+                                {"armed": ..., "pending": [...]} (400 with {"error"} when the
+                                fault is not one it can inject)
+    GET  /_karpenter-rs/faults  {"pending": [...], "injected": [...], "counts": {"<Action>
+                                <error>": n}}: faults still armed and those injected so far
+    DELETE /_karpenter-rs/faults
+                                disarm every pending fault; answers {"cleared": [...]}
 
 Call log of the controller's requests
 -------------------------------------
@@ -55,6 +65,27 @@ kubelet stand-in (boto3) and the Rust tests' own SDK clients are not recorded.
 hack/moto/call_log.py describes the lines and what each operation authorises;
 tests/aws_emulator/test_controller_policy.py evaluates them against the controller policy
 of docs/install.md. GET /_karpenter-rs/ready reports the file as "call_log".
+
+EC2 faults
+----------
+hack/moto/faults.py, a WSGI middleware in front of moto (and of the call log), answers the
+calls POST /_karpenter-rs/faults armed it for, by default only the controller's (user agent
+`app/karpenter-rs`; "any_client": true for every caller), `count` calls (default 1) each:
+
+* "InsufficientInstanceCapacity": CreateFleet answers 200 with no instances and one
+  InsufficientInstanceCapacity error per override of the request (launch template, instance
+  type, subnet, zone), or of its first "overrides": N, as EC2 answers an instant fleet it cannot
+  fill; other actions answer 500 with EC2's error document;
+* "RequestLimitExceeded" (throttling): 503; "InternalError": 500; "ServiceUnavailable" and
+  "Unavailable": 503; any other code with "status": 400-599. The body is EC2's query-protocol
+  <Response><Errors><Error><Code>..</Code><Message>..</Message></Error></Errors>
+  <RequestID>..</RequestID></Response>;
+* "stall": the call is held "seconds" (default 30) before moto executes it and answers;
+* "after": true: moto executes the call first, then its answer is replaced by the error (or,
+  with "stall", held back): EC2 acted, the caller never learns it.
+
+Faults of one action are used in the order they were armed. Faulted calls (but those with
+"after") never reach moto nor the call log.
 
 Account seed (per cluster name and region)
 ------------------------------------------
@@ -121,6 +152,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 
 import call_log  # noqa: E402
 import eks_images  # noqa: E402
+import faults  # noqa: E402
 
 DISCOVERY_TAG = "karpenter.sh/discovery"
 VPC_CIDR = "10.0.0.0/16"
@@ -476,10 +508,12 @@ class App:
     """moto's WSGI app plus the /_karpenter-rs/ endpoints."""
 
     def __init__(self, moto_app, seeder: Seeder, port: int, region: str,
-                 recorder: call_log.CallRecorder | None = None):
+                 recorder: call_log.CallRecorder | None = None,
+                 injector: faults.FaultInjector | None = None):
         self.moto_app = moto_app
         self.seeder = seeder
         self.recorder = recorder
+        self.injector = injector
         self.port = port
         self.region = region
 
@@ -549,6 +583,18 @@ class App:
                 return "400 Bad Request", {"error": f"path {path!r} is not absolute"}
             previous = self.recorder.set_path(path)
             return "200 OK", {"call_log": self.recorder.path, "previous": previous}
+        if name == "faults" and self.injector is not None:
+            if method == "GET":
+                return "200 OK", self.injector.status()
+            if method == "DELETE":
+                return "200 OK", self.injector.disarm()
+            if method == "POST":
+                length = int(environ.get("CONTENT_LENGTH") or 0)
+                try:
+                    body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+                    return "200 OK", self.injector.arm(body)
+                except (ValueError, faults.FaultError) as exc:
+                    return "400 Bad Request", {"error": str(exc)}
         if name == "instance-status" and method == "POST":
             length = int(environ.get("CONTENT_LENGTH") or 0)
             body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
@@ -717,7 +763,9 @@ def main(argv=None) -> int:
     recorder = call_log.CallRecorder(DomainDispatcherApplication(create_backend_app))
     if os.environ.get(call_log.ENV_VAR):
         recorder.set_path(os.path.abspath(os.environ[call_log.ENV_VAR]))
-    app = App(recorder, seeder, args.port, args.region, recorder)
+    # Faults answer before the call log and moto see a call (see hack/moto/faults.py).
+    injector = faults.FaultInjector(recorder)
+    app = App(injector, seeder, args.port, args.region, recorder, injector)
 
     # Bind the real port now (fails fast if taken); it serves only after seeding.
     server = make_server(
