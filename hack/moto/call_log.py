@@ -612,7 +612,7 @@ class CallRecorder:
         path = self.path
         if not path or not is_controller(environ):
             return self.app(environ, start_response)
-        body = self._read_body(environ)
+        body = read_body(environ)
         with self.lock:
             self.seq += 1
             seq = self.seq
@@ -636,21 +636,6 @@ class CallRecorder:
         finally:
             self._write(path, seq, items, status_box[0] if status_box else None, environ)
 
-    @staticmethod
-    def _read_body(environ: dict) -> bytes:
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        stream = environ.get("wsgi.input")
-        if stream is None:
-            return b""
-        body = stream.read(length) if length > 0 else (
-            stream.read() if environ.get("wsgi.input_terminated") else b"")
-        environ["wsgi.input"] = io.BytesIO(body)
-        environ["CONTENT_LENGTH"] = str(len(body))
-        return body
-
     def _write(self, path: str, seq: int, items: list[dict], status: int | None, environ: dict) -> None:
         agent = environ.get("HTTP_X_AMZ_USER_AGENT") or environ.get("HTTP_USER_AGENT", "")
         lines = []
@@ -662,3 +647,19 @@ class CallRecorder:
                 out.write("".join(lines))
         except OSError as exc:
             log.error("call log: cannot write %s: %s", path, exc)
+
+
+def read_body(environ: dict) -> bytes:
+    """The request's body; environ gets a fresh stream of it for the app behind."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    body = stream.read(length) if length > 0 else (
+        stream.read() if environ.get("wsgi.input_terminated") else b"")
+    environ["wsgi.input"] = io.BytesIO(body)
+    environ["CONTENT_LENGTH"] = str(len(body))
+    return body

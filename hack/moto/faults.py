@@ -55,7 +55,6 @@ which moto executes).
 from __future__ import annotations
 
 import datetime
-import io
 import itertools
 import re
 import threading
@@ -248,22 +247,6 @@ class Fault:
         return out
 
 
-def _read_body(environ: dict) -> bytes:
-    """The request's body; environ gets a fresh stream of it for the app behind."""
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    stream = environ.get("wsgi.input")
-    if stream is None:
-        return b""
-    body = stream.read(length) if length > 0 else (
-        stream.read() if environ.get("wsgi.input_terminated") else b"")
-    environ["wsgi.input"] = io.BytesIO(body)
-    environ["CONTENT_LENGTH"] = str(len(body))
-    return body
-
-
 def _service(environ: dict) -> str:
     match = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
     if match:
@@ -324,7 +307,7 @@ class FaultInjector:
         service = _service(environ)
         if service != "ec2":
             return self.app(environ, start_response)
-        body = _read_body(environ)
+        body = call_log.read_body(environ)
         action = call_log.query_params(environ, body).get("Action", "")
         fault = self._take(service, action, call_log.is_controller(environ))
         if fault is None:
