@@ -55,7 +55,7 @@ krs_go_env() {
     if [[ -x /usr/local/go/bin/go ]]; then
       PATH=/usr/local/go/bin:$PATH
     else
-      die "go not found on PATH (need Go >= 1.24)"
+      die "go not found on PATH (need Go >= 1.26)"
     fi
   fi
   export GOPATH=$KRS_HOME/go
