@@ -32,7 +32,7 @@ mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -172,7 +172,7 @@ async fn run_chaos(shape: Shape) {
     let ec2 = if aws { Some(ec2().await) } else { None };
     if aws {
         // The faults of an earlier run that it did not use.
-        let (code, body) = http_call("DELETE", &faults_url()).await;
+        let (code, body) = http_request("DELETE", &faults_url(), None).await;
         assert_eq!(
             code, 200,
             "the emulator's fault endpoint (hack/chaos.sh restarts an older emulator): {body}"
@@ -342,8 +342,8 @@ async fn run_chaos(shape: Shape) {
     });
     let mut faults = "none (kwok)".to_string();
     if aws {
-        let (_, status) = http_call("GET", &faults_url()).await;
-        http_call("DELETE", &faults_url()).await;
+        let (_, status) = http_request("GET", &faults_url(), None).await;
+        http_request("DELETE", &faults_url(), None).await;
         faults = describe_faults(&status);
     }
     run.note("settling");
@@ -1263,29 +1263,6 @@ async fn interruptions(run: &Run, expected: usize) -> Vec<String> {
         "state change terminated then stopping".to_string(),
         format!("2 redelivered after handling (acted on: {late})"),
     ]
-}
-
-/// A request without a body (GET, DELETE) to a plain-HTTP `url`: status and body.
-async fn http_call(method: &str, url: &str) -> (u16, String) {
-    let rest = url.strip_prefix("http://").expect("a plain http:// url");
-    let (authority, path) =
-        rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    let authority = authority.to_string();
-    let answer = tokio::task::spawn_blocking(move || {
-        let mut stream = std::net::TcpStream::connect(authority.as_str()).unwrap();
-        stream.write_all(request.as_bytes()).unwrap();
-        let mut out = String::new();
-        stream.read_to_string(&mut out).unwrap();
-        out
-    })
-    .await
-    .unwrap();
-    let status = answer.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
 }
 
 // -------------------------------------------------------------------------------------------

@@ -94,6 +94,11 @@ class FaultError(ValueError):
     """A fault that cannot be armed (the endpoint answers 400)."""
 
 
+def _elements(values: dict, fields: list[tuple[str, str]]) -> str:
+    """`<tag>value</tag>` for each (tag, key) of `fields` whose value in `values` is set."""
+    return "".join(f"<{tag}>{escape(values[key])}</{tag}>" for tag, key in fields if values[key])
+
+
 def _ice_message(instance_type: str, zone: str) -> str:
     where = f" in the Availability Zone you requested ({zone})" if zone else ""
     return (
@@ -141,24 +146,14 @@ def insufficient_capacity_fleet(params: dict[str, str], named: int | None = None
     if named is not None:
         overrides = overrides[:named]
     for o in overrides:
-        spec = ""
-        if o["template_id"]:
-            spec += f"<launchTemplateId>{escape(o['template_id'])}</launchTemplateId>"
-        if o["template_name"]:
-            spec += f"<launchTemplateName>{escape(o['template_name'])}</launchTemplateName>"
-        if o["version"]:
-            spec += f"<version>{escape(o['version'])}</version>"
-        overrides = ""
-        if o["instance_type"]:
-            overrides += f"<instanceType>{escape(o['instance_type'])}</instanceType>"
-        if o["subnet_id"]:
-            overrides += f"<subnetId>{escape(o['subnet_id'])}</subnetId>"
-        if o["zone"]:
-            overrides += f"<availabilityZone>{escape(o['zone'])}</availabilityZone>"
+        spec = _elements(o, [("launchTemplateId", "template_id"), ("launchTemplateName", "template_name"),
+                             ("version", "version")])
+        chosen = _elements(o, [("instanceType", "instance_type"), ("subnetId", "subnet_id"),
+                               ("availabilityZone", "zone")])
         items.append(
             "<item><launchTemplateAndOverrides>"
             f"<launchTemplateSpecification>{spec}</launchTemplateSpecification>"
-            f"<overrides>{overrides}</overrides>"
+            f"<overrides>{chosen}</overrides>"
             f"</launchTemplateAndOverrides><lifecycle>{escape(lifecycle)}</lifecycle>"
             "<errorCode>InsufficientInstanceCapacity</errorCode>"
             f"<errorMessage>{escape(_ice_message(o['instance_type'], o['zone']))}</errorMessage></item>"

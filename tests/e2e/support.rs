@@ -736,12 +736,19 @@ pub fn aws_var(name: &str) -> String {
 /// POSTs `body` as JSON to the plain-HTTP `url` (`http://host:port/path`); returns the status
 /// code and the body of the answer.
 pub async fn http_post_json(url: &str, body: &serde_json::Value) -> (u16, String) {
+    http_request("POST", url, Some(body)).await
+}
+
+/// A `method` request to the plain-HTTP `url` (`http://host:port/path`), with `body` as JSON if
+/// given; returns the status code and the body of the answer.
+pub async fn http_request(method: &str, url: &str, body: Option<&serde_json::Value>) -> (u16, String) {
     let rest = url.strip_prefix("http://").expect("a plain http:// url");
     let (authority, path) =
         rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
-    let body = body.to_string();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let content_type = if body.is_empty() { "" } else { "Content-Type: application/json\r\n" };
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\n{content_type}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let authority = authority.to_string();
