@@ -321,7 +321,7 @@ async fn run_chaos(shape: Shape) {
         }
         let old = run.claim_names().await;
         set_ami_alias(&run.f, "al2@latest").await;
-        run.until("every node replaced onto AL2", Duration::from_secs(300), || async {
+        run.until("every node replaced onto AL2", Duration::from_secs(420), || async {
             run.replaced(&old, expected).await
         })
         .await;
@@ -588,6 +588,14 @@ impl Supervisor {
         self.kills_total() >= min && POINTS.iter().all(|p| self.kills.get(p).copied().unwrap_or(0) >= 1)
     }
 
+    /// Whether a kill at `point` is wanted: fewer than [`PER_POINT`] there, and while some point
+    /// has none, fewer than two (so that the rarer points get their turn).
+    fn wants_kill_at(&self, point: &str) -> bool {
+        let done = self.kills.get(point).copied().unwrap_or(0);
+        let all_hit = POINTS.iter().all(|p| self.kills.get(p).copied().unwrap_or(0) >= 1);
+        done < PER_POINT && (done < 2 || all_hit)
+    }
+
     /// Every replica's whole log.
     fn logs(&self) -> Vec<String> {
         self.live.iter().chain(&self.gone).map(|r| r.controller.log()).collect()
@@ -639,7 +647,10 @@ impl Supervisor {
         if !self.armed || self.restarting.load(Ordering::SeqCst) {
             return;
         }
-        let mut kill: Option<(usize, &'static str, String)> = None;
+        // The restart point wins; otherwise the kill goes to the point of the batch with the
+        // fewest kills (a command's lines often arrive in one batch, and the first of them would
+        // otherwise take every kill).
+        let mut kill: Option<(usize, usize, &'static str, String)> = None;
         let mut restart: Option<String> = None;
         'scan: for (i, lines) in &fresh {
             let Some(since) = self.live[*i].leading_since else { continue };
@@ -652,9 +663,12 @@ impl Supervisor {
                 }
                 let done = self.kills.get(point).copied().unwrap_or(0);
                 let gap = self.last_kill.is_none_or(|t| now.duration_since(t) >= MIN_GAP);
-                if done < PER_POINT && gap && now.duration_since(since) >= MIN_LEAD {
-                    kill = Some((*i, point, brief(&value)));
-                    break 'scan;
+                if self.wants_kill_at(point)
+                    && gap
+                    && now.duration_since(since) >= MIN_LEAD
+                    && kill.as_ref().is_none_or(|(fewest, ..)| done < *fewest)
+                {
+                    kill = Some((done, *i, point, brief(&value)));
                 }
             }
         }
@@ -671,7 +685,7 @@ impl Supervisor {
                 restarting.store(false, Ordering::SeqCst);
                 result
             }));
-        } else if let Some((i, point, line)) = kill {
+        } else if let Some((_, i, point, line)) = kill {
             let replica = self.live.remove(i);
             let pid = replica.controller.pid();
             let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();

@@ -42,7 +42,7 @@ use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
 use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::controllers::Context;
-use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
+use crate::controllers::kit::{Backoff, Coalesced, Next, Options, run_singleton};
 use crate::operator::leader::error_chain;
 use crate::scheduling::Requirements;
 use crate::scheduling::instancetypes::InstanceType;
@@ -50,6 +50,9 @@ use crate::state::{ClusterState, Interest};
 
 /// Delay between two looks at every NodeClaim (as upstream's drift requeue).
 const INTERVAL: Duration = Duration::from_secs(300);
+/// A provider check that failed (throttling, a 5xx) is asked again after this backoff, not a
+/// whole [`INTERVAL`] later: an AMI rollout must not wait five minutes on one throttled call.
+const RETRY: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(60));
 /// The NodePool's template changed since the NodeClaim was made.
 pub const NODEPOOL_DRIFTED: &str = "NodePoolDrifted";
 /// A label of the NodeClaim is no longer allowed by its NodePool.
@@ -147,6 +150,8 @@ pub fn instance_type_not_found(claim: &NodeClaim, types: &[Arc<InstanceType>]) -
 #[derive(Debug, Default)]
 pub struct Asked {
     at: HashMap<String, Instant>,
+    /// Consecutive failed checks per UID: such a claim is due again after [`RETRY`].
+    failures: HashMap<String, u32>,
     /// [`drift_inputs_fingerprint`] when the answers were given.
     inputs: u64,
 }
@@ -154,12 +159,31 @@ pub struct Asked {
 impl Asked {
     /// Whether `claim` is due for the provider's check: never asked, or not within [`INTERVAL`].
     fn due(&self, claim: &NodeClaim, now: Instant) -> bool {
-        claim
-            .metadata
-            .uid
-            .as_ref()
-            .and_then(|uid| self.at.get(uid))
-            .is_none_or(|t| now.duration_since(*t) >= INTERVAL)
+        let Some(uid) = claim.metadata.uid.as_ref() else { return true };
+        self.at.get(uid).is_none_or(|t| now.duration_since(*t) >= self.wait(uid))
+    }
+
+    /// How long after the last check `uid` is asked again.
+    fn wait(&self, uid: &str) -> Duration {
+        self.failures.get(uid).map_or(INTERVAL, |n| RETRY.delay(*n))
+    }
+
+    /// Notes the provider's answer about `uid`, given at `now`.
+    fn answered(&mut self, uid: &str, failed: bool, now: Instant) {
+        self.at.insert(uid.to_string(), now);
+        if failed {
+            *self.failures.entry(uid.to_string()).or_default() += 1;
+        } else {
+            self.failures.remove(uid);
+        }
+    }
+
+    /// How long until the first failed check is due again, if any failed.
+    fn next_retry(&self, now: Instant) -> Option<Duration> {
+        self.failures
+            .keys()
+            .filter_map(|uid| self.at.get(uid).map(|t| (*t + self.wait(uid)).saturating_duration_since(now)))
+            .min()
     }
 
     /// Forgets every answer when what drift depends on changed, and the claims that are gone.
@@ -171,6 +195,7 @@ impl Asked {
         let live: std::collections::HashSet<&str> =
             claims.iter().filter_map(|c| c.metadata.uid.as_deref()).collect();
         self.at.retain(|uid, _| live.contains(uid.as_str()));
+        self.failures.retain(|uid, _| self.at.contains_key(uid));
     }
 }
 
@@ -235,8 +260,14 @@ pub async fn round(
     }
     let answers = cloud.are_drifted(&ask).await;
     let now = Instant::now();
-    asked.at.extend(ask.iter().filter_map(|c| c.metadata.uid.clone()).map(|uid| (uid, now)));
     for (claim, answer) in ask.iter().zip(answers) {
+        if let Some(uid) = claim.metadata.uid.as_deref() {
+            let failed = matches!(
+                &answer,
+                Err(e) if !matches!(e, CloudProviderError::NotFound(_) | CloudProviderError::InvalidProviderId(_))
+            );
+            asked.answered(uid, failed, now);
+        }
         match answer {
             Ok(r) => settled.push((claim, r.map(|r| r.as_str()))),
             // An instance that is gone, or one another provider launched, is the lifecycle's
@@ -331,7 +362,8 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
         let mut asked = asked.lock().await;
         asked.refresh(&claims, drift_inputs_fingerprint(&state));
         round(&ctx.client, ctx.cloud.as_ref(), &claims, &state.nodepools.state(), &mut asked).await;
-        Ok::<_, std::convert::Infallible>(Next::After(INTERVAL))
+        let retry = asked.next_retry(Instant::now()).unwrap_or(INTERVAL);
+        Ok::<_, std::convert::Infallible>(Next::After(retry.min(INTERVAL)))
     })
     .await;
 }
@@ -563,6 +595,26 @@ mod tests {
         fn name(&self) -> &'static str {
             "drifting"
         }
+    }
+
+    #[test]
+    fn a_failed_check_is_asked_again_after_a_backoff_not_an_interval() {
+        let mut c = claim("a", "h", NODEPOOL_HASH_VERSION, None);
+        c.metadata.uid = Some("uid-a".into());
+        let mut asked = Asked::default();
+        let t0 = Instant::now();
+        assert!(asked.due(&c, t0), "never asked");
+        asked.answered("uid-a", true, t0);
+        assert!(!asked.due(&c, t0 + Duration::from_secs(1)));
+        assert!(asked.due(&c, t0 + RETRY.base), "due after the first retry delay");
+        assert_eq!(asked.next_retry(t0), Some(RETRY.base));
+        asked.answered("uid-a", true, t0);
+        assert!(!asked.due(&c, t0 + RETRY.base), "the delay doubles");
+        assert!(asked.due(&c, t0 + RETRY.delay(2)));
+        asked.answered("uid-a", false, t0);
+        assert_eq!(asked.next_retry(t0), None, "an answer resets the backoff");
+        assert!(!asked.due(&c, t0 + RETRY.cap), "an answered claim waits the interval");
+        assert!(asked.due(&c, t0 + INTERVAL));
     }
 
     #[tokio::test]
