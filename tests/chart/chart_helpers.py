@@ -18,6 +18,38 @@ RELEASE = "karpenter"
 NAMESPACE = "kube-system"
 
 
+def _resource(resource: str, divisor: str) -> dict:
+    return {"resourceFieldRef": {"containerName": "controller", "divisor": divisor, "resource": resource}}
+
+
+# The container environment upstream's chart (v1.14.1) renders from its default values with
+# `settings.clusterName=demo`, in its order; false and empty settings are left out.
+UPSTREAM_DEFAULT_ENV: dict[str, object] = {
+    "KUBERNETES_MIN_VERSION": "1.19.0-0",
+    "KARPENTER_SERVICE": RELEASE,
+    "LOG_LEVEL": "info",
+    "LOG_OUTPUT_PATHS": "stdout",
+    "LOG_ERROR_OUTPUT_PATHS": "stderr",
+    "METRICS_PORT": "8080",
+    "HEALTH_PROBE_PORT": "8081",
+    "SYSTEM_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    "CPU_REQUESTS": _resource("requests.cpu", "1m"),
+    "MEMORY_LIMIT": _resource("limits.memory", "0"),
+    "FEATURE_GATES": "ReservedCapacity=true,SpotToSpotConsolidation=false,NodeRepair=false,"
+    "NodeOverlay=false,StaticCapacity=false,CapacityBuffer=false",
+    "BATCH_MAX_DURATION": "10s",
+    "BATCH_IDLE_DURATION": "1s",
+    "PREFERENCE_POLICY": "Respect",
+    "MIN_VALUES_POLICY": "Strict",
+    "CLUSTER_NAME": "demo",
+    "VM_MEMORY_OVERHEAD_PERCENT": "0.075",
+    "RESERVED_ENIS": "0",
+    "IGNORE_DRA_REQUESTS": "true",
+    "AMI_REFRESH_INTERVAL": "1m",
+    "SUBNET_REFRESH_INTERVAL": "1m",
+}
+
+
 def tool(name: str) -> str:
     """Path of a pinned tool on PATH. Missing tools fail the test (never skip):
     `make test` puts the pinned binaries first on PATH."""

@@ -18,6 +18,7 @@ from chart_helpers import (
     CHART,
     CRD_CHART,
     CRDS,
+    UPSTREAM_DEFAULT_ENV,
     NAMESPACE,
     RELEASE,
     REPO_ROOT,
@@ -30,27 +31,41 @@ from chart_helpers import (
     template_args,
 )
 
-# The environment variables the chart may set on the controller: the names the
-# upstream controller reads, plus karpenter-rs's opt-in REBALANCE_REPLACEMENT
-# (set only when enabled, so that default values render upstream's list).
+# The environment variables the chart may set on the controller: the names
+# upstream's chart sets (v1.14.1, see test_upstream_chart.py), plus
+# karpenter-rs's opt-in REBALANCE_REPLACEMENT (set only when enabled, so that
+# default values render upstream's list).
 KNOWN_ENV = {
     "REBALANCE_REPLACEMENT",
-    "CLUSTER_NAME",
-    "CLUSTER_ENDPOINT",
-    "CLUSTER_CA_BUNDLE",
-    "INTERRUPTION_QUEUE",
-    "BATCH_MAX_DURATION",
-    "BATCH_IDLE_DURATION",
-    "VM_MEMORY_OVERHEAD_PERCENT",
-    "RESERVED_ENIS",
-    "ISOLATED_VPC",
-    "PREFERENCE_POLICY",
-    "MIN_VALUES_POLICY",
-    "FEATURE_GATES",
+    "KUBERNETES_MIN_VERSION",
+    "KARPENTER_SERVICE",
     "LOG_LEVEL",
+    "LOG_OUTPUT_PATHS",
+    "LOG_ERROR_OUTPUT_PATHS",
     "METRICS_PORT",
     "HEALTH_PROBE_PORT",
     "SYSTEM_NAMESPACE",
+    "CPU_REQUESTS",
+    "MEMORY_LIMIT",
+    "FEATURE_GATES",
+    "BATCH_MAX_DURATION",
+    "BATCH_IDLE_DURATION",
+    "PREFERENCE_POLICY",
+    "MIN_VALUES_POLICY",
+    "CLUSTER_CA_BUNDLE",
+    "CLUSTER_NAME",
+    "CLUSTER_ENDPOINT",
+    "ISOLATED_VPC",
+    "EKS_CONTROL_PLANE",
+    "VM_MEMORY_OVERHEAD_PERCENT",
+    "INTERRUPTION_QUEUE",
+    "ENABLE_ZONAL_SHIFT",
+    "RESERVED_ENIS",
+    "IGNORE_DRA_REQUESTS",
+    "DISABLE_CLUSTER_STATE_OBSERVABILITY",
+    "DISABLE_DRY_RUN",
+    "AMI_REFRESH_INTERVAL",
+    "SUBNET_REFRESH_INTERVAL",
 }
 SELECTOR = {"app.kubernetes.io/name": "karpenter", "app.kubernetes.io/instance": RELEASE}
 MINIMAL = ("settings.clusterName=demo",)
@@ -216,24 +231,10 @@ def test_defaults_match_upstream(defaults) -> None:
 
 
 def test_default_env_vars_and_values(defaults) -> None:
+    # Upstream's list and values (false and empty settings are left out, as
+    # upstream's chart leaves them out).
     env = env_of(controller(find(defaults, "Deployment")))
-    assert env == {
-        "CLUSTER_NAME": "demo",
-        "BATCH_MAX_DURATION": "10s",
-        "BATCH_IDLE_DURATION": "1s",
-        "VM_MEMORY_OVERHEAD_PERCENT": "0.075",
-        "RESERVED_ENIS": "0",
-        "ISOLATED_VPC": "false",
-        "PREFERENCE_POLICY": "Respect",
-        "MIN_VALUES_POLICY": "Strict",
-        "FEATURE_GATES": (
-            "SpotToSpotConsolidation=false,NodeRepair=false,ReservedCapacity=true,NodeOverlay=false,StaticCapacity=false,CapacityBuffer=false"
-        ),
-        "LOG_LEVEL": "info",
-        "METRICS_PORT": "8080",
-        "HEALTH_PROBE_PORT": "8081",
-        "SYSTEM_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-    }
+    assert env == UPSTREAM_DEFAULT_ENV
 
 
 def test_every_setting_maps_to_its_upstream_env_var() -> None:
@@ -251,6 +252,15 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
             "settings.isolatedVPC=true",
             "settings.preferencePolicy=Ignore",
             "settings.minValuesPolicy=BestEffort",
+            "settings.eksControlPlane=true",
+            "settings.enableZonalShift=true",
+            "settings.ignoreDRARequests=true",
+            "settings.disableClusterStateObservability=true",
+            "settings.disableDryRun=true",
+            "settings.amiRefreshInterval=5m",
+            "settings.subnetRefreshInterval=10m",
+            "logOutputPaths={stdout,/tmp/karpenter.log}",
+            "logErrorOutputPaths={stderr}",
             "settings.featureGates.spotToSpotConsolidation=true",
             "settings.featureGates.nodeRepair=true",
             "settings.featureGates.reservedCapacity=false",
@@ -277,8 +287,17 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
     assert env["ISOLATED_VPC"] == "true"
     assert env["PREFERENCE_POLICY"] == "Ignore"
     assert env["MIN_VALUES_POLICY"] == "BestEffort"
+    assert env["EKS_CONTROL_PLANE"] == "true"
+    assert env["ENABLE_ZONAL_SHIFT"] == "true"
+    assert env["IGNORE_DRA_REQUESTS"] == "true"
+    assert env["DISABLE_CLUSTER_STATE_OBSERVABILITY"] == "true"
+    assert env["DISABLE_DRY_RUN"] == "true"
+    assert env["AMI_REFRESH_INTERVAL"] == "5m"
+    assert env["SUBNET_REFRESH_INTERVAL"] == "10m"
+    assert env["LOG_OUTPUT_PATHS"] == "stdout,/tmp/karpenter.log"
+    assert env["LOG_ERROR_OUTPUT_PATHS"] == "stderr"
     assert env["FEATURE_GATES"] == (
-        "SpotToSpotConsolidation=true,NodeRepair=true,ReservedCapacity=false,NodeOverlay=true,StaticCapacity=true,CapacityBuffer=true"
+        "ReservedCapacity=false,SpotToSpotConsolidation=true,NodeRepair=true,NodeOverlay=true,StaticCapacity=true,CapacityBuffer=true"
     )
     assert env["LOG_LEVEL"] == "debug"
     assert env["METRICS_PORT"] == "9000"
@@ -379,8 +398,10 @@ def test_service_account_can_be_brought_by_the_user() -> None:
     docs = render(sets=(*MINIMAL, "serviceAccount.create=false", "serviceAccount.name=existing"))
     assert not [d for d in docs if d["kind"] == "ServiceAccount"]
     assert find(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
-    for kind in ("ClusterRoleBinding", "RoleBinding"):
-        assert find(docs, kind)["subjects"] == [{"kind": "ServiceAccount", "name": "existing", "namespace": NAMESPACE}]
+    bindings = [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) == 3
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "existing", "namespace": NAMESPACE}]
 
 
 def test_names_and_labels_follow_overrides() -> None:
@@ -411,14 +432,15 @@ def test_rbac_has_no_wildcards_and_no_secrets(source, request) -> None:
 
 
 def test_rbac_grants_what_the_controller_needs(defaults) -> None:
-    def grants(kind: str) -> dict[tuple[str, str], set[str]]:
+    def grants(kind: str, name: str | None = None) -> dict[tuple[str, str], set[str]]:
         out: dict[tuple[str, str], set[str]] = {}
-        for k, rule in rbac_rules(defaults):
-            if k != kind:
+        for d in defaults:
+            if d["kind"] != kind or (name is not None and d["metadata"]["name"] != name):
                 continue
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    out.setdefault((group, resource), set()).update(rule["verbs"])
+            for rule in d["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        out.setdefault((group, resource), set()).update(rule["verbs"])
         return out
 
     cluster = grants("ClusterRole")
@@ -427,10 +449,8 @@ def test_rbac_grants_what_the_controller_needs(defaults) -> None:
         ("karpenter.sh", "nodepools/status"): {"patch", "update"},
         ("karpenter.sh", "nodeclaims"): {"get", "list", "watch", "create", "patch", "update", "delete"},
         ("karpenter.sh", "nodeclaims/status"): {"patch", "update"},
-        ("karpenter.sh", "nodeclaims/finalizers"): {"patch"},
         ("karpenter.k8s.aws", "ec2nodeclasses"): {"get", "list", "watch", "patch"},
         ("karpenter.k8s.aws", "ec2nodeclasses/status"): {"patch", "update"},
-        ("karpenter.k8s.aws", "ec2nodeclasses/finalizers"): {"patch"},
         ("", "nodes"): {"get", "list", "watch", "create", "patch", "update", "delete"},
         ("", "pods"): {"get", "list", "watch"},
         ("", "pods/eviction"): {"create"},
@@ -440,8 +460,7 @@ def test_rbac_grants_what_the_controller_needs(defaults) -> None:
         ("", "persistentvolumeclaims"): {"get", "list", "watch"},
         ("", "namespaces"): {"get", "list", "watch"},
         ("", "replicationcontrollers"): {"get", "list", "watch"},
-        ("", "services"): {"get", "list", "watch"},
-        ("", "limitranges"): {"get", "list", "watch"},
+        ("", "limitranges"): {"list", "watch"},
         ("apps", "daemonsets"): {"list", "watch"},
         ("apps", "deployments"): {"list", "watch"},
         ("apps", "replicasets"): {"list", "watch"},
@@ -450,26 +469,32 @@ def test_rbac_grants_what_the_controller_needs(defaults) -> None:
         ("storage.k8s.io", "storageclasses"): {"list", "watch"},
         ("storage.k8s.io", "csinodes"): {"list", "watch"},
         ("storage.k8s.io", "volumeattachments"): {"list", "watch"},
-        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
     }
     for key, verbs in need.items():
         assert verbs <= cluster.get(key, set()), f"ClusterRole lacks {sorted(verbs - cluster.get(key, set()))} on {key}"
     # Nothing is granted that is not listed above (the list is the review point).
     assert set(cluster) == set(need), f"unexpected ClusterRole resources: {sorted(set(cluster) - set(need))}"
 
-    role = find(defaults, "Role")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    assert grants("Role") == {
-        ("coordination.k8s.io", "leases"): {"get", "list", "watch", "create", "update", "patch"}
+    # The leader-election Lease in the release's namespace; the kube-dns
+    # Service in kube-system (test_upstream_chart.py checks the resourceNames).
+    roles = {d["metadata"]["name"]: d for d in defaults if d["kind"] == "Role"}
+    assert set(roles) == {RELEASE, f"{RELEASE}-dns"}
+    assert roles[RELEASE]["metadata"]["namespace"] == NAMESPACE
+    assert grants("Role", RELEASE) == {
+        ("coordination.k8s.io", "leases"): {"get", "watch", "create", "update", "patch"}
     }
+    assert roles[f"{RELEASE}-dns"]["metadata"]["namespace"] == "kube-system"
+    assert grants("Role", f"{RELEASE}-dns") == {("", "services"): {"get"}}
 
     sa = find(defaults, "ServiceAccount")["metadata"]["name"]
-    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = find(defaults, kind)
+    bindings = [d for d in defaults if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert len(bindings) == 3
+    for binding in bindings:
+        role_kind = binding["kind"].removesuffix("Binding")
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": role_kind,
-            "name": find(defaults, role_kind)["metadata"]["name"],
+            "name": find(defaults, role_kind, binding["metadata"]["name"])["metadata"]["name"],
         }
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
 

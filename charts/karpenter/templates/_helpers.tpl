@@ -78,23 +78,43 @@ The tag defaults to the chart's appVersion.
 {{- end }}
 
 {{/*
-The cluster name, which the controller cannot work without.
+The cluster name, which the controller cannot work without. Like upstream's
+chart, the value may be a template ({{ .Release.Name }}).
 */}}
 {{- define "karpenter.clusterName" -}}
-{{- required "settings.clusterName is required: set it to the name of your EKS cluster (--set settings.clusterName=<name> or in your values file)" .Values.settings.clusterName }}
+{{- required "settings.clusterName is required: set it to the name of your EKS cluster (--set settings.clusterName=<name> or in your values file)" (tpl (toString (.Values.settings.clusterName | default "")) .) }}
 {{- end }}
 
 {{/*
-FEATURE_GATES value: Name=bool pairs joined by commas, in a fixed order.
-Only the gates this chart knows are passed; others (e.g. the graduated
-`drift`) are ignored.
+Name of the controller container.
+*/}}
+{{- define "karpenter.controller.containerName" -}}
+{{- .Values.controller.containerName | default "controller" -}}
+{{- end -}}
+
+{{/*
+One environment variable of a setting, as upstream's chart renders it: left
+out when the value is false, 0 or empty, else the value as a string, run
+through tpl. Takes a dict: name, value, root (the top-level context). The
+entry comes on a new line, indented for the controller's `env` list.
+*/}}
+{{- define "karpenter.settingEnv" -}}
+{{- with .value }}
+{{- printf "- name: %s\n  value: %s" $.name (tpl (toString .) $.root | quote) | nindent 12 }}
+{{- end }}
+{{- end }}
+
+{{/*
+FEATURE_GATES value: Name=bool pairs joined by commas, in the order of
+upstream's chart. Only the gates this chart knows are passed; others (e.g.
+the graduated `drift`) are ignored.
 */}}
 {{- define "karpenter.featureGates" -}}
 {{- $gates := .Values.settings.featureGates | default dict }}
 {{- $known := list
+  (list "ReservedCapacity" "reservedCapacity" true)
   (list "SpotToSpotConsolidation" "spotToSpotConsolidation" false)
   (list "NodeRepair" "nodeRepair" false)
-  (list "ReservedCapacity" "reservedCapacity" true)
   (list "NodeOverlay" "nodeOverlay" false)
   (list "StaticCapacity" "staticCapacity" false)
   (list "CapacityBuffer" "capacityBuffer" false) }}
@@ -152,7 +172,9 @@ given, selecting this release's controller pods. Renders YAML.
 
 {{/*
 Container securityContext: a hardened default with
-controller.securityContext merged over it.
+controller.securityContext merged over it. An empty object among its fields
+(upstream's values have `appArmorProfile: {}` and `seLinuxOptions: {}`) is
+left out, as upstream's chart leaves it out.
 */}}
 {{- define "karpenter.controller.securityContext" -}}
 {{- $base := dict
@@ -163,5 +185,11 @@ controller.securityContext merged over it.
   "allowPrivilegeEscalation" false
   "capabilities" (dict "drop" (list "ALL"))
   "seccompProfile" (dict "type" "RuntimeDefault") }}
-{{- toYaml (mustMergeOverwrite $base (deepCopy (.Values.controller.securityContext | default dict))) }}
+{{- $merged := mustMergeOverwrite $base (deepCopy (.Values.controller.securityContext | default dict)) }}
+{{- range $key, $value := $merged }}
+{{- if and (kindIs "map" $value) (empty $value) }}
+{{- $_ := unset $merged $key }}
+{{- end }}
+{{- end }}
+{{- toYaml $merged }}
 {{- end }}
