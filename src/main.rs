@@ -280,7 +280,9 @@ fn run_simulate(
 }
 
 fn controller(settings: &Settings) -> ExitCode {
-    operator::init_logging(&settings.log_level);
+    for (path, error) in operator::init_logging(&settings.log_level, &settings.log_output_paths) {
+        tracing::error!(path = %path, error = %error, "opening a LOG_OUTPUT_PATHS file; the log does not go there");
+    }
     if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
         tracing::warn!(error = %error, "cannot start the allocator's background thread; freed memory is returned later");
     }
@@ -288,13 +290,17 @@ fn controller(settings: &Settings) -> ExitCode {
         tracing::error!(error = %error, "invalid settings");
         return ExitCode::FAILURE;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(error) => {
-            tracing::error!(error = %error, "starting the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
+    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(2);
+    let workers = settings.worker_threads(cores);
+    tracing::debug!(workers, cpu_requests = settings.cpu_requests, "sizing the async runtime");
+    let runtime =
+        match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
+            Ok(rt) => rt,
+            Err(error) => {
+                tracing::error!(error = %error, "starting the async runtime");
+                return ExitCode::FAILURE;
+            }
+        };
     match runtime.block_on(operator::run::run(settings.clone())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

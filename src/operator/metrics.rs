@@ -700,7 +700,7 @@ mod tests {
         let m = Metrics::new(&mut registry);
         m.nodeclaims_created
             .get_or_create(&vec![
-                ("reason", "provisioning".into()),
+                ("reason", "provisioned".into()),
                 ("nodepool", "default".into()),
                 ("min_values_relaxed", "false".into()),
             ])
@@ -710,7 +710,7 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
             text.contains(
-                "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\",min_values_relaxed=\"false\"} 1"
+                "karpenter_nodeclaims_created_total{reason=\"provisioned\",nodepool=\"default\",min_values_relaxed=\"false\"} 1"
             ),
             "{text}"
         );

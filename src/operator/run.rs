@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use super::apiclient;
 use super::error_chain;
-use super::leader::{LEASE_NAME, LeaderElector, Timing};
+use super::leader::{LeaderElector, Timing};
 use super::metrics::Metrics;
 use super::server::{self, Readiness};
 use super::settings::{CloudProviderKind, Settings};
@@ -153,6 +153,9 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     tracing::info!(health = %health_addr, metrics = %metrics_addr, "serving health probes and metrics");
 
     tokio::spawn(signals(stop_tx.clone()));
+    if let Some(limit) = settings.memory_limit() {
+        tokio::spawn(super::memory::run(limit, stop.clone()));
+    }
 
     let (cloud, aws) = cloud_provider(&settings, &client).await?;
     let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
@@ -177,10 +180,15 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let elector = if settings.disable_leader_election {
         None
     } else {
-        let elector =
-            LeaderElector::new(&config, &settings.system_namespace, LEASE_NAME, &identity, Timing::default())
-                .map_err(RunError::Kube)?;
-        tracing::info!(lease = LEASE_NAME, namespace = %settings.system_namespace, identity = %identity, "attempting to acquire leader lease");
+        let elector = LeaderElector::new(
+            &config,
+            settings.lease_namespace(),
+            &settings.leader_election_name,
+            &identity,
+            Timing::default(),
+        )
+        .map_err(RunError::Kube)?;
+        tracing::info!(lease = %settings.leader_election_name, namespace = %settings.lease_namespace(), identity = %identity, "attempting to acquire leader lease");
         Some(tokio::spawn(elector.run(leading_tx, elector_stop)))
     };
     let mut waiting = stop.clone();
@@ -386,10 +394,17 @@ fn start_controllers(
         controllers::nodepool::status::CONTROLLER,
         controllers::nodepool::status::run(ctx.clone(), state.clone(), stop.clone()),
     );
-    tasks.spawn(
-        controllers::node::metrics::CONTROLLER,
-        controllers::node::metrics::run(ctx.clone(), state.clone(), stop.clone()),
-    );
+    if ctx.settings.disable_cluster_state_observability {
+        tracing::info!(
+            controller = controllers::node::metrics::CONTROLLER,
+            "not started: DISABLE_CLUSTER_STATE_OBSERVABILITY is set"
+        );
+    } else {
+        tasks.spawn(
+            controllers::node::metrics::CONTROLLER,
+            controllers::node::metrics::run(ctx.clone(), state.clone(), stop.clone()),
+        );
+    }
     tasks.spawn(
         controllers::nodeclaim::consolidatable::CONTROLLER,
         controllers::nodeclaim::consolidatable::run(ctx.clone(), state.clone(), stop.clone()),
@@ -467,14 +482,16 @@ async fn cloud_provider(
             let clients = AwsClients::for_controller().await.map_err(fail)?;
             let mut options = Options::new(settings.cluster_name.clone().unwrap_or_default());
             options.cluster_endpoint = settings.cluster_endpoint.clone();
-            options.node_class_refresh = settings.nodeclass_refresh_interval;
+            options.node_class_refresh = settings.nodeclass_refresh();
             // Without CLUSTER_CA_BUNDLE, nodes trust the CA this controller trusts (in a cluster,
             // its service account's), as upstream; EKS's answer only when there is none.
             options.cluster_ca_bundle = match &settings.cluster_ca_bundle {
                 Some(ca) => Some(ca.clone()),
                 None => apiclient::cluster_ca_bundle().await,
             };
+            // EKS_CONTROL_PLANE: the version EKS's DescribeCluster gives, as upstream.
             options.kubernetes_version = match client.apiserver_version().await {
+                Ok(_) if settings.eks_control_plane => None,
                 Ok(info) => {
                     Some(crate::cloudprovider::aws::provider::minor_version(&info.major, &info.minor))
                 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 
 use crate::cloudprovider::catalog::Catalog;
-use crate::scheduling::MinValuesPolicy;
+use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
 
 /// Which cloud provider the controller drives.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,17 +16,6 @@ pub enum CloudProviderKind {
     Aws,
     /// Simulated nodes (kwok): Node objects created directly, for tests, demos and scale runs.
     Kwok,
-}
-
-/// How preferred scheduling constraints are treated when simulating placement.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PreferencePolicy {
-    /// Honour preferences, relaxing them one at a time when they cannot be met.
-    #[value(name = "Respect")]
-    Respect,
-    /// Ignore preferences entirely.
-    #[value(name = "Ignore")]
-    Ignore,
 }
 
 /// Feature gates, as upstream names them in `FEATURE_GATES` (`Name=true,Other=false`).
@@ -197,11 +186,19 @@ pub struct Settings {
     /// (the generated family) or the path of a catalog file.
     #[arg(long, env = "KWOK_INSTANCE_TYPES", value_name = "aws|kwok|FILE", default_value = "aws")]
     pub kwok_instance_types: Catalog,
-    /// How often each EC2NodeClass is resolved again when nothing changes: an AMI newly published
-    /// under an alias, or a new subnet or security group matching the selectors, is picked up
-    /// (and drifts the nodes) within this time.
-    #[arg(long, env = "NODECLASS_REFRESH_INTERVAL", default_value = "5m", value_parser = parse_duration)]
-    pub nodeclass_refresh_interval: Duration,
+    /// How often the AMIs of each EC2NodeClass are resolved again: an AMI newly published under
+    /// an alias or matching a selector is picked up (and drifts the nodes) within this time. At
+    /// least 1m, as upstream.
+    #[arg(long, env = "AMI_REFRESH_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub ami_refresh_interval: Duration,
+    /// How often the subnets (and security groups) of each EC2NodeClass are resolved again. At
+    /// least 1m, as upstream.
+    #[arg(long, env = "SUBNET_REFRESH_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub subnet_refresh_interval: Duration,
+    /// Overrides both refresh intervals, below their 1m floor too (karpenter-rs only: for tests
+    /// and demos that change EC2 under a running controller).
+    #[arg(long, env = "NODECLASS_REFRESH_INTERVAL", value_parser = parse_duration, hide = true)]
+    pub nodeclass_refresh_interval: Option<Duration>,
     /// On an EC2 rebalance recommendation, replace the node before the spot interruption comes:
     /// its replacement is launched and Initialized first, then it drains (as a drifted node is
     /// replaced, within the NodePool's `Drifted` budget). Upstream only tells the recommendation
@@ -211,7 +208,63 @@ pub struct Settings {
     /// How long after a launch the kwok provider creates the Node.
     #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub kwok_registration_delay: Duration,
+    /// Name of the Service in front of the controller. Upstream reads it for a webhook
+    /// certificate; neither upstream v1.x nor karpenter-rs serves a webhook, so it has no effect.
+    #[arg(long, env = "KARPENTER_SERVICE", default_value = "")]
+    pub karpenter_service: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LEADER_ELECTION_NAME", default_value = "karpenter-leader-election")]
+    pub leader_election_name: String,
+    /// Namespace of the leader-election Lease; empty means `SYSTEM_NAMESPACE`.
+    #[arg(long, env = "LEADER_ELECTION_NAMESPACE", default_value = "")]
+    pub leader_election_namespace: String,
+    /// The container's memory limit in bytes (-1: none). Upstream sets its garbage collector's
+    /// soft limit to 90% of it; karpenter-rs has no garbage collector and warns when its resident
+    /// memory passes 90% of it.
+    #[arg(long, env = "MEMORY_LIMIT", default_value_t = -1, allow_negative_numbers = true)]
+    pub memory_limit: i64,
+    /// The container's CPU requests in millicores: the async runtime gets one worker thread per
+    /// requested core (at least two, at most the machine's cores), as upstream sizes its
+    /// scheduler's concurrency from it.
+    #[arg(long, env = "CPU_REQUESTS", default_value_t = 1000, allow_negative_numbers = true)]
+    pub cpu_requests: i64,
+    /// Where the JSON log goes: a comma-separated list of `stdout`, `stderr` or file paths.
+    #[arg(long, env = "LOG_OUTPUT_PATHS", default_value = "stdout")]
+    pub log_output_paths: String,
+    /// Where the logger's own errors go (upstream's zap setting). The logger here writes none
+    /// of its own, so only the value's form is checked.
+    #[arg(long, env = "LOG_ERROR_OUTPUT_PATHS", default_value = "stderr")]
+    pub log_error_output_paths: String,
+    /// Profiling on the metrics endpoint (upstream: Go's pprof). Not available here.
+    #[arg(long, env = "ENABLE_PROFILING", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub enable_profiling: bool,
+    /// Upstream: when false, a standby starts its watches before it leads. A karpenter-rs standby
+    /// always waits (its memory stays flat), so only `true` is honoured.
+    #[arg(long, env = "DISABLE_CONTROLLER_WARMUP", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub disable_controller_warmup: bool,
+    /// No node, pod or NodePool state metrics (as upstream, which then also skips its status
+    /// condition metrics).
+    #[arg(long, env = "DISABLE_CLUSTER_STATE_OBSERVABILITY", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub disable_cluster_state_observability: bool,
+    /// Pods' Dynamic Resource Allocation claims are ignored by the scheduling simulation.
+    #[arg(long, env = "IGNORE_DRA_REQUESTS", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub ignore_dra_requests: bool,
+    /// The Kubernetes version comes from EKS's DescribeCluster rather than the API server.
+    #[arg(long, env = "EKS_CONTROL_PLANE", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub eks_control_plane: bool,
+    /// No dry-run EC2 calls to validate EC2NodeClasses.
+    #[arg(long, env = "DISABLE_DRY_RUN", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub disable_dry_run: bool,
+    /// Leave out zones under an ARC zonal shift (upstream). Not available here.
+    #[arg(long, env = "ENABLE_ZONAL_SHIFT", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub enable_zonal_shift: bool,
+    /// Set by upstream's chart for a library it no longer uses; read by neither.
+    #[arg(long, env = "KUBERNETES_MIN_VERSION", default_value = "")]
+    pub kubernetes_min_version: String,
 }
+
+/// The floor upstream puts on the AMI and subnet refresh intervals.
+const MIN_REFRESH: Duration = Duration::from_secs(60);
 
 /// Settings that cannot work together.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -222,6 +275,22 @@ pub enum SettingsError {
     /// A percentage outside 0..1.
     #[error("VM_MEMORY_OVERHEAD_PERCENT must be between 0 and 1, got {0}")]
     MemoryOverhead(f64),
+    /// A refresh interval below upstream's floor.
+    #[error("{name} must be at least 1m, got {value:?}")]
+    RefreshInterval {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: Duration,
+    },
+    /// A log destination that is neither a stream nor a path.
+    #[error("{name} has an empty entry in {value:?}")]
+    LogPaths {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
     /// The idle window cannot exceed the whole batch.
     #[error("BATCH_IDLE_DURATION ({idle:?}) must not exceed BATCH_MAX_DURATION ({max:?})")]
     BatchDurations {
@@ -249,7 +318,45 @@ impl Settings {
                 max: self.batch_max_duration,
             });
         }
+        for (name, value) in [
+            ("AMI_REFRESH_INTERVAL", self.ami_refresh_interval),
+            ("SUBNET_REFRESH_INTERVAL", self.subnet_refresh_interval),
+        ] {
+            if value < MIN_REFRESH {
+                return Err(SettingsError::RefreshInterval { name, value });
+            }
+        }
+        for (name, value) in [
+            ("LOG_OUTPUT_PATHS", &self.log_output_paths),
+            ("LOG_ERROR_OUTPUT_PATHS", &self.log_error_output_paths),
+        ] {
+            if value.split(',').any(|p| p.trim().is_empty()) {
+                return Err(SettingsError::LogPaths { name, value: value.clone() });
+            }
+        }
         Ok(())
+    }
+
+    /// How often each EC2NodeClass is resolved again when nothing changes.
+    pub fn nodeclass_refresh(&self) -> Duration {
+        self.nodeclass_refresh_interval.unwrap_or(self.ami_refresh_interval.min(self.subnet_refresh_interval))
+    }
+
+    /// Namespace of the leader-election Lease.
+    pub fn lease_namespace(&self) -> &str {
+        let ns = self.leader_election_namespace.trim();
+        if ns.is_empty() { &self.system_namespace } else { ns }
+    }
+
+    /// Worker threads of the async runtime: one per requested core, at least two, at most `cores`.
+    pub fn worker_threads(&self, cores: usize) -> usize {
+        let requested = usize::try_from((self.cpu_requests.max(1) + 999) / 1000).unwrap_or(usize::MAX);
+        requested.max(2).min(cores.max(2))
+    }
+
+    /// The memory limit in bytes, when one is set.
+    pub fn memory_limit(&self) -> Option<u64> {
+        u64::try_from(self.memory_limit).ok().filter(|b| *b > 0)
     }
 
     /// The interruption queue's name, when one is set.
@@ -295,9 +402,36 @@ impl Settings {
                 ));
             }
         }
-        if self.preference_policy == PreferencePolicy::Ignore {
+        if self.enable_profiling {
             out.push(
-                "PREFERENCE_POLICY=Ignore is not implemented yet: preferences are respected".to_string(),
+                "ENABLE_PROFILING is set, but there is no Go profiler here to serve: ignored".to_string(),
+            );
+        }
+        if !self.disable_controller_warmup {
+            out.push(
+                "DISABLE_CONTROLLER_WARMUP=false asks a standby to fill its caches before it leads; a standby here watches nothing until it leads: ignored"
+                    .to_string(),
+            );
+        }
+        if self.enable_zonal_shift {
+            out.push(
+                "ENABLE_ZONAL_SHIFT is set, but zonal shifts are not read yet: zones under a shift are still used"
+                    .to_string(),
+            );
+        }
+        if self.eks_control_plane && self.cloud_provider != CloudProviderKind::Aws {
+            out.push("EKS_CONTROL_PLANE is set, but only the aws provider asks EKS: ignored".to_string());
+        }
+        if !self.ignore_dra_requests {
+            out.push(
+                "IGNORE_DRA_REQUESTS=false asks for Dynamic Resource Allocation in scheduling, which is not implemented: pods with DRA claims get no capacity, as with true"
+                    .to_string(),
+            );
+        }
+        if !self.disable_dry_run && self.cloud_provider == CloudProviderKind::Aws {
+            out.push(
+                "DISABLE_DRY_RUN=false asks for dry-run validation of EC2NodeClasses, which is not implemented: a class that cannot launch says so at its first launch"
+                    .to_string(),
             );
         }
         out
@@ -318,10 +452,19 @@ impl Settings {
             ("batchIdleDuration", format!("{:?}", self.batch_idle_duration)),
             ("cloudProvider", format!("{:?}", self.cloud_provider).to_lowercase()),
             ("featureGates", format!("{:?}", self.feature_gates)),
-            ("leaderElection", (!self.disable_leader_election).to_string()),
+            ("leaderElectionDisabled", self.disable_leader_election.to_string()),
             ("kwokInstanceTypes", self.kwok_instance_types.to_string()),
             ("kwokRegistrationDelay", format!("{:?}", self.kwok_registration_delay)),
-            ("nodeclassRefreshInterval", format!("{:?}", self.nodeclass_refresh_interval)),
+            ("amiRefreshInterval", format!("{:?}", self.ami_refresh_interval)),
+            ("subnetRefreshInterval", format!("{:?}", self.subnet_refresh_interval)),
+            ("nodeclassRefresh", format!("{:?}", self.nodeclass_refresh())),
+            ("leaderElection", format!("{}/{}", self.lease_namespace(), self.leader_election_name)),
+            ("memoryLimit", self.memory_limit.to_string()),
+            ("cpuRequests", self.cpu_requests.to_string()),
+            ("logOutputPaths", self.log_output_paths.clone()),
+            ("ignoreDRARequests", self.ignore_dra_requests.to_string()),
+            ("eksControlPlane", self.eks_control_plane.to_string()),
+            ("disableClusterStateObservability", self.disable_cluster_state_observability.to_string()),
             ("rebalanceReplacement", self.rebalance_replacement.to_string()),
         ])
     }
@@ -369,9 +512,22 @@ mod tests {
 
     #[test]
     fn settings_not_acted_on_yet_are_named() {
+        let dry_run = |m: &Vec<String>| m.iter().filter(|m| m.starts_with("DISABLE_DRY_RUN=false")).count();
+        // With aws, upstream's default DISABLE_DRY_RUN=false is the one warning: no dry runs.
         let quiet = parse(&["--cluster-name", "demo"]).unwrap();
-        assert!(quiet.unimplemented().is_empty(), "{:?}", quiet.unimplemented());
-        let aws = parse(&["--cluster-name", "demo", "--interruption-queue", "demo-queue"]).unwrap();
+        assert_eq!((quiet.unimplemented().len(), dry_run(&quiet.unimplemented())), (1, 1));
+        let none = parse(&["--cluster-name", "demo", "--disable-dry-run", "true"]).unwrap();
+        assert!(none.unimplemented().is_empty(), "{:?}", none.unimplemented());
+        let aws = parse(&[
+            "--cluster-name",
+            "demo",
+            "--interruption-queue",
+            "demo-queue",
+            "--disable-dry-run=true",
+            "--preference-policy=Ignore",
+            "--eks-control-plane=true",
+        ])
+        .unwrap();
         assert!(aws.unimplemented().is_empty(), "read by the aws provider: {:?}", aws.unimplemented());
         assert_eq!(aws.interruption_queue(), Some("demo-queue"));
         let s = parse(&[
@@ -383,17 +539,33 @@ mod tests {
             "demo-queue",
             "--feature-gates",
             "SpotToSpotConsolidation=true,ReservedCapacity=true,NodeRepair=true",
-            "--preference-policy",
-            "Ignore",
+            "--enable-profiling=true",
+            "--disable-controller-warmup=false",
+            "--enable-zonal-shift=true",
+            "--eks-control-plane=true",
+            "--ignore-dra-requests=false",
         ])
         .unwrap();
         let messages = s.unimplemented();
-        assert_eq!(messages.len(), 3, "{messages:?}");
+        let leads: Vec<&str> = messages.iter().map(|m| m.split_whitespace().next().unwrap_or("")).collect();
+        assert_eq!(
+            leads,
+            [
+                "INTERRUPTION_QUEUE",
+                "feature",
+                "ENABLE_PROFILING",
+                "DISABLE_CONTROLLER_WARMUP=false",
+                "ENABLE_ZONAL_SHIFT",
+                "EKS_CONTROL_PLANE",
+                "IGNORE_DRA_REQUESTS=false",
+            ],
+            "{messages:?}"
+        );
         assert!(
             messages[0].contains("INTERRUPTION_QUEUE (demo-queue)") && messages[0].contains("aws provider")
         );
         assert!(messages[1].contains("ReservedCapacity"));
-        assert!(messages[2].contains("PREFERENCE_POLICY"));
+        assert_eq!(dry_run(&messages), 0, "no EC2NodeClasses with kwok");
 
         // REBALANCE_REPLACEMENT needs the aws provider's queue; each missing part is named.
         let with_queue = parse(&[
@@ -403,10 +575,13 @@ mod tests {
             "q",
             "--rebalance-replacement",
             "true",
+            "--disable-dry-run=true",
         ])
         .unwrap();
         assert!(with_queue.unimplemented().is_empty(), "{:?}", with_queue.unimplemented());
-        let no_queue = parse(&["--cluster-name", "demo", "--rebalance-replacement", "true"]).unwrap();
+        let no_queue =
+            parse(&["--cluster-name", "demo", "--rebalance-replacement", "true", "--disable-dry-run=true"])
+                .unwrap();
         assert_eq!(no_queue.unimplemented().len(), 1);
         assert!(
             no_queue.unimplemented()[0].contains("INTERRUPTION_QUEUE is not set"),
@@ -433,7 +608,14 @@ mod tests {
         assert_eq!(s.cloud_provider, CloudProviderKind::Aws);
         assert!(!s.disable_leader_election && !s.isolated_vpc);
         assert_eq!(s.kwok_instance_types, Catalog::Aws);
-        assert_eq!(s.nodeclass_refresh_interval, Duration::from_secs(300));
+        assert_eq!((s.ami_refresh_interval, s.subnet_refresh_interval), (MIN_REFRESH, MIN_REFRESH));
+        assert_eq!(s.nodeclass_refresh(), MIN_REFRESH);
+        assert_eq!(s.lease_namespace(), "kube-system");
+        assert_eq!(s.leader_election_name, "karpenter-leader-election");
+        assert_eq!((s.memory_limit(), s.cpu_requests), (None, 1000));
+        assert_eq!((s.log_output_paths.as_str(), s.log_error_output_paths.as_str()), ("stdout", "stderr"));
+        assert!(s.ignore_dra_requests && s.disable_controller_warmup);
+        assert!(!s.enable_profiling && !s.enable_zonal_shift && !s.eks_control_plane);
         assert_eq!(s.kwok_registration_delay, Duration::ZERO);
         assert_eq!(s.validate(), Ok(()));
     }
@@ -468,6 +650,44 @@ mod tests {
         assert!(!s.feature_gates.capacity_buffer);
         let s = parse(&["--feature-gates=CapacityBuffer=true"]).unwrap();
         assert!(s.unimplemented().iter().any(|m| m.starts_with("feature gate CapacityBuffer is enabled")));
+    }
+
+    #[test]
+    fn upstream_deployment_settings() {
+        let s = parse(&[
+            "--leader-election-name=other",
+            "--leader-election-namespace=karpenter",
+            "--memory-limit=1073741824",
+            "--cpu-requests=3500",
+            "--log-output-paths=stdout,/var/log/karpenter.log",
+            "--ami-refresh-interval=5m",
+            "--subnet-refresh-interval=2m",
+            "--karpenter-service=karpenter",
+        ])
+        .unwrap();
+        assert_eq!((s.leader_election_name.as_str(), s.lease_namespace()), ("other", "karpenter"));
+        assert_eq!(s.memory_limit(), Some(1 << 30));
+        assert_eq!((s.worker_threads(16), s.worker_threads(2)), (4, 2), "one per requested core, capped");
+        assert_eq!(parse(&["--cpu-requests=100"]).unwrap().worker_threads(8), 2, "at least two");
+        assert_eq!(s.nodeclass_refresh(), Duration::from_secs(120), "the shorter of the two");
+        let fast = parse(&["--nodeclass-refresh-interval=5s"]).unwrap();
+        assert_eq!(fast.nodeclass_refresh(), Duration::from_secs(5), "the karpenter-rs override");
+        assert_eq!(parse(&["--memory-limit=-1"]).unwrap().memory_limit(), None);
+
+        // Upstream's floor and upstream's bad values.
+        let mut s = parse(&["--cluster-name=demo", "--ami-refresh-interval=30s"]).unwrap();
+        assert_eq!(
+            s.validate(),
+            Err(SettingsError::RefreshInterval {
+                name: "AMI_REFRESH_INTERVAL",
+                value: Duration::from_secs(30)
+            })
+        );
+        s.ami_refresh_interval = Duration::from_secs(60);
+        s.log_output_paths = "stdout,".into();
+        assert!(matches!(s.validate(), Err(SettingsError::LogPaths { name: "LOG_OUTPUT_PATHS", .. })));
+        assert!(parse(&["--memory-limit=lots"]).is_err());
+        assert!(parse(&["--enable-profiling=maybe"]).is_err());
     }
 
     #[test]

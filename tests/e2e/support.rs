@@ -5,7 +5,7 @@ use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -79,7 +79,8 @@ impl Controller {
             .env("HEALTH_PROBE_PORT", health_port.to_string())
             // E2E_LOG_LEVEL=debug for a closer look at a failing journey.
             .env("LOG_LEVEL", std::env::var("E2E_LOG_LEVEL").unwrap_or_else(|_| "info".to_string()))
-            .stdout(Stdio::null())
+            // The log goes to stdout (LOG_OUTPUT_PATHS' default); anything on stderr joins it.
+            .stdout(file.try_clone().expect("share the log file"))
             .stderr(file);
         for (k, v) in env {
             cmd.env(k, v);

@@ -5,7 +5,8 @@
 //! * A class that is not being deleted gets the `karpenter.k8s.aws/termination` finalizer, is
 //!   resolved with [`AwsCloudProvider::resolve_node_class`], and its status is written through
 //!   the status subresource only when it changed (so the controller's own write does not start a
-//!   loop). It is resolved again every [`RESYNC`] (the `NODECLASS_REFRESH_INTERVAL` setting),
+//!   loop). It is resolved again every [`RESYNC`] (the shorter of `AMI_REFRESH_INTERVAL` and
+//!   `SUBNET_REFRESH_INTERVAL`),
 //!   so an AMI published under an alias's SSM parameter is picked up by then. A failed resolution keeps the last status,
 //!   publishes a Warning event and is retried with backoff.
 //! * A class being deleted waits while NodeClaims still reference it (requeued every
@@ -45,7 +46,7 @@ use crate::operator::error_chain;
 use crate::state::{ClusterState, Notice};
 
 /// How often a class is resolved again when nothing changes, by default.
-pub const RESYNC: Duration = Duration::from_secs(300);
+pub const RESYNC: Duration = Duration::from_secs(60);
 /// How often a class being deleted checks whether its NodeClaims are gone.
 pub const WAIT_ON_NODECLAIMS: Duration = Duration::from_secs(10);
 /// First retry delay after a failed reconciliation; it doubles with each further failure.
