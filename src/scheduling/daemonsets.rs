@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::requirements::Requirements;
-use super::resources::{Resources, pod_requests};
+use super::resources::{Resources, has_dra_requirements, pod_requests};
 use super::scheduler::pod_node_requirements;
 use super::taints::check_tolerated;
 use crate::apis::Taint;
@@ -29,10 +29,11 @@ pub fn runs_on(ds: &Pod, requirements: &Requirements, taints: &[Taint]) -> bool 
     })
 }
 
-/// The requests of the DaemonSet pods of `daemonsets` that run on such a node.
+/// The requests of the DaemonSet pods of `daemonsets` that run on such a node. DaemonSets whose
+/// pods claim DRA devices are left out, as upstream (their claims are not simulated).
 pub fn overhead(daemonsets: &[Pod], requirements: &Requirements, taints: &[Taint]) -> Resources {
     let mut total = Resources::default();
-    for ds in daemonsets.iter().filter(|ds| runs_on(ds, requirements, taints)) {
+    for ds in daemonsets.iter().filter(|ds| !has_dra_requirements(ds) && runs_on(ds, requirements, taints)) {
         total.add_assign(&pod_requests(ds));
     }
     total

@@ -57,8 +57,8 @@ pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;
 pub use scheduler::{
     ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, Packing, PodError, PodRef,
-    PreparedRun, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults, UNIT_PRICE_TOLERANCE,
-    prepare, schedule,
+    PreferencePolicy, PreparedRun, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults,
+    UNIT_PRICE_TOLERANCE, prepare, schedule,
 };
 pub use values::ValueSet;
 pub use volumes::VolumeInput;

@@ -348,10 +348,30 @@ pub fn container_requests(c: &Container) -> Resources {
     r
 }
 
+/// Whether a pod asks for Dynamic Resource Allocation: a pod-level resource claim or a
+/// container's (init containers' too) `resources.claims`, as upstream tells them.
+pub fn has_dra_requirements(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let claims =
+        |c: &Container| c.resources.as_ref().and_then(|r| r.claims.as_ref()).is_some_and(|c| !c.is_empty());
+    spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
+        || spec.containers.iter().any(claims)
+        || spec.init_containers.iter().flatten().any(claims)
+}
+
+/// Whether pod-level requests (`spec.resources`) replace the containers' sum for this resource,
+/// as kube-scheduler does with pod-level resources: CPU, memory and huge pages only.
+fn pod_level(name: &str) -> bool {
+    name == "cpu" || name == "memory" || name.starts_with("hugepages-")
+}
+
 /// The resources a pod needs on a node, as kube-scheduler computes them, plus one pod.
 ///
 /// `max(regular containers + sidecars, max over init containers i of (init_i + sidecars started
-/// before i))`, plus the pod overhead. Sidecars are init containers with `restartPolicy: Always`.
+/// before i))`; pod-level requests (`spec.resources`, on by default since Kubernetes 1.34), where
+/// set, replace that for CPU, memory and huge pages (the API server defaults a pod-level request
+/// to its limit, so a limit alone counts too); plus the pod overhead. Sidecars are init
+/// containers with `restartPolicy: Always`.
 pub fn pod_requests(pod: &Pod) -> Resources {
     let mut total = Resources::default();
     let Some(spec) = &pod.spec else {
@@ -374,6 +394,18 @@ pub fn pod_requests(pod: &Pod) -> Resources {
     }
     total.add_assign(&sidecars);
     let mut r = total.max(&init_peak);
+    if let Some(level) = &spec.resources {
+        let requests = level.requests.iter().flatten();
+        let limits_only =
+            level.limits.iter().flatten().filter(|(name, _)| {
+                level.requests.as_ref().is_none_or(|req| !req.contains_key(name.as_str()))
+            });
+        for (name, q) in requests.chain(limits_only) {
+            if pod_level(name) {
+                r.set(name, parse_quantity_for(name, q).unwrap_or(0));
+            }
+        }
+    }
     add_list(&mut r, spec.overhead.as_ref());
     r.pods = 1;
     r
@@ -384,6 +416,42 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
     use rstest::rstest;
+
+    #[test]
+    fn pod_level_requests_replace_the_containers_sum_for_cpu_and_memory() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "resources": {"requests": {"cpu": "2"}, "limits": {"memory": "3Gi"}},
+                "overhead": {"cpu": "100m"},
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "1"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}}},
+                ],
+            }
+        }))
+        .unwrap();
+        let r = pod_requests(&pod);
+        assert_eq!(r.cpu, 2100, "the pod-level request, plus the overhead");
+        assert_eq!(r.memory, 3 << 30, "a pod-level limit without a request is the request");
+        assert_eq!(r.get("nvidia.com/gpu"), 1, "extended resources stay the containers'");
+        assert_eq!(r.pods, 1);
+    }
+
+    #[test]
+    fn dra_requirements_are_found_on_the_pod_and_its_containers() {
+        let pod = |spec: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({"spec": spec})).unwrap()
+        };
+        assert!(!has_dra_requirements(&pod(serde_json::json!({"containers": [{"name": "a"}]}))));
+        assert!(has_dra_requirements(&pod(serde_json::json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+            "containers": [{"name": "a"}],
+        }))));
+        assert!(has_dra_requirements(&pod(serde_json::json!({
+            "containers": [{"name": "a"}],
+            "initContainers": [{"name": "i", "resources": {"claims": [{"name": "gpu"}]}}],
+        }))));
+    }
 
     #[rstest]
     #[case("100m", 1000, Some(100))]

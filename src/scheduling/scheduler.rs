@@ -77,6 +77,34 @@ impl std::str::FromStr for MinValuesPolicy {
     }
 }
 
+/// Why a pod with Dynamic Resource Allocation claims gets no capacity (upstream's words).
+pub const DRA_UNSUPPORTED: &str =
+    "pod has Dynamic Resource Allocation requirements that are not yet supported by Karpenter";
+
+/// How preferred scheduling constraints are treated (`PREFERENCE_POLICY`), as upstream: preferred
+/// node affinity, preferred pod (anti-)affinity and `ScheduleAnyway` topology spreads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PreferencePolicy {
+    /// Honoured first, then relaxed one at a time when a pod cannot otherwise schedule.
+    #[default]
+    Respect,
+    /// Left out of the simulation from the start.
+    Ignore,
+}
+
+impl std::str::FromStr for PreferencePolicy {
+    type Err = String;
+
+    /// Parses upstream's spelling, as in `PREFERENCE_POLICY`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Respect" => Ok(PreferencePolicy::Respect),
+            "Ignore" => Ok(PreferencePolicy::Ignore),
+            other => Err(format!("invalid preference policy {other:?}: expected Respect or Ignore")),
+        }
+    }
+}
+
 /// How pods are ordered and how far a NodeClaim grows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Packing {
@@ -104,6 +132,8 @@ pub const UNIT_PRICE_TOLERANCE: f64 = 0.03;
 pub struct SchedulerOptions {
     /// `minValues` policy.
     pub min_values_policy: MinValuesPolicy,
+    /// Whether preferences are honoured at all.
+    pub preference_policy: PreferencePolicy,
     /// Most instance types listed in a NodeClaim's `instance-type In` requirement.
     pub max_instance_types: usize,
     /// How pods are ordered and how far NodeClaims grow.
@@ -114,6 +144,7 @@ impl Default for SchedulerOptions {
     fn default() -> Self {
         SchedulerOptions {
             min_values_policy: MinValuesPolicy::Strict,
+            preference_policy: PreferencePolicy::Respect,
             max_instance_types: 60,
             packing: Packing::default(),
         }
@@ -425,7 +456,7 @@ struct ClassKey {
     ports: Vec<HostPort>,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Relax {
     /// Index of the required node-affinity term in use.
     term: usize,
@@ -439,9 +470,21 @@ struct Relax {
 
 impl Relax {
     const INITIAL: Relax = Relax { term: 0, pod_pref: 0, pref: 0, soft: true };
+}
 
-    fn is_initial(&self) -> bool {
-        self.term == 0 && self.pod_pref == 0 && self.pref == 0 && self.soft
+impl PodInfo<'_> {
+    /// Where a pod's relaxation starts: with every preference in place, or, under
+    /// [`PreferencePolicy::Ignore`], with all of them already dropped.
+    fn first_state(&self, policy: PreferencePolicy) -> Relax {
+        match policy {
+            PreferencePolicy::Respect => Relax::INITIAL,
+            PreferencePolicy::Ignore => Relax {
+                term: 0,
+                pod_pref: self.topo.preferred.len(),
+                pref: self.preferred_terms.len(),
+                soft: false,
+            },
+        }
     }
 }
 
@@ -706,6 +749,10 @@ impl<'a> Scheduler<'a> {
                 Ok((b, r, p)) => (b, r, p, None),
                 Err(e) => (Requirements::new(), vec![], vec![], Some(format!("invalid pod: {e}"))),
             };
+            // As upstream (with IGNORE_DRA_REQUESTS, its default): no capacity for DRA claims.
+            if super::resources::has_dra_requirements(pod) {
+                invalid = invalid.or(Some(DRA_UNSUPPORTED.into()));
+            }
             // Volume requirements hold with every required term, so relaxing cannot drop them.
             match input.volumes.pod_terms(pod).map(|t| and_terms(&required_terms, &t)) {
                 Ok(Some(terms)) => required_terms = terms,
@@ -912,7 +959,7 @@ impl<'a> Scheduler<'a> {
         if let Some(reason) = &info.invalid {
             return Err(PodError { pod: info.r.clone(), nodepools: vec![], reason: Some(reason.clone()) });
         }
-        let mut state = Relax::INITIAL;
+        let mut state = self.pods[p].first_state(self.input.options.preference_policy);
         loop {
             let reqs = self.pods[p].requirements(state).into_owned();
             match self.try_place(p, &reqs, state) {
@@ -927,7 +974,8 @@ impl<'a> Scheduler<'a> {
     }
 
     fn try_place(&mut self, p: usize, reqs: &Requirements, state: Relax) -> Result<(), PodError> {
-        let initial = state.is_initial();
+        // The start of the relaxation: what the pods of one class share.
+        let initial = state == self.pods[p].first_state(self.input.options.preference_policy);
         for n in 0..self.nodes.len() {
             if self.try_node(n, p, reqs, state).is_ok() {
                 return Ok(());

@@ -716,6 +716,50 @@ fn preferred_anti_affinity_spreads_while_it_can() {
 }
 
 #[test]
+fn a_pod_with_dra_claims_gets_no_capacity_and_says_why() {
+    let mut p = pod("gpu", "1", "1Gi");
+    spec(&mut p).resource_claims = Some(vec![
+        serde_json::from_value(serde_json::json!({"name": "gpu", "resourceClaimTemplateName": "gpu"}))
+            .unwrap(),
+    ]);
+    let r = schedule(&input(vec![p, pod("plain", "1", "1Gi")], vec![pool("default")]));
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(r.new_node_claims[0].pods.len(), 1, "only the plain pod");
+    assert!(error_of(&r).contains(crate::scheduling::scheduler::DRA_UNSUPPORTED), "{}", error_of(&r));
+}
+
+#[test]
+fn preference_policy_ignore_leaves_every_preference_out() {
+    use crate::scheduling::{PreferencePolicy, SchedulerOptions};
+    let ignore =
+        SchedulerOptions { preference_policy: PreferencePolicy::Ignore, ..SchedulerOptions::default() };
+    // Preferred anti-affinity on hostname: three nodes when respected, one when ignored.
+    let pods = pods_n(3, |p| with_preferred(with_label(p, "group", "web"), true, LABEL_HOSTNAME, "web"));
+    let r = schedule(&SchedulingInput { options: ignore.clone(), ..input(pods, vec![pool("default")]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.len(), 1, "the preferred anti-affinity is ignored");
+    // A satisfiable preferred zone is not honoured either: the claim may go to any zone.
+    let p = with_node_affinity(
+        pod("b", "1", "1Gi"),
+        vec![],
+        vec![(1, vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["z2"])])],
+    );
+    let r = schedule(&SchedulingInput { options: ignore.clone(), ..input(vec![p], vec![pool("default")]) });
+    let plain = schedule(&input(vec![pod("b", "1", "1Gi")], vec![pool("default")]));
+    assert_eq!(
+        zone_of(&r.new_node_claims[0]),
+        zone_of(&plain.new_node_claims[0]),
+        "as without the preference"
+    );
+    assert_ne!(zone_of(&r.new_node_claims[0]), "z2");
+    // A ScheduleAnyway hostname spread of three pods: one node.
+    let pods = pods_n(3, |p| with_spread(with_label(p, "group", "g"), LABEL_HOSTNAME, "g", false));
+    let respected = schedule(&input(pods.clone(), vec![pool("default")]));
+    let ignored = schedule(&SchedulingInput { options: ignore, ..input(pods, vec![pool("default")]) });
+    assert_eq!((respected.new_node_claims.len(), ignored.new_node_claims.len()), (3, 1));
+}
+
+#[test]
 fn unsatisfiable_preferred_affinity_is_relaxed() {
     let p = with_preferred(with_label(pod("a", "1", "1Gi"), "group", "me"), false, LABEL_TOPOLOGY_ZONE, "db");
     let r = schedule(&input(vec![p], vec![pool("default")]));

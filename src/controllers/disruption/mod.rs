@@ -146,8 +146,11 @@ fn pass_inputs(ctx: &Context, snapshot: Snapshot, launched: &Launched) -> Inputs
         launched.retain(|_, at| at.elapsed() < consolidation::CHURN_GUARD);
         launched.keys().cloned().collect()
     };
-    let options =
-        SchedulerOptions { min_values_policy: ctx.settings.min_values_policy, ..SchedulerOptions::default() };
+    let options = SchedulerOptions {
+        min_values_policy: ctx.settings.min_values_policy,
+        preference_policy: ctx.settings.preference_policy,
+        ..SchedulerOptions::default()
+    };
     let spot_to_spot = ctx.settings.feature_gates.spot_to_spot_consolidation;
     Inputs::of(snapshot, options, spot_to_spot, Timestamp::now(), young)
 }

@@ -191,6 +191,7 @@ impl Provisioner {
         let scenario = Scenario {
             options: SchedulerOptions {
                 min_values_policy: self.ctx.settings.min_values_policy,
+                preference_policy: self.ctx.settings.preference_policy,
                 ..SchedulerOptions::default()
             },
             ..Scenario::default()
@@ -342,7 +343,7 @@ impl Provisioner {
                         .metrics
                         .nodeclaims_created
                         .get_or_create(&vec![
-                            ("reason", "provisioning".to_string()),
+                            ("reason", "provisioned".to_string()),
                             ("nodepool", new.nodepool.clone()),
                             ("min_values_relaxed", new.min_values_relaxed.to_string()),
                         ])
