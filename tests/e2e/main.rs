@@ -48,7 +48,7 @@ async fn getting_started_with_kwok() {
     }
     let metrics = controller.metrics().await;
     let created =
-        format!("karpenter_nodeclaims_created_total{{reason=\"provisioning\",nodepool=\"{}\"", f.pool);
+        format!("karpenter_nodeclaims_created_total{{reason=\"provisioned\",nodepool=\"{}\"", f.pool);
     assert!(metrics.contains(&created), "{created} in\n{metrics}");
     for name in [
         "karpenter_nodeclaims_launched_total",
