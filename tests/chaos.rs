@@ -150,7 +150,7 @@ async fn chaos_with_kwok() {
         capacity_types: &["on-demand"],
         expire_after: "4m",
         min_kills: 20,
-        chaos_for: Duration::from_secs(600),
+        chaos_for: Duration::from_secs(840),
     })
     .await;
 }
@@ -182,6 +182,7 @@ async fn run_chaos(shape: Shape) {
     let f = Fixture::new(&format!("chaos-{}", shape.provider)).await;
     let _standin = aws.then(Standin::start);
     let ec2 = if aws { Some(ec2().await) } else { None };
+    let mut faults_before = String::new();
     if aws {
         // The faults of an earlier run that it did not use.
         let (code, body) = http_request("DELETE", &faults_url(), None).await;
@@ -189,6 +190,7 @@ async fn run_chaos(shape: Shape) {
             code, 200,
             "the emulator's fault endpoint (hack/chaos.sh restarts an older emulator): {body}"
         );
+        faults_before = http_request("GET", &faults_url(), None).await.1;
     }
     let mut env: Vec<(String, String)> = if aws { aws_controller_env(None) } else { Vec::new() };
     for (k, v) in [
@@ -358,7 +360,7 @@ async fn run_chaos(shape: Shape) {
     if aws {
         let (_, status) = http_request("GET", &faults_url(), None).await;
         http_request("DELETE", &faults_url(), None).await;
-        faults = describe_faults(&status);
+        faults = describe_faults(&status, &faults_before);
     }
     run.note("settling");
     let settled = run.settle(expected).await;
@@ -1203,13 +1205,23 @@ async fn arm(fault: &serde_json::Value) {
     assert_eq!(code, 200, "arming {fault}: {body}");
 }
 
-/// "CreateFleet InsufficientInstanceCapacity 2, ..." from the fault endpoint's state, with the
-/// faults armed but never used.
-fn describe_faults(status: &str) -> String {
+/// "CreateFleet InsufficientInstanceCapacity 2, ..." from the fault endpoint's state, less its
+/// counts at the run's start (`before`: the emulator counts for its whole life), with the faults
+/// armed but never used.
+fn describe_faults(status: &str, before: &str) -> String {
     let state: serde_json::Value = serde_json::from_str(status).unwrap_or_default();
+    let before: serde_json::Value = serde_json::from_str(before).unwrap_or_default();
     let mut parts: Vec<String> = state["counts"]
         .as_object()
-        .map(|counts| counts.iter().map(|(k, v)| format!("{k} {v}")).collect())
+        .map(|counts| {
+            counts
+                .iter()
+                .filter_map(|(k, v)| {
+                    let n = v.as_u64()?.saturating_sub(before["counts"][k].as_u64().unwrap_or(0));
+                    (n > 0).then(|| format!("{k} {n}"))
+                })
+                .collect()
+        })
         .unwrap_or_default();
     parts.sort();
     let unused: usize = state["pending"]
