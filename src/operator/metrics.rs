@@ -101,6 +101,18 @@ pub struct Metrics {
     pub nodes_termination_duration: HistogramFamily,
     /// `karpenter_nodes_drained_total{nodepool}`.
     pub nodes_drained: CounterFamily,
+    /// `karpenter_nodes_lifetime_duration_seconds{nodepool}`: how long each node Karpenter
+    /// terminated lived, from its creation to the removal of its termination finalizer
+    /// ([`LIFETIME_BUCKETS`]).
+    pub nodes_lifetime_duration: HistogramFamily,
+    /// `karpenter_pods_eviction_requests_total{code}`: eviction requests made while draining
+    /// nodes, by the API server's status code (`200` on success; requests without an answer are
+    /// not counted).
+    pub pods_eviction_requests: CounterFamily,
+    /// `karpenter_pods_drained_total{reason}`: pods evicted while draining nodes, by the
+    /// NodeClaim's `DisruptionReason` (`Forceful Termination` without one, empty without
+    /// NodeClaim).
+    pub pods_drained: CounterFamily,
     /// `karpenter_pods_state{name, namespace, owner, node, nodepool, zone, arch, capacity_type,
     /// instance_type, phase}`.
     pub pods_state: GaugeFamily,
@@ -112,6 +124,12 @@ pub struct Metrics {
     pub scheduler_scheduling_duration: HistogramFamily,
     /// `karpenter_scheduler_queue_depth{controller, scheduling_id}`.
     pub scheduler_queue_depth: GaugeFamily,
+    /// `karpenter_scheduler_unschedulable_pods_count{controller}`: pods the last provisioning
+    /// simulation could place nowhere (ignored pods aside).
+    pub scheduler_unschedulable_pods_count: GaugeFamily,
+    /// `karpenter_scheduler_ignored_pods_count`: pending pods the last provisioning pass ignored
+    /// as invalid (requirements that cannot be parsed, volumes that cannot be resolved).
+    pub scheduler_ignored_pods_count: GaugeFamily,
     /// `karpenter_provisioner_scheduling_duration_seconds`: a whole provisioning pass.
     pub provisioner_scheduling_duration: HistogramFamily,
     /// `karpenter_provisioner_batch_size`: pods in each closed batch.
@@ -136,8 +154,14 @@ pub struct Metrics {
     pub nodes_allocatable: NodeGaugeFamily,
     /// `karpenter_nodes_total_pod_requests{node_name, ..., resource_type}`.
     pub nodes_total_pod_requests: NodeGaugeFamily,
+    /// `karpenter_nodes_total_pod_limits{node_name, ..., resource_type}`: limits of the pods
+    /// bound to a node, DaemonSet pods included.
+    pub nodes_total_pod_limits: NodeGaugeFamily,
     /// `karpenter_nodes_total_daemon_requests{node_name, ..., resource_type}`.
     pub nodes_total_daemon_requests: NodeGaugeFamily,
+    /// `karpenter_nodes_total_daemon_limits{node_name, ..., resource_type}`: limits of the
+    /// DaemonSet pods bound to a node.
+    pub nodes_total_daemon_limits: NodeGaugeFamily,
     /// `karpenter_nodes_system_overhead{node_name, ..., resource_type}`.
     pub nodes_system_overhead: NodeGaugeFamily,
     /// `karpenter_nodes_current_lifetime_seconds{node_name, ...}`.
@@ -148,8 +172,25 @@ pub struct Metrics {
     pub cluster_utilization_percent: GaugeFamily,
     /// `karpenter_cluster_state_node_count`.
     pub cluster_state_node_count: GaugeFamily,
-    /// `karpenter_cluster_state_synced`: 1 once every watch has listed.
+    /// `karpenter_cluster_state_synced`: 0 while the leader's caches list, 1 once every watch
+    /// has listed.
     pub cluster_state_synced: GaugeFamily,
+    /// `karpenter_cluster_state_unsynced_time_seconds`: while the leader waits for every watch
+    /// to list, the seconds it has waited; 0 once synced.
+    pub cluster_state_unsynced_time_seconds: GaugeFamily,
+    /// `karpenter_cloudprovider_instance_type_cpu_cores{instance_type}`: vCPUs of each instance
+    /// type the NodePools can launch (AWS provider).
+    pub cloudprovider_instance_type_cpu_cores: GaugeFamily,
+    /// `karpenter_cloudprovider_instance_type_memory_bytes{instance_type}`: memory of each
+    /// instance type the NodePools can launch, as EC2 reports it (before any overhead).
+    pub cloudprovider_instance_type_memory_bytes: GaugeFamily,
+    /// `karpenter_cloudprovider_instance_type_offering_available{instance_type, capacity_type,
+    /// zone}`: 1 when an offering the NodePools can launch is available, 0 when it is not (out
+    /// of capacity, or a reserved offering without reservation).
+    pub cloudprovider_instance_type_offering_available: GaugeFamily,
+    /// `karpenter_cloudprovider_instance_type_offering_price_estimate{instance_type,
+    /// capacity_type, zone}`: the hourly price of each of those offerings.
+    pub cloudprovider_instance_type_offering_price_estimate: GaugeFamily,
     /// `karpenter_voluntary_disruption_decision_evaluation_duration_seconds{reason,consolidation_type}`.
     pub disruption_evaluation_duration: HistogramFamily,
     /// `karpenter_voluntary_disruption_decisions_total{decision,reason,consolidation_type}`.
@@ -223,11 +264,16 @@ impl Metrics {
             nodes_terminated: CounterFamily::default(),
             nodes_termination_duration: histogram_family(),
             nodes_drained: CounterFamily::default(),
+            nodes_lifetime_duration: Family::new_with_constructor(lifetime_histogram as fn() -> Histogram),
+            pods_eviction_requests: CounterFamily::default(),
+            pods_drained: CounterFamily::default(),
             pods_state: GaugeFamily::default(),
             pods_startup_duration: histogram_family(),
             pods_bound_duration: histogram_family(),
             scheduler_scheduling_duration: histogram_family(),
             scheduler_queue_depth: GaugeFamily::default(),
+            scheduler_unschedulable_pods_count: GaugeFamily::default(),
+            scheduler_ignored_pods_count: GaugeFamily::default(),
             provisioner_scheduling_duration: histogram_family(),
             provisioner_batch_size: GaugeFamily::default(),
             provisioner_batch_window_duration: histogram_family(),
@@ -240,13 +286,20 @@ impl Metrics {
             nodepools_cost_total: GaugeFamily::default(),
             nodes_allocatable: NodeGaugeFamily::default(),
             nodes_total_pod_requests: NodeGaugeFamily::default(),
+            nodes_total_pod_limits: NodeGaugeFamily::default(),
             nodes_total_daemon_requests: NodeGaugeFamily::default(),
+            nodes_total_daemon_limits: NodeGaugeFamily::default(),
             nodes_system_overhead: NodeGaugeFamily::default(),
             nodes_current_lifetime_seconds: NodeGaugeFamily::default(),
             nodes_price_per_hour: NodeGaugeFamily::default(),
             cluster_utilization_percent: GaugeFamily::default(),
             cluster_state_node_count: GaugeFamily::default(),
             cluster_state_synced: GaugeFamily::default(),
+            cluster_state_unsynced_time_seconds: GaugeFamily::default(),
+            cloudprovider_instance_type_cpu_cores: GaugeFamily::default(),
+            cloudprovider_instance_type_memory_bytes: GaugeFamily::default(),
+            cloudprovider_instance_type_offering_available: GaugeFamily::default(),
+            cloudprovider_instance_type_offering_price_estimate: GaugeFamily::default(),
             disruption_evaluation_duration: histogram_family(),
             disruption_decisions: CounterFamily::default(),
             disruption_decisions_by_nodepool: CounterFamily::default(),
@@ -368,6 +421,21 @@ impl Metrics {
             m.nodes_drained.clone(),
         );
         r.register(
+            "karpenter_nodes_lifetime_duration_seconds",
+            "The lifetime duration of the nodes since creation.",
+            m.nodes_lifetime_duration.clone(),
+        );
+        r.register(
+            "karpenter_pods_eviction_requests",
+            "The total number of pod eviction requests made by Karpenter, labeled by response code",
+            m.pods_eviction_requests.clone(),
+        );
+        r.register(
+            "karpenter_pods_drained",
+            "The total number of pods drained during node termination by Karpenter, labeled by reason",
+            m.pods_drained.clone(),
+        );
+        r.register(
             "karpenter_pods_state",
             "Pod state: one series per pod, labeled by its node, nodepool, zone, type and phase.",
             m.pods_state.clone(),
@@ -391,6 +459,16 @@ impl Metrics {
             "karpenter_scheduler_queue_depth",
             "Pods waiting to be placed by the running scheduling simulation.",
             m.scheduler_queue_depth.clone(),
+        );
+        r.register(
+            "karpenter_scheduler_unschedulable_pods_count",
+            "The number of unschedulable Pods.",
+            m.scheduler_unschedulable_pods_count.clone(),
+        );
+        r.register(
+            "karpenter_scheduler_ignored_pods_count",
+            "Number of pods ignored during scheduling by Karpenter",
+            m.scheduler_ignored_pods_count.clone(),
         );
         r.register(
             "karpenter_provisioner_scheduling_duration_seconds",
@@ -458,6 +536,16 @@ impl Metrics {
             m.nodes_total_daemon_requests.clone(),
         );
         r.register(
+            "karpenter_nodes_total_pod_limits",
+            "Node total pod limits are the resources specified by pod limits, including the DaemonSet pods.",
+            m.nodes_total_pod_limits.clone(),
+        );
+        r.register(
+            "karpenter_nodes_total_daemon_limits",
+            "Node total daemon limits are the resources specified by DaemonSet pod limits.",
+            m.nodes_total_daemon_limits.clone(),
+        );
+        r.register(
             "karpenter_nodes_system_overhead",
             "Resources reserved for system use: a node's capacity minus its allocatable.",
             m.nodes_system_overhead.clone(),
@@ -486,6 +574,31 @@ impl Metrics {
             "karpenter_cluster_state_synced",
             "1 when the controller's cluster state has listed every watched kind, else 0.",
             m.cluster_state_synced.clone(),
+        );
+        r.register(
+            "karpenter_cluster_state_unsynced_time_seconds",
+            "The time for which cluster state is not synced",
+            m.cluster_state_unsynced_time_seconds.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_instance_type_cpu_cores",
+            "VCPUs cores for a given instance type.",
+            m.cloudprovider_instance_type_cpu_cores.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_instance_type_memory_bytes",
+            "Memory, in bytes, for a given instance type.",
+            m.cloudprovider_instance_type_memory_bytes.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_instance_type_offering_available",
+            "Instance type offering availability, based on instance type, capacity type, and zone",
+            m.cloudprovider_instance_type_offering_available.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_instance_type_offering_price_estimate",
+            "Instance type offering estimated hourly price used when making informed decisions on node cost calculation, based on instance type, capacity type, and zone.",
+            m.cloudprovider_instance_type_offering_price_estimate.clone(),
         );
         r.register(
             "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
@@ -550,6 +663,17 @@ impl Metrics {
 
 fn score_histogram() -> Histogram {
     Histogram::new([0.1, 0.25, 0.33, 0.5, 1.0, 2.0, 5.0, 10.0])
+}
+
+/// Upstream's buckets of `karpenter_nodes_lifetime_duration_seconds` (seconds): 15, 30 and 45
+/// minutes, 1, 2, 4, 6, 8, 10, 12, 16 and 20 hours, 1, 2, 3, 5, 10, 15, 20, 25 and 30 days.
+pub const LIFETIME_BUCKETS: [f64; 21] = [
+    900.0, 1800.0, 2700.0, 3600.0, 7200.0, 14400.0, 21600.0, 28800.0, 36000.0, 43200.0, 57600.0, 72000.0,
+    86400.0, 172800.0, 259200.0, 432000.0, 864000.0, 1296000.0, 1728000.0, 2160000.0, 2592000.0,
+];
+
+fn lifetime_histogram() -> Histogram {
+    Histogram::new(LIFETIME_BUCKETS)
 }
 
 /// Counts `claim` in `karpenter_nodeclaims_disrupted_total{reason,nodepool,capacity_type}`.
@@ -696,6 +820,9 @@ mod tests {
 
     #[test]
     fn names_are_upstreams() {
+        fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+            pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+        }
         let mut registry = Registry::default();
         let m = Metrics::new(&mut registry);
         m.nodeclaims_created
@@ -706,6 +833,35 @@ mod tests {
             ])
             .inc();
         observe(&m.scheduler_scheduling_duration, vec![("controller", "provisioner".into())], Duration::ZERO);
+        // Families added for parity with upstream, with their labels.
+        observe(
+            &m.nodes_lifetime_duration,
+            labels(&[("nodepool", "default")]),
+            Duration::from_secs(2 * 3600),
+        );
+        m.pods_eviction_requests.get_or_create(&labels(&[("code", "429")])).inc();
+        m.pods_drained.get_or_create(&labels(&[("reason", "Underutilized")])).inc();
+        m.scheduler_unschedulable_pods_count
+            .get_or_create(&labels(&[("controller", "provisioner")]))
+            .set(2.0);
+        m.scheduler_ignored_pods_count.get_or_create(&vec![]).set(1.0);
+        m.cluster_state_unsynced_time_seconds.get_or_create(&vec![]).set(3.0);
+        let node = NodeSeries {
+            node: Arc::new(labels(&[("node_name", "n1"), ("nodepool", "default")])),
+            resource_type: Some("cpu".into()),
+        };
+        m.nodes_total_pod_limits.get_or_create(&node).set(1.5);
+        m.nodes_total_daemon_limits.get_or_create(&node).set(0.5);
+        m.cloudprovider_instance_type_cpu_cores
+            .get_or_create(&labels(&[("instance_type", "m5.large")]))
+            .set(2.0);
+        m.cloudprovider_instance_type_memory_bytes
+            .get_or_create(&labels(&[("instance_type", "m5.large")]))
+            .set(8589934592.0);
+        let offering =
+            labels(&[("instance_type", "m5.large"), ("capacity_type", "spot"), ("zone", "us-west-2a")]);
+        m.cloudprovider_instance_type_offering_available.get_or_create(&offering).set(1.0);
+        m.cloudprovider_instance_type_offering_price_estimate.get_or_create(&offering).set(0.04);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
@@ -716,5 +872,54 @@ mod tests {
         );
         assert!(text.contains("karpenter_scheduler_scheduling_duration_seconds_bucket"), "{text}");
         assert!(text.contains("karpenter_build_info{version="), "{text}");
+        for series in [
+            "karpenter_nodes_lifetime_duration_seconds_bucket{le=\"900.0\",nodepool=\"default\"} 0",
+            "karpenter_nodes_lifetime_duration_seconds_count{nodepool=\"default\"} 1",
+            "karpenter_pods_eviction_requests_total{code=\"429\"} 1",
+            "karpenter_pods_drained_total{reason=\"Underutilized\"} 1",
+            "karpenter_scheduler_unschedulable_pods_count{controller=\"provisioner\"} ",
+            "karpenter_scheduler_ignored_pods_count",
+            "karpenter_cluster_state_unsynced_time_seconds",
+            "karpenter_nodes_total_pod_limits{node_name=\"n1\",nodepool=\"default\",resource_type=\"cpu\"} ",
+            "karpenter_nodes_total_daemon_limits{node_name=\"n1\",nodepool=\"default\",resource_type=\"cpu\"} ",
+            "karpenter_cloudprovider_instance_type_cpu_cores{instance_type=\"m5.large\"} ",
+            "karpenter_cloudprovider_instance_type_memory_bytes{instance_type=\"m5.large\"} ",
+            "karpenter_cloudprovider_instance_type_offering_available{instance_type=\"m5.large\",capacity_type=\"spot\",zone=\"us-west-2a\"} ",
+            "karpenter_cloudprovider_instance_type_offering_price_estimate{instance_type=\"m5.large\",capacity_type=\"spot\",zone=\"us-west-2a\"} ",
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
+        // Two hours fall in the 2 h bucket, not in the 1 h one.
+        let bucket = |le: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("karpenter_nodes_lifetime_duration_seconds_bucket")
+                        && l.contains(&format!("le=\"{le}\""))
+                })
+                .map(|l| l.rsplit(' ').next().unwrap_or_default().to_string())
+        };
+        assert_eq!(bucket("3600.0").as_deref(), Some("0"), "{text}");
+        assert_eq!(bucket("7200.0").as_deref(), Some("1"), "{text}");
+        assert_eq!(LIFETIME_BUCKETS.len(), 21);
+        assert_eq!(LIFETIME_BUCKETS[0], 15.0 * 60.0);
+        assert_eq!(LIFETIME_BUCKETS[20], 30.0 * 86400.0);
+        assert!(LIFETIME_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+        let exported = exported_names();
+        for name in [
+            "karpenter_nodes_lifetime_duration_seconds_bucket",
+            "karpenter_pods_eviction_requests_total",
+            "karpenter_pods_drained_total",
+            "karpenter_scheduler_unschedulable_pods_count",
+            "karpenter_scheduler_ignored_pods_count",
+            "karpenter_cluster_state_unsynced_time_seconds",
+            "karpenter_nodes_total_pod_limits",
+            "karpenter_nodes_total_daemon_limits",
+            "karpenter_cloudprovider_instance_type_cpu_cores",
+            "karpenter_cloudprovider_instance_type_memory_bytes",
+            "karpenter_cloudprovider_instance_type_offering_available",
+            "karpenter_cloudprovider_instance_type_offering_price_estimate",
+        ] {
+            assert!(exported.contains(name), "{name} exported");
+        }
     }
 }

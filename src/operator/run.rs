@@ -122,6 +122,8 @@ async fn supervise(
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How long the first launches wait for the first fetch of instance types and prices.
 const FIRST_REFRESH_WAIT: Duration = Duration::from_secs(30);
+/// How often `karpenter_cluster_state_unsynced_time_seconds` is updated while the caches list.
+const UNSYNCED_TICK: Duration = Duration::from_secs(1);
 
 /// Runs the controller until SIGTERM/Ctrl-C (`Ok`) or a fatal error.
 pub async fn run(settings: Settings) -> Result<(), RunError> {
@@ -209,13 +211,27 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         let (state, driver) = ClusterState::start(client.clone());
         let watches = watches.insert(tokio::spawn(driver));
         let mut stopping = stop.clone();
-        let synced = tokio::select! {
-            _ = state.wait_synced() => true,
-            _ = stopping.wait_for(|s| *s) => false,
-            _ = leading.wait_for(|l| !*l) => false,
+        // Until every cache has listed: `karpenter_cluster_state_synced` 0 and
+        // `karpenter_cluster_state_unsynced_time_seconds` the seconds spent waiting.
+        let synced_gauge = metrics.cluster_state_synced.get_or_create_owned(&vec![]);
+        let unsynced_gauge = metrics.cluster_state_unsynced_time_seconds.get_or_create_owned(&vec![]);
+        synced_gauge.set(0.0);
+        unsynced_gauge.set(0.0);
+        let unsynced_since = std::time::Instant::now();
+        let mut tick = tokio::time::interval(UNSYNCED_TICK);
+        let synced = loop {
+            tokio::select! {
+                _ = state.wait_synced() => break true,
+                _ = stopping.wait_for(|s| *s) => break false,
+                _ = leading.wait_for(|l| !*l) => break false,
+                _ = tick.tick() => {
+                    unsynced_gauge.set(unsynced_since.elapsed().as_secs_f64());
+                }
+            }
         };
         if synced {
-            metrics.cluster_state_synced.get_or_create(&vec![]).set(1.0);
+            synced_gauge.set(1.0);
+            unsynced_gauge.set(0.0);
             readiness.set(true);
             tracing::info!("cluster state synced");
         }
@@ -337,6 +353,15 @@ fn start_controllers(
         tasks.spawn(
             crate::cloudprovider::aws::controllers::interruption::STATUS_CONTROLLER,
             crate::cloudprovider::aws::controllers::interruption::run_instance_status(
+                ctx.clone(),
+                state.clone(),
+                aws.clone(),
+                stop.clone(),
+            ),
+        );
+        tasks.spawn(
+            crate::cloudprovider::aws::controllers::metrics::CONTROLLER,
+            crate::cloudprovider::aws::controllers::metrics::run(
                 ctx.clone(),
                 state.clone(),
                 aws.clone(),

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use thiserror::Error;
 
@@ -348,6 +348,29 @@ pub fn container_requests(c: &Container) -> Resources {
     r
 }
 
+/// What a pod's containers need at their peak, of what `of` gives per container: the regular
+/// containers plus the sidecars (init containers with `restartPolicy: Always`), or an init
+/// container with the sidecars started before it, whichever is larger per resource.
+fn containers_peak(spec: &PodSpec, of: impl Fn(&Container) -> Resources) -> Resources {
+    let mut total = Resources::default();
+    for c in &spec.containers {
+        total.add_assign(&of(c));
+    }
+    let mut sidecars = Resources::default();
+    let mut init_peak = Resources::default();
+    for c in spec.init_containers.iter().flatten() {
+        let own = of(c);
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars.add_assign(&own);
+            init_peak = init_peak.max(&sidecars);
+        } else {
+            init_peak = init_peak.max(&own.add(&sidecars));
+        }
+    }
+    total.add_assign(&sidecars);
+    total.max(&init_peak)
+}
+
 /// Whether a pod asks for Dynamic Resource Allocation: a pod-level resource claim or a
 /// container's (init containers' too) `resources.claims`, as upstream tells them.
 pub fn has_dra_requirements(pod: &Pod) -> bool {
@@ -373,27 +396,10 @@ fn pod_level(name: &str) -> bool {
 /// to its limit, so a limit alone counts too); plus the pod overhead. Sidecars are init
 /// containers with `restartPolicy: Always`.
 pub fn pod_requests(pod: &Pod) -> Resources {
-    let mut total = Resources::default();
     let Some(spec) = &pod.spec else {
-        total.pods = 1;
-        return total;
+        return Resources { pods: 1, ..Resources::default() };
     };
-    for c in &spec.containers {
-        total.add_assign(&container_requests(c));
-    }
-    let mut sidecars = Resources::default();
-    let mut init_peak = Resources::default();
-    for c in spec.init_containers.iter().flatten() {
-        let req = container_requests(c);
-        if c.restart_policy.as_deref() == Some("Always") {
-            sidecars.add_assign(&req);
-            init_peak = init_peak.max(&sidecars);
-        } else {
-            init_peak = init_peak.max(&req.add(&sidecars));
-        }
-    }
-    total.add_assign(&sidecars);
-    let mut r = total.max(&init_peak);
+    let mut r = containers_peak(spec, container_requests);
     if let Some(level) = &spec.resources {
         let requests = level.requests.iter().flatten();
         let limits_only =
@@ -408,6 +414,36 @@ pub fn pod_requests(pod: &Pod) -> Resources {
     }
     add_list(&mut r, spec.overhead.as_ref());
     r.pods = 1;
+    r
+}
+
+/// The limits of a pod, as Kubernetes computes them (`PodLimits`, what upstream's
+/// `karpenter_nodes_total_pod_limits` sums): the regular containers' limits plus the sidecars',
+/// or the limits of an init container with the sidecars started before it when larger; pod-level
+/// limits (`spec.resources.limits`), where set, replace that for CPU, memory and huge pages; the
+/// pod overhead adds to the limits that are set. Unlike [`pod_requests`], requests never stand in
+/// for a missing limit and no pod is counted.
+pub fn pod_limits(pod: &Pod) -> Resources {
+    let Some(spec) = &pod.spec else { return Resources::default() };
+    let limits = |c: &Container| {
+        let mut r = Resources::default();
+        add_list(&mut r, c.resources.as_ref().and_then(|res| res.limits.as_ref()));
+        r
+    };
+    let mut r = containers_peak(spec, limits);
+    if let Some(level) = &spec.resources {
+        for (name, q) in level.limits.iter().flatten() {
+            if pod_level(name) {
+                r.set(name, parse_quantity_for(name, q).unwrap_or(0));
+            }
+        }
+    }
+    for (name, q) in spec.overhead.iter().flatten() {
+        let limit = r.get(name);
+        if limit != 0 {
+            r.set(name, limit.saturating_add(parse_quantity_for(name, q).unwrap_or(0)));
+        }
+    }
     r
 }
 
@@ -550,6 +586,45 @@ mod tests {
         let list = r.to_list();
         assert_eq!(list.get("cpu"), Some(&Quantity("1250m".into())));
         assert_eq!(Resources::from_list(&list).unwrap(), r);
+    }
+
+    #[test]
+    fn pod_limits_sum_the_containers_limits_only() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "overhead": {"cpu": "100m", "memory": "64Mi"},
+                "initContainers": [
+                    // A sidecar: its limits add to the containers'.
+                    {"name": "proxy", "restartPolicy": "Always",
+                        "resources": {"limits": {"cpu": "250m"}}},
+                    // An init container larger than everything that runs after it.
+                    {"name": "setup", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+                ],
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                        "limits": {"cpu": "1"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "2"}}},
+                ],
+            }
+        }))
+        .unwrap();
+        let r = pod_limits(&pod);
+        assert_eq!(r.cpu, 1350, "containers' and sidecar's limits, plus the overhead");
+        assert_eq!(r.memory, 0, "requests do not stand in for limits; no overhead on an unset limit");
+        assert_eq!(r.get("nvidia.com/gpu"), 2, "the init container's peak");
+        assert_eq!(r.pods, 0);
+
+        let pod_level: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "resources": {"limits": {"cpu": "3", "memory": "2Gi"}},
+                "containers": [{"name": "a", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu": "1"}}}],
+            }
+        }))
+        .unwrap();
+        let r = pod_limits(&pod_level);
+        assert_eq!((r.cpu, r.memory), (3000, 2 << 30), "pod-level limits replace the containers'");
+        assert_eq!(r.get("nvidia.com/gpu"), 1, "extended resources stay the containers'");
+        assert!(pod_limits(&Pod::default()).is_zero());
     }
 
     #[test]

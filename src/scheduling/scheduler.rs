@@ -403,6 +403,10 @@ pub struct SchedulingResults {
     pub existing_placements: Vec<ExistingPlacement>,
     /// Pods that fit nowhere.
     pub errors: Vec<PodError>,
+    /// The pods of `errors` the simulation did not try to place because upstream's provisioner
+    /// would have left them out before scheduling (its `Validate`): node requirements that cannot
+    /// be parsed, volumes that cannot be resolved. Upstream counts them as ignored pods.
+    pub ignored: Vec<PodRef>,
 }
 
 /// Runs the scheduling simulation over `input`.
@@ -438,6 +442,9 @@ struct PodInfo<'a> {
     topo: PodTopology,
     has_soft_spread: bool,
     invalid: Option<String>,
+    /// Whether `invalid` is a reason upstream's provisioner ignores the pod for (see
+    /// [`SchedulingResults::ignored`]).
+    ignored: bool,
     /// Volumes per CSI driver, for attach limits of existing nodes.
     volumes: Attachments,
     /// Pods with equal constraints share a class (and a claim cursor).
@@ -749,6 +756,9 @@ impl<'a> Scheduler<'a> {
                 Ok((b, r, p)) => (b, r, p, None),
                 Err(e) => (Requirements::new(), vec![], vec![], Some(format!("invalid pod: {e}"))),
             };
+            // Invalid requirements and unresolvable volumes are what upstream's `Validate` leaves
+            // out of scheduling; the other reasons are scheduling errors there.
+            let mut ignored = invalid.is_some();
             // As upstream (with IGNORE_DRA_REQUESTS, its default): no capacity for DRA claims.
             if super::resources::has_dra_requirements(pod) {
                 invalid = invalid.or(Some(DRA_UNSUPPORTED.into()));
@@ -759,7 +769,10 @@ impl<'a> Scheduler<'a> {
                 Ok(None) => {
                     invalid = invalid.or(Some("node affinity conflicts with the pod's volumes".into()))
                 }
-                Err(e) => invalid = invalid.or(Some(e)),
+                Err(e) => {
+                    ignored = true;
+                    invalid = invalid.or(Some(e));
+                }
             }
             let spec = pod.spec.as_ref();
             let tolerations: &[Toleration] = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or(&[]);
@@ -795,6 +808,7 @@ impl<'a> Scheduler<'a> {
                     .is_some_and(|c| c.iter().any(|c| c.when_unsatisfiable == "ScheduleAnyway")),
                 topo: topo_info,
                 invalid,
+                ignored,
                 volumes: input.volumes.pod_attachments(pod),
             });
         }
@@ -1523,6 +1537,12 @@ impl<'a> Scheduler<'a> {
                 min_values_relaxed: claim.min_values_relaxed,
             });
         }
+        out.ignored = errors
+            .keys()
+            .filter_map(|p| self.pods.get(*p))
+            .filter(|info| info.ignored)
+            .map(|info| info.r.clone())
+            .collect();
         out.errors = errors.into_values().collect();
         out
     }

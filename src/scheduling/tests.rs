@@ -729,6 +729,27 @@ fn a_pod_with_dra_claims_gets_no_capacity_and_says_why() {
 }
 
 #[test]
+fn pods_upstream_would_not_validate_are_reported_as_ignored() {
+    let mut missing_claim = pod("missing-claim", "1", "1Gi");
+    spec(&mut missing_claim).volumes = Some(vec![
+        serde_json::from_value(
+            serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": "gone"}}),
+        )
+        .unwrap(),
+    ]);
+    let mut dra = pod("dra", "1", "1Gi");
+    spec(&mut dra).resource_claims = Some(vec![
+        serde_json::from_value(serde_json::json!({"name": "gpu", "resourceClaimTemplateName": "gpu"}))
+            .unwrap(),
+    ]);
+    let r = schedule(&input(vec![missing_claim, dra, pod("plain", "1", "1Gi")], vec![pool("default")]));
+    assert_eq!(r.errors.len(), 2, "{}", error_of(&r));
+    let ignored: Vec<&str> = r.ignored.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(ignored, ["missing-claim"], "a DRA pod is a scheduling error upstream, not ignored");
+    assert_eq!(r.ignored[0].index, 0);
+}
+
+#[test]
 fn preference_policy_ignore_leaves_every_preference_out() {
     use crate::scheduling::{PreferencePolicy, SchedulerOptions};
     let ignore =

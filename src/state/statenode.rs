@@ -17,7 +17,7 @@ use crate::apis::labels::{
 };
 use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUNCHED};
 use crate::apis::{ConditionStatus, NodeClaim, Operator, Taint};
-use crate::scheduling::resources::pod_requests;
+use crate::scheduling::resources::{pod_limits, pod_requests};
 use crate::scheduling::{InstanceType, Requirements, Resources};
 
 use super::pods;
@@ -56,6 +56,10 @@ pub struct StateNode {
     pub pod_requests: Resources,
     /// Requests of the DaemonSet pods among [`StateNode::pods`].
     pub daemonset_requests: Resources,
+    /// Limits of [`StateNode::pods`] (see [`pod_limits`]).
+    pub pod_limits: Resources,
+    /// Limits of the DaemonSet pods among [`StateNode::pods`].
+    pub daemonset_limits: Resources,
     /// Whether Karpenter manages the node (it has a NodeClaim or a NodePool label).
     pub managed: bool,
     /// Whether the node is ready for pods as Karpenter sees it: unmanaged nodes always; managed
@@ -212,19 +216,26 @@ struct Built {
     pods: Vec<Arc<Pod>>,
     requests: Resources,
     daemonsets: Resources,
+    limits: Resources,
+    daemonset_limits: Resources,
 }
 
 fn bound(pods: Vec<Arc<Pod>>) -> Built {
     let mut requests = Resources::default();
     let mut daemonsets = Resources::default();
+    let mut limits = Resources::default();
+    let mut daemonset_limits = Resources::default();
     for p in &pods {
         let r = pod_requests(p);
+        let l = pod_limits(p);
         if pods::is_owned_by_daemonset(p) {
             daemonsets.add_assign(&r);
+            daemonset_limits.add_assign(&l);
         }
         requests.add_assign(&r);
+        limits.add_assign(&l);
     }
-    Built { pods, requests, daemonsets }
+    Built { pods, requests, daemonsets, limits, daemonset_limits }
 }
 
 /// Every StateNode of `snapshot`, by name: one per registered Node (with its NodeClaim, if any)
@@ -295,6 +306,8 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
             pods: b.pods,
             pod_requests: b.requests,
             daemonset_requests: b.daemonsets,
+            pod_limits: b.limits,
+            daemonset_limits: b.daemonset_limits,
             managed,
             initialized,
             marked_for_deletion: deleting,
@@ -339,6 +352,8 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
             pods: vec![],
             pod_requests: Resources::default(),
             daemonset_requests: Resources::default(),
+            pod_limits: Resources::default(),
+            daemonset_limits: Resources::default(),
             managed: true,
             initialized: false,
             last_pod_event_time: last_pod_event_time(claim),
@@ -420,7 +435,8 @@ mod tests {
         Arc::new(
             serde_json::from_value(json!({
                 "metadata": {"name": name, "namespace": "ns", "ownerReferences": owners},
-                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
+                "spec": {"nodeName": node, "containers": [{"name": "c",
+                    "resources": {"requests": {"cpu": cpu}, "limits": {"cpu": "1"}}}]},
                 "status": {"phase": "Running"},
             }))
             .unwrap(),
@@ -474,6 +490,8 @@ mod tests {
         assert_eq!(n1.price, Some(0.2));
         assert_eq!(n1.pod_requests.get("cpu"), 350);
         assert_eq!(n1.daemonset_requests.get("cpu"), 100);
+        assert_eq!(n1.pod_limits.get("cpu"), 2000, "limits, not requests");
+        assert_eq!(n1.daemonset_limits.get("cpu"), 1000);
         assert_eq!(n1.reschedulable_pods().count(), 1);
         assert_eq!(n1.allocatable.get("cpu"), 3900, "initialized: the node's own figure");
         assert!(n1.last_pod_event_time.is_some());

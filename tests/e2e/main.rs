@@ -63,6 +63,9 @@ async fn getting_started_with_kwok() {
         "karpenter_nodepools_allowed_disruptions",
         "karpenter_nodepools_nodes_consuming_budgets",
         "karpenter_pods_state",
+        "karpenter_scheduler_unschedulable_pods_count{controller=\"provisioner\"}",
+        "karpenter_scheduler_ignored_pods_count",
+        "karpenter_cluster_state_unsynced_time_seconds",
     ] {
         assert!(metrics.contains(name), "{name} in /metrics");
     }

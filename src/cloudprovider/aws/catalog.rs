@@ -76,6 +76,11 @@ impl Catalog {
         }
     }
 
+    /// The catalog fetched last, without asking EC2 (`None` before the first fetch).
+    pub async fn current(&self) -> Option<Arc<CatalogData>> {
+        self.state.lock().await.as_ref().map(|(data, _)| data.clone())
+    }
+
     /// Fetches the catalog now, whatever its age. On failure the previous catalog stays in use
     /// and the error is returned.
     pub async fn refresh(&self) -> Result<Arc<CatalogData>> {

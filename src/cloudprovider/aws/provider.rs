@@ -8,7 +8,7 @@ use std::time::Duration;
 use aws_sdk_ec2::types as ec2;
 
 use super::cache::{Clock, SystemClock, TtlCache};
-use super::catalog::Catalog;
+use super::catalog::{Catalog, CatalogData};
 use super::fleet::{self, FleetError, Override};
 use super::instance::{self, Ec2Instance, TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM, cluster_tag};
 use super::instancetype::{self, OfferingInputs, Settings, TypeInfo};
@@ -807,6 +807,12 @@ impl AwsCloudProvider {
     /// Fetches the instance types and their zones again; a failure keeps the previous catalog.
     pub async fn refresh_catalog(&self) -> Result<usize> {
         Ok(self.catalog.refresh().await?.types.len())
+    }
+
+    /// The region's instance types as last fetched (vCPUs, memory, ...), without asking EC2;
+    /// `None` before the first fetch.
+    pub async fn known_instance_types(&self) -> Option<Arc<CatalogData>> {
+        self.catalog.current().await
     }
 
     async fn is_drifted_impl(&self, node_claim: &NodeClaim) -> Result<Option<DriftReason>> {

@@ -3,8 +3,9 @@
 //!
 //! - Per node, labelled `node_name`, `nodepool`, `zone`, `region`, `instance_type`, `arch`, `os`,
 //!   `capacity_type`, `managed` (upstream's core labels) and `resource_type`:
-//!   `karpenter_nodes_allocatable`, `karpenter_nodes_total_pod_requests` (every pod bound to the
-//!   node, DaemonSet pods included), `karpenter_nodes_total_daemon_requests`,
+//!   `karpenter_nodes_allocatable`, `karpenter_nodes_total_pod_requests` and
+//!   `karpenter_nodes_total_pod_limits` (every pod bound to the node, DaemonSet pods included),
+//!   `karpenter_nodes_total_daemon_requests`, `karpenter_nodes_total_daemon_limits`,
 //!   `karpenter_nodes_system_overhead` (capacity minus allocatable); without `resource_type`,
 //!   `karpenter_nodes_current_lifetime_seconds`. CPU in cores, other resources as plain numbers
 //!   (bytes, counts); `resource_type` is the resource name lowercased with `-` as `_`.
@@ -57,6 +58,10 @@ pub struct NodeReading {
     pub pod_requests: Vec<(String, f64)>,
     /// `karpenter_nodes_total_daemon_requests`.
     pub daemon_requests: Vec<(String, f64)>,
+    /// `karpenter_nodes_total_pod_limits`.
+    pub pod_limits: Vec<(String, f64)>,
+    /// `karpenter_nodes_total_daemon_limits`.
+    pub daemon_limits: Vec<(String, f64)>,
     /// `karpenter_nodes_system_overhead`.
     pub system_overhead: Vec<(String, f64)>,
     /// `karpenter_nodes_current_lifetime_seconds`.
@@ -126,6 +131,8 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
             allocatable: by_type(&node.allocatable),
             pod_requests: by_type(&node.pod_requests),
             daemon_requests: by_type(&node.daemonset_requests),
+            pod_limits: by_type(&node.pod_limits),
+            daemon_limits: by_type(&node.daemonset_limits),
             system_overhead: by_type(&node.capacity.sub_floored(&node.allocatable)),
             lifetime_seconds: lifetime,
             price_per_hour: node.price,
@@ -151,23 +158,27 @@ pub struct Published {
 
 /// One pass over some gauge families: sets series, then retires those of the pass before that
 /// were not set again.
-struct Pass<'a, L> {
+pub(crate) struct Pass<'a, L> {
     families: Vec<&'a Family<L, Gauge<f64, AtomicU64>>>,
     set: Vec<HashSet<L>>,
 }
 
 impl<'a, L: Clone + Eq + Hash> Pass<'a, L> {
-    fn new(families: Vec<&'a Family<L, Gauge<f64, AtomicU64>>>) -> Self {
+    /// A pass over `families`, which the `published` sets of [`Pass::retire`] follow in order.
+    pub(crate) fn new(families: Vec<&'a Family<L, Gauge<f64, AtomicU64>>>) -> Self {
         let set = vec![HashSet::new(); families.len()];
         Pass { families, set }
     }
 
-    fn set(&mut self, family: usize, labels: L, value: f64) {
+    /// Sets the series `labels` of the `family`-th family to `value`.
+    pub(crate) fn set(&mut self, family: usize, labels: L, value: f64) {
         self.families[family].get_or_create(&labels).set(value);
         self.set[family].insert(labels);
     }
 
-    fn retire(self, published: &mut Vec<HashSet<L>>) {
+    /// Removes the series `published` (the last pass's) has and this pass did not set, and makes
+    /// this pass's the published ones.
+    pub(crate) fn retire(self, published: &mut Vec<HashSet<L>>) {
         for (i, before) in published.iter().enumerate() {
             for gone in before.difference(&self.set[i]) {
                 self.families[i].remove(gone);
@@ -184,6 +195,8 @@ pub fn record(m: &crate::operator::metrics::Metrics, readings: &Readings, publis
         &m.nodes_total_pod_requests,
         &m.nodes_total_daemon_requests,
         &m.nodes_system_overhead,
+        &m.nodes_total_pod_limits,
+        &m.nodes_total_daemon_limits,
         &m.nodes_current_lifetime_seconds,
         &m.nodes_price_per_hour,
     ]);
@@ -192,20 +205,26 @@ pub fn record(m: &crate::operator::metrics::Metrics, readings: &Readings, publis
             node: node.labels.clone(),
             resource_type: resource_type.cloned(),
         };
-        for (i, values) in
-            [&node.allocatable, &node.pod_requests, &node.daemon_requests, &node.system_overhead]
-                .into_iter()
-                .enumerate()
+        for (i, values) in [
+            &node.allocatable,
+            &node.pod_requests,
+            &node.daemon_requests,
+            &node.system_overhead,
+            &node.pod_limits,
+            &node.daemon_limits,
+        ]
+        .into_iter()
+        .enumerate()
         {
             for (resource, value) in values {
                 pass.set(i, series(Some(resource)), *value);
             }
         }
         if let Some(seconds) = node.lifetime_seconds {
-            pass.set(4, series(None), seconds);
+            pass.set(6, series(None), seconds);
         }
         if let Some(price) = node.price_per_hour {
-            pass.set(5, series(None), price);
+            pass.set(7, series(None), price);
         }
     }
     pass.retire(&mut published.nodes);
@@ -288,6 +307,37 @@ mod tests {
         record(&ctx_metrics, &only_a, &mut published);
         assert!(!ctx_metrics.nodes_price_per_hour.remove(&labels_of("b")), "b's series gone");
         assert!(ctx_metrics.nodes_price_per_hour.remove(&labels_of("a")), "a's series kept");
+    }
+
+    #[test]
+    fn limits_are_published_beside_requests() {
+        let object = serde_json::from_value(
+            json!({"metadata": {"name": "n", "creationTimestamp": "2026-11-24T11:00:00Z"}}),
+        )
+        .unwrap();
+        let node = StateNode {
+            name: "n".into(),
+            node: Some(Arc::new(object)),
+            pod_requests: Resources::from_pairs([("cpu", 1000)]),
+            pod_limits: Resources::from_pairs([("cpu", 2500), ("memory", 1 << 30)]),
+            daemonset_limits: Resources::from_pairs([("cpu", 500)]),
+            ..StateNode::default()
+        };
+        let r = readings(&[node], NOW.parse().unwrap());
+        let n = &r.nodes[0];
+        assert_eq!(n.pod_limits, [("cpu".to_string(), 2.5), ("memory".to_string(), (1u64 << 30) as f64)]);
+        assert_eq!(n.daemon_limits, [("cpu".to_string(), 0.5)]);
+        assert_eq!(n.pod_requests, [("cpu".to_string(), 1.0)], "requests stay apart");
+        let m = crate::operator::metrics::Metrics::unregistered();
+        let mut published = Published::default();
+        record(&m, &r, &mut published);
+        let cpu = NodeSeries { node: n.labels.clone(), resource_type: Some("cpu".into()) };
+        assert_eq!(m.nodes_total_pod_limits.get(&cpu).map(|g| g.get()), Some(2.5));
+        assert_eq!(m.nodes_total_daemon_limits.get(&cpu).map(|g| g.get()), Some(0.5));
+        assert_eq!(m.nodes_total_pod_requests.get(&cpu).map(|g| g.get()), Some(1.0));
+        record(&m, &Readings::default(), &mut published);
+        assert!(m.nodes_total_pod_limits.get(&cpu).is_none(), "gone with the node");
+        assert!(m.nodes_total_daemon_limits.get(&cpu).is_none());
     }
 
     #[test]

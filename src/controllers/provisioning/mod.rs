@@ -164,6 +164,8 @@ impl Provisioner {
         let mut snapshot = self.state.snapshot();
         let pending = self.hold_back_bouncing_pods(&snapshot, snapshot.provisionable_pods()).await;
         if !Self::has_work(&snapshot, &pending) {
+            // Nothing pending: nothing ignored, nothing unschedulable.
+            self.record_pod_counts(PodCounts::default());
             return;
         }
         if !pending.is_empty() {
@@ -229,6 +231,7 @@ impl Provisioner {
             sim_start.elapsed(),
         );
         let (input, results) = results;
+        self.record_pod_counts(pod_counts(&results, pending_count));
         if !results.new_node_claims.is_empty() {
             tracing::info!(
                 controller = CONTROLLER,
@@ -240,6 +243,17 @@ impl Provisioner {
         }
         self.apply(&snapshot, &input, pending_count, results).await;
         observe(&self.ctx.metrics.provisioner_scheduling_duration, vec![], start.elapsed());
+    }
+
+    /// Sets `karpenter_scheduler_unschedulable_pods_count{controller="provisioner"}` and
+    /// `karpenter_scheduler_ignored_pods_count` to `counts`.
+    fn record_pod_counts(&self, counts: PodCounts) {
+        let metrics = &self.ctx.metrics;
+        metrics
+            .scheduler_unschedulable_pods_count
+            .get_or_create(&vec![("controller", CONTROLLER.to_string())])
+            .set(counts.unschedulable as f64);
+        metrics.scheduler_ignored_pods_count.get_or_create(&vec![]).set(counts.ignored as f64);
     }
 
     fn relaunches(&self) -> std::sync::MutexGuard<'_, relaunch::Relaunches> {
@@ -437,6 +451,24 @@ impl Provisioner {
     }
 }
 
+/// What a provisioning pass could not do, as upstream's scheduler metrics count it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodCounts {
+    /// Pods the simulation could place nowhere, ignored pods aside.
+    pub unschedulable: usize,
+    /// Pending pods left out as invalid (see [`SchedulingResults::ignored`]).
+    pub ignored: usize,
+}
+
+/// The [`PodCounts`] of a pass whose first `pending_count` input pods were the pending ones (the
+/// rest belong to nodes going away). Upstream validates only the pending pods and leaves the
+/// invalid ones out of the simulation: they are ignored, not unschedulable; an invalid pod of a
+/// node going away stays a scheduling error.
+pub fn pod_counts(results: &SchedulingResults, pending_count: usize) -> PodCounts {
+    let ignored = results.ignored.iter().filter(|p| p.index < pending_count).count();
+    PodCounts { unschedulable: results.errors.len().saturating_sub(ignored), ignored }
+}
+
 /// A pod's identity across passes: its uid (its namespace/name if it has none).
 fn pod_uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_else(|| pod_key(pod))
@@ -457,7 +489,22 @@ fn format_requests(r: &crate::scheduling::Resources) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduling::{PodError, PodRef};
     use crate::state::Feed;
+
+    #[test]
+    fn ignored_pending_pods_are_not_unschedulable() {
+        let pod = |index: usize| PodRef { index, namespace: "ns".into(), name: format!("p{index}") };
+        let error = |index: usize| PodError { pod: pod(index), nodepools: vec![], reason: Some("no".into()) };
+        // Pods 0 and 1 were pending, 2 and 3 on nodes going away; 1 and 3 are invalid.
+        let results = SchedulingResults {
+            errors: vec![error(0), error(1), error(2), error(3)],
+            ignored: vec![pod(1), pod(3)],
+            ..SchedulingResults::default()
+        };
+        assert_eq!(pod_counts(&results, 2), PodCounts { unschedulable: 3, ignored: 1 });
+        assert_eq!(pod_counts(&SchedulingResults::default(), 0), PodCounts::default());
+    }
 
     // Real time, scaled down; only bounds that cannot depend on the machine's speed are asserted.
     #[tokio::test]

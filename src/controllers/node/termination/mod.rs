@@ -41,8 +41,9 @@ use serde_json::json;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::apis::NodeClaim;
 use crate::apis::labels::{ANNOTATION_DO_NOT_DISRUPT, FINALIZER_TERMINATION, LABEL_NODEPOOL};
+use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
+use crate::apis::{ConditionStatus, NodeClaim};
 use crate::cloudprovider::CloudProviderError;
 use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
@@ -74,6 +75,8 @@ const INSTANCE_POLL: Duration = Duration::from_secs(5);
 /// How soon a node past its termination deadline is looked at again (its pods were deleted with
 /// a second of grace).
 const EXPIRED_POLL: Duration = Duration::from_secs(1);
+/// The `reason` of `karpenter_pods_drained_total` when the NodeClaim gives none (upstream's).
+pub const FORCEFUL_TERMINATION: &str = "Forceful Termination";
 
 /// Errors of one reconcile of a node.
 #[derive(Debug, Error)]
@@ -231,6 +234,7 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
     let node_claim = find_node_claim(ctx, &t.cluster, &node).await?;
     let claim_name = node_claim.as_ref().map(|c| c.name_any()).unwrap_or_default();
     let nodepool = node_pool(&node, node_claim.as_ref());
+    let reason = drained_reason(node_claim.as_ref());
 
     // Later patches are guarded by the resource version: go on with the tainted node.
     let node = super::taint_disrupted(&ctx.client, &node)
@@ -271,7 +275,7 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
     };
     let plan = drain::plan(&pods, now, deadline);
     if !plan.is_drained() {
-        let outcome = execute(ctx, &node, &plan, deadline).await;
+        let outcome = execute(ctx, &node, &plan, deadline, &reason).await;
         let waiting = plan.remaining.len();
         if outcome.evicted + outcome.deleted > 0 {
             tracing::info!(
@@ -370,6 +374,9 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
     remove_finalizer(ctx, &node).await?;
     tracing::info!(node = %name, nodeclaim = %claim_name, "deleted node");
     ctx.metrics.nodes_terminated.get_or_create(&vec![("nodepool", nodepool.clone())]).inc();
+    if let Some(lived) = lifetime(&node, Timestamp::now()) {
+        observe(&ctx.metrics.nodes_lifetime_duration, vec![("nodepool", nodepool.clone())], lived);
+    }
     let elapsed = now.duration_since(deleted_at);
     observe(
         &ctx.metrics.nodes_termination_duration,
@@ -410,6 +417,28 @@ fn node_pool(node: &Node, node_claim: Option<&NodeClaim>) -> String {
         .or_else(|| node_claim.and_then(|c| c.labels().get(LABEL_NODEPOOL)))
         .cloned()
         .unwrap_or_default()
+}
+
+/// The `reason` label of `karpenter_pods_drained_total` for the pods evicted from the node of
+/// `claim`, as upstream: the reason of the NodeClaim's `DisruptionReason` condition when it is
+/// True (`Underutilized`, `Empty`, `Drifted`, ...), else [`FORCEFUL_TERMINATION`]; empty for a
+/// node without NodeClaim.
+pub fn drained_reason(claim: Option<&NodeClaim>) -> String {
+    let Some(claim) = claim else { return String::new() };
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == DISRUPTION_REASON))
+        .filter(|c| c.status == ConditionStatus::True)
+        .map(|c| c.reason.clone())
+        .unwrap_or_else(|| FORCEFUL_TERMINATION.to_string())
+}
+
+/// How long `node` lived, from its creation to `now` (zero if the clocks disagree), for
+/// `karpenter_nodes_lifetime_duration_seconds`; `None` without creation timestamp.
+pub fn lifetime(node: &Node, now: Timestamp) -> Option<Duration> {
+    let created = node.metadata.creation_timestamp.as_ref()?.0;
+    Some(Duration::try_from(now.duration_since(created)).unwrap_or_default())
 }
 
 /// Finalizers without ours, or `None` when ours is not among them.
@@ -478,12 +507,14 @@ struct Outcome {
     deleted: usize,
 }
 
-/// Deletes the expiring pods and evicts the current group of `plan`.
+/// Deletes the expiring pods and evicts the current group of `plan`; the evicted pods count in
+/// `karpenter_pods_drained_total` with `reason` (see [`drained_reason`]).
 async fn execute(
     ctx: &Context,
     node: &Node,
     plan: &drain::DrainPlan<'_>,
     deadline: Option<Timestamp>,
+    reason: &str,
 ) -> Outcome {
     let node_name = node.name_any();
     // Collected first: a stream over a borrowing closure is not `Send` to the compiler.
@@ -491,7 +522,7 @@ async fn execute(
         plan.delete.iter().map(|(pod, grace)| delete_pod(ctx, &node_name, pod, *grace, deadline)).collect();
     let deleted: Vec<bool> =
         futures::stream::iter(deletions).buffer_unordered(DRAIN_CONCURRENCY).collect().await;
-    let evictions: Vec<_> = plan.evict.iter().map(|pod| evict(ctx, &node_name, pod)).collect();
+    let evictions: Vec<_> = plan.evict.iter().map(|pod| evict(ctx, &node_name, pod, reason)).collect();
     let evicted: Vec<Eviction> =
         futures::stream::iter(evictions).buffer_unordered(DRAIN_CONCURRENCY).collect().await;
     let mut outcome = Outcome { deleted: deleted.into_iter().filter(|ok| *ok).count(), ..Outcome::default() };
@@ -511,7 +542,11 @@ enum Eviction {
     Blocked,
 }
 
-async fn evict(ctx: &Context, node: &str, pod: &Pod) -> Eviction {
+/// Evicts `pod`, counting the request in `karpenter_pods_eviction_requests_total` by the API
+/// server's answer (`200`, or the error's status code; a request that got no answer in time, or
+/// failed without a status, is not counted, as upstream) and, once evicted, the pod in
+/// `karpenter_pods_drained_total{reason}`.
+async fn evict(ctx: &Context, node: &str, pod: &Pod, reason: &str) -> Eviction {
     let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = EvictParams {
@@ -525,8 +560,17 @@ async fn evict(ctx: &Context, node: &str, pod: &Pod) -> Eviction {
         tracing::debug!(node, pod = %format!("{namespace}/{name}"), "eviction still refused, retrying later");
         return Eviction::Blocked;
     };
+    let code = match &result {
+        Ok(_) => Some("200".to_string()),
+        Err(kube::Error::Api(status)) => Some(status.code.to_string()),
+        Err(_) => None,
+    };
+    if let Some(code) = code {
+        ctx.metrics.pods_eviction_requests.get_or_create(&vec![("code", code)]).inc();
+    }
     match result {
         Ok(_) => {
+            ctx.metrics.pods_drained.get_or_create(&vec![("reason", reason.to_string())]).inc();
             tracing::info!(node, pod = %format!("{namespace}/{name}"), "evicted pod");
             ctx.events.normal(pod, reasons::EVICTED, format!("Evicted pod to drain node {node}")).await;
             Eviction::Evicted

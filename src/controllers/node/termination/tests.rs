@@ -61,6 +61,34 @@ fn the_nodepool_of_a_node() {
 }
 
 #[test]
+fn drained_pods_are_counted_with_the_disruption_reason() {
+    assert_eq!(drained_reason(None), "", "no NodeClaim: upstream's failed lookup");
+    let mut claim = test_claim("c");
+    assert_eq!(drained_reason(Some(&claim)), FORCEFUL_TERMINATION);
+    let condition = |status: &str| {
+        json!({"type": DISRUPTION_REASON, "status": status, "reason": "Underutilized", "message": "",
+            "lastTransitionTime": "2026-11-24T11:00:00Z"})
+    };
+    claim.status = Some(serde_json::from_value(json!({"conditions": [condition("True")]})).unwrap());
+    assert_eq!(drained_reason(Some(&claim)), "Underutilized");
+    claim.status = Some(serde_json::from_value(json!({"conditions": [condition("False")]})).unwrap());
+    assert_eq!(drained_reason(Some(&claim)), FORCEFUL_TERMINATION);
+}
+
+#[test]
+fn a_node_lives_from_its_creation() {
+    let mut node = Node::default();
+    let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
+    assert_eq!(lifetime(&node, now), None);
+    node.metadata.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-11-24T10:30:00Z".parse().unwrap()));
+    assert_eq!(lifetime(&node, now), Some(Duration::from_secs(90 * 60)));
+    // A clock behind the API server's counts as no time at all.
+    let before: Timestamp = "2026-11-24T10:00:00Z".parse().unwrap();
+    assert_eq!(lifetime(&node, before), Some(Duration::ZERO));
+}
+
+#[test]
 fn errors_name_what_failed() {
     let error = Error::Cloud { node_claim: "c".into(), source: CloudProviderError::Config("bad".into()) };
     assert_eq!(
