@@ -270,12 +270,13 @@ async fn run_chaos(shape: Shape) {
     with(&sup, |s| s.armed = true);
     let mut sent = Vec::new();
 
-    // 1. Consolidation: the filler scaled down leaves nodes to remove.
+    // 1. Consolidation: the filler scaled down leaves nodes to remove. Each kill in the middle of
+    // a command costs the Lease's 15 s and a new decision, so the wait allows for two or three.
     run.note("consolidation: the filler scaled down");
     let before = run.live_claims().await.map(|c| c.len()).unwrap_or_default();
     run.scale(FILLER, shape.filler_low).await;
     let fewer = expected - shape.filler + shape.filler_low;
-    run.until("consolidation removed a node", Duration::from_secs(120), || async {
+    run.until("consolidation removed a node", Duration::from_secs(240), || async {
         run.live_claims().await.is_some_and(|c| c.len() < before) && run.all_running(fewer).await
     })
     .await;
