@@ -21,7 +21,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Name of the Lease, as upstream Karpenter names it.
+/// Default name of the Lease (`LEADER_ELECTION_NAME`), as upstream Karpenter names it.
 pub const LEASE_NAME: &str = "karpenter-leader-election";
 
 /// Timing of the election.

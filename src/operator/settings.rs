@@ -213,7 +213,7 @@ pub struct Settings {
     #[arg(long, env = "KARPENTER_SERVICE", default_value = "")]
     pub karpenter_service: String,
     /// Name of the leader-election Lease.
-    #[arg(long, env = "LEADER_ELECTION_NAME", default_value = "karpenter-leader-election")]
+    #[arg(long, env = "LEADER_ELECTION_NAME", default_value = super::leader::LEASE_NAME)]
     pub leader_election_name: String,
     /// Namespace of the leader-election Lease; empty means `SYSTEM_NAMESPACE`.
     #[arg(long, env = "LEADER_ELECTION_NAMESPACE", default_value = "")]

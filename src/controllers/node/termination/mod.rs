@@ -48,6 +48,7 @@ use crate::cloudprovider::CloudProviderError;
 use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
+use crate::controllers::nodeclaim::lifecycle::logic::condition;
 use crate::operator::leader::error_chain;
 use crate::operator::metrics::observe;
 use crate::state::{ClusterState, Notice};
@@ -425,10 +426,8 @@ fn node_pool(node: &Node, node_claim: Option<&NodeClaim>) -> String {
 /// node without NodeClaim.
 pub fn drained_reason(claim: Option<&NodeClaim>) -> String {
     let Some(claim) = claim else { return String::new() };
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == DISRUPTION_REASON))
+    let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    condition(conditions, DISRUPTION_REASON)
         .filter(|c| c.status == ConditionStatus::True)
         .map(|c| c.reason.clone())
         .unwrap_or_else(|| FORCEFUL_TERMINATION.to_string())
