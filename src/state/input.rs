@@ -31,6 +31,9 @@ pub struct Scenario {
     /// Names of StateNodes to simulate without (a disruption's candidates): their reschedulable
     /// pods need a place.
     pub without: HashSet<String>,
+    /// Pods to place as well, after all the others: the provisioner's stand-ins for pods that
+    /// left a node going away and whose successor is not seen yet.
+    pub stand_ins: Vec<Arc<Pod>>,
     /// Scheduler tunables.
     pub options: SchedulerOptions,
 }
@@ -42,8 +45,9 @@ pub struct Built {
     pub input: SchedulingInput,
     /// NodePools that could not be used: `(name, why)`.
     pub skipped_pools: Vec<(String, String)>,
-    /// How many of the input's pods come from nodes going away or left out (they follow the
-    /// pending pods in [`SchedulingInput::pods`]).
+    /// How many of the input's pods come from nodes going away or left out, or stand in for
+    /// pods that left a node going away (they follow the pending pods in
+    /// [`SchedulingInput::pods`]).
     pub displaced_pods: usize,
 }
 
@@ -217,7 +221,9 @@ pub fn scheduling_input(
     pending: Vec<Arc<Pod>>,
     scenario: &Scenario,
 ) -> Built {
-    Base::new(snapshot, nodes, pending, scenario.options.clone()).scenario(&scenario.without)
+    let mut base = Base::new(snapshot, nodes, pending, scenario.options.clone());
+    base.input.pods.extend(scenario.stand_ins.iter().cloned());
+    base.scenario(&scenario.without)
 }
 
 /// Names of the NodePools of `snapshot`, by name, for lookups.

@@ -7,6 +7,7 @@
 //! back through its watch yet) are existing capacity, so a burst of pods never produces
 //! duplicate claims.
 
+pub mod departures;
 pub mod relaunch;
 pub mod template;
 
@@ -129,15 +130,23 @@ struct Provisioner {
     /// Pods placed on new NodeClaims and the workloads backing off; the pod watch reports
     /// bounces into it.
     relaunches: Arc<Mutex<relaunch::Relaunches>>,
-    _bounces: Registration,
+    /// Pods deleted from nodes going away whose successor is not seen yet (see [`departures`]);
+    /// the pod watch reports deletions into it.
+    departures: Arc<Mutex<departures::Departures>>,
+    _pod_watch: Registration,
 }
 
 impl Provisioner {
     fn new(ctx: Context, state: ClusterState) -> Self {
         let relaunches = Arc::new(Mutex::new(relaunch::Relaunches::default()));
-        let bounces = {
+        let departures = Arc::new(Mutex::new(departures::Departures::default()));
+        let pod_watch = {
             let relaunches = relaunches.clone();
+            let departures = departures.clone();
             state.on_pod(move |notice| {
+                if let Notice::Deleted(pod) = notice {
+                    departures.lock().unwrap_or_else(PoisonError::into_inner).deleted(pod, Timestamp::now());
+                }
                 let (Notice::Applied(pod) | Notice::Deleted(pod)) = notice else { return };
                 let Some(uid) = pod.metadata.uid.as_deref() else { return };
                 if relaunch::is_bounced(pod) {
@@ -148,12 +157,21 @@ impl Provisioner {
                 }
             })
         };
-        Provisioner { ctx, state, created: vec![], told: HashMap::new(), relaunches, _bounces: bounces }
+        Provisioner {
+            ctx,
+            state,
+            created: vec![],
+            told: HashMap::new(),
+            relaunches,
+            departures,
+            _pod_watch: pod_watch,
+        }
     }
 
-    /// Whether a pass has anything to place: provisionable pods, or pods of nodes going away.
-    fn has_work(snapshot: &Snapshot, pending: &[Arc<Pod>]) -> bool {
-        if !pending.is_empty() {
+    /// Whether a pass has anything to place: provisionable pods, stand-ins, or pods of nodes
+    /// going away.
+    fn has_work(snapshot: &Snapshot, pending: &[Arc<Pod>], stand_ins: &[Arc<Pod>]) -> bool {
+        if !pending.is_empty() || !stand_ins.is_empty() {
             return true;
         }
         state_nodes(snapshot).iter().any(|n| n.marked_for_deletion && n.reschedulable_pods().next().is_some())
@@ -163,7 +181,15 @@ impl Provisioner {
         let start = Instant::now();
         let mut snapshot = self.state.snapshot();
         let pending = self.hold_back_bouncing_pods(&snapshot, snapshot.provisionable_pods()).await;
-        if !Self::has_work(&snapshot, &pending) {
+        let stand_ins = {
+            let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
+            if departures.is_empty() {
+                Vec::new()
+            } else {
+                departures.stand_ins(&state_nodes(&snapshot), &snapshot.pods, Timestamp::now())
+            }
+        };
+        if !Self::has_work(&snapshot, &pending, &stand_ins) {
             // Nothing pending: nothing ignored, nothing unschedulable.
             self.record_pod_counts(PodCounts::default());
             return;
@@ -190,12 +216,14 @@ impl Provisioner {
             crate::state::with_instance_types_of_pools(snapshot, self.ctx.cloud.as_ref(), CONTROLLER).await;
         let nodes = state_nodes(&snapshot);
         let pending_count = pending.len();
+        let stand_in_count = stand_ins.len();
         let scenario = Scenario {
             options: SchedulerOptions {
                 min_values_policy: self.ctx.settings.min_values_policy,
                 preference_policy: self.ctx.settings.preference_policy,
                 ..SchedulerOptions::default()
             },
+            stand_ins,
             ..Scenario::default()
         };
         let Built { input, skipped_pools, displaced_pods } =
@@ -209,6 +237,7 @@ impl Provisioner {
             tracing::debug!(
                 controller = CONTROLLER,
                 pods = displaced_pods,
+                stand_ins = stand_in_count,
                 "placing the pods of nodes going away"
             );
         }
@@ -324,12 +353,20 @@ impl Provisioner {
         let window = nomination_window(self.ctx.settings.batch_max_duration);
         let mut nominations: Vec<(usize, String)> = Vec::new();
 
-        // New NodeClaims.
+        // New NodeClaims, of NodePools that did not change while the pass ran (their next pass
+        // decides with the new spec, limits included).
         let creations: Vec<(usize, NodeClaim)> = results
             .new_node_claims
             .iter()
             .enumerate()
-            .filter_map(|(i, new)| Some((i, template::build(new, nodepools.get(&new.nodepool)?))))
+            .filter_map(|(i, new)| {
+                let pool = nodepools.get(&new.nodepool)?;
+                if pool_changed(pool, self.state.nodepool(&new.nodepool).as_deref()) {
+                    tracing::info!(controller = CONTROLLER, NodePool = %new.nodepool, "nodepool changed during the pass, deciding again");
+                    return None;
+                }
+                Some((i, template::build(new, pool)))
+            })
             .collect();
         let created: Vec<(usize, Result<NodeClaim, kube::Error>)> = futures::stream::iter(creations)
             .map(|(i, claim)| {
@@ -469,6 +506,14 @@ pub fn pod_counts(results: &SchedulingResults, pending_count: usize) -> PodCount
     PodCounts { unschedulable: results.errors.len().saturating_sub(ignored), ignored }
 }
 
+/// Whether the NodePool a pass `decided` with is no longer the one the cluster has (`now`): gone,
+/// being deleted, or its spec changed (a new generation).
+fn pool_changed(decided: &NodePool, now: Option<&NodePool>) -> bool {
+    now.is_none_or(|now| {
+        now.metadata.deletion_timestamp.is_some() || now.metadata.generation != decided.metadata.generation
+    })
+}
+
 /// A pod's identity across passes: its uid (its namespace/name if it has none).
 fn pod_uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_else(|| pod_key(pod))
@@ -491,6 +536,28 @@ mod tests {
     use super::*;
     use crate::scheduling::{PodError, PodRef};
     use crate::state::Feed;
+
+    #[test]
+    fn a_nodepool_changed_during_the_pass_gets_no_claim_from_it() {
+        let pool = |generation: i64, status: serde_json::Value| -> NodePool {
+            serde_json::from_value(serde_json::json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                "metadata": {"name": "default", "generation": generation},
+                "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                    "requirements": []}}}, "status": status}))
+            .unwrap()
+        };
+        let decided = pool(2, serde_json::json!({}));
+        assert!(
+            !pool_changed(&decided, Some(&pool(2, serde_json::json!({"resources": {"cpu": "4"}})))),
+            "status only"
+        );
+        assert!(pool_changed(&decided, Some(&pool(3, serde_json::json!({})))), "limits or template changed");
+        assert!(pool_changed(&decided, None), "deleted");
+        let mut deleting = pool(2, serde_json::json!({}));
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+        assert!(pool_changed(&decided, Some(&deleting)));
+    }
 
     #[test]
     fn ignored_pending_pods_are_not_unschedulable() {

@@ -1,0 +1,365 @@
+//! Pods that left a node going away before their successor shows: each keeps its place in the
+//! provisioner's pass as a *stand-in* until it does.
+//!
+//! When a node is drained, an evicted pod is in neither place for a moment: deleted from the
+//! node, and its controller's new pod not created yet (or not seen yet). A pass that looks then
+//! sizes the capacity for the node's pods one short; if the cloud launches a type that holds
+//! exactly what was asked, the successor needs a second node, and the node that expired is
+//! replaced twice. So a deleted pod that:
+//! - was bound to a node that is now going away (marked for deletion, or gone),
+//! - has a controller (ReplicaSet, Job, StatefulSet...) that will make another one, and
+//! - was neither finished nor a DaemonSet or mirror pod,
+//!
+//! is placed again, as an unbound copy, until a pod of the same controller created after its
+//! deletion is seen (each successor answers for one departure), or for at most [`TTL`] (a
+//! workload scaled down during the drain has no successor).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::state::StateNode;
+use crate::state::pods;
+
+/// How long a departed pod stands in at most; its controller makes the successor within a
+/// second or two.
+pub const TTL: SignedDuration = SignedDuration::from_secs(30);
+
+/// Prefix of a stand-in's uid (the pod's own uid follows).
+pub const STAND_IN_UID_PREFIX: &str = "stand-in-";
+
+#[derive(Debug)]
+struct Departure {
+    pod: Arc<Pod>,
+    /// Uid of the pod's controller.
+    owner: String,
+    /// The node it was bound to.
+    node: String,
+    /// When its deletion was asked for: its successor is created at or after this.
+    since: Timestamp,
+    /// When the watch reported it deleted.
+    noted: Timestamp,
+}
+
+/// The departed pods not answered by a successor yet, and the successors already taken.
+#[derive(Debug, Default)]
+pub struct Departures {
+    /// By the departed pod's uid.
+    gone: HashMap<String, Departure>,
+    /// Uids of pods taken as a successor (never taken twice).
+    successors: HashSet<String>,
+}
+
+/// The uid of `pod`'s controller, if it has one.
+fn controller_uid(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+impl Departures {
+    /// Notes that the watch saw `pod` deleted at `now`; kept only if it may have a successor
+    /// (see the module's documentation).
+    pub fn deleted(&mut self, pod: &Pod, now: Timestamp) {
+        let (Some(uid), Some(node), Some(owner)) =
+            (pod.metadata.uid.as_deref(), pods::node_name(pod), controller_uid(pod))
+        else {
+            return;
+        };
+        if pods::is_terminal(pod) || pods::is_owned_by_daemonset(pod) || pods::is_mirror(pod) {
+            return;
+        }
+        // The deletion timestamp is the deletion request plus the grace period.
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+        let since = pod
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| t.0 - SignedDuration::from_secs(grace))
+            .unwrap_or(now)
+            .min(now);
+        self.gone.entry(uid.to_string()).or_insert_with(|| Departure {
+            pod: Arc::new(pod.clone()),
+            owner: owner.to_string(),
+            node: node.to_string(),
+            since,
+            noted: now,
+        });
+    }
+
+    /// How many departures wait for a successor.
+    pub fn len(&self) -> usize {
+        self.gone.len()
+    }
+
+    /// Whether no departure waits for a successor.
+    pub fn is_empty(&self) -> bool {
+        self.gone.is_empty()
+    }
+
+    /// The stand-ins of a pass over `nodes` and `pods` (every pod of the snapshot) at `now`:
+    /// departures from nodes that are not going away are dropped, as are those older than [`TTL`]
+    /// and those whose successor `pods` show.
+    pub fn stand_ins(&mut self, nodes: &[StateNode], pods: &[Arc<Pod>], now: Timestamp) -> Vec<Arc<Pod>> {
+        let live: HashSet<&str> = pods.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+        self.successors.retain(|uid| live.contains(uid.as_str()));
+        if self.gone.is_empty() {
+            return Vec::new();
+        }
+        let staying: HashSet<&str> =
+            nodes.iter().filter(|n| !n.marked_for_deletion).map(|n| n.name.as_str()).collect();
+        self.gone.retain(|_, d| now.duration_since(d.noted) <= TTL && !staying.contains(d.node.as_str()));
+
+        let going: HashSet<&str> =
+            nodes.iter().filter(|n| n.marked_for_deletion).map(|n| n.name.as_str()).collect();
+        let owners: HashSet<&str> = self.gone.values().map(|d| d.owner.as_str()).collect();
+        let mut candidates: HashMap<&str, Vec<&Pod>> = HashMap::new();
+        for pod in pods {
+            let Some(owner) = controller_uid(pod).filter(|o| owners.contains(o)) else { continue };
+            let on_going = pods::node_name(pod).is_some_and(|n| going.contains(n));
+            let taken = pod.metadata.uid.as_ref().is_none_or(|uid| self.successors.contains(uid));
+            if pods::is_active(pod) && !on_going && !taken {
+                candidates.entry(owner).or_default().push(pod);
+            }
+        }
+        let mut order: Vec<(Timestamp, String)> =
+            self.gone.iter().map(|(uid, d)| (d.since, uid.clone())).collect();
+        order.sort();
+        for (since, uid) in order {
+            let Some(owner) = self.gone.get(&uid).map(|d| d.owner.clone()) else { continue };
+            let Some(pool) = candidates.get_mut(owner.as_str()) else { continue };
+            let created_after =
+                |p: &&Pod| p.metadata.creation_timestamp.as_ref().is_some_and(|c| c.0 >= since);
+            if let Some(at) = pool.iter().position(created_after) {
+                let successor = pool.swap_remove(at);
+                if let Some(s) = successor.metadata.uid.clone() {
+                    self.successors.insert(s);
+                }
+                self.gone.remove(&uid);
+            }
+        }
+        let mut stand_ins: Vec<(Timestamp, Arc<Pod>)> =
+            self.gone.iter().map(|(uid, d)| (d.since, Arc::new(stand_in(&d.pod, uid)))).collect();
+        stand_ins.sort_by_key(|(since, _)| *since);
+        stand_ins.into_iter().map(|(_, pod)| pod).collect()
+    }
+}
+
+/// An unbound, live copy of the departed `pod`, under its own uid.
+fn stand_in(pod: &Pod, uid: &str) -> Pod {
+    let mut copy = pod.clone();
+    copy.metadata.uid = Some(format!("{STAND_IN_UID_PREFIX}{uid}"));
+    copy.metadata.deletion_timestamp = None;
+    copy.metadata.deletion_grace_period_seconds = None;
+    copy.metadata.resource_version = None;
+    if let Some(spec) = copy.spec.as_mut() {
+        spec.node_name = None;
+    }
+    copy.status = None;
+    copy
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::scheduling::{InstanceType, Offering, Requirements, Resources, schedule};
+    use crate::state::Snapshot;
+    use crate::state::input::{Scenario, scheduling_input};
+    use crate::state::statenode::state_nodes;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn pod(name: &str, node: Option<&str>, owner: Option<&str>, created: &str) -> Pod {
+        let mut v = json!({"metadata": {"name": name, "namespace": "ns", "uid": name, "creationTimestamp": created},
+            "spec": {"containers": [{"name": "c"}], "terminationGracePeriodSeconds": 0},
+            "status": {"phase": "Running"}});
+        if let Some(n) = node {
+            v["spec"]["nodeName"] = json!(n);
+        } else {
+            v["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]});
+        }
+        if let Some(o) = owner {
+            v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": o, "uid": o, "controller": true}]);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// `pod` as the watch reports it deleted: evicted with no grace period at `when`.
+    fn evicted(mut pod: Pod, when: &str) -> Pod {
+        pod.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(when)));
+        pod.metadata.deletion_grace_period_seconds = Some(0);
+        pod
+    }
+
+    fn node(
+        name: &str,
+        instance_type: &str,
+        pods: i64,
+        deleting: bool,
+    ) -> Arc<k8s_openapi::api::core::v1::Node> {
+        let mut v = json!({"metadata": {"name": name, "labels": {"karpenter.sh/nodepool": "default",
+                "karpenter.sh/initialized": "true", "node.kubernetes.io/instance-type": instance_type}},
+            "spec": {"providerID": format!("kwok://{name}")},
+            "status": {"allocatable": {"cpu": "2", "pods": pods.to_string()}, "capacity": {"cpu": "2", "pods": pods.to_string()}}});
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    fn it(name: &str, pods: i64, price: f64) -> Arc<InstanceType> {
+        Arc::new(InstanceType::new(
+            name,
+            Requirements::from_labels(&BTreeMap::from([(
+                "node.kubernetes.io/instance-type".to_string(),
+                name.to_string(),
+            )])),
+            Resources::from_pairs([("cpu", 2000), ("pods", pods)]),
+            Default::default(),
+            vec![Offering { zone: "z".into(), capacity_type: "on-demand".into(), price, available: true }],
+        ))
+    }
+
+    fn snapshot(nodes: Vec<Arc<k8s_openapi::api::core::v1::Node>>, pods: Vec<Pod>) -> Snapshot {
+        let pool: crate::apis::NodePool = serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "default"},
+            "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "requirements": []}}}}))
+        .unwrap();
+        // "nano" holds 4 pods and is the cheapest; "small" holds 11.
+        Snapshot {
+            nodes,
+            pods: pods.into_iter().map(Arc::new).collect(),
+            nodepools: vec![Arc::new(pool)],
+            ..Default::default()
+        }
+        .with_instance_types(
+            [("default".to_string(), vec![it("nano", 4, 0.0042), it("small", 11, 0.0168)])].into(),
+        )
+    }
+
+    const CREATED: &str = "2026-01-01T00:00:00Z";
+
+    #[test]
+    fn an_evicted_pod_keeps_its_place_on_the_replacement_until_its_successor_shows() {
+        let on_a = |n: &str| pod(n, Some("a"), Some("rs-1"), CREATED);
+        let mut departures = Departures::default();
+        // Node `a` expired and is being drained; p1 was evicted, its successor is not there yet.
+        departures.deleted(&evicted(on_a("p1"), "2026-01-01T00:10:00Z"), at("2026-01-01T00:10:00Z"));
+        let s = snapshot(
+            vec![node("a", "small", 11, true)],
+            vec![on_a("p2"), on_a("p3"), on_a("p4"), on_a("p5")],
+        );
+        let nodes = state_nodes(&s);
+        let stand_ins = departures.stand_ins(&nodes, &s.pods, at("2026-01-01T00:10:01Z"));
+        assert_eq!(stand_ins.len(), 1);
+        let plan = |stand_ins: Vec<Arc<Pod>>, s: &Snapshot| {
+            let nodes = state_nodes(s);
+            let scenario = Scenario { stand_ins, ..Scenario::default() };
+            schedule(&scheduling_input(s, &nodes, s.provisionable_pods(), &scenario).input)
+        };
+        let results = plan(stand_ins, &s);
+        assert_eq!(results.new_node_claims.len(), 1);
+        let replacement = &results.new_node_claims[0];
+        assert_eq!(
+            replacement.requests.get("pods"),
+            5,
+            "sized for every pod the node had, not the four left on it"
+        );
+        assert_eq!(replacement.instance_type_names, ["small"], "no type that holds only four");
+        // Without the stand-in the replacement is a 4-pod type, and the successor needs another.
+        let undersized = plan(vec![], &s);
+        assert_eq!(undersized.new_node_claims[0].requests.get("pods"), 4);
+        assert_eq!(undersized.new_node_claims[0].instance_type_names[0], "nano", "launched as the cheapest");
+
+        // The successor is pending: the stand-in is released, and once the replacement `b` is up
+        // every pod fits on it.
+        let successor = pod("p1x", None, Some("rs-1"), "2026-01-01T00:10:01Z");
+        let s = snapshot(
+            vec![node("a", "small", 11, true), node("b", "small", 11, false)],
+            vec![on_a("p2"), on_a("p3"), on_a("p4"), on_a("p5"), successor],
+        );
+        let stand_ins = departures.stand_ins(&state_nodes(&s), &s.pods, at("2026-01-01T00:10:02Z"));
+        assert!(stand_ins.is_empty());
+        assert!(departures.is_empty());
+        let results = plan(stand_ins, &s);
+        assert!(results.new_node_claims.is_empty(), "one replacement, not two");
+        assert!(results.errors.is_empty());
+    }
+
+    #[test]
+    fn only_pods_that_will_come_back_from_nodes_going_away_stand_in() {
+        let mut departures = Departures::default();
+        let now = at("2026-01-01T00:10:00Z");
+        // A bare pod has no successor; a finished Job pod none either; a pod of a node that stays
+        // was deleted for another reason (a scale-down).
+        departures.deleted(&evicted(pod("bare", Some("a"), None, CREATED), "2026-01-01T00:10:00Z"), now);
+        let mut done = pod("done", Some("a"), Some("job"), CREATED);
+        done.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
+        departures.deleted(&evicted(done, "2026-01-01T00:10:00Z"), now);
+        assert!(departures.is_empty());
+        departures
+            .deleted(&evicted(pod("scaled", Some("c"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"), now);
+        departures
+            .deleted(&evicted(pod("p1", Some("a"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"), now);
+        let s = snapshot(vec![node("a", "small", 11, true), node("c", "small", 11, false)], vec![]);
+        let stand_ins = departures.stand_ins(&state_nodes(&s), &s.pods, now);
+        assert_eq!(stand_ins.len(), 1);
+        let copy = &stand_ins[0];
+        assert_eq!(copy.metadata.uid.as_deref(), Some("stand-in-p1"));
+        assert!(pods::node_name(copy).is_none() && pods::is_active(copy));
+        // A node gone from the cluster is gone away too; a departure is forgotten after the TTL.
+        let s = snapshot(vec![], vec![]);
+        assert_eq!(departures.stand_ins(&state_nodes(&s), &s.pods, now + TTL).len(), 1);
+        let later = now + TTL + SignedDuration::from_secs(1);
+        assert!(departures.stand_ins(&state_nodes(&s), &s.pods, later).is_empty());
+    }
+
+    #[test]
+    fn each_successor_answers_for_one_departure_and_older_pods_for_none() {
+        let mut departures = Departures::default();
+        let on_a = |n: &str| pod(n, Some("a"), Some("rs-1"), CREATED);
+        departures.deleted(&evicted(on_a("p1"), "2026-01-01T00:10:00Z"), at("2026-01-01T00:10:00Z"));
+        departures.deleted(&evicted(on_a("p2"), "2026-01-01T00:10:05Z"), at("2026-01-01T00:10:05Z"));
+        // One successor, created after both; a sibling on another node created long before.
+        let s = snapshot(
+            vec![node("a", "small", 11, true), node("b", "small", 11, false)],
+            vec![
+                pod("p1x", None, Some("rs-1"), "2026-01-01T00:10:05Z"),
+                pod("old", Some("b"), Some("rs-1"), CREATED),
+            ],
+        );
+        let now = at("2026-01-01T00:10:06Z");
+        let stand_ins = departures.stand_ins(&state_nodes(&s), &s.pods, now);
+        assert_eq!(stand_ins.iter().map(|p| p.metadata.name.clone().unwrap()).collect::<Vec<_>>(), ["p2"]);
+        // The next pass does not take the same successor for the other departure.
+        assert_eq!(departures.stand_ins(&state_nodes(&s), &s.pods, now).len(), 1);
+        // A pod deleted with a grace period: its successor came when the deletion was asked,
+        // before the deletion timestamp.
+        let mut graceful = evicted(pod("g", Some("a"), Some("rs-2"), CREATED), "2026-01-01T00:10:30Z");
+        graceful.metadata.deletion_grace_period_seconds = Some(30);
+        departures.deleted(&graceful, at("2026-01-01T00:10:30Z"));
+        let s = snapshot(
+            vec![node("a", "small", 11, true)],
+            vec![pod("gx", None, Some("rs-2"), "2026-01-01T00:10:00Z")],
+        );
+        let names: Vec<String> = departures
+            .stand_ins(&state_nodes(&s), &s.pods, at("2026-01-01T00:10:30Z"))
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["p2"], "gx answers for g");
+    }
+}
