@@ -152,12 +152,17 @@ pub const EXOTIC_RESOURCES: [&str; 5] = [
 /// is filled with copies of them up to its binding resource: `price` times the largest fraction of
 /// any allocatable resource that `requests` take. Infinite when the type lacks a requested
 /// resource; zero for empty requests.
+///
+/// Pod slots are a limit, not a priced resource: a type's maximum pod count follows from its
+/// network interfaces, and buying slots with more nodes buys every per-node cost the list price
+/// leaves out (root volume, DaemonSet pods, kubelet reservations). So pods that request nothing
+/// else cost nothing per unit on any type, and a NodeClaim of them grows into the cheapest type
+/// that holds them all, as upstream's scheduler does.
 pub fn unit_price(price: f64, requests: &Resources, allocatable: &Resources) -> f64 {
     let fixed = [
         (requests.cpu, allocatable.cpu),
         (requests.memory, allocatable.memory),
         (requests.ephemeral_storage, allocatable.ephemeral_storage),
-        (requests.pods, allocatable.pods),
     ];
     let extended = requests.extended.iter().map(|(k, v)| (*v, allocatable.get(k)));
     let mut share = 0.0f64;

@@ -644,8 +644,8 @@ struct Scheduler<'a> {
 struct PoolCosts {
     prices: Vec<f64>,
     exotic: Vec<bool>,
-    /// 1 / allocatable CPU, memory and pods (infinite where there is none).
-    inverse: Vec<[f64; 3]>,
+    /// 1 / allocatable CPU and memory (infinite where there is none).
+    inverse: Vec<[f64; 2]>,
     /// Per limited resource of the NodePool (in key order): what each type counts toward it.
     limits: Vec<LimitedAmounts>,
 }
@@ -672,7 +672,7 @@ impl PoolCosts {
                 .iter()
                 .map(|it| {
                     let a = it.allocatable();
-                    [a.cpu, a.memory, a.pods].map(|v| if v > 0 { 1.0 / v as f64 } else { f64::INFINITY })
+                    [a.cpu, a.memory].map(|v| if v > 0 { 1.0 / v as f64 } else { f64::INFINITY })
                 })
                 .collect(),
             limits: np
@@ -685,16 +685,13 @@ impl PoolCosts {
     }
 
     /// [`unit_price`] of `requests` on type `i`, without divisions when they ask for CPU, memory
-    /// and pods only.
+    /// and pod slots only.
     fn unit_price(&self, i: u32, requests: &Resources, types: &[Arc<InstanceType>]) -> f64 {
         let price = self.price(i);
         match self.inverse.get(i as usize) {
             Some(inv) if requests.extended.is_empty() && requests.ephemeral_storage <= 0 => {
                 let share = |v: i64, inv: f64| if v > 0 { v as f64 * inv } else { 0.0 };
-                price
-                    * share(requests.cpu, inv[0])
-                        .max(share(requests.memory, inv[1]))
-                        .max(share(requests.pods, inv[2]))
+                price * share(requests.cpu, inv[0]).max(share(requests.memory, inv[1]))
             }
             _ => types
                 .get(i as usize)

@@ -1256,6 +1256,28 @@ fn exotic_types_only_when_needed(#[case] p: Pod, #[case] packing: Packing, #[cas
     assert_eq!(r.new_node_claims[0].instance_type_names, want);
 }
 
+/// Upstream's expiration regression: five pods that request nothing on a catalog whose cheapest
+/// type holds four. Pod slots are not priced, so one NodeClaim takes them all on the cheapest type
+/// that holds five, not two of the 4-pod type.
+#[test]
+fn pods_that_request_nothing_share_one_claim() {
+    let catalog =
+        vec![priced_type("t.nano", 2, 4, 0.0042, &[], &[]), priced_type("t.small", 2, 11, 0.0168, &[], &[])];
+    let empty = |mut p: Pod| {
+        spec(&mut p).containers[0].resources = None;
+        p
+    };
+    let r = schedule(&input(pods_n(5, empty), vec![NodePoolInput::new("default", catalog.clone())]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(r.new_node_claims[0].instance_type_names, ["t.small"]);
+    // Pods that do request CPU are still packed by it: four 100m pods per nano, then another.
+    let small = (0..5).map(|i| pod(&format!("q{i}"), "100m", "64Mi")).collect();
+    let r = schedule(&input(small, vec![NodePoolInput::new("default", catalog)]));
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.iter().map(|c| c.pods.len()).collect::<Vec<_>>(), [4, 1]);
+}
+
 #[test]
 fn ordinary_claims_do_not_grow_into_exotic_types() {
     // 20 one-vCPU pods: 4 fit an m.4x; growing past 8 vCPU would need the GPU type.

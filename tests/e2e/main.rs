@@ -1238,6 +1238,7 @@ async fn upstream_behaviours_with_kwok() {
     pods_that_never_stay_back_off(&f, &controller).await;
     nodes_another_controller_taints_do_not_run_away(&f, &controller).await;
     do_not_disrupt_holds_until_the_grace_period(&f, &controller).await;
+    an_expired_node_is_replaced_once(&f, &controller).await;
 
     f.cleanup().await;
     controller.stop_and_check();
@@ -1855,6 +1856,80 @@ async fn nodes_another_controller_taints_do_not_run_away(f: &Fixture, controller
     assert!(told, "the pod was told it backs off\n{}", controller.log_tail());
     tainter.abort();
     kubectl_delete(&format!("deployment/untolerant -n {}", f.ns));
+    f.wait_pods_gone(Duration::from_secs(60)).await;
+    f.delete_all_claims().await;
+    wait_for("the pool empty", Duration::from_secs(60), controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+}
+
+/// Upstream's expiration regression (test/suites/regression/expiration_test.go): a node of five
+/// pods without requests under a PodDisruptionBudget of `minAvailable: 4` expires, with drift held
+/// by a zero budget and consolidation off; exactly one NodeClaim replaces it, and the NodePool's
+/// CPU limit set to 0 once it exists stops anything more. The pool allows what upstream's default
+/// KWOK NodePool allows (Linux, on-demand), so the smallest types hold only four pods.
+async fn an_expired_node_is_replaced_once(f: &Fixture, controller: &Controller) {
+    f.patch_pool(json!({"spec": {
+        "template": {"spec": {"expireAfter": "30s", "requirements": [
+            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}]}},
+        "disruption": {"consolidateAfter": "Never", "consolidationPolicy": "WhenEmptyOrUnderutilized",
+            "budgets": [{"nodes": "0", "reasons": ["Drifted"]}]}}}))
+        .await;
+    kubectl_apply(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: expiring, namespace: {ns}}}
+spec:
+  replicas: 5
+  selector: {{matchLabels: {{app: expiring}}}}
+  template:
+    metadata: {{labels: {{app: expiring}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      containers: [{{name: c, image: registry.k8s.io/pause:3.10}}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: expiring, namespace: {ns}}}
+spec:
+  minAvailable: 4
+  selector: {{matchLabels: {{app: expiring}}}}
+"#,
+        ns = f.ns,
+        pool = f.pool
+    ));
+    f.wait_running(5, Duration::from_secs(60), controller).await;
+    let first = f.claim_names().await;
+    assert_eq!(first.len(), 1, "five pods without requests on one node: {first:?}");
+    let first_nodes: Vec<String> = f.nodes().await.iter().filter_map(|n| n.metadata.name.clone()).collect();
+    // The claim keeps its 30 s; the pool's next claims never expire.
+    f.patch_pool(json!({"spec": {"template": {"spec": {"expireAfter": "Never"}}}})).await;
+    let replacements = || async {
+        let claims = f.claim_names().await;
+        claims.into_iter().filter(|c| !first.contains(c)).collect::<Vec<_>>()
+    };
+    wait_for("a replacement node", Duration::from_secs(120), controller, || async {
+        f.nodes().await.iter().any(|n| n.metadata.name.as_ref().is_some_and(|n| !first_nodes.contains(n)))
+    })
+    .await;
+    f.set_cpu_limit(0).await;
+    wait_for("the expired claim and its node gone", Duration::from_secs(120), controller, || async {
+        let claims = f.claim_names().await;
+        let nodes = f.nodes().await;
+        !claims.iter().any(|c| first.contains(c))
+            && !nodes.iter().any(|n| n.metadata.name.as_ref().is_some_and(|n| first_nodes.contains(n)))
+    })
+    .await;
+    f.wait_running(5, Duration::from_secs(60), controller).await;
+    // Let any late decision land before counting.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let made = replacements().await;
+    assert_eq!(made.len(), 1, "one NodeClaim replaces the expired one: {made:?}\n{}", controller.log_tail());
+    assert_eq!(f.nodes().await.len(), 1);
+    kubectl_delete(&format!("deployment/expiring pdb/expiring -n {}", f.ns));
     f.wait_pods_gone(Duration::from_secs(60)).await;
     f.delete_all_claims().await;
     wait_for("the pool empty", Duration::from_secs(60), controller, || async {
