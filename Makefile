@@ -38,8 +38,9 @@ crds: ## Regenerate crds/ from the Rust types, and the charts' copies
 fmt: ## Format the code
 	cargo fmt
 
-lint: ## rustfmt and clippy checks
+lint: ## rustfmt, layering and clippy checks
 	cargo fmt --check
+	python3 hack/layering.py
 	cargo clippy --all-targets -- -D warnings
 
 unit: ## Tests that need no cluster

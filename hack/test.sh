@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of the project, starting what they need:
-#   1. formatting and lints;
+#   1. formatting, the modules' layering (hack/layering.py) and lints;
 #   2. the pinned control-plane tools (built once, cached), then the Rust test binaries, so that
 #      no build runs while tests do; the crate is compiled once, through clippy-driver, so that the
 #      one build both lints (warnings denied) and makes the test binaries;
@@ -20,6 +20,9 @@ step() { log "== $*"; }
 
 step "rustfmt"
 cargo fmt --check
+
+step "layering (imports point down: util < apis < scheduling < state < disruption < controllers, cloudprovider < operator < tools)"
+python3 "$HACK_DIR/layering.py"
 
 step "tools (cached by version)"
 "$HACK_DIR/tools.sh" >&2

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use karpenter::apis::crds;
-use karpenter::operator::{self, Settings, error_chain};
+use karpenter::operator::{self, Settings};
 use karpenter::simulate;
 use karpenter::tools::{self, Target, live::Scale};
+use karpenter::util::error_chain;
 
 /// jemalloc hands freed memory back to the system after a short decay (its background thread,
 /// started with the controller, does the purging): a controller whose caches shrink after a burst
@@ -66,7 +67,7 @@ enum Command {
         remove_nodepool: Vec<String>,
         /// With `--from-cluster`: the controller's feature gates, as its `FEATURE_GATES` setting.
         #[arg(long, value_name = "GATES", default_value = "")]
-        feature_gates: karpenter::operator::settings::FeatureGates,
+        feature_gates: karpenter::controllers::settings::FeatureGates,
         /// With `--from-cluster`: the namespace of `--scale` targets given without one
         /// (default: the kubeconfig context's, as kubectl).
         #[arg(long, short = 'n', value_name = "NAMESPACE", requires = "from_cluster")]
@@ -92,7 +93,7 @@ enum Command {
         namespace: Option<String>,
         /// The controller's feature gates, as its `FEATURE_GATES` setting (`SpotToSpotConsolidation=true`).
         #[arg(long, global = true, value_name = "GATES", default_value = "")]
-        feature_gates: karpenter::operator::settings::FeatureGates,
+        feature_gates: karpenter::controllers::settings::FeatureGates,
         #[command(flatten)]
         target: Target,
     },

@@ -975,7 +975,7 @@ async fn throttling_and_server_errors_are_retried_with_backoff() {
     // Beyond the retries: a clear error naming the call and EC2's code, no panic.
     faults.throttle("DescribeInstances", 3);
     let err = p.list().await.unwrap_err();
-    let chain = karpenter::operator::error_chain(&err);
+    let chain = karpenter::util::error_chain(&err);
     assert!(chain.contains("DescribeInstances") && chain.contains("RequestLimitExceeded"), "{chain}");
     assert_eq!(faults.attempts("DescribeInstances") - before, 9, "three attempts in all");
 }
@@ -989,7 +989,7 @@ async fn a_launch_whose_answer_is_lost_is_adopted_not_repeated() {
     let claim = node_claim("lost-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
     faults.lose_next_answer("CreateFleet");
     let err = p.create(&claim).await.unwrap_err();
-    assert!(karpenter::operator::error_chain(&err).contains("CreateFleet"), "{err}");
+    assert!(karpenter::util::error_chain(&err).contains("CreateFleet"), "{err}");
     assert_eq!(faults.attempts("CreateFleet"), 1, "CreateFleet is not retried blindly");
     let launched = instances_tagged(&p, "lost-1").await;
     assert_eq!(launched.len(), 1, "EC2 did launch it");
@@ -1004,7 +1004,7 @@ async fn a_launch_whose_answer_is_lost_is_adopted_not_repeated() {
     let claim = node_claim("lost-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
     faults.throttle("CreateFleet", 1);
     let err = p.create(&claim).await.unwrap_err();
-    assert!(karpenter::operator::error_chain(&err).contains("RequestLimitExceeded"), "{err}");
+    assert!(karpenter::util::error_chain(&err).contains("RequestLimitExceeded"), "{err}");
     assert!(instances_tagged(&p, "lost-2").await.is_empty());
     p.create(&claim).await.unwrap();
     assert_eq!(instances_tagged(&p, "lost-2").await.len(), 1);

@@ -10,6 +10,12 @@ use serde::{Deserialize, Serialize};
 use super::common::*;
 use super::labels;
 
+/// Version of the node-class hash written to NodeClaims: upstream's `EC2NodeClassHashVersion`,
+/// as the hash is upstream's (`cloudprovider::aws::provider::node_class_hash`). A NodeClaim
+/// stamped with another version (such as `rs-v2`, this controller's former scheme) is
+/// re-stamped rather than compared.
+pub const NODE_CLASS_HASH_VERSION: &str = "v5";
+
 /// AMI families whose alias `family@version` resolves through SSM.
 pub const ALIAS_FAMILIES: &[&str] =
     &["al2", "al2023", "bottlerocket", "windows2019", "windows2022", "windows2025"];

@@ -31,7 +31,23 @@ use super::ec2nodeclass::{
     MetadataOptions, VolumeType,
 };
 use super::hashstructure::{self as hs, Struct, Value, if_true, non_empty};
-use super::nodepool::NodeClaimTemplate;
+use super::nodepool::{NodeClaimTemplate, NodePool};
+
+impl NodePool {
+    /// Hash of the template fields whose change makes existing nodes drift: labels,
+    /// annotations, taints, startup taints, expireAfter, terminationGracePeriod and the node
+    /// class reference (requirements are compared on their own). Upstream's `NodePool.Hash()`, a
+    /// decimal number written in the `karpenter.sh/nodepool-hash` annotation.
+    pub fn hash(&self) -> String {
+        nodepool_hash(&self.spec.template)
+    }
+
+    /// Whether `hash` is this NodePool's, however upstream read its empty lists and maps (see
+    /// [`nodepool_hash_readings`]).
+    pub fn hash_matches(&self, hash: &str) -> bool {
+        hash == self.hash() || nodepool_hash_readings(&self.spec.template).iter().any(|h| h == hash)
+    }
+}
 
 /// `karpenter.sh/nodepool-hash` of a NodePool whose template is `template`: upstream's
 /// `NodePool.Hash()`, a decimal number.
@@ -308,9 +324,9 @@ mod tests {
     use serde_json::Value as Json;
 
     use super::*;
+    use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
     use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
     use crate::apis::{EC2NodeClass, NodePool};
-    use crate::cloudprovider::aws::provider::NODE_CLASS_HASH_VERSION;
 
     // Inputs and the hashes upstream's own code (v1.14.1) computes for them; see the README
     // beside them.

@@ -289,19 +289,4 @@ impl NodePool {
     pub fn weight(&self) -> i32 {
         self.spec.weight.unwrap_or(0)
     }
-
-    /// Hash of the template fields whose change makes existing nodes drift: labels,
-    /// annotations, taints, startup taints, expireAfter, terminationGracePeriod and the node
-    /// class reference (requirements are compared on their own). Upstream's `NodePool.Hash()`, a
-    /// decimal number written in the `karpenter.sh/nodepool-hash` annotation.
-    pub fn hash(&self) -> String {
-        super::hash::nodepool_hash(&self.spec.template)
-    }
-
-    /// Whether `hash` is this NodePool's, however upstream read its empty lists and maps (see
-    /// [`super::hash::nodepool_hash_readings`]).
-    pub fn hash_matches(&self, hash: &str) -> bool {
-        hash == self.hash()
-            || super::hash::nodepool_hash_readings(&self.spec.template).iter().any(|h| h == hash)
-    }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, Result};
 use crate::apis::{NodeClaim, NodePool};
-use crate::operator::metrics::{Metrics, observe};
+use crate::metrics::{Metrics, observe};
 use crate::scheduling::InstanceType;
 
 /// Wraps a provider and records metrics about its calls.
@@ -117,7 +117,7 @@ impl CloudProvider for Metered {
         })
     }
 
-    fn repair_policies(&self) -> Vec<super::RepairPolicy> {
+    fn repair_policies(&self) -> Vec<crate::disruption::repair::RepairPolicy> {
         self.inner.repair_policies()
     }
 

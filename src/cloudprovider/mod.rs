@@ -71,40 +71,13 @@ pub trait CloudProvider: Send + Sync {
 
     /// The node conditions that make a node unhealthy enough to be replaced, and for how long
     /// each is tolerated (node repair, behind the `NodeRepair` feature gate). None by default.
-    fn repair_policies(&self) -> Vec<RepairPolicy> {
+    fn repair_policies(&self) -> Vec<crate::disruption::repair::RepairPolicy> {
         Vec::new()
     }
 
     /// Name of the provider (`aws`).
     fn name(&self) -> &'static str;
 }
-
-/// A node condition that node repair acts on: a node whose condition `condition_type` has had
-/// the status `status` for `toleration` is replaced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RepairPolicy {
-    /// The node condition's type, e.g. `Ready`.
-    pub condition_type: &'static str,
-    /// The status that is unhealthy: `False`, `True` or `Unknown`.
-    pub status: &'static str,
-    /// How long the condition may hold before the node is replaced.
-    pub toleration: std::time::Duration,
-}
-
-/// The policies every node has: a kubelet that reports `Ready=False` or stops reporting
-/// (`Ready=Unknown`) for 30 minutes.
-pub const KUBELET_REPAIR_POLICIES: [RepairPolicy; 2] = [
-    RepairPolicy {
-        condition_type: "Ready",
-        status: "False",
-        toleration: std::time::Duration::from_secs(30 * 60),
-    },
-    RepairPolicy {
-        condition_type: "Ready",
-        status: "Unknown",
-        toleration: std::time::Duration::from_secs(30 * 60),
-    },
-];
 
 /// A launched instance, as a NodeClaim's status and labels record it.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -25,8 +25,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::operator::error_chain;
-use crate::operator::metrics::Metrics;
+use crate::apis::NodeClaim;
+use crate::metrics::Metrics;
+use crate::util::error_chain;
 
 /// What a successful reconcile asks for next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -456,6 +457,13 @@ pub struct Coalesced {
     pub settle: Duration,
 }
 
+/// A subscription to the cluster state wakes at each change it follows.
+impl Wake for crate::state::Subscription {
+    async fn changed(&mut self) {
+        self.next().await;
+    }
+}
+
 impl Wake for Coalesced {
     async fn changed(&mut self) {
         self.changes.next().await;
@@ -529,6 +537,18 @@ pub async fn run_singleton<F, Fut, E, W>(
         }
     }
     tracing::info!(controller = options.name, "stopped controller");
+}
+
+/// Counts `claim` in `karpenter_nodeclaims_disrupted_total{reason,nodepool,capacity_type}`.
+pub fn count_disrupted(metrics: &Metrics, claim: &NodeClaim, reason: &str) {
+    let label =
+        |key: &str| claim.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default();
+    let labels = vec![
+        ("reason", reason.to_string()),
+        ("nodepool", label(crate::apis::labels::LABEL_NODEPOOL)),
+        ("capacity_type", label(crate::apis::labels::LABEL_CAPACITY_TYPE)),
+    ];
+    metrics.nodeclaims_disrupted.get_or_create(&labels).inc();
 }
 
 #[cfg(test)]

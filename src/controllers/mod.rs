@@ -11,16 +11,18 @@ pub mod node;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod provisioning;
+pub mod settings;
+pub mod snapshot;
 
 use std::sync::Arc;
 
 use kube::Client;
 
 use crate::cloudprovider::CloudProvider;
-use crate::operator::Settings;
-use crate::operator::metrics::Metrics;
+use crate::metrics::Metrics;
 
 pub use events::Events;
+pub use settings::Settings;
 
 /// What every controller shares.
 #[derive(Clone)]

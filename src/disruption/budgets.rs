@@ -20,8 +20,8 @@ use thiserror::Error;
 use crate::apis::common::TaintEffect;
 use crate::apis::labels::TAINT_DISRUPTED;
 use crate::apis::nodepool::{Budget, DisruptionReason, NodePool};
-use crate::operator::settings::parse_duration;
 use crate::state::StateNode;
+use crate::util::parse_duration;
 
 use super::cron::{Schedule, ScheduleError};
 

@@ -26,7 +26,7 @@ use super::budgets::{self, PoolBudget};
 use super::candidates::{self, Blocked, InvalidAnnotation};
 use super::consolidation::{self, Plan, Reasons, Score, Setting, World};
 use super::emptiness;
-use super::record::{Code, Why};
+use super::record::{Code, NodeDecision, Outcome, Record, Why};
 
 /// Everything a pass decides on, owned (the controller moves it to a blocking thread; `karpenter
 /// explain` builds one from a snapshot of the live cluster).
@@ -514,4 +514,46 @@ pub fn validate(
         return Err(Rejection::Scheduling(format!("instance type {missing} is no longer a cheaper option")));
     }
     Ok(command.clone())
+}
+
+/// Records are made from passes.
+impl Record {
+    /// The record of `pass` over `nodes` at `at`; `in_flight` are nodes of commands under way and
+    /// `command` describes the pass's command.
+    pub fn of(
+        pass: &Pass,
+        nodes: &[StateNode],
+        in_flight: &HashSet<String>,
+        at: Timestamp,
+        command: Option<String>,
+    ) -> Self {
+        let chosen: HashSet<&str> =
+            pass.command.iter().flat_map(|c| c.plan.candidates.iter().map(String::as_str)).collect();
+        let mut out = BTreeMap::new();
+        for node in nodes.iter().filter(|n| n.managed && n.claim.is_some()) {
+            let (outcome, why) = if chosen.contains(node.name.as_str()) {
+                let reason = pass.command.as_ref().map(|c| c.reason().as_str()).unwrap_or_default();
+                (Outcome::Disrupting, Why::new(Code::Disrupting, format!("Disrupting node ({reason})")))
+            } else if in_flight.contains(&node.name) {
+                (Outcome::Disrupting, Why::new(Code::InProgress, "A disruption command is under way"))
+            } else if let Some(blocked) = pass.blocked.get(&node.name) {
+                (Outcome::Blocked, blocked.clone())
+            } else if let Some(why) = pass.unconsolidatable.get(&node.name) {
+                (Outcome::Unconsolidatable, why.clone())
+            } else {
+                (Outcome::Candidate, Why::new(Code::NotReached, "Candidate; not reached by this pass"))
+            };
+            out.insert(
+                node.name.clone(),
+                NodeDecision {
+                    nodeclaim: node.claim_name().map(str::to_string),
+                    nodepool: node.nodepool().map(str::to_string),
+                    outcome,
+                    code: why.code,
+                    message: why.message,
+                },
+            );
+        }
+        Record { at: Some(at), command, nodes: out }
+    }
 }

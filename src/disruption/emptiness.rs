@@ -15,8 +15,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::nodeclaim::conditions::INITIALIZED;
 use crate::apis::{ConditionStatus, NodeClaim, NodePool};
-use crate::operator::settings::parse_duration;
 use crate::state::StateNode;
+use crate::util::parse_duration;
 
 /// The annotation that ranks pods for deletion within a ReplicaSet.
 pub const ANNOTATION_POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";

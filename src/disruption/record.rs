@@ -1,19 +1,15 @@
 //! Why each node was or was not disrupted, in a form both people and programs read.
 //!
 //! Every reason a pass gives carries a [`Code`] (stable, machine-readable) and the message
-//! upstream's events use. After each pass the controller turns the [`Pass`] into a [`Record`]: one
+//! upstream's events use. After each pass the controller turns the [`super::decide::Pass`] into a [`Record`]: one
 //! [`NodeDecision`] per managed node. The `DisruptionBlocked` and `Unconsolidatable` events come
 //! from it, and the controller serves the latest one as JSON (`/disruption` on the metrics port),
 //! so "why is this node still here" has an answer without reading logs.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
-
-use crate::state::StateNode;
-
-use super::decide::Pass;
 
 /// What keeps a node from being disrupted, or what is being done to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -141,47 +137,6 @@ pub struct Record {
     pub command: Option<String>,
     /// By node name (the NodeClaim's name while it has no Node).
     pub nodes: BTreeMap<String, NodeDecision>,
-}
-
-impl Record {
-    /// The record of `pass` over `nodes` at `at`; `in_flight` are nodes of commands under way and
-    /// `command` describes the pass's command.
-    pub fn of(
-        pass: &Pass,
-        nodes: &[StateNode],
-        in_flight: &HashSet<String>,
-        at: Timestamp,
-        command: Option<String>,
-    ) -> Self {
-        let chosen: HashSet<&str> =
-            pass.command.iter().flat_map(|c| c.plan.candidates.iter().map(String::as_str)).collect();
-        let mut out = BTreeMap::new();
-        for node in nodes.iter().filter(|n| n.managed && n.claim.is_some()) {
-            let (outcome, why) = if chosen.contains(node.name.as_str()) {
-                let reason = pass.command.as_ref().map(|c| c.reason().as_str()).unwrap_or_default();
-                (Outcome::Disrupting, Why::new(Code::Disrupting, format!("Disrupting node ({reason})")))
-            } else if in_flight.contains(&node.name) {
-                (Outcome::Disrupting, Why::new(Code::InProgress, "A disruption command is under way"))
-            } else if let Some(blocked) = pass.blocked.get(&node.name) {
-                (Outcome::Blocked, blocked.clone())
-            } else if let Some(why) = pass.unconsolidatable.get(&node.name) {
-                (Outcome::Unconsolidatable, why.clone())
-            } else {
-                (Outcome::Candidate, Why::new(Code::NotReached, "Candidate; not reached by this pass"))
-            };
-            out.insert(
-                node.name.clone(),
-                NodeDecision {
-                    nodeclaim: node.claim_name().map(str::to_string),
-                    nodepool: node.nodepool().map(str::to_string),
-                    outcome,
-                    code: why.code,
-                    message: why.message,
-                },
-            );
-        }
-        Record { at: Some(at), command, nodes: out }
-    }
 }
 
 /// The latest [`Record`], shared between the disruption controller that writes it and the

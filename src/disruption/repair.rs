@@ -21,7 +21,33 @@ use kube::ResourceExt;
 
 use crate::apis::NodeClaim;
 use crate::apis::labels::{ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_NODEPOOL};
-use crate::cloudprovider::RepairPolicy;
+
+/// A node condition that node repair acts on: a node whose condition `condition_type` has had
+/// the status `status` for `toleration` is replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RepairPolicy {
+    /// The node condition's type, e.g. `Ready`.
+    pub condition_type: &'static str,
+    /// The status that is unhealthy: `False`, `True` or `Unknown`.
+    pub status: &'static str,
+    /// How long the condition may hold before the node is replaced.
+    pub toleration: std::time::Duration,
+}
+
+/// The policies every node has: a kubelet that reports `Ready=False` or stops reporting
+/// (`Ready=Unknown`) for 30 minutes.
+pub const KUBELET_REPAIR_POLICIES: [RepairPolicy; 2] = [
+    RepairPolicy {
+        condition_type: "Ready",
+        status: "False",
+        toleration: std::time::Duration::from_secs(30 * 60),
+    },
+    RepairPolicy {
+        condition_type: "Ready",
+        status: "Unknown",
+        toleration: std::time::Duration::from_secs(30 * 60),
+    },
+];
 
 /// Share of a NodePool's (or the cluster's) nodes that may be unhealthy for repair to go on.
 pub const ALLOWED_UNHEALTHY_PERCENT: u64 = 20;
@@ -223,7 +249,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::cloudprovider::KUBELET_REPAIR_POLICIES;
 
     const NOW: &str = "2026-11-24T12:00:00Z";
 

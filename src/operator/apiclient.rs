@@ -24,10 +24,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::buffer::Buffer;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
-use super::metrics::CounterFamily;
-
-/// Requests other than watches that may be outstanding at once.
-pub const MAX_IN_FLIGHT: usize = 32;
+use crate::metrics::CounterFamily;
+pub use crate::util::MAX_IN_FLIGHT;
 
 /// Queue length of the buffer in front of kube's service stack.
 const BUFFER: usize = 1024;

@@ -21,6 +21,8 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::util::error_chain;
+
 /// Default name of the Lease (`LEADER_ELECTION_NAME`), as upstream Karpenter names it.
 pub const LEASE_NAME: &str = "karpenter-leader-election";
 
@@ -269,16 +271,4 @@ impl LeaderElector {
     fn error(&self, action: &'static str, source: kube::Error) -> LeaderError {
         LeaderError::Api { namespace: self.namespace.clone(), name: self.name.clone(), action, source }
     }
-}
-
-/// The message of an error followed by those of its sources.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }

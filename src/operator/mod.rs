@@ -4,12 +4,10 @@
 pub mod apiclient;
 pub mod leader;
 pub mod memory;
-pub mod metrics;
 pub mod run;
 pub mod server;
 pub mod settings;
 
-pub use leader::error_chain;
 pub use settings::Settings;
 
 /// Installs the JSON log format at `level` (`error`, `warn`, `info`, `debug`, or a tracing

@@ -11,16 +11,16 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::apiclient;
-use super::error_chain;
 use super::leader::{LeaderElector, Timing};
-use super::metrics::Metrics;
 use super::server::{self, Readiness};
 use super::settings::{CloudProviderKind, Settings};
 use crate::cloudprovider::CloudProvider;
 use crate::cloudprovider::aws::provider::{AwsClients, AwsCloudProvider, Options};
 use crate::cloudprovider::metered::Metered;
 use crate::controllers::{self, Context, Events};
+use crate::metrics::Metrics;
 use crate::state::ClusterState;
+use crate::util::error_chain;
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -166,7 +166,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let ctx = Context {
         client: client.clone(),
         cloud,
-        settings: settings.clone(),
+        settings: Arc::new(settings.controllers()),
         metrics: metrics.clone(),
         events,
         decisions,
@@ -236,7 +236,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             tracing::info!("cluster state synced");
         }
         outcome = if synced {
-            lead(&ctx, &state, aws.as_ref(), watches, &stop, &mut leading).await
+            lead(&ctx, &settings, &state, aws.as_ref(), watches, &stop, &mut leading).await
         } else if *leading.borrow() {
             Ok(()) // stopped while syncing
         } else {
@@ -260,6 +260,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
 /// the cluster-state `watches`) ending on its own.
 async fn lead(
     ctx: &Context,
+    settings: &Settings,
     state: &ClusterState,
     aws: Option<&Arc<AwsCloudProvider>>,
     watches: &mut tokio::task::JoinHandle<()>,
@@ -268,7 +269,7 @@ async fn lead(
 ) -> Result<(), RunError> {
     tracing::info!("starting controllers");
     let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
-    let mut controllers = start_controllers(ctx, state, aws, &ctrl_stop);
+    let mut controllers = start_controllers(ctx, settings, state, aws, &ctrl_stop);
     let mut stopping = stop.clone();
     let why = supervise(&mut controllers, watches, &mut stopping, leading).await;
     let outcome = match why {
@@ -315,6 +316,7 @@ async fn lead(
 /// Starts every controller, each stopping when `stop` turns true.
 fn start_controllers(
     ctx: &Context,
+    settings: &Settings,
     state: &ClusterState,
     aws: Option<&Arc<AwsCloudProvider>>,
     stop: &watch::Receiver<bool>,
@@ -332,13 +334,13 @@ fn start_controllers(
             "aws.refresh",
             crate::cloudprovider::aws::controllers::refresh::run(
                 aws.clone(),
-                ctx.settings.isolated_vpc,
+                settings.isolated_vpc,
                 fetched_tx,
                 stop.clone(),
             ),
         );
         first_refresh = Some(fetched);
-        if let Some(queue) = ctx.settings.interruption_queue() {
+        if let Some(queue) = settings.interruption_queue() {
             tasks.spawn(
                 crate::cloudprovider::aws::controllers::interruption::CONTROLLER,
                 crate::cloudprovider::aws::controllers::interruption::run_queue(
@@ -419,7 +421,7 @@ fn start_controllers(
         controllers::nodepool::status::CONTROLLER,
         controllers::nodepool::status::run(ctx.clone(), state.clone(), stop.clone()),
     );
-    if ctx.settings.disable_cluster_state_observability {
+    if settings.disable_cluster_state_observability {
         tracing::info!(
             controller = controllers::node::metrics::CONTROLLER,
             "not started: DISABLE_CLUSTER_STATE_OBSERVABILITY is set"
@@ -487,6 +489,28 @@ async fn signals(stop: watch::Sender<bool>) {
     stop.send_replace(true);
 }
 
+/// Builds the provider the controller runs with `--cloud-provider kwok`: the catalog of
+/// `--kwok-instance-types` (for `aws`, computed with the settings' VM memory overhead and
+/// reserved ENIs) and the delay of `--kwok-registration-delay`.
+fn kwok_provider(
+    client: kube::Client,
+    settings: &Settings,
+) -> Result<crate::cloudprovider::kwok::KwokCloudProvider, crate::cloudprovider::kwok::KwokError> {
+    let types = match &settings.kwok_instance_types {
+        crate::cloudprovider::catalog::Catalog::Aws => {
+            let aws = crate::cloudprovider::aws::instancetype::Settings {
+                vm_memory_overhead_percent: settings.vm_memory_overhead_percent,
+                reserved_enis: i64::from(settings.reserved_enis),
+                ..crate::cloudprovider::aws::embedded::default_settings()
+            };
+            crate::cloudprovider::aws::embedded::instance_types_with(&aws)
+                .map_err(crate::cloudprovider::kwok::KwokError::AwsCatalog)?
+        }
+        other => other.load().map_err(crate::cloudprovider::kwok::KwokError::Catalog)?,
+    };
+    Ok(crate::cloudprovider::kwok::KwokCloudProvider::new(client, types, settings.kwok_registration_delay))
+}
+
 /// The cloud provider the settings ask for; for `aws`, also the concrete provider (the
 /// node-class controller feeds it).
 async fn cloud_provider(
@@ -495,7 +519,7 @@ async fn cloud_provider(
 ) -> Result<(Arc<dyn CloudProvider>, Option<Arc<AwsCloudProvider>>), RunError> {
     match settings.cloud_provider {
         CloudProviderKind::Kwok => {
-            let provider = crate::cloudprovider::kwok::from_settings(client.clone(), settings)
+            let provider = kwok_provider(client.clone(), settings)
                 .map_err(|e| RunError::CloudProvider { provider: "kwok", source: Box::new(e) })?;
             Ok((Arc::new(provider), None))
         }

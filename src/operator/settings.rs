@@ -7,7 +7,9 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 
 use crate::cloudprovider::catalog::Catalog;
+use crate::controllers::settings::FeatureGates;
 use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
+use crate::util::parse_duration;
 
 /// Which cloud provider the controller drives.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,107 +18,6 @@ pub enum CloudProviderKind {
     Aws,
     /// Simulated nodes (kwok): Node objects created directly, for tests, demos and scale runs.
     Kwok,
-}
-
-/// Feature gates, as upstream names them in `FEATURE_GATES` (`Name=true,Other=false`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FeatureGates {
-    /// Consolidation may replace a spot node with a cheaper spot node.
-    pub spot_to_spot_consolidation: bool,
-    /// Unhealthy nodes are repaired (replaced) automatically.
-    pub node_repair: bool,
-    /// Capacity reservations are used as a capacity type.
-    pub reserved_capacity: bool,
-    /// NodeOverlay resources adjust instance types.
-    pub node_overlay: bool,
-    /// NodePools with a fixed number of replicas.
-    pub static_capacity: bool,
-    /// CapacityBuffer resources keep headroom.
-    pub capacity_buffer: bool,
-    /// The gates named in the setting, whatever their value.
-    pub explicit: Vec<String>,
-}
-
-impl Default for FeatureGates {
-    fn default() -> Self {
-        FeatureGates {
-            spot_to_spot_consolidation: false,
-            node_repair: false,
-            reserved_capacity: true,
-            node_overlay: false,
-            static_capacity: false,
-            capacity_buffer: false,
-            explicit: Vec::new(),
-        }
-    }
-}
-
-/// Feature gates that older releases had and that are now always on; accepted and ignored so
-/// that existing Helm values keep working.
-const RETIRED_FEATURE_GATES: &[&str] = &["Drift"];
-
-impl std::str::FromStr for FeatureGates {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut gates = FeatureGates::default();
-        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (name, value) = item
-                .split_once('=')
-                .ok_or_else(|| format!("feature gate {item:?} is not of the form Name=true|false"))?;
-            let value: bool = value
-                .trim()
-                .parse()
-                .map_err(|_| format!("feature gate {name}: {value:?} is neither true nor false"))?;
-            gates.explicit.push(name.trim().to_string());
-            match name.trim() {
-                "SpotToSpotConsolidation" => gates.spot_to_spot_consolidation = value,
-                "NodeRepair" => gates.node_repair = value,
-                "ReservedCapacity" => gates.reserved_capacity = value,
-                "NodeOverlay" => gates.node_overlay = value,
-                "StaticCapacity" => gates.static_capacity = value,
-                "CapacityBuffer" => gates.capacity_buffer = value,
-                retired if RETIRED_FEATURE_GATES.contains(&retired) => {}
-                unknown => return Err(format!("unrecognized feature gate {unknown:?}")),
-            }
-        }
-        Ok(gates)
-    }
-}
-
-/// Parses a Go-style duration (`10s`, `1m30s`, `500ms`, `1.5h`), as upstream's settings take.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let invalid = || format!("invalid duration {s:?}: expected e.g. 10s, 1m30s or 500ms");
-    let mut rest = s;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    while !rest.is_empty() {
-        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(invalid)?;
-        if number_len == 0 {
-            return Err(invalid());
-        }
-        let number: f64 = rest[..number_len].parse().map_err(|_| invalid())?;
-        rest = &rest[number_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let seconds_per_unit = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        total += number * seconds_per_unit;
-        rest = &rest[unit_len..];
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| invalid())
 }
 
 /// Settings of `karpenter controller`.
@@ -359,6 +260,18 @@ impl Settings {
         u64::try_from(self.memory_limit).ok().filter(|b| *b > 0)
     }
 
+    /// What the controllers read of these settings.
+    pub fn controllers(&self) -> crate::controllers::Settings {
+        crate::controllers::Settings {
+            feature_gates: self.feature_gates.clone(),
+            batch_idle_duration: self.batch_idle_duration,
+            batch_max_duration: self.batch_max_duration,
+            min_values_policy: self.min_values_policy,
+            preference_policy: self.preference_policy,
+            rebalance_replacement: self.rebalance_replacement,
+        }
+    }
+
     /// The interruption queue's name, when one is set.
     pub fn interruption_queue(&self) -> Option<&str> {
         self.interruption_queue.as_deref().map(str::trim).filter(|q| !q.is_empty())
@@ -473,7 +386,6 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use rstest::rstest;
 
     use super::*;
 
@@ -487,27 +399,6 @@ mod tests {
         let mut argv = vec!["karpenter"];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv).map(|c| c.settings)
-    }
-
-    #[rstest]
-    #[case("10s", Duration::from_secs(10))]
-    #[case("1s", Duration::from_secs(1))]
-    #[case("500ms", Duration::from_millis(500))]
-    #[case("1m30s", Duration::from_secs(90))]
-    #[case("1.5h", Duration::from_secs(5400))]
-    #[case("0", Duration::ZERO)]
-    fn durations(#[case] input: &str, #[case] expected: Duration) {
-        assert_eq!(parse_duration(input), Ok(expected));
-    }
-
-    #[rstest]
-    #[case("")]
-    #[case("10")]
-    #[case("1d")]
-    #[case("s")]
-    #[case("-1s")]
-    fn bad_durations(#[case] input: &str) {
-        assert!(parse_duration(input).is_err(), "{input}");
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::requirements::Requirements;
+use super::requirements::pod_node_requirements;
 use super::resources::{Resources, has_dra_requirements, pod_requests};
-use super::scheduler::pod_node_requirements;
 use super::taints::check_tolerated;
 use crate::apis::Taint;
 

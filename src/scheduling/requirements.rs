@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::Hash;
 
-use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod, PreferredSchedulingTerm};
 use thiserror::Error;
 
 use crate::apis::labels::{LABEL_HOSTNAME, WELL_KNOWN_LABELS, normalized_label};
@@ -626,6 +626,33 @@ pub fn check_key(key: &str, existing: &Requirement, incoming: &Requirement) -> R
 /// Whether Karpenter knows the label's values without the NodePool listing them.
 pub fn is_well_known(key: &str) -> bool {
     key == LABEL_HOSTNAME || WELL_KNOWN_LABELS.contains(&key)
+}
+
+fn term_requirements(t: &NodeSelectorTerm) -> Result<Requirements, RequirementError> {
+    Requirements::from_node_selector(t.match_expressions.as_deref().unwrap_or(&[]))
+}
+
+/// The pod's strict node requirements: node selector and required node-affinity terms.
+pub fn pod_node_requirements(
+    pod: &Pod,
+) -> Result<(Requirements, Vec<Requirements>, Vec<Requirements>), RequirementError> {
+    let Some(spec) = &pod.spec else { return Ok((Requirements::new(), vec![], vec![])) };
+    let base = spec.node_selector.as_ref().map(Requirements::from_labels).unwrap_or_default();
+    let na = spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
+    let required = na
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|s| s.node_selector_terms.iter().map(term_requirements).collect::<Result<Vec<_>, _>>())
+        .transpose()?
+        .unwrap_or_default();
+    let mut preferred: Vec<&PreferredSchedulingTerm> = na
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
+        .into_iter()
+        .flatten()
+        .collect();
+    preferred.sort_by_key(|p| std::cmp::Reverse(p.weight));
+    let preferred =
+        preferred.into_iter().map(|p| term_requirements(&p.preference)).collect::<Result<Vec<_>, _>>()?;
+    Ok((base, required, preferred))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{NodeSelectorTerm, Pod, PreferredSchedulingTerm, Toleration};
+use k8s_openapi::api::core::v1::{Pod, Toleration};
 use thiserror::Error;
 
 use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_HOSTNAME, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE};
@@ -27,7 +27,9 @@ use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 
 use super::hostports::{HostPort, first_conflict, pod_host_ports};
 use super::instancetypes::{InstanceType, compare_price, unit_price};
-use super::requirements::{Requirement, RequirementError, Requirements, keys_compatible};
+use super::requirements::{
+    Requirement, RequirementError, Requirements, keys_compatible, pod_node_requirements,
+};
 use super::resources::{NODES, QuantityError, Resources, format_quantity, parse_quantity_for, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
 use super::topology::{DomainSource, PodTopology, SlotView, Topology};
@@ -526,33 +528,6 @@ impl PodInfo<'_> {
         }
         true
     }
-}
-
-fn term_requirements(t: &NodeSelectorTerm) -> Result<Requirements, RequirementError> {
-    Requirements::from_node_selector(t.match_expressions.as_deref().unwrap_or(&[]))
-}
-
-/// The pod's strict node requirements: node selector and required node-affinity terms.
-pub(super) fn pod_node_requirements(
-    pod: &Pod,
-) -> Result<(Requirements, Vec<Requirements>, Vec<Requirements>), RequirementError> {
-    let Some(spec) = &pod.spec else { return Ok((Requirements::new(), vec![], vec![])) };
-    let base = spec.node_selector.as_ref().map(Requirements::from_labels).unwrap_or_default();
-    let na = spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
-    let required = na
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
-        .map(|s| s.node_selector_terms.iter().map(term_requirements).collect::<Result<Vec<_>, _>>())
-        .transpose()?
-        .unwrap_or_default();
-    let mut preferred: Vec<&PreferredSchedulingTerm> = na
-        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
-        .into_iter()
-        .flatten()
-        .collect();
-    preferred.sort_by_key(|p| std::cmp::Reverse(p.weight));
-    let preferred =
-        preferred.into_iter().map(|p| term_requirements(&p.preference)).collect::<Result<Vec<_>, _>>()?;
-    Ok((base, required, preferred))
 }
 
 /// Bit masks of zones and capacity types, to test offerings without string lookups.

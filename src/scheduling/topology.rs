@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use crate::apis::Taint;
 use crate::apis::labels::{LABEL_HOSTNAME, LABEL_TOPOLOGY_ZONE};
 
+use super::requirements::pod_node_requirements;
 use super::requirements::{Requirement, Requirements};
-use super::scheduler::pod_node_requirements;
 use super::taints::tolerates_all;
 
 /// A label selector over pod labels.

@@ -123,7 +123,7 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// The counters last returned by [`Subscription::changed`] (or at subscription).
+    /// The counters last returned by [`Subscription::next`] (or at subscription).
     pub fn seen(&self) -> Changes {
         self.seen
     }
@@ -146,12 +146,6 @@ impl Subscription {
     /// Whether a followed kind changed since the last [`Subscription::next`], without waiting.
     pub fn has_changed(&self) -> bool {
         self.interest.differs(&self.seen, &self.rx.borrow())
-    }
-}
-
-impl crate::controllers::kit::Wake for Subscription {
-    async fn changed(&mut self) {
-        self.next().await;
     }
 }
 

@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::operator::error_chain;
 use crate::scheduling::{
     ExistingNode, NodePoolInput, Requirements, SchedulerOptions, SchedulingInput, daemonsets,
 };
+use crate::util::error_chain;
 
 use super::snapshot::{self, Snapshot};
 use super::statenode::StateNode;

@@ -25,7 +25,7 @@ pub mod statenode;
 pub mod usage;
 pub mod watches;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -43,8 +43,6 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
-use crate::cloudprovider::CloudProvider;
-use crate::operator::error_chain;
 
 pub use feed::{Changes, Feed, Interest, Subscription};
 pub use index::{Joined, PodKey};
@@ -768,48 +766,6 @@ impl ClusterState {
             ..Default::default()
         }
     }
-
-    /// [`ClusterState::snapshot`] with the instance types of every NodePool that is not being
-    /// deleted, from `cloud`; a NodePool whose types cannot be resolved is logged and left out.
-    pub async fn snapshot_with_instance_types(
-        &self,
-        cloud: &dyn CloudProvider,
-        controller: &str,
-    ) -> Snapshot {
-        with_instance_types_of_pools(self.snapshot(), cloud, controller).await
-    }
-}
-
-/// `snapshot` with the instance types of each live NodePool, from `cloud`. A NodePool whose
-/// types cannot be resolved (its node class is not ready, say) is logged and left out, and why
-/// is kept in [`Snapshot::pool_errors`] for the decisions' reasons.
-pub async fn with_instance_types_of_pools(
-    snapshot: Snapshot,
-    cloud: &dyn CloudProvider,
-    controller: &str,
-) -> Snapshot {
-    let mut types = BTreeMap::new();
-    let mut errors = BTreeMap::new();
-    for np in snapshot.live_nodepools() {
-        let name = np.metadata.name.clone().unwrap_or_default();
-        match cloud.instance_types(np).await {
-            Ok(found) => {
-                types.insert(name, found);
-            }
-            Err(error) => {
-                tracing::error!(
-                    controller,
-                    NodePool = %name,
-                    error = %error_chain(&error),
-                    "skipping, unable to resolve instance types"
-                );
-                errors.insert(name, error_chain(&error));
-            }
-        }
-    }
-    let mut snapshot = snapshot.with_instance_types(types);
-    snapshot.pool_errors = errors;
-    snapshot
 }
 
 /// Drives the watch of a kind that is only read: changes bump the feed's `others`.

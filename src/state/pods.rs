@@ -10,8 +10,8 @@ use crate::apis::labels::{
     PRIORITY_CLASS_SYSTEM_NODE_CRITICAL, TAINT_DISRUPTED,
 };
 use crate::apis::{Taint, TaintEffect};
-use crate::operator::settings::parse_duration;
 use crate::scheduling::taints::tolerates;
+use crate::util::parse_duration;
 
 /// `namespace/name` of a pod.
 pub fn key(pod: &Pod) -> String {

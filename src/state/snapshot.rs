@@ -14,8 +14,10 @@ use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
 use crate::scheduling::{InstanceType, VolumeInput};
 
-use super::statenode::TypesByName;
 use super::{limitranges, pods};
+
+/// Instance types by name, for prices and the capacity of NodeClaims not launched yet.
+pub type TypesByName = std::collections::HashMap<String, Arc<InstanceType>>;
 
 /// The objects a decision looks at.
 #[derive(Clone, Debug, Default)]

@@ -18,13 +18,10 @@ use crate::apis::labels::{
 use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUNCHED};
 use crate::apis::{ConditionStatus, NodeClaim, Operator, Taint};
 use crate::scheduling::resources::{pod_limits, pod_requests};
-use crate::scheduling::{InstanceType, Requirements, Resources};
+use crate::scheduling::{Requirements, Resources};
 
 use super::pods;
-use super::snapshot::Snapshot;
-
-/// Instance types by name, for prices and the capacity of NodeClaims not launched yet.
-pub type TypesByName = HashMap<String, Arc<InstanceType>>;
+use super::snapshot::{Snapshot, TypesByName};
 
 /// A node, launched or coming.
 #[derive(Clone, Debug, Default)]
@@ -383,7 +380,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::scheduling::Offering;
+    use crate::scheduling::{InstanceType, Offering};
 
     fn node(name: &str, pid: &str, labels: serde_json::Value) -> Arc<Node> {
         Arc::new(

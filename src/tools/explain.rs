@@ -461,7 +461,7 @@ fn expiry_of(node: &StateNode) -> ExpiryReport {
         Err(e) => out.error = Some(e),
     }
     if let (Some(at), Some(grace)) = (out.expires_at, claim.spec.termination_grace_period.as_deref()) {
-        match crate::operator::settings::parse_duration(grace)
+        match crate::util::parse_duration(grace)
             .map_err(|e| e.to_string())
             .and_then(|d| k8s_openapi::jiff::SignedDuration::try_from(d).map_err(|e| e.to_string()))
             .and_then(|d| at.checked_add(d).map_err(|e| e.to_string()))

@@ -9,7 +9,8 @@ use crate::apis::labels::{
 };
 use crate::scheduling::resources::parse_quantity;
 
-use super::instancetype::DEFAULT_EPHEMERAL_STORAGE;
+/// Ephemeral storage when the node class does not size the root (data) volume.
+pub const DEFAULT_EPHEMERAL_STORAGE: i64 = 20 << 30;
 
 /// The AMI family of a node class: the alias's family, else `amiFamily`, else Custom.
 pub fn family_of(spec: &EC2NodeClassSpec) -> AmiFamily {

@@ -21,10 +21,9 @@ use std::sync::{Arc, LazyLock};
 use serde::Deserialize;
 use thiserror::Error;
 
+use super::amifamily::DEFAULT_EPHEMERAL_STORAGE;
 use super::catalog::CatalogData;
-use super::instancetype::{
-    self, DEFAULT_EPHEMERAL_STORAGE, DEFAULT_VM_MEMORY_OVERHEAD_PERCENT, OfferingInputs, Settings, TypeInfo,
-};
+use super::instancetype::{self, DEFAULT_VM_MEMORY_OVERHEAD_PERCENT, OfferingInputs, Settings, TypeInfo};
 use super::pricing::Pricing;
 use crate::apis::ec2nodeclass::AmiFamily;
 use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT};

@@ -18,8 +18,6 @@ use crate::scheduling::resources::{
 
 /// Share of an instance's memory the hypervisor keeps (upstream's `VM_MEMORY_OVERHEAD_PERCENT`).
 pub const DEFAULT_VM_MEMORY_OVERHEAD_PERCENT: f64 = 0.075;
-/// Ephemeral storage when the node class does not size the root (data) volume.
-pub const DEFAULT_EPHEMERAL_STORAGE: i64 = 20 << 30;
 /// Pods per node when the ENI limit is unknown.
 pub const DEFAULT_MAX_PODS: i64 = 110;
 /// Memory Graviton (arm64) instances set aside for the contiguous memory allocator, which the

@@ -17,6 +17,7 @@ use super::nodeclass::{self, Resolution};
 use super::pricing::Pricing;
 use super::userdata::{self, Bootstrap, ClusterInfo};
 use super::{amifamily, sdk_error};
+use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, InstanceStorePolicy};
 use crate::apis::labels::*;
 use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
@@ -29,10 +30,9 @@ use crate::scheduling::resources::Resources;
 
 /// How long an offering that ran out of capacity is left out.
 pub const UNAVAILABLE_OFFERING_TTL: Duration = Duration::from_secs(180);
-/// Version of the node-class hash written to NodeClaims: upstream's `EC2NodeClassHashVersion`,
-/// as the hash is upstream's ([`node_class_hash`]). A NodeClaim stamped with another version
-/// (such as `rs-v2`, this controller's former scheme) is re-stamped rather than compared.
-pub const NODE_CLASS_HASH_VERSION: &str = "v5";
+
+/// How often a node class is resolved again when nothing changes, by default.
+pub const NODE_CLASS_REFRESH: Duration = Duration::from_secs(60);
 
 /// The AWS service clients the provider uses.
 #[derive(Clone, Debug)]
@@ -133,7 +133,7 @@ impl Options {
             reserved_enis: 0,
             vm_memory_overhead_percent: instancetype::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
             catalog_refresh: super::catalog::REFRESH_INTERVAL,
-            node_class_refresh: super::controllers::nodeclass::RESYNC,
+            node_class_refresh: NODE_CLASS_REFRESH,
             kube_dns_ip: None,
         }
     }
@@ -833,7 +833,7 @@ impl AwsCloudProvider {
         let found = match instance::get_many(&self.clients.ec2, &wanted).await {
             Ok(found) => found,
             Err(error) => {
-                let message = crate::operator::error_chain(&error);
+                let message = crate::util::error_chain(&error);
                 return node_claims
                     .iter()
                     .map(|_| {
@@ -995,7 +995,7 @@ impl CloudProvider for AwsCloudProvider {
         Box::pin(self.are_drifted_impl(node_claims))
     }
 
-    fn repair_policies(&self) -> Vec<crate::cloudprovider::RepairPolicy> {
+    fn repair_policies(&self) -> Vec<crate::disruption::repair::RepairPolicy> {
         repair_policies()
     }
 
@@ -1006,8 +1006,8 @@ impl CloudProvider for AwsCloudProvider {
 
 /// The conditions node repair acts on for EC2 nodes: the kubelet's `Ready`, and those the EKS
 /// node monitoring agent reports (accelerated hardware after 10 minutes, the rest after 30).
-pub fn repair_policies() -> Vec<crate::cloudprovider::RepairPolicy> {
-    use crate::cloudprovider::{KUBELET_REPAIR_POLICIES, RepairPolicy};
+pub fn repair_policies() -> Vec<crate::disruption::repair::RepairPolicy> {
+    use crate::disruption::repair::{KUBELET_REPAIR_POLICIES, RepairPolicy};
     let agent = |condition_type, minutes: u64| RepairPolicy {
         condition_type,
         status: "False",

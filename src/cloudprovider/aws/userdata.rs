@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use crate::apis::Taint;
 use crate::apis::ec2nodeclass::{AmiFamily, KubeletConfiguration};
-use crate::operator::settings::parse_duration;
+use crate::util::parse_duration;
 
 /// Boundary of the MIME documents Karpenter writes.
 pub const MIME_BOUNDARY: &str = "//";

@@ -3,7 +3,7 @@
 //! scale runs without a cloud.
 //!
 //! - The catalog is fixed at construction (by default the embedded EC2 catalog, see
-//!   [`from_settings`]) and serves every NodePool, whatever its node class: an EC2NodeClass is
+//!   the operator's `--kwok-instance-types`) and serves every NodePool, whatever its node class: an EC2NodeClass is
 //!   taken as ready.
 //! - [`CloudProvider::create`] picks the cheapest available offering of a catalog type that the
 //!   NodeClaim's requirements allow and whose allocatable resources hold its requests
@@ -42,9 +42,9 @@ use crate::apis::labels::{
     TAINT_UNREGISTERED,
 };
 use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
-use crate::cloudprovider::aws::embedded::{self, EmbeddedCatalogError};
-use crate::cloudprovider::catalog::{Catalog, CatalogError};
-use crate::operator::Settings;
+use crate::cloudprovider::aws::embedded::EmbeddedCatalogError;
+use crate::cloudprovider::catalog::CatalogError;
+
 use crate::scheduling::{InstanceType, Offering, Requirements, Resources};
 
 /// Nodes listed per request when the provider lists its instances.
@@ -75,27 +75,6 @@ pub enum KwokError {
     /// The embedded EC2 catalog cannot be used.
     #[error("loading the embedded aws instance-type catalog")]
     AwsCatalog(#[source] EmbeddedCatalogError),
-}
-
-/// Builds the provider the controller runs with `--cloud-provider kwok`: the catalog of
-/// `--kwok-instance-types` (for `aws`, computed with the settings' VM memory overhead and
-/// reserved ENIs) and the delay of `--kwok-registration-delay`.
-pub fn from_settings(
-    client: Client,
-    settings: &Settings,
-) -> std::result::Result<KwokCloudProvider, KwokError> {
-    let types = match &settings.kwok_instance_types {
-        Catalog::Aws => {
-            let aws = crate::cloudprovider::aws::instancetype::Settings {
-                vm_memory_overhead_percent: settings.vm_memory_overhead_percent,
-                reserved_enis: i64::from(settings.reserved_enis),
-                ..embedded::default_settings()
-            };
-            embedded::instance_types_with(&aws).map_err(KwokError::AwsCatalog)?
-        }
-        other => other.load().map_err(KwokError::Catalog)?,
-    };
-    Ok(KwokCloudProvider::new(client, types, settings.kwok_registration_delay))
 }
 
 /// Launches that wait for their registration delay, by provider ID.
@@ -312,8 +291,8 @@ impl CloudProvider for KwokCloudProvider {
         Box::pin(std::future::ready(Ok(None)))
     }
 
-    fn repair_policies(&self) -> Vec<crate::cloudprovider::RepairPolicy> {
-        crate::cloudprovider::KUBELET_REPAIR_POLICIES.to_vec()
+    fn repair_policies(&self) -> Vec<crate::disruption::repair::RepairPolicy> {
+        crate::disruption::repair::KUBELET_REPAIR_POLICIES.to_vec()
     }
 
     fn name(&self) -> &'static str {

@@ -4,6 +4,7 @@ use serde_json::json;
 
 use super::*;
 use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, LABEL_ARCH, LABEL_TOPOLOGY_REGION};
+use crate::cloudprovider::aws::embedded;
 use crate::scheduling::resources::{CPU, MEMORY, PODS};
 use crate::scheduling::{Overhead, Requirement};
 

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -17,11 +16,11 @@ use super::{InFlight, Launched};
 use crate::apis::labels::{LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, TAINT_DISRUPTED};
 use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::apis::{NodeClaim, NodePool};
-use crate::controllers::node::termination::tests::{Cli, Harness, eventually, with_harness};
+use crate::controllers::node::termination::tests::{Harness, eventually, with_harness};
 use crate::controllers::{Context, Events};
 use crate::disruption::consolidation::{Decision, Plan};
 use crate::disruption::decide::{Command, Method};
-use crate::operator::metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::scheduling::{NewNodeClaim, Requirement, Requirements};
 use crate::state::ClusterState;
 use crate::state::statenode::state_nodes;
@@ -106,7 +105,7 @@ async fn run_command_with(
     let ctx = Context {
         client: h.client.clone(),
         cloud: h.cloud.clone(),
-        settings: Arc::new(Cli::parse_from(["karpenter", "--cluster-name", "test"]).settings),
+        settings: Default::default(),
         metrics: metrics.clone(),
         events: Events::new(h.client.clone(), Some(h.name.clone())),
         decisions: Default::default(),

@@ -17,8 +17,8 @@
 //! back. A crash leaves the taint and condition, which the next pass of the controller (of
 //! whichever replica leads) removes from every node no command is working on.
 
-use std::collections::HashSet;
-use std::sync::{Arc, PoisonError};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -27,19 +27,31 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use super::{CONTROLLER, InFlight, Launched};
 use crate::apis::nodeclaim::conditions::{DISRUPTION_REASON, INITIALIZED, LAUNCHED};
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::reasons;
+use crate::controllers::kit::count_disrupted;
 use crate::controllers::nodeclaim::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
 use crate::controllers::provisioning::template;
 use crate::disruption::decide::{Command, Method};
-use crate::operator::error_chain;
-use crate::operator::metrics::count_disrupted;
 use crate::state::marks::nomination_window;
 use crate::state::pods::{self, DoNotDisrupt};
 use crate::state::{ClusterState, StateNode};
+use crate::util::error_chain;
+
+/// Name of the controller, in logs and metrics.
+pub const CONTROLLER: &str = "disruption";
+
+/// Names of the nodes commands under way are working on, each with whether its command launches
+/// replacements. The nodes of a command that only deletes count as going at once; those of a
+/// command that replaces them only once the command marks them, when its replacements are in the
+/// cache: until then a pass would find their pods a home neither on the node nor on the
+/// replacement it cannot see yet, and launch a second one.
+pub type InFlight = Arc<Mutex<HashMap<String, bool>>>;
+/// NodeClaims commands launched, with when they initialized (see
+/// [`crate::disruption::consolidation::CHURN_GUARD`]).
+pub type Launched = Arc<Mutex<BTreeMap<String, Instant>>>;
 
 /// How long a replacement may take to initialize before the command is abandoned.
 pub const TIMEOUT: Duration = Duration::from_secs(600);

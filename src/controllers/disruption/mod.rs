@@ -41,13 +41,12 @@ use crate::disruption::consolidation;
 use crate::disruption::decide::{self, Command, Inputs, Method, Pass, Rejection};
 use crate::disruption::emptiness;
 use crate::disruption::record::{Outcome, Record, Why};
-use crate::operator::metrics::observe;
+use crate::metrics::observe;
 use crate::scheduling::SchedulerOptions;
 use crate::state::statenode::state_nodes;
 use crate::state::{Changes, ClusterState, Interest, Snapshot, StateNode};
 
-/// Name of the controller, in logs and metrics.
-pub const CONTROLLER: &str = "disruption";
+pub use command::{CONTROLLER, InFlight, Launched};
 /// Wait between passes that found nothing to do.
 pub const IDLE: Duration = Duration::from_secs(10);
 /// How long a burst of deletions is let settle before a pass looks at the budget they freed.
@@ -63,16 +62,6 @@ const BLOCKED_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(2);
 const UNCONSOLIDATABLE_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(15);
 /// The NodePool's blocking-budget event at most this often.
 const BUDGET_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(1);
-
-/// Names of the nodes commands under way are working on, each with whether its command launches
-/// replacements. The nodes of a command that only deletes count as going at once; those of a
-/// command that replaces them only once the command marks them, when its replacements are in the
-/// cache: until then a pass would find their pods a home neither on the node nor on the
-/// replacement it cannot see yet, and launch a second one.
-pub type InFlight = Arc<Mutex<HashMap<String, bool>>>;
-/// NodeClaims commands launched, with when they initialized (see
-/// [`consolidation::CHURN_GUARD`]).
-pub type Launched = Arc<Mutex<BTreeMap<String, Instant>>>;
 
 /// The controller's memory between passes.
 struct Controller {
@@ -136,7 +125,7 @@ async fn take_snapshot(ctx: &Context, state: &ClusterState, in_flight: &HashMap<
         .filter_map(|n| n.claim_name().map(str::to_string))
         .collect();
     snapshot.marked_for_deletion.extend(claims_of_in_flight);
-    crate::state::with_instance_types_of_pools(snapshot, ctx.cloud.as_ref(), CONTROLLER).await
+    crate::controllers::snapshot::with_instance_types_of_pools(snapshot, ctx.cloud.as_ref(), CONTROLLER).await
 }
 
 /// The inputs of a pass over `snapshot` (NodeClaims consolidation launched lately are `young`).
@@ -288,7 +277,7 @@ impl Controller {
                     crate::controllers::node::remove_disrupted_taint(&self.ctx.client, k8s, node.claim_name())
                         .await
             {
-                tracing::warn!(controller = CONTROLLER, Node = %node.name, error = %crate::operator::error_chain(&error), "removing a stale disrupted taint");
+                tracing::warn!(controller = CONTROLLER, Node = %node.name, error = %crate::util::error_chain(&error), "removing a stale disrupted taint");
             }
             if let Some(claim) = &node.claim
                 && claim

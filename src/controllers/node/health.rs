@@ -17,14 +17,14 @@ use kube::ResourceExt;
 use tokio::sync::watch;
 
 use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_NODEPOOL};
-use crate::cloudprovider::RepairPolicy;
 use crate::controllers::events::{EventType, reasons};
+use crate::controllers::kit::count_disrupted;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::controllers::{Context, nodeclaim};
+use crate::disruption::repair::RepairPolicy;
 use crate::disruption::repair::{self, Blocked, Repair, Scope, Subject};
-use crate::operator::error_chain;
-use crate::operator::metrics::count_disrupted;
 use crate::state::{ClusterState, Interest};
+use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics.
 pub const CONTROLLER: &str = "node.health";

@@ -35,7 +35,7 @@ use crate::apis::labels::{
 };
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
-use crate::operator::metrics::{Labels, NodeSeries};
+use crate::metrics::{Labels, NodeSeries};
 use crate::scheduling::Resources;
 use crate::state::statenode::state_nodes;
 use crate::state::{ClusterState, StateNode};
@@ -189,7 +189,7 @@ impl<'a, L: Clone + Eq + Hash> Pass<'a, L> {
 }
 
 /// Sets the metrics to `readings`, then drops the series of nodes and NodePools no longer there.
-pub fn record(m: &crate::operator::metrics::Metrics, readings: &Readings, published: &mut Published) {
+pub fn record(m: &crate::metrics::Metrics, readings: &Readings, published: &mut Published) {
     let mut pass = Pass::new(vec![
         &m.nodes_allocatable,
         &m.nodes_total_pod_requests,
@@ -244,7 +244,12 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     let published = std::sync::Mutex::new(Published::default());
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, || async {
         if state.is_synced() {
-            let snapshot = state.snapshot_with_instance_types(ctx.cloud.as_ref(), CONTROLLER).await;
+            let snapshot = crate::controllers::snapshot::with_instance_types_of_pools(
+                state.snapshot(),
+                ctx.cloud.as_ref(),
+                CONTROLLER,
+            )
+            .await;
             let readings = readings(&state_nodes(&snapshot), Timestamp::now());
             let mut published = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             record(&ctx.metrics, &readings, &mut published);
@@ -284,7 +289,7 @@ mod tests {
 
     #[test]
     fn series_of_nodes_gone_are_removed_and_the_rest_kept() {
-        let ctx_metrics = crate::operator::metrics::Metrics::unregistered();
+        let ctx_metrics = crate::metrics::Metrics::unregistered();
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
         let both = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap());
@@ -328,7 +333,7 @@ mod tests {
         assert_eq!(n.pod_limits, [("cpu".to_string(), 2.5), ("memory".to_string(), (1u64 << 30) as f64)]);
         assert_eq!(n.daemon_limits, [("cpu".to_string(), 0.5)]);
         assert_eq!(n.pod_requests, [("cpu".to_string(), 1.0)], "requests stay apart");
-        let m = crate::operator::metrics::Metrics::unregistered();
+        let m = crate::metrics::Metrics::unregistered();
         let mut published = Published::default();
         record(&m, &r, &mut published);
         let cpu = NodeSeries { node: n.labels.clone(), resource_type: Some("cpu".into()) };

@@ -24,8 +24,8 @@ use crate::apis::nodeclaim::conditions::CONSOLIDATABLE;
 use crate::controllers::Context;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::disruption::emptiness::claim_consolidatable_at;
-use crate::operator::error_chain;
 use crate::state::{ClusterState, Interest};
+use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics.
 pub const CONTROLLER: &str = "nodeclaim.consolidatable";

@@ -43,10 +43,10 @@ use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{CloudProvider, CloudProviderError};
 use crate::controllers::Context;
 use crate::controllers::kit::{Backoff, Coalesced, Next, Options, run_singleton};
-use crate::operator::leader::error_chain;
 use crate::scheduling::Requirements;
 use crate::scheduling::instancetypes::InstanceType;
 use crate::state::{ClusterState, Interest};
+use crate::util::error_chain;
 
 /// Delay between two looks at every NodeClaim (as upstream's drift requeue).
 const INTERVAL: Duration = Duration::from_secs(300);

@@ -17,11 +17,11 @@ use tokio::sync::watch;
 
 use crate::apis::NodeClaim;
 use crate::controllers::Context;
+use crate::controllers::kit::count_disrupted;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
-use crate::operator::error_chain;
-use crate::operator::metrics::count_disrupted;
-use crate::operator::settings::parse_duration;
 use crate::state::{ClusterState, Interest};
+use crate::util::error_chain;
+use crate::util::parse_duration;
 
 /// Name of the controller, in logs and metrics.
 pub const CONTROLLER: &str = "nodeclaim.expiration";

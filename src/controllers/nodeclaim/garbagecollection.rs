@@ -27,8 +27,8 @@ use crate::apis::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 use crate::cloudprovider::{CloudProvider, Instance};
 use crate::controllers::Context;
 use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
-use crate::operator::leader::error_chain;
 use crate::state::ClusterState;
+use crate::util::error_chain;
 
 /// How old an instance must be before it can be collected.
 pub const GRACE: Duration = Duration::from_secs(30);

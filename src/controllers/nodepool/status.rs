@@ -163,7 +163,7 @@ fn record_pod_states(ctx: &Context, snapshot: &Snapshot) {
 }
 
 /// The labels of `karpenter_pods_state` for every pod, as upstream names them.
-pub fn pod_state_labels(snapshot: &Snapshot) -> Vec<crate::operator::metrics::Labels> {
+pub fn pod_state_labels(snapshot: &Snapshot) -> Vec<crate::metrics::Labels> {
     let nodes: HashMap<&str, &BTreeMap<String, String>> = snapshot
         .nodes
         .iter()

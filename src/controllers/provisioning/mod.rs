@@ -26,7 +26,7 @@ use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::reasons;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
-use crate::operator::metrics::observe;
+use crate::metrics::observe;
 use crate::scheduling::{SchedulerOptions, SchedulingInput, SchedulingResults, schedule};
 use crate::state::input::{Built, Scenario, scheduling_input};
 use crate::state::marks::nomination_window;
@@ -88,7 +88,7 @@ struct Batches {
     changes: Subscription,
     idle: Duration,
     max: Duration,
-    metrics: Arc<crate::operator::metrics::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Wake for Batches {
@@ -212,8 +212,12 @@ impl Provisioner {
             at.elapsed() < CREATED_GRACE && !c.metadata.name.as_ref().is_some_and(|n| known.contains(n))
         });
         snapshot.nodeclaims.extend(self.created.iter().map(|(_, c)| Arc::clone(c)));
-        let snapshot =
-            crate::state::with_instance_types_of_pools(snapshot, self.ctx.cloud.as_ref(), CONTROLLER).await;
+        let snapshot = crate::controllers::snapshot::with_instance_types_of_pools(
+            snapshot,
+            self.ctx.cloud.as_ref(),
+            CONTROLLER,
+        )
+        .await;
         let nodes = state_nodes(&snapshot);
         let pending_count = pending.len();
         let stand_in_count = stand_ins.len();

@@ -41,11 +41,11 @@ use crate::cloudprovider::aws::instancestatus::{self, FirstSeen};
 use crate::cloudprovider::aws::interruption::{self, Action, Kind};
 use crate::cloudprovider::aws::sqs::{Queue, Received};
 use crate::controllers::events::reasons;
+use crate::controllers::kit::count_disrupted;
 use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
 use crate::controllers::{Context, nodeclaim};
-use crate::operator::error_chain;
-use crate::operator::metrics::count_disrupted;
 use crate::state::ClusterState;
+use crate::util::error_chain;
 
 /// Name of the queue controller, in logs and metrics.
 pub const CONTROLLER: &str = "interruption";

@@ -31,10 +31,10 @@ use crate::cloudprovider::aws::instancetype::TypeInfo;
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
 use crate::controllers::node::metrics::Pass;
-use crate::operator::leader::error_chain;
-use crate::operator::metrics::{Labels, Metrics};
+use crate::metrics::{Labels, Metrics};
 use crate::scheduling::InstanceType;
 use crate::state::ClusterState;
+use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics (upstream's).
 pub const CONTROLLER: &str = "cloudprovider.metrics";

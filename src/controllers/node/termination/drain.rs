@@ -14,11 +14,11 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::NodeClaim;
 use crate::apis::labels::ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP;
-use crate::operator::settings::parse_duration;
 pub use crate::state::pods::{
     do_not_disrupt, is_critical, is_mirror, is_owned_by_daemonset as is_daemonset_pod, is_terminal,
     is_terminating, tolerates_disrupted_taint,
 };
+use crate::util::parse_duration;
 
 /// How long past its own deletion deadline a terminating pod may linger before it no longer holds
 /// up the drain: the kubelet of a broken node may never confirm the deletion.

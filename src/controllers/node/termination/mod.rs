@@ -49,9 +49,9 @@ use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::controllers::nodeclaim::lifecycle::logic::condition;
-use crate::operator::leader::error_chain;
-use crate::operator::metrics::observe;
+use crate::metrics::observe;
 use crate::state::{ClusterState, Notice};
+use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics.
 pub const CONTROLLER: &str = "node.termination";

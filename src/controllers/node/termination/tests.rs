@@ -18,8 +18,7 @@ use crate::apis::labels::{ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, TAINT_DISR
 use crate::cloudprovider::{BoxFuture, CloudProvider, DriftReason, Instance};
 use crate::controllers::Events;
 use crate::controllers::node::with_disrupted_taint;
-use crate::operator::Settings;
-use crate::operator::metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::scheduling::instancetypes::InstanceType;
 
 fn k8s_taint(key: &str, effect: &str) -> K8sTaint {
@@ -160,12 +159,6 @@ impl CloudProvider for FakeCloud {
     }
 }
 
-#[derive(clap::Parser)]
-pub(crate) struct Cli {
-    #[command(flatten)]
-    pub(crate) settings: Settings,
-}
-
 /// Label that scopes a test's controller to the test's own nodes.
 const TEST_LABEL: &str = "karpenter-rs.test/termination";
 
@@ -185,7 +178,6 @@ impl Harness {
     /// Starts a controller that terminates only the nodes labelled for this test; with `stale`, it
     /// reads pods and NodeClaims from caches that never saw any.
     pub(crate) async fn start(prefix: &str, stale: bool) -> Harness {
-        use clap::Parser;
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter(tracing_subscriber::EnvFilter::new("karpenter=debug,kube=warn"))
@@ -195,7 +187,6 @@ impl Harness {
         let name = format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000);
         let cloud = Arc::new(FakeCloud::default());
         let metrics = Arc::new(Metrics::unregistered());
-        let settings = Cli::try_parse_from(["karpenter", "--cluster-name", "test"]).unwrap().settings;
         let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
         let recording = {
             let requests = requests.clone();
@@ -209,7 +200,7 @@ impl Harness {
         let ctx = Context {
             client: recording,
             cloud: cloud.clone(),
-            settings: Arc::new(settings),
+            settings: Default::default(),
             metrics: metrics.clone(),
             events: Events::new(client.clone(), Some(name.clone())),
             decisions: Default::default(),

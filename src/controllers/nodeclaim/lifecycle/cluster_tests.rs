@@ -8,7 +8,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use clap::Parser;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -25,8 +24,7 @@ use crate::cloudprovider::{
 use crate::controllers::events::reasons as event_reasons;
 use crate::controllers::kit::Queue;
 use crate::controllers::{Context, Events};
-use crate::operator::Settings;
-use crate::operator::metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::scheduling::instancetypes::InstanceType;
 use crate::state::ClusterState;
 
@@ -201,12 +199,6 @@ impl CloudProvider for FakeCloud {
     }
 }
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    settings: Settings,
-}
-
 /// A unique lower-case id for this test's objects.
 fn unique(prefix: &str) -> String {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
@@ -259,7 +251,7 @@ fn start_with(
     let ctx = Context {
         client: client.clone(),
         cloud,
-        settings: Arc::new(Cli::parse_from(["karpenter"]).settings),
+        settings: Default::default(),
         metrics,
         events: Events::new(client.clone(), Some("lifecycle-test".into())),
         decisions: Default::default(),

@@ -18,9 +18,9 @@ use crate::apis::labels::{
 use crate::apis::nodeclaim::conditions::{INITIALIZED, LAUNCHED, READY, REGISTERED};
 use crate::apis::{Condition, ConditionStatus, NodeClaim, Taint};
 use crate::cloudprovider::Instance;
-use crate::operator::settings::parse_duration;
 use crate::scheduling::requirements::Requirements;
 use crate::scheduling::resources::parse_quantity;
+use crate::util::parse_duration;
 
 /// How long a NodeClaim may take to launch, counted from its creation.
 pub const LAUNCH_TTL: Duration = Duration::from_secs(5 * 60);
@@ -455,7 +455,7 @@ pub fn nodepool(claim: &NodeClaim) -> String {
 }
 
 /// Labels of `nodeclaims_terminated`: nodepool, capacity type and zone.
-pub fn terminated_labels(claim: &NodeClaim) -> crate::operator::metrics::Labels {
+pub fn terminated_labels(claim: &NodeClaim) -> crate::metrics::Labels {
     let label = |k: &str| claim.labels().get(k).cloned().unwrap_or_default();
     vec![
         ("nodepool", label(LABEL_NODEPOOL)),

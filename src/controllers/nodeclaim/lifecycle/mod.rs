@@ -48,10 +48,10 @@ use crate::cloudprovider::{CloudProviderError, Instance};
 use crate::controllers::Context;
 use crate::controllers::events::reasons as event_reasons;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
-use crate::operator::error_chain;
-use crate::operator::metrics::observe;
+use crate::metrics::observe;
 use crate::state::nodeclass::{self, NodeClassProblem};
 use crate::state::{ClusterState, Notice};
+use crate::util::error_chain;
 use logic::{ConditionUpdate, Liveness, is_true, reasons, set_condition};
 
 /// Name of the controller, in logs.
@@ -66,7 +66,7 @@ const NODE_CLASS_RETRY: Duration = Duration::from_secs(15);
 /// Retry delays of a failing claim: doubling from one second up to two minutes.
 const BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(120));
 /// NodeClaims reconciled at once: as many as the API client sends requests at once.
-const WORKERS: usize = crate::operator::apiclient::MAX_IN_FLIGHT;
+const WORKERS: usize = crate::util::MAX_IN_FLIGHT;
 
 /// Why a reconcile failed; the claim is retried with backoff.
 #[derive(Debug, Error)]
@@ -371,7 +371,7 @@ async fn expire(
 }
 
 fn count_disruption(claim: &NodeClaim, state: &State, reason: &str) {
-    crate::operator::metrics::count_disrupted(&state.ctx.metrics, claim, reason);
+    crate::controllers::kit::count_disrupted(&state.ctx.metrics, claim, reason);
 }
 
 /// A lifecycle step a reconcile completed, reported once the claim's status is written.

@@ -5,7 +5,7 @@
 //! * A class that is not being deleted gets the `karpenter.k8s.aws/termination` finalizer, is
 //!   resolved with [`AwsCloudProvider::resolve_node_class`], and its status is written through
 //!   the status subresource only when it changed (so the controller's own write does not start a
-//!   loop). It is resolved again every [`RESYNC`] (the shorter of `AMI_REFRESH_INTERVAL` and
+//!   loop). It is resolved again every [`crate::cloudprovider::aws::provider::NODE_CLASS_REFRESH`] (the shorter of `AMI_REFRESH_INTERVAL` and
 //!   `SUBNET_REFRESH_INTERVAL`),
 //!   so an AMI published under an alias's SSM parameter is picked up by then. A failed resolution keeps the last status,
 //!   publishes a Warning event and is retried with backoff.
@@ -32,21 +32,19 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
 use crate::apis::labels::{
     ANNOTATION_EC2NODECLASS_HASH, ANNOTATION_EC2NODECLASS_HASH_VERSION, FINALIZER_EC2NODECLASS_TERMINATION,
 };
 use crate::apis::{EC2NodeClass, EC2NodeClassStatus, NodeClaim};
 use crate::cloudprovider::CloudProviderError;
 use crate::cloudprovider::aws::AwsCloudProvider;
-use crate::cloudprovider::aws::provider::NODE_CLASS_HASH_VERSION;
 use crate::controllers::Events;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::controllers::nodeclaim::drift;
-use crate::operator::error_chain;
 use crate::state::{ClusterState, Notice};
+use crate::util::error_chain;
 
-/// How often a class is resolved again when nothing changes, by default.
-pub const RESYNC: Duration = Duration::from_secs(60);
 /// How often a class being deleted checks whether its NodeClaims are gone.
 pub const WAIT_ON_NODECLAIMS: Duration = Duration::from_secs(10);
 /// First retry delay after a failed reconciliation; it doubles with each further failure.

@@ -676,18 +676,6 @@ fn lifetime_histogram() -> Histogram {
     Histogram::new(LIFETIME_BUCKETS)
 }
 
-/// Counts `claim` in `karpenter_nodeclaims_disrupted_total{reason,nodepool,capacity_type}`.
-pub fn count_disrupted(metrics: &Metrics, claim: &crate::apis::NodeClaim, reason: &str) {
-    let label =
-        |key: &str| claim.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default();
-    let labels = vec![
-        ("reason", reason.to_string()),
-        ("nodepool", label(crate::apis::labels::LABEL_NODEPOOL)),
-        ("capacity_type", label(crate::apis::labels::LABEL_CAPACITY_TYPE)),
-    ];
-    metrics.nodeclaims_disrupted.get_or_create(&labels).inc();
-}
-
 /// The names of every series this controller can export, as they appear in `/metrics`: counters
 /// with `_total`, histograms with `_bucket`, `_sum` and `_count`.
 pub fn exported_names() -> std::collections::BTreeSet<String> {
