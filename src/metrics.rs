@@ -13,7 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 /// Label set of a metric: `(name, value)` pairs in a fixed order.
 pub type Labels = Vec<(&'static str, String)>;
@@ -226,15 +226,23 @@ struct Registrar<'a> {
 }
 
 impl Registrar<'_> {
-    fn register<M: prometheus_client::registry::Metric + TypedMetric>(
-        &mut self,
-        name: &str,
-        help: &str,
-        metric: M,
-    ) {
+    /// Registers `metric` in the registry under `name` with `help`, records its name and type,
+    /// and returns it.
+    fn add<M: Metric + TypedMetric + Clone>(&mut self, name: &str, help: &str, metric: M) -> M {
         self.names.push((name.to_string(), M::TYPE));
-        self.registry.register(name, help, metric);
+        self.registry.register(name, help, metric.clone());
+        metric
     }
+}
+
+/// `register_metrics! { r; field: family, "name", "help"; ... }`: the [`Metrics`] whose `field`s
+/// are the given families, each registered through the [`Registrar`] `r` under `name` with `help`
+/// (counters without `_total`). Rows are registered in the order written, which is the order of
+/// `/metrics`.
+macro_rules! register_metrics {
+    ($r:ident; $($field:ident: $family:expr, $name:literal, $help:literal;)*) => {
+        Metrics { $($field: $r.add($name, $help, $family),)* }
+    };
 }
 
 impl Metrics {
@@ -245,406 +253,207 @@ impl Metrics {
 
     /// [`Metrics::new`], and the name and type of everything it registered.
     fn registered(registry: &mut Registry) -> (Self, Vec<(String, MetricType)>) {
-        let m = Metrics {
-            build_info: GaugeFamily::default(),
-            nodeclaims_created: CounterFamily::default(),
-            nodeclaims_launched: CounterFamily::default(),
-            nodeclaims_registered: CounterFamily::default(),
-            nodeclaims_initialized: CounterFamily::default(),
-            nodeclaims_terminated: CounterFamily::default(),
-            nodeclaims_disrupted: CounterFamily::default(),
-            nodeclaims_unhealthy_disrupted: CounterFamily::default(),
-            interruption_received_messages: CounterFamily::default(),
-            interruption_deleted_messages: CounterFamily::default(),
-            interruption_message_queue_duration: histogram_family(),
-            interruption_instance_status_unhealthy: CounterFamily::default(),
-            nodeclaims_termination_duration: histogram_family(),
-            nodeclaims_instance_termination_duration: histogram_family(),
-            nodes_created: CounterFamily::default(),
-            nodes_terminated: CounterFamily::default(),
-            nodes_termination_duration: histogram_family(),
-            nodes_drained: CounterFamily::default(),
-            nodes_lifetime_duration: Family::new_with_constructor(lifetime_histogram as fn() -> Histogram),
-            pods_eviction_requests: CounterFamily::default(),
-            pods_drained: CounterFamily::default(),
-            pods_state: GaugeFamily::default(),
-            pods_startup_duration: histogram_family(),
-            pods_bound_duration: histogram_family(),
-            scheduler_scheduling_duration: histogram_family(),
-            scheduler_queue_depth: GaugeFamily::default(),
-            scheduler_unschedulable_pods_count: GaugeFamily::default(),
-            scheduler_ignored_pods_count: GaugeFamily::default(),
-            provisioner_scheduling_duration: histogram_family(),
-            provisioner_batch_size: GaugeFamily::default(),
-            provisioner_batch_window_duration: histogram_family(),
-            cloudprovider_duration: histogram_family(),
-            cloudprovider_errors: CounterFamily::default(),
-            nodepools_usage: GaugeFamily::default(),
-            nodepools_limit: GaugeFamily::default(),
-            nodepools_allowed_disruptions: GaugeFamily::default(),
-            nodepools_nodes_consuming_budgets: GaugeFamily::default(),
-            nodepools_cost_total: GaugeFamily::default(),
-            nodes_allocatable: NodeGaugeFamily::default(),
-            nodes_total_pod_requests: NodeGaugeFamily::default(),
-            nodes_total_pod_limits: NodeGaugeFamily::default(),
-            nodes_total_daemon_requests: NodeGaugeFamily::default(),
-            nodes_total_daemon_limits: NodeGaugeFamily::default(),
-            nodes_system_overhead: NodeGaugeFamily::default(),
-            nodes_current_lifetime_seconds: NodeGaugeFamily::default(),
-            nodes_price_per_hour: NodeGaugeFamily::default(),
-            cluster_utilization_percent: GaugeFamily::default(),
-            cluster_state_node_count: GaugeFamily::default(),
-            cluster_state_synced: GaugeFamily::default(),
-            cluster_state_unsynced_time_seconds: GaugeFamily::default(),
-            cloudprovider_instance_type_cpu_cores: GaugeFamily::default(),
-            cloudprovider_instance_type_memory_bytes: GaugeFamily::default(),
-            cloudprovider_instance_type_offering_available: GaugeFamily::default(),
-            cloudprovider_instance_type_offering_price_estimate: GaugeFamily::default(),
-            disruption_evaluation_duration: histogram_family(),
-            disruption_decisions: CounterFamily::default(),
-            disruption_decisions_by_nodepool: CounterFamily::default(),
-            disruption_eligible_nodes: GaugeFamily::default(),
-            disruption_consolidation_timeouts: CounterFamily::default(),
-            disruption_failed_validations: CounterFamily::default(),
-            disruption_queue_failures: CounterFamily::default(),
-            consolidation_moves: CounterFamily::default(),
-            consolidation_score: Family::new_with_constructor(score_histogram as fn() -> Histogram),
-            controller_reconcile: CounterFamily::default(),
-            controller_reconcile_errors: CounterFamily::default(),
+        let mut r = Registrar { registry, names: Vec::new() };
+        let m = register_metrics! { r;
             rest_client_requests: CounterFamily::default(),
+                "rest_client_requests",
+                "Number of HTTP requests to the API server, partitioned by status code and method.";
+            controller_reconcile: CounterFamily::default(),
+                "controller_runtime_reconcile",
+                "Total number of reconciliations per controller.";
+            controller_reconcile_errors: CounterFamily::default(),
+                "controller_runtime_reconcile_errors",
+                "Total number of reconciliation errors per controller.";
+            build_info: GaugeFamily::default(),
+                "karpenter_build_info",
+                "A metric with a constant '1' value labeled by the version karpenter was built from.";
+            nodeclaims_created: CounterFamily::default(),
+                "karpenter_nodeclaims_created",
+                "Number of nodeclaims created, by the reason they were created and their nodepool.";
+            nodeclaims_launched: CounterFamily::default(),
+                "karpenter_nodeclaims_launched",
+                "Number of nodeclaims launched, by nodepool.";
+            nodeclaims_registered: CounterFamily::default(),
+                "karpenter_nodeclaims_registered",
+                "Number of nodeclaims registered, by nodepool.";
+            nodeclaims_initialized: CounterFamily::default(),
+                "karpenter_nodeclaims_initialized",
+                "Number of nodeclaims initialized, by nodepool.";
+            nodeclaims_terminated: CounterFamily::default(),
+                "karpenter_nodeclaims_terminated",
+                "Number of nodeclaims terminated, by nodepool, capacity type and zone.";
+            nodeclaims_disrupted: CounterFamily::default(),
+                "karpenter_nodeclaims_disrupted",
+                "Number of nodeclaims disrupted, by reason, nodepool and capacity type.";
+            nodeclaims_unhealthy_disrupted: CounterFamily::default(),
+                "karpenter_nodeclaims_unhealthy_disrupted",
+                "Number of unhealthy nodeclaims disrupted by node repair, by the node condition, nodepool, capacity type and image.";
+            interruption_received_messages: CounterFamily::default(),
+                "karpenter_interruption_received_messages",
+                "Count of messages received from the SQS queue. Broken down by message type.";
+            interruption_deleted_messages: CounterFamily::default(),
+                "karpenter_interruption_deleted_messages",
+                "Count of messages deleted from the SQS queue.";
+            interruption_message_queue_duration: histogram_family(),
+                "karpenter_interruption_message_queue_duration_seconds",
+                "Time from an interruption event to its handling by the controller.";
+            interruption_instance_status_unhealthy: CounterFamily::default(),
+                "karpenter_interruption_instance_status_unhealthy",
+                "Count of unhealthy instance statuses found with EC2 DescribeInstanceStatus, once per instance and category.";
+            nodeclaims_termination_duration: histogram_family(),
+                "karpenter_nodeclaims_termination_duration_seconds",
+                "Time from a nodeclaim's deletion request to the removal of its finalizer.";
+            nodeclaims_instance_termination_duration: histogram_family(),
+                "karpenter_nodeclaims_instance_termination_duration_seconds",
+                "Time the cloud provider took to terminate a nodeclaim's instance.";
+            nodes_created: CounterFamily::default(),
+                "karpenter_nodes_created",
+                "Number of nodes created, by nodepool.";
+            nodes_terminated: CounterFamily::default(),
+                "karpenter_nodes_terminated",
+                "Number of nodes terminated, by nodepool.";
+            nodes_termination_duration: histogram_family(),
+                "karpenter_nodes_termination_duration_seconds",
+                "Time from a node's deletion request to the removal of its finalizer.";
+            nodes_drained: CounterFamily::default(),
+                "karpenter_nodes_drained",
+                "Number of nodes drained, by nodepool.";
+            nodes_lifetime_duration: Family::new_with_constructor(lifetime_histogram as fn() -> Histogram),
+                "karpenter_nodes_lifetime_duration_seconds",
+                "The lifetime duration of the nodes since creation.";
+            pods_eviction_requests: CounterFamily::default(),
+                "karpenter_pods_eviction_requests",
+                "The total number of pod eviction requests made by Karpenter, labeled by response code";
+            pods_drained: CounterFamily::default(),
+                "karpenter_pods_drained",
+                "The total number of pods drained during node termination by Karpenter, labeled by reason";
+            pods_state: GaugeFamily::default(),
+                "karpenter_pods_state",
+                "Pod state: one series per pod, labeled by its node, nodepool, zone, type and phase.";
+            pods_startup_duration: histogram_family(),
+                "karpenter_pods_startup_duration_seconds",
+                "Time from a pod's creation until it is running.";
+            pods_bound_duration: histogram_family(),
+                "karpenter_pods_bound_duration_seconds",
+                "Time from a pod's creation until it is bound to a node.";
+            scheduler_scheduling_duration: histogram_family(),
+                "karpenter_scheduler_scheduling_duration_seconds",
+                "Duration of scheduling simulations, by the controller that ran them.";
+            scheduler_queue_depth: GaugeFamily::default(),
+                "karpenter_scheduler_queue_depth",
+                "Pods waiting to be placed by the running scheduling simulation.";
+            scheduler_unschedulable_pods_count: GaugeFamily::default(),
+                "karpenter_scheduler_unschedulable_pods_count",
+                "The number of unschedulable Pods.";
+            scheduler_ignored_pods_count: GaugeFamily::default(),
+                "karpenter_scheduler_ignored_pods_count",
+                "Number of pods ignored during scheduling by Karpenter";
+            provisioner_scheduling_duration: histogram_family(),
+                "karpenter_provisioner_scheduling_duration_seconds",
+                "Duration of a whole provisioning pass: snapshot, simulation and nodeclaim creation.";
+            provisioner_batch_size: GaugeFamily::default(),
+                "karpenter_provisioner_batch_size",
+                "Number of pending pods in the last provisioning batch.";
+            provisioner_batch_window_duration: histogram_family(),
+                "karpenter_provisioner_batch_window_duration_seconds",
+                "How long provisioning batches stayed open.";
+            cloudprovider_duration: histogram_family(),
+                "karpenter_cloudprovider_duration_seconds",
+                "Duration of cloud provider calls, by controller, method and provider.";
+            cloudprovider_errors: CounterFamily::default(),
+                "karpenter_cloudprovider_errors",
+                "Number of failed cloud provider calls, by controller, method, provider and error.";
+            nodepools_usage: GaugeFamily::default(),
+                "karpenter_nodepools_usage",
+                "Resources the nodes of a nodepool provide, by nodepool and resource type.";
+            nodepools_limit: GaugeFamily::default(),
+                "karpenter_nodepools_limit",
+                "Limits of a nodepool, by nodepool and resource type.";
+            nodepools_allowed_disruptions: GaugeFamily::default(),
+                "karpenter_nodepools_allowed_disruptions",
+                "Nodes of a nodepool its disruption budgets allow disrupting now, by nodepool and reason.";
+            nodepools_nodes_consuming_budgets: GaugeFamily::default(),
+                "karpenter_nodepools_nodes_consuming_budgets",
+                "Nodes of a nodepool that count against its disruption budgets (not ready or going away), by nodepool and reason.";
+            nodepools_cost_total: GaugeFamily::default(),
+                "karpenter_nodepools_cost_total",
+                "Hourly price of a nodepool's nodeclaims at their offerings' prices, by nodepool.";
+            nodes_allocatable: NodeGaugeFamily::default(),
+                "karpenter_nodes_allocatable",
+                "Node allocatable are the resources allocatable by nodes.";
+            nodes_total_pod_requests: NodeGaugeFamily::default(),
+                "karpenter_nodes_total_pod_requests",
+                "Resources requested by the pods bound to a node, DaemonSet pods included.";
+            nodes_total_daemon_requests: NodeGaugeFamily::default(),
+                "karpenter_nodes_total_daemon_requests",
+                "Resources requested by the DaemonSet pods bound to a node.";
+            nodes_total_pod_limits: NodeGaugeFamily::default(),
+                "karpenter_nodes_total_pod_limits",
+                "Node total pod limits are the resources specified by pod limits, including the DaemonSet pods.";
+            nodes_total_daemon_limits: NodeGaugeFamily::default(),
+                "karpenter_nodes_total_daemon_limits",
+                "Node total daemon limits are the resources specified by DaemonSet pod limits.";
+            nodes_system_overhead: NodeGaugeFamily::default(),
+                "karpenter_nodes_system_overhead",
+                "Resources reserved for system use: a node's capacity minus its allocatable.";
+            nodes_current_lifetime_seconds: NodeGaugeFamily::default(),
+                "karpenter_nodes_current_lifetime_seconds",
+                "Seconds since a node was created.";
+            nodes_price_per_hour: NodeGaugeFamily::default(),
+                "karpenter_nodes_price_per_hour",
+                "Hourly price of a node's offering (instance type, capacity type, zone).";
+            cluster_utilization_percent: GaugeFamily::default(),
+                "karpenter_cluster_utilization_percent",
+                "Requests of the pods bound to nodes over the nodes' allocatable, in percent, by resource type.";
+            cluster_state_node_count: GaugeFamily::default(),
+                "karpenter_cluster_state_node_count",
+                "Nodes and nodeclaims in the controller's cluster state.";
+            cluster_state_synced: GaugeFamily::default(),
+                "karpenter_cluster_state_synced",
+                "1 when the controller's cluster state has listed every watched kind, else 0.";
+            cluster_state_unsynced_time_seconds: GaugeFamily::default(),
+                "karpenter_cluster_state_unsynced_time_seconds",
+                "The time for which cluster state is not synced";
+            cloudprovider_instance_type_cpu_cores: GaugeFamily::default(),
+                "karpenter_cloudprovider_instance_type_cpu_cores",
+                "VCPUs cores for a given instance type.";
+            cloudprovider_instance_type_memory_bytes: GaugeFamily::default(),
+                "karpenter_cloudprovider_instance_type_memory_bytes",
+                "Memory, in bytes, for a given instance type.";
+            cloudprovider_instance_type_offering_available: GaugeFamily::default(),
+                "karpenter_cloudprovider_instance_type_offering_available",
+                "Instance type offering availability, based on instance type, capacity type, and zone";
+            cloudprovider_instance_type_offering_price_estimate: GaugeFamily::default(),
+                "karpenter_cloudprovider_instance_type_offering_price_estimate",
+                "Instance type offering estimated hourly price used when making informed decisions on node cost calculation, based on instance type, capacity type, and zone.";
+            disruption_evaluation_duration: histogram_family(),
+                "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
+                "Duration of a disruption method's evaluation, by reason and consolidation type.";
+            disruption_decisions: CounterFamily::default(),
+                "karpenter_voluntary_disruption_decisions",
+                "Number of disruption decisions made, by decision, reason and consolidation type.";
+            disruption_decisions_by_nodepool: CounterFamily::default(),
+                "karpenter_voluntary_disruption_decisions_by_nodepool",
+                "Number of disruption decisions made, by nodepool, decision, reason and consolidation type.";
+            disruption_eligible_nodes: GaugeFamily::default(),
+                "karpenter_voluntary_disruption_eligible_nodes",
+                "Nodes eligible for disruption, by reason.";
+            disruption_consolidation_timeouts: CounterFamily::default(),
+                "karpenter_voluntary_disruption_consolidation_timeouts",
+                "Number of consolidation evaluations that timed out, by consolidation type.";
+            disruption_failed_validations: CounterFamily::default(),
+                "karpenter_voluntary_disruption_failed_validations",
+                "Number of disruption commands that failed their validation, by consolidation type.";
+            disruption_queue_failures: CounterFamily::default(),
+                "karpenter_voluntary_disruption_queue_failures",
+                "Number of disruption commands that failed once started, by decision, reason and consolidation type.";
+            consolidation_moves: CounterFamily::default(),
+                "karpenter_consolidation_moves",
+                "Consolidation moves of Balanced nodepools, by decision, nodepool and policy.";
+            consolidation_score: Family::new_with_constructor(score_histogram as fn() -> Histogram),
+                "karpenter_consolidation_score",
+                "Scores of Balanced consolidation moves, by decision, nodepool and policy.";
         };
-        let mut registrar = Registrar { registry, names: Vec::new() };
-        let r = &mut registrar;
-        r.register(
-            "rest_client_requests",
-            "Number of HTTP requests to the API server, partitioned by status code and method.",
-            m.rest_client_requests.clone(),
-        );
-        r.register(
-            "controller_runtime_reconcile",
-            "Total number of reconciliations per controller.",
-            m.controller_reconcile.clone(),
-        );
-        r.register(
-            "controller_runtime_reconcile_errors",
-            "Total number of reconciliation errors per controller.",
-            m.controller_reconcile_errors.clone(),
-        );
-        r.register(
-            "karpenter_build_info",
-            "A metric with a constant '1' value labeled by the version karpenter was built from.",
-            m.build_info.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_created",
-            "Number of nodeclaims created, by the reason they were created and their nodepool.",
-            m.nodeclaims_created.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_launched",
-            "Number of nodeclaims launched, by nodepool.",
-            m.nodeclaims_launched.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_registered",
-            "Number of nodeclaims registered, by nodepool.",
-            m.nodeclaims_registered.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_initialized",
-            "Number of nodeclaims initialized, by nodepool.",
-            m.nodeclaims_initialized.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_terminated",
-            "Number of nodeclaims terminated, by nodepool, capacity type and zone.",
-            m.nodeclaims_terminated.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_disrupted",
-            "Number of nodeclaims disrupted, by reason, nodepool and capacity type.",
-            m.nodeclaims_disrupted.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_unhealthy_disrupted",
-            "Number of unhealthy nodeclaims disrupted by node repair, by the node condition, nodepool, capacity type and image.",
-            m.nodeclaims_unhealthy_disrupted.clone(),
-        );
-        r.register(
-            "karpenter_interruption_received_messages",
-            "Count of messages received from the SQS queue. Broken down by message type.",
-            m.interruption_received_messages.clone(),
-        );
-        r.register(
-            "karpenter_interruption_deleted_messages",
-            "Count of messages deleted from the SQS queue.",
-            m.interruption_deleted_messages.clone(),
-        );
-        r.register(
-            "karpenter_interruption_message_queue_duration_seconds",
-            "Time from an interruption event to its handling by the controller.",
-            m.interruption_message_queue_duration.clone(),
-        );
-        r.register(
-            "karpenter_interruption_instance_status_unhealthy",
-            "Count of unhealthy instance statuses found with EC2 DescribeInstanceStatus, once per instance and category.",
-            m.interruption_instance_status_unhealthy.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_termination_duration_seconds",
-            "Time from a nodeclaim's deletion request to the removal of its finalizer.",
-            m.nodeclaims_termination_duration.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_instance_termination_duration_seconds",
-            "Time the cloud provider took to terminate a nodeclaim's instance.",
-            m.nodeclaims_instance_termination_duration.clone(),
-        );
-        r.register(
-            "karpenter_nodes_created",
-            "Number of nodes created, by nodepool.",
-            m.nodes_created.clone(),
-        );
-        r.register(
-            "karpenter_nodes_terminated",
-            "Number of nodes terminated, by nodepool.",
-            m.nodes_terminated.clone(),
-        );
-        r.register(
-            "karpenter_nodes_termination_duration_seconds",
-            "Time from a node's deletion request to the removal of its finalizer.",
-            m.nodes_termination_duration.clone(),
-        );
-        r.register(
-            "karpenter_nodes_drained",
-            "Number of nodes drained, by nodepool.",
-            m.nodes_drained.clone(),
-        );
-        r.register(
-            "karpenter_nodes_lifetime_duration_seconds",
-            "The lifetime duration of the nodes since creation.",
-            m.nodes_lifetime_duration.clone(),
-        );
-        r.register(
-            "karpenter_pods_eviction_requests",
-            "The total number of pod eviction requests made by Karpenter, labeled by response code",
-            m.pods_eviction_requests.clone(),
-        );
-        r.register(
-            "karpenter_pods_drained",
-            "The total number of pods drained during node termination by Karpenter, labeled by reason",
-            m.pods_drained.clone(),
-        );
-        r.register(
-            "karpenter_pods_state",
-            "Pod state: one series per pod, labeled by its node, nodepool, zone, type and phase.",
-            m.pods_state.clone(),
-        );
-        r.register(
-            "karpenter_pods_startup_duration_seconds",
-            "Time from a pod's creation until it is running.",
-            m.pods_startup_duration.clone(),
-        );
-        r.register(
-            "karpenter_pods_bound_duration_seconds",
-            "Time from a pod's creation until it is bound to a node.",
-            m.pods_bound_duration.clone(),
-        );
-        r.register(
-            "karpenter_scheduler_scheduling_duration_seconds",
-            "Duration of scheduling simulations, by the controller that ran them.",
-            m.scheduler_scheduling_duration.clone(),
-        );
-        r.register(
-            "karpenter_scheduler_queue_depth",
-            "Pods waiting to be placed by the running scheduling simulation.",
-            m.scheduler_queue_depth.clone(),
-        );
-        r.register(
-            "karpenter_scheduler_unschedulable_pods_count",
-            "The number of unschedulable Pods.",
-            m.scheduler_unschedulable_pods_count.clone(),
-        );
-        r.register(
-            "karpenter_scheduler_ignored_pods_count",
-            "Number of pods ignored during scheduling by Karpenter",
-            m.scheduler_ignored_pods_count.clone(),
-        );
-        r.register(
-            "karpenter_provisioner_scheduling_duration_seconds",
-            "Duration of a whole provisioning pass: snapshot, simulation and nodeclaim creation.",
-            m.provisioner_scheduling_duration.clone(),
-        );
-        r.register(
-            "karpenter_provisioner_batch_size",
-            "Number of pending pods in the last provisioning batch.",
-            m.provisioner_batch_size.clone(),
-        );
-        r.register(
-            "karpenter_provisioner_batch_window_duration_seconds",
-            "How long provisioning batches stayed open.",
-            m.provisioner_batch_window_duration.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_duration_seconds",
-            "Duration of cloud provider calls, by controller, method and provider.",
-            m.cloudprovider_duration.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_errors",
-            "Number of failed cloud provider calls, by controller, method, provider and error.",
-            m.cloudprovider_errors.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_usage",
-            "Resources the nodes of a nodepool provide, by nodepool and resource type.",
-            m.nodepools_usage.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_limit",
-            "Limits of a nodepool, by nodepool and resource type.",
-            m.nodepools_limit.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_allowed_disruptions",
-            "Nodes of a nodepool its disruption budgets allow disrupting now, by nodepool and reason.",
-            m.nodepools_allowed_disruptions.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_nodes_consuming_budgets",
-            "Nodes of a nodepool that count against its disruption budgets (not ready or going away), by nodepool and reason.",
-            m.nodepools_nodes_consuming_budgets.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_cost_total",
-            "Hourly price of a nodepool's nodeclaims at their offerings' prices, by nodepool.",
-            m.nodepools_cost_total.clone(),
-        );
-        r.register(
-            "karpenter_nodes_allocatable",
-            "Node allocatable are the resources allocatable by nodes.",
-            m.nodes_allocatable.clone(),
-        );
-        r.register(
-            "karpenter_nodes_total_pod_requests",
-            "Resources requested by the pods bound to a node, DaemonSet pods included.",
-            m.nodes_total_pod_requests.clone(),
-        );
-        r.register(
-            "karpenter_nodes_total_daemon_requests",
-            "Resources requested by the DaemonSet pods bound to a node.",
-            m.nodes_total_daemon_requests.clone(),
-        );
-        r.register(
-            "karpenter_nodes_total_pod_limits",
-            "Node total pod limits are the resources specified by pod limits, including the DaemonSet pods.",
-            m.nodes_total_pod_limits.clone(),
-        );
-        r.register(
-            "karpenter_nodes_total_daemon_limits",
-            "Node total daemon limits are the resources specified by DaemonSet pod limits.",
-            m.nodes_total_daemon_limits.clone(),
-        );
-        r.register(
-            "karpenter_nodes_system_overhead",
-            "Resources reserved for system use: a node's capacity minus its allocatable.",
-            m.nodes_system_overhead.clone(),
-        );
-        r.register(
-            "karpenter_nodes_current_lifetime_seconds",
-            "Seconds since a node was created.",
-            m.nodes_current_lifetime_seconds.clone(),
-        );
-        r.register(
-            "karpenter_nodes_price_per_hour",
-            "Hourly price of a node's offering (instance type, capacity type, zone).",
-            m.nodes_price_per_hour.clone(),
-        );
-        r.register(
-            "karpenter_cluster_utilization_percent",
-            "Requests of the pods bound to nodes over the nodes' allocatable, in percent, by resource type.",
-            m.cluster_utilization_percent.clone(),
-        );
-        r.register(
-            "karpenter_cluster_state_node_count",
-            "Nodes and nodeclaims in the controller's cluster state.",
-            m.cluster_state_node_count.clone(),
-        );
-        r.register(
-            "karpenter_cluster_state_synced",
-            "1 when the controller's cluster state has listed every watched kind, else 0.",
-            m.cluster_state_synced.clone(),
-        );
-        r.register(
-            "karpenter_cluster_state_unsynced_time_seconds",
-            "The time for which cluster state is not synced",
-            m.cluster_state_unsynced_time_seconds.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_instance_type_cpu_cores",
-            "VCPUs cores for a given instance type.",
-            m.cloudprovider_instance_type_cpu_cores.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_instance_type_memory_bytes",
-            "Memory, in bytes, for a given instance type.",
-            m.cloudprovider_instance_type_memory_bytes.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_instance_type_offering_available",
-            "Instance type offering availability, based on instance type, capacity type, and zone",
-            m.cloudprovider_instance_type_offering_available.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_instance_type_offering_price_estimate",
-            "Instance type offering estimated hourly price used when making informed decisions on node cost calculation, based on instance type, capacity type, and zone.",
-            m.cloudprovider_instance_type_offering_price_estimate.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
-            "Duration of a disruption method's evaluation, by reason and consolidation type.",
-            m.disruption_evaluation_duration.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_decisions",
-            "Number of disruption decisions made, by decision, reason and consolidation type.",
-            m.disruption_decisions.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_decisions_by_nodepool",
-            "Number of disruption decisions made, by nodepool, decision, reason and consolidation type.",
-            m.disruption_decisions_by_nodepool.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_eligible_nodes",
-            "Nodes eligible for disruption, by reason.",
-            m.disruption_eligible_nodes.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_consolidation_timeouts",
-            "Number of consolidation evaluations that timed out, by consolidation type.",
-            m.disruption_consolidation_timeouts.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_failed_validations",
-            "Number of disruption commands that failed their validation, by consolidation type.",
-            m.disruption_failed_validations.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_queue_failures",
-            "Number of disruption commands that failed once started, by decision, reason and consolidation type.",
-            m.disruption_queue_failures.clone(),
-        );
-        r.register(
-            "karpenter_consolidation_moves",
-            "Consolidation moves of Balanced nodepools, by decision, nodepool and policy.",
-            m.consolidation_moves.clone(),
-        );
-        r.register(
-            "karpenter_consolidation_score",
-            "Scores of Balanced consolidation moves, by decision, nodepool and policy.",
-            m.consolidation_score.clone(),
-        );
         // Timeouts never happen here (no evaluation is cut short), but dashboards expect the series.
         for kind in ["empty", "multi", "single"] {
             let _ = m
@@ -652,7 +461,7 @@ impl Metrics {
                 .get_or_create(&vec![("consolidation_type", kind.to_string())]);
         }
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())]).set(1.0);
-        (m, registrar.names)
+        (m, r.names)
     }
 
     /// Metrics registered in a throw-away registry, for tests.

@@ -52,6 +52,9 @@ pub mod topology;
 pub mod values;
 pub mod volumes;
 
+mod input;
+mod pools;
+
 pub use instancetypes::{InstanceType, Offering, Overhead};
 pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;

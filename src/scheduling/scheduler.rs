@@ -16,400 +16,31 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Toleration};
-use thiserror::Error;
+use k8s_openapi::api::core::v1::Toleration;
 
-use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_HOSTNAME, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE};
-use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
+use crate::apis::Taint;
+use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_HOSTNAME, LABEL_TOPOLOGY_ZONE};
+
+pub use super::input::{
+    ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, Packing, PodError, PodRef,
+    PreferencePolicy, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults,
+    UNIT_PRICE_TOLERANCE,
+};
 
 use super::hostports::{HostPort, first_conflict, pod_host_ports};
-use super::instancetypes::{InstanceType, compare_price, unit_price};
-use super::requirements::{
-    Requirement, RequirementError, Requirements, keys_compatible, pod_node_requirements,
-};
-use super::resources::{NODES, QuantityError, Resources, format_quantity, parse_quantity_for, pod_requests};
+use super::instancetypes::{InstanceType, compare_price};
+use super::pools::{OfferingIndex, Pool, PoolCosts, limited_amount, max_alloc};
+use super::requirements::{Requirement, Requirements, keys_compatible, pod_node_requirements};
+use super::resources::{Resources, format_quantity, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
 use super::topology::{DomainSource, PodTopology, SlotView, Topology};
-use super::volumes::{Attachments, VolumeInput, and_terms, exceeded_limit};
-
-/// Errors building the scheduler's input from the API objects.
-#[derive(Debug, Error)]
-pub enum SchedulingError {
-    /// A NodePool requirement is malformed.
-    #[error("nodepool {nodepool}: {source}")]
-    Requirement {
-        /// The NodePool.
-        nodepool: String,
-        /// What is wrong.
-        source: RequirementError,
-    },
-    /// A NodePool limit is not a quantity.
-    #[error("nodepool {nodepool}: {source}")]
-    Limit {
-        /// The NodePool.
-        nodepool: String,
-        /// What is wrong.
-        source: QuantityError,
-    },
-}
-
-/// What to do when a NodeClaim cannot keep the `minValues` a NodePool asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MinValuesPolicy {
-    /// The pod does not schedule on that NodePool.
-    #[default]
-    Strict,
-    /// The NodeClaim is launched anyway and marked as relaxed.
-    BestEffort,
-}
-
-impl std::str::FromStr for MinValuesPolicy {
-    type Err = String;
-
-    /// Parses upstream's spelling, as in `MIN_VALUES_POLICY`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "Strict" => Ok(MinValuesPolicy::Strict),
-            "BestEffort" => Ok(MinValuesPolicy::BestEffort),
-            other => Err(format!("invalid minValues policy {other:?}: expected Strict or BestEffort")),
-        }
-    }
-}
+use super::volumes::{Attachments, and_terms, exceeded_limit};
 
 /// Why a pod with Dynamic Resource Allocation claims gets no capacity (upstream's words).
 pub const DRA_UNSUPPORTED: &str =
     "pod has Dynamic Resource Allocation requirements that are not yet supported by Karpenter";
-
-/// How preferred scheduling constraints are treated (`PREFERENCE_POLICY`), as upstream: preferred
-/// node affinity, preferred pod (anti-)affinity and `ScheduleAnyway` topology spreads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PreferencePolicy {
-    /// Honoured first, then relaxed one at a time when a pod cannot otherwise schedule.
-    #[default]
-    Respect,
-    /// Left out of the simulation from the start.
-    Ignore,
-}
-
-impl std::str::FromStr for PreferencePolicy {
-    type Err = String;
-
-    /// Parses upstream's spelling, as in `PREFERENCE_POLICY`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "Respect" => Ok(PreferencePolicy::Respect),
-            "Ignore" => Ok(PreferencePolicy::Ignore),
-            other => Err(format!("invalid preference policy {other:?}: expected Respect or Ignore")),
-        }
-    }
-}
-
-/// How pods are ordered and how far a NodeClaim grows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Packing {
-    /// Pods are taken largest first, alternating between those heavy in CPU and those heavy in
-    /// memory (relative to all pending pods) so that NodeClaims fill both evenly. A NodeClaim
-    /// stops growing once no instance type that can hold it comes within
-    /// [`UNIT_PRICE_TOLERANCE`] of the lowest price per unit of its binding resource among its
-    /// allowed types (unless the pod rides free on the type it needs already), and exotic types
-    /// (see [`InstanceType::is_exotic`]) are dropped from a NodeClaim that other types can hold.
-    #[default]
-    CostAware,
-    /// The rule of upstream's scheduler, and of this one before [`Packing::CostAware`]: pods by
-    /// CPU, then memory; a NodeClaim grows while any allowed type can hold it; exotic types stay.
-    /// Kept so that benchmarks can compare the plans.
-    LargestFit,
-}
-
-/// How much dearer per unit of its binding resource than the cheapest allowed type an instance
-/// type may be and still let a NodeClaim grow into it (3%): larger NodeClaims need fewer nodes
-/// and less DaemonSet overhead, so a near tie goes to the larger type.
-pub const UNIT_PRICE_TOLERANCE: f64 = 0.03;
-
-/// Tunables of a scheduling run.
-#[derive(Clone, Debug)]
-pub struct SchedulerOptions {
-    /// `minValues` policy.
-    pub min_values_policy: MinValuesPolicy,
-    /// Whether preferences are honoured at all.
-    pub preference_policy: PreferencePolicy,
-    /// Most instance types listed in a NodeClaim's `instance-type In` requirement.
-    pub max_instance_types: usize,
-    /// How pods are ordered and how far NodeClaims grow.
-    pub packing: Packing,
-}
-
-impl Default for SchedulerOptions {
-    fn default() -> Self {
-        SchedulerOptions {
-            min_values_policy: MinValuesPolicy::Strict,
-            preference_policy: PreferencePolicy::Respect,
-            max_instance_types: 60,
-            packing: Packing::default(),
-        }
-    }
-}
-
-/// A NodePool as the scheduler needs it.
-#[derive(Clone, Debug)]
-pub struct NodePoolInput {
-    /// Name of the NodePool.
-    pub name: String,
-    /// Higher weights are tried first.
-    pub weight: i32,
-    /// Template requirements, template labels (as `In`) and `karpenter.sh/nodepool In [name]`.
-    pub requirements: Requirements,
-    /// Template labels.
-    pub labels: BTreeMap<String, String>,
-    /// Taints of the nodes.
-    pub taints: Vec<Taint>,
-    /// Taints present only while the node starts.
-    pub startup_taints: Vec<Taint>,
-    /// Instance types the cloud provider offers for this NodePool.
-    pub instance_types: Vec<Arc<InstanceType>>,
-    /// Limits minus current usage, for the limited resources only (`nodes` counts NodeClaims);
-    /// `None` when the pool has no limits.
-    pub remaining_limits: Option<BTreeMap<String, i64>>,
-}
-
-impl NodePoolInput {
-    /// A NodePool without requirements, taints or limits.
-    pub fn new(name: impl Into<String>, instance_types: Vec<Arc<InstanceType>>) -> Self {
-        let name = name.into();
-        let mut requirements = Requirements::new();
-        requirements.add(LABEL_NODEPOOL, Requirement::in_values([name.clone()]));
-        NodePoolInput {
-            name,
-            weight: 0,
-            requirements,
-            labels: BTreeMap::new(),
-            taints: vec![],
-            startup_taints: vec![],
-            instance_types,
-            remaining_limits: None,
-        }
-    }
-
-    /// Adds NodePool-style requirements.
-    pub fn with_requirements(
-        mut self,
-        reqs: &[NodeSelectorRequirementWithMinValues],
-    ) -> Result<Self, RequirementError> {
-        self.requirements.add_all(&Requirements::from_nodepool(reqs)?);
-        Ok(self)
-    }
-
-    /// Builds the input from a NodePool object, its instance types and the resources its nodes
-    /// use now (`nodes` in `usage.extended` counts its nodes).
-    pub fn from_nodepool(
-        np: &NodePool,
-        instance_types: Vec<Arc<InstanceType>>,
-        usage: &Resources,
-    ) -> Result<Self, SchedulingError> {
-        let name = np.metadata.name.clone().unwrap_or_default();
-        let spec = &np.spec.template.spec;
-        let labels = np.spec.template.metadata.as_ref().map(|m| m.labels.clone()).unwrap_or_default();
-        let mut input = NodePoolInput::new(name.clone(), instance_types)
-            .with_requirements(&spec.requirements)
-            .map_err(|source| SchedulingError::Requirement { nodepool: name.clone(), source })?;
-        input.requirements.add_all(&Requirements::from_labels(&labels));
-        input.labels = labels;
-        input.weight = np.weight();
-        input.taints = spec.taints.clone();
-        input.startup_taints = spec.startup_taints.clone();
-        if let Some(limits) = &np.spec.limits {
-            let mut remaining = BTreeMap::new();
-            for (k, q) in limits {
-                let limit = parse_quantity_for(k, q)
-                    .map_err(|source| SchedulingError::Limit { nodepool: name.clone(), source })?;
-                remaining.insert(k.clone(), limit.saturating_sub(usage.get(k)));
-            }
-            input.remaining_limits = Some(remaining);
-        }
-        Ok(input)
-    }
-}
-
-/// A node that exists or is being launched (an in-flight NodeClaim).
-#[derive(Clone, Debug, Default)]
-pub struct ExistingNode {
-    /// Node name (or NodeClaim name while the node has not registered).
-    pub name: String,
-    /// Labels (for in-flight claims, the labels the node will have).
-    pub labels: BTreeMap<String, String>,
-    /// Taints.
-    pub taints: Vec<Taint>,
-    /// Startup taints of its NodePool, ignored until the node is initialized.
-    pub startup_taints: Vec<Taint>,
-    /// Whether the node is initialized; if not, startup and known ephemeral taints are ignored.
-    pub initialized: bool,
-    /// Allocatable resources.
-    pub allocatable: Resources,
-    /// Requests of the pods bound to it, `pods` included (and, for nodes not initialized yet, of
-    /// the DaemonSet pods it will run).
-    pub requested: Resources,
-    /// Pods bound to it, for topology and host ports; shared with the cluster-state cache.
-    pub pods: Vec<Arc<Pod>>,
-    /// What the scheduler derives from the fields above, computed on first use and kept for
-    /// every later simulation of the same node (a disruption pass simulates the cluster once per
-    /// candidate). Build a new `ExistingNode` rather than editing one that has been scheduled.
-    pub(crate) derived: Derived,
-}
-
-impl ExistingNode {
-    fn derived(&self) -> &DerivedNode {
-        self.derived.0.get_or_init(|| DerivedNode {
-            reqs: Requirements::from_labels(&self.labels),
-            ports: self.pods.iter().flat_map(|p| pod_host_ports(p)).collect(),
-            constrains: self.pods.iter().any(|p| super::topology::constrains_others(p)),
-        })
-    }
-}
-
-/// An [`ExistingNode`]'s derived data (not copied by `clone`: a copy may be edited).
-#[derive(Default)]
-pub(crate) struct Derived(std::sync::OnceLock<DerivedNode>);
-
-impl Clone for Derived {
-    fn clone(&self) -> Self {
-        Derived::default()
-    }
-}
-
-impl fmt::Debug for Derived {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("..")
-    }
-}
-
-struct DerivedNode {
-    /// Requirements from its labels.
-    reqs: Requirements,
-    /// Host ports its pods hold.
-    ports: Vec<HostPort>,
-    /// Whether any of its pods has a topology spread or pod (anti-)affinity.
-    constrains: bool,
-}
-
-/// Everything a scheduling run looks at.
-#[derive(Clone, Debug, Default)]
-pub struct SchedulingInput {
-    /// Pods to place; shared with the cluster-state cache.
-    pub pods: Vec<Arc<Pod>>,
-    /// NodePools that may launch nodes.
-    pub nodepools: Vec<NodePoolInput>,
-    /// Existing and in-flight nodes (shared, so that simulations of the same cluster without one
-    /// node or another do not copy them).
-    pub existing_nodes: Vec<Arc<ExistingNode>>,
-    /// One pod per DaemonSet, built from its template: the overhead of every new node.
-    pub daemonsets: Vec<Pod>,
-    /// Labels of namespaces, for affinity terms with a namespace selector.
-    pub namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
-    /// Claims, volumes, storage classes and attach limits, for the pods' volumes.
-    pub volumes: VolumeInput,
-    /// Tunables.
-    pub options: SchedulerOptions,
-}
-
-/// Identifies an input pod.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodRef {
-    /// Index in [`SchedulingInput::pods`].
-    pub index: usize,
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl fmt::Display for PodRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// A NodeClaim to create.
-#[derive(Clone, Debug)]
-pub struct NewNodeClaim {
-    /// The NodePool it comes from.
-    pub nodepool: String,
-    /// Requirements, including `node.kubernetes.io/instance-type In [...]` cheapest first.
-    pub requirements: Requirements,
-    /// Instance type names of that requirement, cheapest first.
-    pub instance_type_names: Vec<String>,
-    /// Labels of the node (template labels and single-valued requirements).
-    pub labels: BTreeMap<String, String>,
-    /// Taints.
-    pub taints: Vec<Taint>,
-    /// Startup taints.
-    pub startup_taints: Vec<Taint>,
-    /// Requests of its pods plus the DaemonSet overhead.
-    pub requests: Resources,
-    /// DaemonSet overhead included in `requests`.
-    pub daemonset_requests: Resources,
-    /// The pods it will run.
-    pub pods: Vec<PodRef>,
-    /// Every instance type that can hold the pods, cheapest first.
-    pub instance_type_options: Vec<Arc<InstanceType>>,
-    /// Whether `minValues` had to be relaxed.
-    pub min_values_relaxed: bool,
-}
-
-impl NewNodeClaim {
-    /// The requirements as a NodeClaim spec lists them.
-    pub fn node_selector_requirements(&self) -> Vec<NodeSelectorRequirementWithMinValues> {
-        self.requirements.to_node_selector()
-    }
-}
-
-/// Pods placed on an existing node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExistingPlacement {
-    /// The node.
-    pub node: String,
-    /// The pods.
-    pub pods: Vec<PodRef>,
-}
-
-/// Why a pod could not be placed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodError {
-    /// The pod.
-    pub pod: PodRef,
-    /// Reason per NodePool, in the order they were tried.
-    pub nodepools: Vec<(String, String)>,
-    /// A reason not tied to a NodePool (invalid pod, no NodePool).
-    pub reason: Option<String>,
-}
-
-impl fmt::Display for PodError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(r) = &self.reason {
-            return f.write_str(r);
-        }
-        let parts: Vec<String> =
-            self.nodepools.iter().map(|(np, r)| format!("nodepool {np:?}: {r}")).collect();
-        f.write_str(&parts.join("; "))
-    }
-}
-
-/// The outcome of a scheduling run.
-#[derive(Clone, Debug, Default)]
-pub struct SchedulingResults {
-    /// NodeClaims to create.
-    pub new_node_claims: Vec<NewNodeClaim>,
-    /// Pods that fit on existing or in-flight nodes.
-    pub existing_placements: Vec<ExistingPlacement>,
-    /// Pods that fit nowhere.
-    pub errors: Vec<PodError>,
-    /// The pods of `errors` the simulation did not try to place because upstream's provisioner
-    /// would have left them out before scheduling (its `Validate`): node requirements that cannot
-    /// be parsed, volumes that cannot be resolved. Upstream counts them as ignored pods.
-    pub ignored: Vec<PodRef>,
-}
 
 /// Runs the scheduling simulation over `input`.
 pub fn schedule(input: &SchedulingInput) -> SchedulingResults {
@@ -530,45 +161,6 @@ impl PodInfo<'_> {
     }
 }
 
-/// Bit masks of zones and capacity types, to test offerings without string lookups.
-#[derive(Default)]
-struct OfferingIndex {
-    zones: BTreeMap<String, u32>,
-    capacity_types: BTreeMap<String, u32>,
-}
-
-impl OfferingIndex {
-    fn usable(&self) -> bool {
-        self.zones.len() <= 64 && self.capacity_types.len() <= 64
-    }
-
-    fn bit(map: &BTreeMap<String, u32>, v: &str) -> u64 {
-        map.get(v).and_then(|i| 1u64.checked_shl(*i)).unwrap_or(0)
-    }
-
-    fn full_zone_mask(&self) -> u64 {
-        self.zones.values().fold(0u64, |m, i| m | 1u64.checked_shl(*i).unwrap_or(0))
-    }
-
-    fn masks(&self, reqs: &Requirements) -> (u64, u64) {
-        let mask = |map: &BTreeMap<String, u32>, key: &str| {
-            map.iter().filter(|(v, _)| reqs.allows(key, v)).fold(0u64, |m, (v, _)| m | Self::bit(map, v))
-        };
-        (mask(&self.zones, LABEL_TOPOLOGY_ZONE), mask(&self.capacity_types, LABEL_CAPACITY_TYPE))
-    }
-}
-
-struct Pool<'a> {
-    input: &'a NodePoolInput,
-    /// Indices into `input.instance_types` compatible with the template, cheapest first.
-    its: Vec<u32>,
-    /// Per instance type: (zone bit, capacity type bit, price) of each available offering.
-    offers: Vec<Vec<(u64, u64, f64)>>,
-    ds_overhead: Resources,
-    remaining: Option<BTreeMap<String, i64>>,
-    has_min_values: bool,
-}
-
 struct Claim {
     pool: usize,
     host_id: u32,
@@ -614,93 +206,8 @@ struct Scheduler<'a> {
     costs: Vec<PoolCosts>,
 }
 
-/// Per instance type of a pool (by index into its `instance_types`): the price of its cheapest
-/// offering the NodePool allows (infinite without one), and whether it is exotic.
-struct PoolCosts {
-    prices: Vec<f64>,
-    exotic: Vec<bool>,
-    /// 1 / allocatable CPU and memory (infinite where there is none).
-    inverse: Vec<[f64; 2]>,
-    /// Per limited resource of the NodePool (in key order): what each type counts toward it.
-    limits: Vec<LimitedAmounts>,
-}
-
-/// What each instance type of a pool counts toward one NodePool limit.
-struct LimitedAmounts(Vec<i64>);
-
-impl LimitedAmounts {
-    fn amount(&self, i: u32) -> i64 {
-        self.0.get(i as usize).copied().unwrap_or(i64::MAX)
-    }
-}
-
-impl PoolCosts {
-    fn new(np: &NodePoolInput) -> Self {
-        let its = &np.instance_types;
-        PoolCosts {
-            prices: its
-                .iter()
-                .map(|it| it.cheapest_price(&np.requirements).unwrap_or(f64::INFINITY))
-                .collect(),
-            exotic: its.iter().map(|it| it.is_exotic()).collect(),
-            inverse: its
-                .iter()
-                .map(|it| {
-                    let a = it.allocatable();
-                    [a.cpu, a.memory].map(|v| if v > 0 { 1.0 / v as f64 } else { f64::INFINITY })
-                })
-                .collect(),
-            limits: np
-                .remaining_limits
-                .iter()
-                .flat_map(|l| l.keys())
-                .map(|k| LimitedAmounts(its.iter().map(|it| limited_amount(it, k)).collect()))
-                .collect(),
-        }
-    }
-
-    /// [`unit_price`] of `requests` on type `i`, without divisions when they ask for CPU, memory
-    /// and pod slots only.
-    fn unit_price(&self, i: u32, requests: &Resources, types: &[Arc<InstanceType>]) -> f64 {
-        let price = self.price(i);
-        match self.inverse.get(i as usize) {
-            Some(inv) if requests.extended.is_empty() && requests.ephemeral_storage <= 0 => {
-                let share = |v: i64, inv: f64| if v > 0 { v as f64 * inv } else { 0.0 };
-                price * share(requests.cpu, inv[0]).max(share(requests.memory, inv[1]))
-            }
-            _ => types
-                .get(i as usize)
-                .map_or(f64::INFINITY, |it| unit_price(price, requests, it.allocatable())),
-        }
-    }
-
-    fn price(&self, i: u32) -> f64 {
-        self.prices.get(i as usize).copied().unwrap_or(f64::INFINITY)
-    }
-
-    fn is_exotic(&self, i: u32) -> bool {
-        self.exotic.get(i as usize).copied().unwrap_or(false)
-    }
-}
-
 /// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
 type Reject = (String, bool);
-
-/// What a node of type `it` counts toward a NodePool limit on `key`.
-fn limited_amount(it: &InstanceType, key: &str) -> i64 {
-    if key == NODES { 1 } else { it.capacity.get(key) }
-}
-
-fn max_alloc(its: &[u32], types: &[Arc<InstanceType>]) -> [i64; 3] {
-    let mut m = [i64::MIN; 3];
-    for &i in its {
-        if let Some(it) = types.get(i as usize) {
-            let a = it.allocatable();
-            m = [m[0].max(a.cpu), m[1].max(a.memory), m[2].max(a.pods)];
-        }
-    }
-    m
-}
 
 impl<'a> Scheduler<'a> {
     fn new(input: &'a SchedulingInput) -> Self {
@@ -786,17 +293,7 @@ impl<'a> Scheduler<'a> {
         }
 
         // Offering index over every zone and capacity type.
-        let mut offer_idx = OfferingIndex::default();
-        for np in &input.nodepools {
-            for it in &np.instance_types {
-                for o in &it.offerings {
-                    let n = u32::try_from(offer_idx.zones.len()).unwrap_or(u32::MAX);
-                    offer_idx.zones.entry(o.zone.clone()).or_insert(n);
-                    let n = u32::try_from(offer_idx.capacity_types.len()).unwrap_or(u32::MAX);
-                    offer_idx.capacity_types.entry(o.capacity_type.clone()).or_insert(n);
-                }
-            }
-        }
+        let offer_idx = OfferingIndex::new(&input.nodepools);
 
         // NodePools by weight, then name.
         let mut order: Vec<&NodePoolInput> = input.nodepools.iter().collect();
@@ -1161,261 +658,32 @@ impl<'a> Scheduler<'a> {
         let Scheduler { claims, pools, pods, topo, offer_idx, input, costs, .. } = self;
         let claim = &mut claims[c];
         let pod = &pods[p];
-        let r = &pod.requests;
-        let m = claim.max_alloc;
-        if claim.requests.cpu + r.cpu > m[0]
-            || claim.requests.memory + r.memory > m[1]
-            || claim.requests.pods + r.pods > m[2]
-        {
-            let msg = if reason {
-                format!("no instance type fits {}", describe_requests(&claim.requests.add(r)))
-            } else {
-                String::new()
-            };
-            return Err((msg, false));
-        }
+        let ask = Ask { pod, reqs, state, reason };
+        claim.check_size(&ask)?;
         let pool = &pools[claim.pool];
-        if !tolerates_all(&pool.input.taints, pod.tolerations) {
-            let msg = if reason {
-                check_tolerated(&pool.input.taints, pod.tolerations).err().unwrap_or_default()
-            } else {
-                String::new()
-            };
-            return Err((msg, true));
-        }
-        if let Some(conflict) = first_conflict(&claim.ports, &pod.ports) {
-            return Err((
-                if reason { format!("host port conflict {conflict}") } else { String::new() },
-                true,
-            ));
-        }
-        if !reqs.is_empty() && !claim.reqs.is_compatible(reqs, true) {
-            // A conflict on a key both define lasts (claims only narrow); an undefined key may
-            // become defined.
-            let permanent = claim.reqs.intersects(reqs).is_err();
-            let msg = match claim.reqs.compatible(reqs, true) {
-                Err(e) if reason => format!("incompatible requirements, {}", e.0),
-                _ => String::new(),
-            };
-            return Err((msg, permanent));
-        }
-        let topo_reqs = if pod.topo.is_empty() {
-            vec![]
-        } else {
-            // Zonal constraints choose among the zones the claim could still launch in with
-            // this pod added (largest types first: they fit most often). A claim already in one
-            // zone has nothing to choose.
-            let pinned = claim.reqs.get(LABEL_TOPOLOGY_ZONE).is_some_and(|z| z.single().is_some());
-            let zone_mask = (pod.zonal && !pinned && offer_idx.usable()).then(|| {
-                let cm = offer_idx.masks(&claim.reqs).1;
-                let full = offer_idx.full_zone_mask();
-                let mut mask = 0u64;
-                for &i in claim.its.iter().rev() {
-                    let Some(it) = pool.input.instance_types.get(i as usize) else { continue };
-                    if !claim.requests.fits_with(r, it.allocatable()) {
-                        continue;
-                    }
-                    for (z, ct, _) in pool.offers.get(i as usize).into_iter().flatten() {
-                        if ct & cm != 0 {
-                            mask |= z;
-                        }
-                    }
-                    if mask == full {
-                        break;
-                    }
-                }
-                mask
-            });
-            let zone_filter =
-                |z: &str| zone_mask.is_none_or(|m| OfferingIndex::bit(&offer_idx.zones, z) & m != 0);
-            let view = SlotView {
-                hostname: claim.host_id,
-                labels: None,
-                reqs: &claim.reqs,
-                taints: &pool.input.taints,
-                zones: Some(&zone_filter),
-            };
-            match topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref) {
-                Ok(r) => r,
-                Err(rej) => {
-                    return Err((if reason { topo.describe(rej) } else { String::new() }, rej.permanent));
-                }
-            }
-        };
+        check_taints(&pool.input.taints, &ask)?;
+        claim.check_host_ports(&ask)?;
+        claim.check_requirements(&ask)?;
+        let topo_reqs = claim.topology_requirements(pool, topo, offer_idx, &ask)?;
 
         // The narrowed requirements, and the keys that changed.
-        let mut changed: BTreeSet<&str> = BTreeSet::new();
-        let new_reqs = if reqs.is_empty() && topo_reqs.is_empty() {
-            None
-        } else {
-            let mut nr = claim.reqs.clone();
-            nr.add_all(reqs);
-            for (k, r) in &topo_reqs {
-                nr.add(k, r.clone());
-            }
-            for k in reqs.keys().chain(topo_reqs.iter().map(|(k, _)| k.as_str())) {
-                if nr.get(k) != claim.reqs.get(k) {
-                    changed.insert(k);
-                }
-            }
-            Some(nr)
-        };
+        let (new_reqs, changed) = narrow(&claim.reqs, reqs, &topo_reqs);
         let eff_reqs = new_reqs.as_ref().unwrap_or(&claim.reqs);
-        let offers_changed = changed.contains(LABEL_TOPOLOGY_ZONE) || changed.contains(LABEL_CAPACITY_TYPE);
-        let label_keys: Vec<&str> = changed
-            .iter()
-            .copied()
-            .filter(|k| *k != LABEL_TOPOLOGY_ZONE && *k != LABEL_CAPACITY_TYPE)
-            .collect();
-        let masks = (offers_changed && offer_idx.usable()).then(|| offer_idx.masks(eff_reqs));
-
-        let new_requests = claim.requests.add(r);
-        let types = &pool.input.instance_types;
         let cost_aware = input.options.packing == Packing::CostAware;
-        let reqs_changed = offers_changed || !label_keys.is_empty();
-        // Whether the narrowed requirements still allow type `i`.
-        let allowed = |i: u32, it: &InstanceType| {
-            let labels_ok = label_keys.iter().all(|k| match (it.requirements.get(k), eff_reqs.get(k)) {
-                (Some(ir), Some(nr)) => keys_compatible(ir, nr),
-                _ => true,
-            });
-            labels_ok
-                && (!offers_changed
-                    || match masks {
-                        Some((zm, cm)) => pool
-                            .offers
-                            .get(i as usize)
-                            .is_some_and(|o| o.iter().any(|(z, ct, _)| z & zm != 0 && ct & cm != 0)),
-                        None => it.compatible_offerings(eff_reqs).next().is_some(),
-                    })
-        };
-        let mut kept = Vec::with_capacity(claim.its.len());
-        // Allowed types that no longer hold the claim (tracked for the cost-aware rule only).
-        let mut outgrown = Vec::new();
-        let (mut fit_fail, mut req_fail) = (0usize, 0usize);
-        for &i in &claim.its {
-            let Some(it) = types.get(i as usize) else { continue };
-            if !new_requests.fits(it.allocatable()) {
-                fit_fail += 1;
-                if cost_aware && allowed(i, it) {
-                    outgrown.push(i);
-                }
-                continue;
-            }
-            if !allowed(i, it) {
-                req_fail += 1;
-                continue;
-            }
-            kept.push(i);
-        }
-        if kept.is_empty() {
-            if !reason {
-                return Err((String::new(), false));
-            }
-            let msg = if req_fail == 0 {
-                format!("no instance type fits {}", describe_requests(&new_requests))
-            } else if fit_fail == 0 {
-                format!("no instance type satisfies requirements {}", describe_reqs(eff_reqs))
-            } else {
-                format!(
-                    "no instance type satisfies requirements {} and fits {}",
-                    describe_reqs(eff_reqs),
-                    describe_requests(&new_requests)
-                )
-            };
-            return Err((msg, false));
-        }
         let cost = &costs[claim.pool];
-        // Exotic types only when no other type can hold the claim (and minValues still hold
-        // without them).
-        if cost_aware && kept.iter().any(|i| cost.is_exotic(*i)) {
-            let plain: Vec<u32> = kept.iter().copied().filter(|i| !cost.is_exotic(*i)).collect();
-            if !plain.is_empty()
-                && (!pool.has_min_values || check_min_values(eff_reqs, &plain, types).is_ok())
-            {
-                kept = plain;
-            }
-        }
-        let mut relaxed = claim.min_values_relaxed;
-        if pool.has_min_values
-            && let Err(e) = check_min_values(eff_reqs, &kept, types)
-        {
-            match input.options.min_values_policy {
-                MinValuesPolicy::Strict => return Err((e, false)),
-                MinValuesPolicy::BestEffort => relaxed = true,
-            }
-        }
-
-        // How far the claim may grow: into the types that hold it at near the lowest price per
-        // unit of what it holds, or at no more than it costs now. Worked out again when the types
-        // that hold it change (the only time its cheapest type, and so its price, can rise).
-        let mut growth_alloc = None;
-        if cost_aware && (claim.pods.is_empty() || reqs_changed || kept.len() != claim.its.len()) {
-            let unit = |i: u32| cost.unit_price(i, &new_requests, types);
-            let ordinary = !kept.iter().any(|i| cost.is_exotic(*i));
-            let too_small = claim
-                .small
-                .iter()
-                .copied()
-                .filter(|i| !reqs_changed || types.get(*i as usize).is_some_and(|it| allowed(*i, it)))
-                .chain(outgrown.iter().copied());
-            let floor = too_small
-                .chain(kept.iter().copied())
-                .filter(|i| !(ordinary && cost.is_exotic(*i)))
-                .map(unit)
-                .fold(f64::INFINITY, f64::min);
-            let limit = floor * (1.0 + UNIT_PRICE_TOLERANCE);
-            let now = claim.its.first().map_or(f64::INFINITY, |i| cost.price(*i));
-            let cheapest = kept.first().map_or(f64::INFINITY, |i| cost.price(*i));
-            let mut m = [i64::MIN; 3];
-            let mut efficient = false;
-            for &i in &kept {
-                let fits_cheaply = unit(i) <= limit;
-                efficient |= fits_cheaply;
-                if (fits_cheaply || cost.price(i) <= cheapest)
-                    && let Some(it) = types.get(i as usize)
-                {
-                    let a = it.allocatable();
-                    m = [m[0].max(a.cpu), m[1].max(a.memory), m[2].max(a.pods)];
-                }
-            }
-            if !claim.pods.is_empty() && !efficient && cheapest > now {
-                let msg = if reason {
-                    format!(
-                        "no instance type holding {} is among the cheapest per unit of it",
-                        describe_requests(&new_requests)
-                    )
-                } else {
-                    String::new()
-                };
-                return Err((msg, false));
-            }
-            growth_alloc = Some(m);
-        }
-        if cost_aware {
-            if reqs_changed {
-                claim.small.retain(|i| types.get(*i as usize).is_some_and(|it| allowed(*i, it)));
-            }
-            claim.small.extend(outgrown);
-        }
+        let narrowing = Narrowing::new(pool, cost, eff_reqs, &changed, offer_idx, cost_aware);
+        let new_requests = claim.requests.add(&pod.requests);
+        let (mut kept, outgrown) = narrowing.instance_types(&claim.its, &new_requests, reason)?;
+        narrowing.drop_exotic(&mut kept);
+        let relaxed =
+            narrowing.min_values(&kept, input.options.min_values_policy, claim.min_values_relaxed)?;
+        let growth_alloc = narrowing.growth_alloc(claim, &kept, &outgrown, &new_requests, reason)?;
+        narrowing.update_small(&mut claim.small, outgrown);
 
         // Commit.
-        // Limits count the largest type the claim may launch as.
-        let reserved = match &pool.remaining {
-            Some(_) if kept.len() == claim.its.len() && !claim.pods.is_empty() => claim.reserved.clone(),
-            Some(rem) => rem
-                .keys()
-                .zip(&cost.limits)
-                .map(|(k, caps)| (k.clone(), kept.iter().map(|i| caps.amount(*i)).max().unwrap_or(0)))
-                .collect(),
-            None => BTreeMap::new(),
-        };
+        let reserved = claim.reservation(pool, cost, &kept);
         let pool_mut = &mut pools[claim.pool];
-        if let Some(rem) = pool_mut.remaining.as_mut() {
-            for (k, v) in rem.iter_mut() {
-                *v += claim.reserved.get(k).copied().unwrap_or(0) - reserved.get(k).copied().unwrap_or(0);
-            }
-        }
+        pool_mut.move_reservation(&claim.reserved, &reserved);
         claim.reserved = reserved;
         if let Some(nr) = new_reqs {
             claim.reqs = nr;
@@ -1520,41 +788,381 @@ impl<'a> Scheduler<'a> {
     }
 }
 
-impl<'a> Pool<'a> {
-    fn new(np: &'a NodePoolInput, input: &SchedulingInput, offer_idx: &OfferingIndex) -> Self {
-        let mut its: Vec<(Option<f64>, u32)> = np
-            .instance_types
+/// A pod offered to a claim: its requirements at this step of its relaxation, and whether a
+/// refusal must say why (see [`Scheduler::try_claim`]).
+struct Ask<'x, 'a> {
+    pod: &'x PodInfo<'a>,
+    reqs: &'x Requirements,
+    state: Relax,
+    reason: bool,
+}
+
+/// What [`Scheduler::try_claim`] asks of a claim as it is, before the pod joins it.
+impl Claim {
+    /// The pod's CPU, memory and pods must fit in the most any type the claim may still grow
+    /// into allocates.
+    fn check_size(&self, ask: &Ask<'_, '_>) -> Result<(), Reject> {
+        let r = &ask.pod.requests;
+        let m = self.max_alloc;
+        if self.requests.cpu + r.cpu > m[0]
+            || self.requests.memory + r.memory > m[1]
+            || self.requests.pods + r.pods > m[2]
+        {
+            let msg = if ask.reason {
+                format!("no instance type fits {}", describe_requests(&self.requests.add(r)))
+            } else {
+                String::new()
+            };
+            return Err((msg, false));
+        }
+        Ok(())
+    }
+
+    /// The pod's host ports must be free on the claim.
+    fn check_host_ports(&self, ask: &Ask<'_, '_>) -> Result<(), Reject> {
+        if let Some(conflict) = first_conflict(&self.ports, &ask.pod.ports) {
+            return Err((
+                if ask.reason { format!("host port conflict {conflict}") } else { String::new() },
+                true,
+            ));
+        }
+        Ok(())
+    }
+
+    /// The pod's requirements must be compatible with the claim's.
+    fn check_requirements(&self, ask: &Ask<'_, '_>) -> Result<(), Reject> {
+        let reqs = ask.reqs;
+        if !reqs.is_empty() && !self.reqs.is_compatible(reqs, true) {
+            // A conflict on a key both define lasts (claims only narrow); an undefined key may
+            // become defined.
+            let permanent = self.reqs.intersects(reqs).is_err();
+            let msg = match self.reqs.compatible(reqs, true) {
+                Err(e) if ask.reason => format!("incompatible requirements, {}", e.0),
+                _ => String::new(),
+            };
+            return Err((msg, permanent));
+        }
+        Ok(())
+    }
+
+    /// The requirements the pod's topology constraints add on the claim (the domains they
+    /// choose), or the constraint the claim would violate.
+    fn topology_requirements(
+        &self,
+        pool: &Pool<'_>,
+        topo: &mut Topology,
+        offer_idx: &OfferingIndex,
+        ask: &Ask<'_, '_>,
+    ) -> Result<Vec<(String, Requirement)>, Reject> {
+        let pod = ask.pod;
+        if pod.topo.is_empty() {
+            return Ok(vec![]);
+        }
+        // Zonal constraints choose among the zones the claim could still launch in with
+        // this pod added (largest types first: they fit most often). A claim already in one
+        // zone has nothing to choose.
+        let pinned = self.reqs.get(LABEL_TOPOLOGY_ZONE).is_some_and(|z| z.single().is_some());
+        let zone_mask = (pod.zonal && !pinned && offer_idx.usable())
+            .then(|| self.zone_mask(pool, &pod.requests, offer_idx));
+        let zone_filter = |z: &str| zone_mask.is_none_or(|m| offer_idx.zone_bit(z) & m != 0);
+        let view = SlotView {
+            hostname: self.host_id,
+            labels: None,
+            reqs: &self.reqs,
+            taints: &pool.input.taints,
+            zones: Some(&zone_filter),
+        };
+        match topo.requirements_for(&pod.topo, ask.reqs, &view, ask.state.soft, ask.state.pod_pref) {
+            Ok(r) => Ok(r),
+            Err(rej) => Err((if ask.reason { topo.describe(rej) } else { String::new() }, rej.permanent)),
+        }
+    }
+
+    /// The zones the claim could launch in with `requests` added: those of the offerings, in
+    /// the capacity types its requirements allow, of the types that would hold it.
+    fn zone_mask(&self, pool: &Pool<'_>, requests: &Resources, offer_idx: &OfferingIndex) -> u64 {
+        let cm = offer_idx.masks(&self.reqs).1;
+        let full = offer_idx.full_zone_mask();
+        let mut mask = 0u64;
+        for &i in self.its.iter().rev() {
+            let Some(it) = pool.input.instance_types.get(i as usize) else { continue };
+            if !self.requests.fits_with(requests, it.allocatable()) {
+                continue;
+            }
+            for (z, ct, _) in pool.offers.get(i as usize).into_iter().flatten() {
+                if ct & cm != 0 {
+                    mask |= z;
+                }
+            }
+            if mask == full {
+                break;
+            }
+        }
+        mask
+    }
+
+    /// What the claim takes of its NodePool's limits with the types `kept`: limits count the
+    /// largest type the claim may launch as.
+    fn reservation(&self, pool: &Pool<'_>, cost: &PoolCosts, kept: &[u32]) -> BTreeMap<String, i64> {
+        match &pool.remaining {
+            Some(_) if kept.len() == self.its.len() && !self.pods.is_empty() => self.reserved.clone(),
+            Some(rem) => rem
+                .keys()
+                .zip(&cost.limits)
+                .map(|(k, caps)| (k.clone(), kept.iter().map(|i| caps.amount(*i)).max().unwrap_or(0)))
+                .collect(),
+            None => BTreeMap::new(),
+        }
+    }
+}
+
+/// The pod must tolerate the taints of the claim's NodePool.
+fn check_taints(taints: &[Taint], ask: &Ask<'_, '_>) -> Result<(), Reject> {
+    if !tolerates_all(taints, ask.pod.tolerations) {
+        let msg = if ask.reason {
+            check_tolerated(taints, ask.pod.tolerations).err().unwrap_or_default()
+        } else {
+            String::new()
+        };
+        return Err((msg, true));
+    }
+    Ok(())
+}
+
+/// A claim's requirements `claim` with a pod's and its topology's added (`None` when they add
+/// none), and the keys that changed.
+fn narrow<'x>(
+    claim: &Requirements,
+    reqs: &'x Requirements,
+    topo_reqs: &'x [(String, Requirement)],
+) -> (Option<Requirements>, BTreeSet<&'x str>) {
+    let mut changed: BTreeSet<&str> = BTreeSet::new();
+    let new_reqs = if reqs.is_empty() && topo_reqs.is_empty() {
+        None
+    } else {
+        let mut nr = claim.clone();
+        nr.add_all(reqs);
+        for (k, r) in topo_reqs {
+            nr.add(k, r.clone());
+        }
+        for k in reqs.keys().chain(topo_reqs.iter().map(|(k, _)| k.as_str())) {
+            if nr.get(k) != claim.get(k) {
+                changed.insert(k);
+            }
+        }
+        Some(nr)
+    };
+    (new_reqs, changed)
+}
+
+/// A claim's requirements narrowed by a pod's, to test the claim's instance types against: which
+/// ones they still allow, which hold the claim with the pod added, and how far it may grow.
+struct Narrowing<'x, 'a> {
+    pool: &'x Pool<'a>,
+    cost: &'x PoolCosts,
+    /// The claim's requirements with the pod's added.
+    reqs: &'x Requirements,
+    /// The keys that changed, other than zone and capacity type.
+    label_keys: Vec<&'x str>,
+    /// Whether the zone or capacity type changed.
+    offers_changed: bool,
+    /// Zone and capacity type masks of `reqs`, when they changed and the index is usable.
+    masks: Option<(u64, u64)>,
+    /// Whether the run packs [`Packing::CostAware`].
+    cost_aware: bool,
+}
+
+impl<'x, 'a> Narrowing<'x, 'a> {
+    fn new(
+        pool: &'x Pool<'a>,
+        cost: &'x PoolCosts,
+        reqs: &'x Requirements,
+        changed: &BTreeSet<&'x str>,
+        offer_idx: &OfferingIndex,
+        cost_aware: bool,
+    ) -> Self {
+        let offers_changed = changed.contains(LABEL_TOPOLOGY_ZONE) || changed.contains(LABEL_CAPACITY_TYPE);
+        let label_keys: Vec<&str> = changed
             .iter()
-            .enumerate()
-            .filter(|(_, it)| it.is_compatible(&np.requirements))
-            .map(|(i, it)| (it.cheapest_price(&np.requirements), u32::try_from(i).unwrap_or(u32::MAX)))
+            .copied()
+            .filter(|k| *k != LABEL_TOPOLOGY_ZONE && *k != LABEL_CAPACITY_TYPE)
             .collect();
-        its.sort_by(|a, b| compare_price(a.0, b.0).then(a.1.cmp(&b.1)));
-        let offers = np
-            .instance_types
+        let masks = (offers_changed && offer_idx.usable()).then(|| offer_idx.masks(reqs));
+        Narrowing { pool, cost, reqs, label_keys, offers_changed, masks, cost_aware }
+    }
+
+    /// Whether any key changed.
+    fn reqs_changed(&self) -> bool {
+        self.offers_changed || !self.label_keys.is_empty()
+    }
+
+    /// Whether the narrowed requirements still allow type `i`.
+    fn allows(&self, i: u32, it: &InstanceType) -> bool {
+        let labels_ok = self.label_keys.iter().all(|k| match (it.requirements.get(k), self.reqs.get(k)) {
+            (Some(ir), Some(nr)) => keys_compatible(ir, nr),
+            _ => true,
+        });
+        labels_ok
+            && (!self.offers_changed
+                || match self.masks {
+                    Some((zm, cm)) => self
+                        .pool
+                        .offers
+                        .get(i as usize)
+                        .is_some_and(|o| o.iter().any(|(z, ct, _)| z & zm != 0 && ct & cm != 0)),
+                    None => it.compatible_offerings(self.reqs).next().is_some(),
+                })
+    }
+
+    /// The types of `its` that hold `requests` and that the requirements allow, and (when cost
+    /// aware) those they allow that no longer hold `requests`; an error when none is left.
+    fn instance_types(
+        &self,
+        its: &[u32],
+        requests: &Resources,
+        reason: bool,
+    ) -> Result<(Vec<u32>, Vec<u32>), Reject> {
+        let types = &self.pool.input.instance_types;
+        let mut kept = Vec::with_capacity(its.len());
+        // Allowed types that no longer hold the claim (tracked for the cost-aware rule only).
+        let mut outgrown = Vec::new();
+        let (mut fit_fail, mut req_fail) = (0usize, 0usize);
+        for &i in its {
+            let Some(it) = types.get(i as usize) else { continue };
+            if !requests.fits(it.allocatable()) {
+                fit_fail += 1;
+                if self.cost_aware && self.allows(i, it) {
+                    outgrown.push(i);
+                }
+                continue;
+            }
+            if !self.allows(i, it) {
+                req_fail += 1;
+                continue;
+            }
+            kept.push(i);
+        }
+        if kept.is_empty() {
+            if !reason {
+                return Err((String::new(), false));
+            }
+            let msg = if req_fail == 0 {
+                format!("no instance type fits {}", describe_requests(requests))
+            } else if fit_fail == 0 {
+                format!("no instance type satisfies requirements {}", describe_reqs(self.reqs))
+            } else {
+                format!(
+                    "no instance type satisfies requirements {} and fits {}",
+                    describe_reqs(self.reqs),
+                    describe_requests(requests)
+                )
+            };
+            return Err((msg, false));
+        }
+        Ok((kept, outgrown))
+    }
+
+    /// When cost aware, drops exotic types from `kept` if other types can hold the claim (and
+    /// minValues still hold without them).
+    fn drop_exotic(&self, kept: &mut Vec<u32>) {
+        let cost = self.cost;
+        if self.cost_aware && kept.iter().any(|i| cost.is_exotic(*i)) {
+            let plain: Vec<u32> = kept.iter().copied().filter(|i| !cost.is_exotic(*i)).collect();
+            if !plain.is_empty()
+                && (!self.pool.has_min_values
+                    || check_min_values(self.reqs, &plain, &self.pool.input.instance_types).is_ok())
+            {
+                *kept = plain;
+            }
+        }
+    }
+
+    /// Whether the claim is launched with `minValues` relaxed once its types are `kept`
+    /// (`relaxed` is whether it was before); an error when they do not hold under
+    /// [`MinValuesPolicy::Strict`].
+    fn min_values(&self, kept: &[u32], policy: MinValuesPolicy, mut relaxed: bool) -> Result<bool, Reject> {
+        if self.pool.has_min_values
+            && let Err(e) = check_min_values(self.reqs, kept, &self.pool.input.instance_types)
+        {
+            match policy {
+                MinValuesPolicy::Strict => return Err((e, false)),
+                MinValuesPolicy::BestEffort => relaxed = true,
+            }
+        }
+        Ok(relaxed)
+    }
+
+    /// How far the claim may grow: into the types that hold it at near the lowest price per
+    /// unit of what it holds, or at no more than it costs now. Worked out again when the types
+    /// that hold it change (the only time its cheapest type, and so its price, can rise); `None`
+    /// when not cost aware or nothing changed. An error when the claim, grown to `requests`,
+    /// would cost clearly more per unit than its cheapest allowed type.
+    fn growth_alloc(
+        &self,
+        claim: &Claim,
+        kept: &[u32],
+        outgrown: &[u32],
+        requests: &Resources,
+        reason: bool,
+    ) -> Result<Option<[i64; 3]>, Reject> {
+        let reqs_changed = self.reqs_changed();
+        let recompute =
+            self.cost_aware && (claim.pods.is_empty() || reqs_changed || kept.len() != claim.its.len());
+        if !recompute {
+            return Ok(None);
+        }
+        let (cost, types) = (self.cost, &self.pool.input.instance_types);
+        let unit = |i: u32| cost.unit_price(i, requests, types);
+        let ordinary = !kept.iter().any(|i| cost.is_exotic(*i));
+        let too_small = claim
+            .small
             .iter()
-            .map(|it| {
-                it.offerings
-                    .iter()
-                    .filter(|o| o.available)
-                    .map(|o| {
-                        (
-                            OfferingIndex::bit(&offer_idx.zones, &o.zone),
-                            OfferingIndex::bit(&offer_idx.capacity_types, &o.capacity_type),
-                            o.price,
-                        )
-                    })
-                    .collect()
-            })
-            .collect();
-        let ds_overhead = super::daemonsets::overhead(&input.daemonsets, &np.requirements, &np.taints);
-        Pool {
-            input: np,
-            its: its.into_iter().map(|(_, i)| i).collect(),
-            offers,
-            ds_overhead,
-            remaining: np.remaining_limits.clone(),
-            has_min_values: np.requirements.iter().any(|(_, r)| r.min_values().is_some()),
+            .copied()
+            .filter(|i| !reqs_changed || types.get(*i as usize).is_some_and(|it| self.allows(*i, it)))
+            .chain(outgrown.iter().copied());
+        let floor = too_small
+            .chain(kept.iter().copied())
+            .filter(|i| !(ordinary && cost.is_exotic(*i)))
+            .map(unit)
+            .fold(f64::INFINITY, f64::min);
+        let limit = floor * (1.0 + UNIT_PRICE_TOLERANCE);
+        let now = claim.its.first().map_or(f64::INFINITY, |i| cost.price(*i));
+        let cheapest = kept.first().map_or(f64::INFINITY, |i| cost.price(*i));
+        let mut m = [i64::MIN; 3];
+        let mut efficient = false;
+        for &i in kept {
+            let fits_cheaply = unit(i) <= limit;
+            efficient |= fits_cheaply;
+            if (fits_cheaply || cost.price(i) <= cheapest)
+                && let Some(it) = types.get(i as usize)
+            {
+                let a = it.allocatable();
+                m = [m[0].max(a.cpu), m[1].max(a.memory), m[2].max(a.pods)];
+            }
+        }
+        if !claim.pods.is_empty() && !efficient && cheapest > now {
+            let msg = if reason {
+                format!(
+                    "no instance type holding {} is among the cheapest per unit of it",
+                    describe_requests(requests)
+                )
+            } else {
+                String::new()
+            };
+            return Err((msg, false));
+        }
+        Ok(Some(m))
+    }
+
+    /// When cost aware, keeps the claim's types too small to hold it (`small`) up to date: those
+    /// the narrowed requirements no longer allow go, those of `outgrown` join.
+    fn update_small(&self, small: &mut Vec<u32>, outgrown: Vec<u32>) {
+        if self.cost_aware {
+            if self.reqs_changed() {
+                let types = &self.pool.input.instance_types;
+                small.retain(|i| types.get(*i as usize).is_some_and(|it| self.allows(*i, it)));
+            }
+            small.extend(outgrown);
         }
     }
 }

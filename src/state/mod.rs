@@ -30,16 +30,14 @@ use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
 use kube::{Client, Resource};
-use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
@@ -49,6 +47,7 @@ pub use index::{Joined, PodKey};
 pub use marks::Marks;
 pub use snapshot::Snapshot;
 pub use statenode::StateNode;
+use watches::Source;
 
 /// What a keyed controller is told about an object of a kind it follows.
 #[derive(Debug)]
@@ -318,6 +317,76 @@ fn claim_provider_id(claim: &NodeClaim) -> Option<String> {
     claim.status.as_ref().and_then(|s| s.provider_id.clone()).filter(|p| !p.is_empty())
 }
 
+/// What the watch of pods does with each event: keep the pods-by-node index, the feed and the
+/// subscribers current.
+fn follow_pods(
+    index: &Arc<index::Index>,
+    feed: &Arc<Feed>,
+    subscribers: Arc<Subscribers<Pod>>,
+) -> impl FnMut(&Event<Pod>) + Send + use<> {
+    let (index, feed) = (index.clone(), feed.clone());
+    let mut follower = Follower::new(subscribers);
+    let mut relist = Relist::default();
+    move |ev: &Event<Pod>| {
+        match ev {
+            Event::Apply(p) => index.set_pod(
+                pod_key_of(p),
+                bound_node(p).as_deref(),
+                !pods::is_owned_by_daemonset(p),
+                pods::is_terminating(p),
+            ),
+            Event::Delete(p) => index.remove_pod(&pod_key_of(p), !pods::is_owned_by_daemonset(p)),
+            _ => {}
+        }
+        for (namespace, name) in follower.notify(ev) {
+            index.remove_pod(&(namespace.unwrap_or_default(), name), true);
+        }
+        if let Some(entries) = relist.follow(ev, |p| (pod_key_of(p), bound_node(p))) {
+            index.replace_pods(entries);
+            feed.bump(|c| {
+                c.pods += 1;
+                c.provisionable_pods += 1;
+            });
+        }
+        match ev {
+            Event::Apply(p) => feed.bump(|c| {
+                c.pods += 1;
+                if pods::is_provisionable(p) {
+                    c.provisionable_pods += 1;
+                }
+            }),
+            Event::Delete(_) => feed.bump(|c| c.pods += 1),
+            _ => {}
+        }
+    }
+}
+
+/// What the watch of a kind only read does with each event: count an object added, changed or
+/// deleted, or the kind listed again, in the feed with `count`.
+fn count_changes<K>(feed: &Arc<Feed>, count: fn(&mut Changes)) -> impl FnMut(&Event<K>) + Send + use<K> {
+    let feed = feed.clone();
+    move |ev: &Event<K>| {
+        if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
+            feed.bump(count);
+        }
+    }
+}
+
+/// What the watch of NodePools or EC2NodeClasses does with each event: tell the subscribers, then
+/// count the change in the feed with `count` (as [`count_changes`]).
+fn follow_counted<K: Resource + 'static>(
+    subscribers: Arc<Subscribers<K>>,
+    feed: &Arc<Feed>,
+    count: fn(&mut Changes),
+) -> impl FnMut(&Event<K>) + Send + use<K> {
+    let mut follower = Follower::new(subscribers);
+    let mut counted = count_changes(feed, count);
+    move |ev: &Event<K>| {
+        follower.notify(ev);
+        counted(ev);
+    }
+}
+
 /// Counts a change of a Node or NodeClaim in the feed.
 fn bump_joined(kind: Joined, deleted: bool) -> impl FnOnce(&mut Changes) {
     move |c| match kind {
@@ -368,83 +437,24 @@ impl ClusterState {
     /// Starts one watch per kind. Returns the state, and the future that drives the watches
     /// (spawn it; it runs until dropped).
     pub fn start(client: Client) -> (ClusterState, impl Future<Output = ()> + Send + 'static) {
-        let (pods, pods_w) = reflector::store();
-        let (nodes, nodes_w) = reflector::store();
-        let (nodeclaims, nodeclaims_w) = reflector::store();
-        let (nodepools, nodepools_w) = reflector::store();
-        let (nodeclasses, nodeclasses_w) = reflector::store();
-        let (daemonsets, daemonsets_w) = reflector::store();
-        let (pdbs, pdbs_w) = reflector::store();
-        let (namespaces, namespaces_w) = reflector::store();
-        let (persistent_volumes, pvs_w) = reflector::store();
-        let (persistent_volume_claims, pvcs_w) = reflector::store();
-        let (storage_classes, storage_classes_w) = reflector::store();
-        let (csi_nodes, csi_nodes_w) = reflector::store();
-        let (volume_attachments, volume_attachments_w) = reflector::store();
-        let (limit_ranges, limit_ranges_w) = reflector::store();
         let index = Arc::new(index::Index::default());
         let feed = Arc::new(Feed::default());
         let subscribers = Arc::new(AllSubscribers::default());
         let (synced_tx, synced) = watch::channel(false);
 
-        let pods_f = {
-            let (index, feed) = (index.clone(), feed.clone());
-            let mut follower = Follower::new(subscribers.pods.clone());
-            let mut relist = Relist::default();
-            drive(
-                "pods",
-                reflector::reflector(
-                    pods_w,
-                    watches::typed(Api::<Pod>::all(client.clone()), watches::trim_pod),
-                ),
-                move |ev: &Event<Pod>| {
-                    match ev {
-                        Event::Apply(p) => index.set_pod(
-                            pod_key_of(p),
-                            bound_node(p).as_deref(),
-                            !pods::is_owned_by_daemonset(p),
-                            pods::is_terminating(p),
-                        ),
-                        Event::Delete(p) => index.remove_pod(&pod_key_of(p), !pods::is_owned_by_daemonset(p)),
-                        _ => {}
-                    }
-                    for (namespace, name) in follower.notify(ev) {
-                        index.remove_pod(&(namespace.unwrap_or_default(), name), true);
-                    }
-                    if let Some(entries) = relist.follow(ev, |p| (pod_key_of(p), bound_node(p))) {
-                        index.replace_pods(entries);
-                        feed.bump(|c| {
-                            c.pods += 1;
-                            c.provisionable_pods += 1;
-                        });
-                    }
-                    match ev {
-                        Event::Apply(p) => feed.bump(|c| {
-                            c.pods += 1;
-                            if pods::is_provisionable(p) {
-                                c.provisionable_pods += 1;
-                            }
-                        }),
-                        Event::Delete(_) => feed.bump(|c| c.pods += 1),
-                        _ => {}
-                    }
-                },
-            )
-        };
-        let nodes_f = drive(
+        let (pods, pods_f) = watches::cache(
+            "pods",
+            Source::Typed(Api::all(client.clone()), watches::trim_pod),
+            follow_pods(&index, &feed, subscribers.pods.clone()),
+        );
+        let (nodes, nodes_f) = watches::cache(
             "nodes",
-            reflector::reflector(
-                nodes_w,
-                watches::typed(Api::<Node>::all(client.clone()), watches::trim_node),
-            ),
+            Source::Typed(Api::all(client.clone()), watches::trim_node),
             follow_joined(Joined::Nodes, node_provider_id, &index, &feed, subscribers.nodes.clone()),
         );
-        let nodeclaims_f = drive(
+        let (nodeclaims, nodeclaims_f) = watches::cache(
             "nodeclaims",
-            reflector::reflector(
-                nodeclaims_w,
-                watches::lenient::<NodeClaim>(client.clone(), nodeclaims.clone()),
-            ),
+            Source::Lenient(client.clone()),
             follow_joined(
                 Joined::NodeClaims,
                 claim_provider_id,
@@ -453,62 +463,63 @@ impl ClusterState {
                 subscribers.nodeclaims.clone(),
             ),
         );
-        let nodepools_f = {
-            let feed = feed.clone();
-            let mut follower = Follower::new(subscribers.nodepools.clone());
-            drive(
-                "nodepools",
-                reflector::reflector(
-                    nodepools_w,
-                    watches::lenient::<NodePool>(client.clone(), nodepools.clone()),
-                ),
-                move |ev: &Event<NodePool>| {
-                    follower.notify(ev);
-                    if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
-                        feed.bump(|c| c.nodepools += 1);
-                    }
-                },
-            )
-        };
-        let nodeclasses_f = {
-            let feed = feed.clone();
-            let mut follower = Follower::new(subscribers.nodeclasses.clone());
-            drive(
-                "ec2nodeclasses",
-                reflector::reflector(
-                    nodeclasses_w,
-                    watches::lenient::<EC2NodeClass>(client.clone(), nodeclasses.clone()),
-                ),
-                move |ev: &Event<EC2NodeClass>| {
-                    follower.notify(ev);
-                    if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
-                        feed.bump(|c| c.nodeclasses += 1);
-                    }
-                },
-            )
-        };
+        let (nodepools, nodepools_f) = watches::cache(
+            "nodepools",
+            Source::Lenient(client.clone()),
+            follow_counted(subscribers.nodepools.clone(), &feed, |c| c.nodepools += 1),
+        );
+        let (nodeclasses, nodeclasses_f) = watches::cache(
+            "ec2nodeclasses",
+            Source::Lenient(client.clone()),
+            follow_counted(subscribers.nodeclasses.clone(), &feed, |c| c.nodeclasses += 1),
+        );
         // Kinds only read: a change bumps the feed's `others`.
-        let daemonsets_f = drive_other::<DaemonSet>("daemonsets", daemonsets_w, &client, &feed);
-        let pdbs_f = drive_other::<PodDisruptionBudget>("poddisruptionbudgets", pdbs_w, &client, &feed);
-        let namespaces_f = drive_other::<Namespace>("namespaces", namespaces_w, &client, &feed);
-        let pvs_f = drive_other::<PersistentVolume>("persistentvolumes", pvs_w, &client, &feed);
-        let pvcs_f = drive_other::<PersistentVolumeClaim>("persistentvolumeclaims", pvcs_w, &client, &feed);
-        let storage_classes_f =
-            drive_other::<StorageClass>("storageclasses", storage_classes_w, &client, &feed);
-        let csi_nodes_f = drive_other::<CSINode>("csinodes", csi_nodes_w, &client, &feed);
+        let (daemonsets, daemonsets_f) = watches::cache(
+            "daemonsets",
+            Source::Typed(Api::all(client.clone()), watches::trim::<DaemonSet>),
+            count_changes(&feed, |c| c.others += 1),
+        );
+        let (pdbs, pdbs_f) = watches::cache(
+            "poddisruptionbudgets",
+            Source::Typed(Api::all(client.clone()), watches::trim::<PodDisruptionBudget>),
+            count_changes(&feed, |c| c.others += 1),
+        );
+        let (namespaces, namespaces_f) = watches::cache(
+            "namespaces",
+            Source::Typed(Api::all(client.clone()), watches::trim::<Namespace>),
+            count_changes(&feed, |c| c.others += 1),
+        );
+        let (persistent_volumes, pvs_f) = watches::cache(
+            "persistentvolumes",
+            Source::Typed(Api::all(client.clone()), watches::trim::<PersistentVolume>),
+            count_changes(&feed, |c| c.others += 1),
+        );
+        let (persistent_volume_claims, pvcs_f) = watches::cache(
+            "persistentvolumeclaims",
+            Source::Typed(Api::all(client.clone()), watches::trim::<PersistentVolumeClaim>),
+            count_changes(&feed, |c| c.others += 1),
+        );
+        let (storage_classes, storage_classes_f) = watches::cache(
+            "storageclasses",
+            Source::Typed(Api::all(client.clone()), watches::trim::<StorageClass>),
+            count_changes(&feed, |c| c.others += 1),
+        );
+        let (csi_nodes, csi_nodes_f) = watches::cache(
+            "csinodes",
+            Source::Typed(Api::all(client.clone()), watches::trim::<CSINode>),
+            count_changes(&feed, |c| c.others += 1),
+        );
         // Read by termination only, which polls: a change wakes no decision.
-        let volume_attachments_f = drive(
+        let (volume_attachments, volume_attachments_f) = watches::cache(
             "volumeattachments",
-            reflector::reflector(
-                volume_attachments_w,
-                watches::typed(
-                    Api::<VolumeAttachment>::all(client.clone()),
-                    watches::trim::<VolumeAttachment>,
-                ),
-            ),
+            Source::Typed(Api::all(client.clone()), watches::trim::<VolumeAttachment>),
             |_: &Event<VolumeAttachment>| {},
         );
-        let limit_ranges_f = drive_other::<LimitRange>("limitranges", limit_ranges_w, &client, &feed);
+        let (limit_ranges, limit_ranges_f) = watches::cache(
+            "limitranges",
+            Source::Typed(Api::all(client.clone()), watches::trim::<LimitRange>),
+            count_changes(&feed, |c| c.others += 1),
+        );
         let state = ClusterState {
             pods,
             nodes,
@@ -736,8 +747,8 @@ impl ClusterState {
     #[cfg(test)]
     pub(crate) fn forgetting_pods_and_nodeclaims(&self) -> ClusterState {
         let mut stale = self.clone();
-        stale.pods = reflector::store().0;
-        stale.nodeclaims = reflector::store().0;
+        stale.pods = kube::runtime::reflector::store().0;
+        stale.nodeclaims = kube::runtime::reflector::store().0;
         stale.index = Arc::new(index::Index::default());
         stale
     }
@@ -766,46 +777,6 @@ impl ClusterState {
             ..Default::default()
         }
     }
-}
-
-/// Drives the watch of a kind that is only read: changes bump the feed's `others`.
-fn drive_other<K>(
-    kind: &'static str,
-    writer: reflector::store::Writer<K>,
-    client: &Client,
-    feed: &Arc<Feed>,
-) -> impl Future<Output = ()> + Send + use<K>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let stream =
-        reflector::reflector(writer, watches::typed(Api::<K>::all(client.clone()), watches::trim::<K>));
-    let feed = feed.clone();
-    drive(kind, stream, move |ev: &Event<K>| {
-        if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone) {
-            feed.bump(|c| c.others += 1);
-        }
-    })
-}
-
-/// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
-/// (the watcher retries with backoff on its own). Boxed where it is made: a watch's future is
-/// large, and a dozen of them side by side outgrow a thread's stack in a debug build.
-fn drive<K, S, F>(kind: &'static str, stream: S, mut on_event: F) -> futures::future::BoxFuture<'static, ()>
-where
-    K: 'static,
-    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
-    F: FnMut(&Event<K>) + Send + 'static,
-{
-    Box::pin(async move {
-        let stream = stream.inspect_ok(|ev| on_event(ev));
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            if let Err(error) = item {
-                tracing::warn!(kind, error = %error, "watch failed, retrying");
-            }
-        }
-    })
 }
 
 #[cfg(test)]

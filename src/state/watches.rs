@@ -1,15 +1,17 @@
 //! The watch streams behind the caches: one per kind, objects trimmed of what no decision reads,
 //! the Karpenter custom resources converted one object at a time so that one that does not parse
-//! is logged with its name and skipped instead of stalling its whole watch.
+//! is logged with its name and skipped instead of stalling its whole watch. [`cache`] makes the
+//! cache of one kind and the future that keeps it current.
 
 use std::fmt::Debug;
 
-use futures::{Stream, StreamExt};
+use futures::future::BoxFuture;
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, ObjectMeta};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Config, Event};
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -100,6 +102,51 @@ where
             match ev {
                 Err(e) => Some(Err(e)),
                 Ok(ev) => convert_event::<K>(ev, &kind, &cached).map(Ok),
+            }
+        }
+    })
+}
+
+/// Where the objects of a kind come from.
+pub enum Source<K> {
+    /// A built-in kind watched through the `Api`, each object trimmed by the function before it
+    /// is cached: see [`typed`].
+    Typed(Api<K>, fn(&mut K)),
+    /// A custom resource of every namespace, converted one object at a time: see [`lenient`].
+    Lenient(Client),
+}
+
+/// The cache of one kind, and the future that keeps it current (spawn or join it; it runs until
+/// dropped): watches the kind from `source`, reports each event to `on_event` after the cache has
+/// applied it, and logs the watch's errors under `kind`.
+pub fn cache<K, F>(kind: &'static str, source: Source<K>, on_event: F) -> (Store<K>, BoxFuture<'static, ()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
+    F: FnMut(&Event<K>) + Send + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = match source {
+        Source::Typed(api, modify) => typed(api, modify).left_stream(),
+        Source::Lenient(client) => lenient(client, store.clone()).right_stream(),
+    };
+    (store, drive(kind, reflector::reflector(writer, events), on_event))
+}
+
+/// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
+/// (the watcher retries with backoff on its own). Boxed where it is made: a watch's future is
+/// large, and a dozen of them side by side outgrow a thread's stack in a debug build.
+fn drive<K, S, F>(kind: &'static str, stream: S, mut on_event: F) -> BoxFuture<'static, ()>
+where
+    K: 'static,
+    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+    F: FnMut(&Event<K>) + Send + 'static,
+{
+    Box::pin(async move {
+        let stream = stream.inspect_ok(|ev| on_event(ev));
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(error) = item {
+                tracing::warn!(kind, error = %error, "watch failed, retrying");
             }
         }
     })

@@ -12,6 +12,7 @@ pub mod instance;
 pub mod instancestatus;
 pub mod instancetype;
 pub mod interruption;
+mod launch;
 pub mod launchtemplate;
 pub mod nodeclass;
 pub mod pricing;

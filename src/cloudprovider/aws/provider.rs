@@ -1,30 +1,28 @@
 //! [`AwsCloudProvider`]: the [`CloudProvider`] for EC2, wiring the catalog, prices, node-class
 //! resolution, launch templates and fleets together.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use aws_sdk_ec2::types as ec2;
-
 use super::cache::{Clock, SystemClock, TtlCache};
 use super::catalog::{Catalog, CatalogData};
-use super::fleet::{self, FleetError, Override};
-use super::instance::{self, Ec2Instance, TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM, cluster_tag};
+use super::fleet;
+use super::instance::{self, Ec2Instance, TAG_NODECLAIM};
 use super::instancetype::{self, OfferingInputs, Settings, TypeInfo};
-use super::launchtemplate::{self, CLUSTER_TAG, LaunchTemplate, LaunchTemplates, ec2_tags};
+use super::launchtemplate::{self, LaunchTemplates};
 use super::nodeclass::{self, Resolution};
 use super::pricing::Pricing;
-use super::userdata::{self, Bootstrap, ClusterInfo};
-use super::{amifamily, sdk_error};
+use super::sdk_error;
+use super::userdata::ClusterInfo;
 use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
-use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, InstanceStorePolicy};
+use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
 use crate::apis::labels::*;
-use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
+use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{
     BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result, provider_id,
 };
-use crate::scheduling::instancetypes::{self as sched, InstanceType};
+use crate::scheduling::instancetypes::InstanceType;
 use crate::scheduling::requirements::Requirements;
 use crate::scheduling::resources::Resources;
 
@@ -137,13 +135,6 @@ impl Options {
             kube_dns_ip: None,
         }
     }
-}
-
-/// The value of the `karpenter.sh/nodepool` tag of what is launched for `node_claim`: its NodePool,
-/// or empty for a standalone NodeClaim (as upstream tags it), so that IAM policies requiring the
-/// tag (`StringLike` `*`, docs/install.md) cover standalone NodeClaims too.
-fn node_pool_tag(node_claim: &NodeClaim) -> String {
-    node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)).cloned().unwrap_or_default()
 }
 
 /// The cluster nodes join: endpoint, CA and version from `options` where set, the rest from EKS
@@ -269,14 +260,14 @@ impl NodeClassStore {
 /// The EC2 cloud provider.
 #[derive(Debug)]
 pub struct AwsCloudProvider {
-    clients: AwsClients,
+    pub(super) clients: AwsClients,
     options: Options,
-    cluster: ClusterInfo,
+    pub(super) cluster: ClusterInfo,
     node_classes: NodeClassStore,
     catalog: Catalog,
     pricing: Pricing,
-    unavailable: TtlCache<OfferingKey, ()>,
-    launch_templates: LaunchTemplates,
+    pub(super) unavailable: TtlCache<OfferingKey, ()>,
+    pub(super) launch_templates: LaunchTemplates,
 }
 
 impl AwsCloudProvider {
@@ -403,7 +394,8 @@ impl AwsCloudProvider {
         nodeclass::instance_profile_name(&self.cluster.name, &self.clients.region, &class_name)
     }
 
-    fn ready_class(&self, name: &str) -> Result<(Arc<EC2NodeClass>, EC2NodeClassStatus)> {
+    /// The node class named `name`, which must be ready, with its status.
+    pub(super) fn ready_class(&self, name: &str) -> Result<(Arc<EC2NodeClass>, EC2NodeClassStatus)> {
         let class = self.node_classes.get(name).ok_or_else(|| CloudProviderError::NodeClassNotReady {
             name: name.to_string(),
             reason: "the EC2NodeClass does not exist".to_string(),
@@ -485,7 +477,8 @@ impl AwsCloudProvider {
         Some((it.capacity.clone(), it.allocatable().clone(), it.requirements))
     }
 
-    async fn to_instance(&self, i: &Ec2Instance) -> Instance {
+    /// The [`Instance`] of an EC2 instance, described by its node class where it is known.
+    pub(super) async fn to_instance(&self, i: &Ec2Instance) -> Instance {
         let mut out = Instance {
             provider_id: provider_id(&i.zone, &i.id),
             instance_type: i.instance_type.clone(),
@@ -522,270 +515,12 @@ impl AwsCloudProvider {
         out
     }
 
-    async fn create_impl(&self, node_claim: &NodeClaim) -> Result<Instance> {
-        let claim_name = node_claim.metadata.name.clone().unwrap_or_default();
-        let class_name = node_claim.spec.node_class_ref.name.clone();
-        let (class, status) = self.ready_class(&class_name)?;
-        let ec2 = &self.clients.ec2;
-
-        if let Some(existing) = instance::find_by_node_claim(ec2, &self.cluster.name, &claim_name).await? {
-            tracing::info!(node_claim = %claim_name, instance = %existing.id, "found the instance of a previous launch");
-            return Ok(self.with_annotations(self.to_instance(&existing).await, &class.spec));
-        }
-
-        let no_types = |reason: String| CloudProviderError::NoCompatibleInstanceTypes {
-            node_claim: claim_name.clone(),
-            reason,
-        };
-        let (reqs, requests) = crate::cloudprovider::claim_requirements(node_claim, &claim_name)?;
-        let types = self.instance_types_for_class(&class).await?;
-        let candidates: Vec<&InstanceType> = sched::filter(&types, &reqs, &requests).collect();
-        if candidates.is_empty() {
-            // Types that would do but whose offerings all ran out of capacity recently.
-            let exhausted: Vec<OfferingKey> = types
-                .iter()
-                .filter(|it| it.fits(&requests) && it.requirements.intersects(&reqs).is_ok())
-                .flat_map(|it| {
-                    it.offerings.iter().filter(|o| o.is_compatible(&reqs)).map(|o| OfferingKey {
-                        instance_type: it.name.clone(),
-                        zone: o.zone.clone(),
-                        capacity_type: o.capacity_type.clone(),
-                    })
-                })
-                .filter(|key| self.unavailable.contains(key))
-                .collect();
-            if !exhausted.is_empty() {
-                return Err(CloudProviderError::InsufficientCapacity { offerings: exhausted });
-            }
-            return Err(no_types(format!(
-                "none of {} instance types is compatible and fits {requests}",
-                types.len()
-            )));
-        }
-        let capacity_type = fleet::capacity_type(&candidates, &reqs)
-            .ok_or(CloudProviderError::InsufficientCapacity { offerings: vec![] })?;
-        let subnets = fleet::subnets_by_zone(status.subnets.iter().map(|s| (s.zone.as_str(), s.id.as_str())));
-        let overrides = fleet::overrides(&candidates, &reqs, capacity_type, &subnets);
-        if overrides.is_empty() {
-            return Err(CloudProviderError::InsufficientCapacity { offerings: vec![] });
-        }
-
-        // One launch template per (AMI, max pods), in the order of their cheapest override.
-        let mut groups: Vec<(LaunchTemplate, Vec<Override>)> = Vec::new();
-        for o in overrides {
-            let Some(it) = candidates.iter().find(|it| it.name == o.instance_type) else { continue };
-            let Some(ami) = fleet::select_ami(&status.amis, it) else { continue };
-            let lt =
-                self.launch_template(node_claim, &class, &status, &ami.id, capacity_type, it.capacity.pods)?;
-            match groups.iter_mut().find(|(g, _)| *g == lt) {
-                Some((_, list)) => list.push(o),
-                None => groups.push((lt, vec![o])),
-            }
-        }
-        let mut configs = Vec::new();
-        let mut tried = Vec::new();
-        for (lt, list) in &groups {
-            let name = self.launch_templates.ensure(lt).await?;
-            let mut config = ec2::FleetLaunchTemplateConfigRequest::builder().launch_template_specification(
-                ec2::FleetLaunchTemplateSpecificationRequest::builder()
-                    .launch_template_name(&name)
-                    .version("$Latest")
-                    .build(),
-            );
-            for o in list {
-                tried.push(OfferingKey {
-                    instance_type: o.instance_type.clone(),
-                    zone: o.zone.clone(),
-                    capacity_type: capacity_type.to_string(),
-                });
-                config = config.overrides(
-                    ec2::FleetLaunchTemplateOverridesRequest::builder()
-                        .instance_type(ec2::InstanceType::from(o.instance_type.as_str()))
-                        .subnet_id(&o.subnet_id)
-                        .build(),
-                );
-            }
-            configs.push(config.build());
-        }
-
-        let tags = self.instance_tags(node_claim, &class);
-        let target = ec2::TargetCapacitySpecificationRequest::builder()
-            .total_target_capacity(1)
-            .default_target_capacity_type(ec2::DefaultTargetCapacityType::from(capacity_type))
-            .build();
-        let mut request = ec2
-            .create_fleet()
-            .r#type(ec2::FleetType::Instant)
-            .target_capacity_specification(target)
-            .set_launch_template_configs(Some(configs));
-        // The instance, its volumes and the fleet itself carry the same tags.
-        for resource in [ec2::ResourceType::Instance, ec2::ResourceType::Volume, ec2::ResourceType::Fleet] {
-            request = request.tag_specifications(
-                ec2::TagSpecification::builder()
-                    .resource_type(resource)
-                    .set_tags(Some(ec2_tags(&tags)))
-                    .build(),
-            );
-        }
-        request = if capacity_type == CAPACITY_TYPE_SPOT {
-            request.spot_options(
-                ec2::SpotOptionsRequest::builder()
-                    .allocation_strategy(ec2::SpotAllocationStrategy::PriceCapacityOptimized)
-                    .build(),
-            )
-        } else {
-            request.on_demand_options(
-                ec2::OnDemandOptionsRequest::builder()
-                    .allocation_strategy(ec2::FleetOnDemandAllocationStrategy::LowestPrice)
-                    .build(),
-            )
-        };
-        // Not retried by the SDK: when an answer is lost (a timeout, a dropped connection, a 5xx
-        // after EC2 acted), a blind retry could launch a second instance. The error goes back to
-        // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
-        // claim (above) and adopts it.
-        let sent = request
-            .customize()
-            .config_override(
-                aws_sdk_ec2::config::Builder::default()
-                    .retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled()),
-            )
-            .send()
-            .await
-            .map_err(|e| sdk_error("CreateFleet", e));
-        let out = match sent {
-            Ok(out) => out,
-            Err(e) => {
-                // A template the cache vouched for is gone (deleted behind Karpenter's back): forget
-                // the request's templates so that the lifecycle's next attempt creates them again.
-                // EC2 rejected the whole request, so nothing was launched.
-                if e.api_code().is_some_and(fleet::is_launch_template_not_found) {
-                    for (lt, _) in &groups {
-                        tracing::info!(launch_template = %lt.name(), node_claim = %claim_name, "launch template not found; it will be created again");
-                        self.launch_templates.invalidate(&lt.name());
-                    }
-                }
-                return Err(e);
-            }
-        };
-
-        let zone_of_subnet: BTreeMap<&str, &str> =
-            status.subnets.iter().map(|s| (s.id.as_str(), s.zone.as_str())).collect();
-        let errors: Vec<FleetError> = out
-            .errors()
-            .iter()
-            .map(|e| {
-                let o = e.launch_template_and_overrides().and_then(|l| l.overrides());
-                FleetError {
-                    code: e.error_code().unwrap_or_default().to_string(),
-                    message: e.error_message().unwrap_or_default().to_string(),
-                    instance_type: o.and_then(|o| o.instance_type()).map(|t| t.as_str().to_string()),
-                    zone: o.and_then(|o| {
-                        o.availability_zone().map(str::to_string).or_else(|| {
-                            o.subnet_id().and_then(|s| zone_of_subnet.get(s)).map(|z| z.to_string())
-                        })
-                    }),
-                }
-            })
-            .collect();
-        for key in fleet::unavailable_offerings(&errors, capacity_type) {
-            tracing::info!(offering = %key, "offering has insufficient capacity; leaving it out for a while");
-            self.unavailable.insert(key, ());
-        }
-        let Some(id) = out.instances().iter().flat_map(|i| i.instance_ids()).next() else {
-            if errors.iter().all(|e| fleet::is_insufficient_capacity(&e.code)) {
-                return Err(CloudProviderError::InsufficientCapacity { offerings: tried });
-            }
-            let message =
-                errors.iter().map(|e| format!("{}: {}", e.code, e.message)).collect::<Vec<_>>().join("; ");
-            if errors.iter().any(|e| e.code.contains("LaunchTemplate")) {
-                for (lt, _) in &groups {
-                    self.launch_templates.invalidate(&lt.name());
-                }
-            }
-            return Err(CloudProviderError::UnexpectedResponse { operation: "CreateFleet", message });
-        };
-        let launched = instance::get(ec2, id).await?;
-        let mut result = self.to_instance(&launched).await;
-        if let Some(it) = types.iter().find(|t| t.name == launched.instance_type) {
-            result.capacity = it.capacity.to_list();
-            result.allocatable = it.allocatable().to_list();
-            for (k, v) in it.requirements.single_valued_labels() {
-                result.labels.entry(k).or_insert(v);
-            }
-        }
-        Ok(self.with_annotations(result, &class.spec))
-    }
-
-    fn with_annotations(&self, mut i: Instance, spec: &EC2NodeClassSpec) -> Instance {
+    /// `i` annotated with the hash of the node class of `spec` and the hash's version.
+    pub(super) fn with_annotations(&self, mut i: Instance, spec: &EC2NodeClassSpec) -> Instance {
         i.annotations.insert(ANNOTATION_EC2NODECLASS_HASH.to_string(), self.class_hash(spec));
         i.annotations
             .insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.to_string(), NODE_CLASS_HASH_VERSION.to_string());
         i
-    }
-
-    fn instance_tags(&self, node_claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
-        let mut tags = class.spec.tags.clone();
-        tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
-        tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
-        tags.insert(TAG_NODECLAIM.to_string(), node_claim.metadata.name.clone().unwrap_or_default());
-        tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
-        tags.insert(LABEL_NODEPOOL.to_string(), node_pool_tag(node_claim));
-        tags
-    }
-
-    /// The launch template of `node_claim` for instances booting `ami` with `max_pods` pods.
-    fn launch_template(
-        &self,
-        node_claim: &NodeClaim,
-        class: &EC2NodeClass,
-        status: &EC2NodeClassStatus,
-        ami: &str,
-        capacity_type: &str,
-        max_pods: i64,
-    ) -> Result<LaunchTemplate> {
-        let spec = &class.spec;
-        let family = amifamily::family_of(spec);
-        let mut labels: BTreeMap<String, String> = node_claim.metadata.labels.clone().unwrap_or_default();
-        labels.insert(LABEL_CAPACITY_TYPE.to_string(), capacity_type.to_string());
-        let mut taints: Vec<Taint> = node_claim.spec.taints.clone();
-        taints.extend(node_claim.spec.startup_taints.iter().cloned());
-        if !taints.iter().any(|t| t.key == TAINT_UNREGISTERED) {
-            taints.push(Taint::new(TAINT_UNREGISTERED, TaintEffect::NoExecute));
-        }
-        let user_data = userdata::generate(&Bootstrap {
-            cluster: &self.cluster,
-            family,
-            kubelet: spec.kubelet.as_ref(),
-            max_pods: Some(max_pods),
-            labels: &labels,
-            taints: &taints,
-            custom: spec.user_data.as_deref(),
-            instance_store_raid0: spec.instance_store_policy == Some(InstanceStorePolicy::RAID0),
-        })
-        .map_err(|e| CloudProviderError::Config(format!("user data of EC2NodeClass: {e}")))?;
-        // Tagged like the instances, so that IAM policies scoped to the cluster's and a
-        // NodePool's resources let the controller launch from the template.
-        let mut tags = spec.tags.clone();
-        tags.insert(CLUSTER_TAG.to_string(), self.cluster.name.clone());
-        tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
-        tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
-        tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
-        tags.insert(LABEL_NODEPOOL.to_string(), node_pool_tag(node_claim));
-        let mut sgs: Vec<String> = status.security_groups.iter().map(|g| g.id.clone()).collect();
-        sgs.sort();
-        Ok(LaunchTemplate {
-            image_id: ami.to_string(),
-            instance_profile: status.instance_profile.clone().unwrap_or_default(),
-            security_group_ids: sgs,
-            block_device_mappings: amifamily::block_device_mappings(spec, family),
-            metadata_options: spec.metadata_options.clone(),
-            detailed_monitoring: spec.detailed_monitoring.unwrap_or(false),
-            associate_public_ip_address: spec.associate_public_ip_address,
-            tags,
-            spot: capacity_type == CAPACITY_TYPE_SPOT,
-            user_data,
-        })
     }
 
     /// The prefix of the names of the launch templates the provider creates.
