@@ -16,8 +16,9 @@ in its own file, tests.rs, *_tests.rs) are listed apart as test-only and never f
 Prints `file:line: <layer> imports <layer> (crate::path)`; exits 1 on any other violation.
 
 --cycles also lists file-level import cycles inside each top-level module (informational).
-Edges are non-test references between files of one top-level module; names re-exported with
-`pub use` are followed to the defining file, and `pub use` statements are not edges.
+Edges are non-test references between files of one top-level module, other than a module's
+references to its own parent; names re-exported with `pub use` are followed to the defining
+file, and `pub use` statements are not edges.
 """
 import argparse
 import os
@@ -131,7 +132,10 @@ def cycles(files, mods):
                     break
                 names = reexports[names[:k + 1]] + names[k + 1:]
             g = mods[names[:k]]
-            if g is not f and g.mod[:1] == f.mod[:1] and not pub and not f.is_test(off):
+            # A module's use of its own parent (the module that declares it and shares its types
+            # with it) is how Rust nests modules, not a cycle.
+            parent = g.mod == f.mod[:-1]
+            if g is not f and g.mod[:1] == f.mod[:1] and not parent and not pub and not f.is_test(off):
                 edges.setdefault(f.rel, {}).setdefault(g.rel, []).append(f"{f.rel}:{f.line(off)} {'::'.join(names)}")
     reach = {}
 

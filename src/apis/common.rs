@@ -306,17 +306,70 @@ pub fn default_expire_after() -> String {
     "720h".to_string()
 }
 
-/// Sets the condition `type_` in `conditions`, keeping its `lastTransitionTime` when its status
-/// does not change. Returns whether anything changed.
+/// A condition's status, reason and message, as a controller sets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConditionUpdate {
+    /// True, False or Unknown.
+    pub status: ConditionStatus,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl ConditionUpdate {
+    /// A True condition.
+    pub fn true_(reason: &str) -> Self {
+        ConditionUpdate { status: ConditionStatus::True, reason: reason.into(), message: String::new() }
+    }
+
+    /// A False condition.
+    pub fn false_(reason: &str, message: impl Into<String>) -> Self {
+        ConditionUpdate { status: ConditionStatus::False, reason: reason.into(), message: message.into() }
+    }
+
+    /// An Unknown condition.
+    pub fn unknown(reason: &str, message: impl Into<String>) -> Self {
+        ConditionUpdate { status: ConditionStatus::Unknown, reason: reason.into(), message: message.into() }
+    }
+}
+
+/// The condition of type `type_`.
+pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether the condition of type `type_` is True.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    condition(conditions, type_).is_some_and(|c| c.status == ConditionStatus::True)
+}
+
+/// `now` as a condition's `lastTransitionTime`: RFC 3339 in whole seconds, as Kubernetes writes it.
+pub fn transition_time(now: k8s_openapi::jiff::Timestamp) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now).to_string()
+}
+
+/// Longest message the CRDs accept.
+const MAX_MESSAGE: usize = 32768;
+
+/// Sets the condition `type_` in `conditions` to `update`, for the object's `observed_generation`,
+/// keeping its `lastTransitionTime` unless the status changes (a message longer than the CRDs
+/// allow is cut). Returns whether anything changed.
 pub fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
-    status: ConditionStatus,
-    reason: &str,
-    message: &str,
+    update: ConditionUpdate,
     observed_generation: Option<i64>,
-    now: &str,
+    now: k8s_openapi::jiff::Timestamp,
 ) -> bool {
+    let ConditionUpdate { status, reason, mut message } = update;
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
             let changed = c.status != status
@@ -324,11 +377,11 @@ pub fn set_condition(
                 || c.message != message
                 || c.observed_generation != observed_generation;
             if c.status != status {
-                c.last_transition_time = now.to_string();
+                c.last_transition_time = transition_time(now);
             }
             c.status = status;
-            c.reason = reason.to_string();
-            c.message = message.to_string();
+            c.reason = reason;
+            c.message = message;
             c.observed_generation = observed_generation;
             changed
         }
@@ -337,13 +390,20 @@ pub fn set_condition(
                 type_: type_.to_string(),
                 status,
                 observed_generation,
-                last_transition_time: now.to_string(),
-                reason: reason.to_string(),
-                message: message.to_string(),
+                last_transition_time: transition_time(now),
+                reason,
+                message,
             });
             true
         }
     }
+}
+
+/// Removes the condition `type_` from `conditions`; returns whether it was there.
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) -> bool {
+    let before = conditions.len();
+    conditions.retain(|c| c.type_ != type_);
+    conditions.len() != before
 }
 
 #[cfg(test)]
@@ -352,14 +412,23 @@ mod condition_tests {
 
     #[test]
     fn transitions_keep_their_time_until_the_status_changes() {
+        let t = |s: i64| k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + s).unwrap();
+        let not_ready = |reason: &str| ConditionUpdate::false_(reason, "m");
         let mut cs = vec![];
-        assert!(set_condition(&mut cs, "Ready", ConditionStatus::False, "NotReady", "m", Some(1), "t1"));
-        assert!(!set_condition(&mut cs, "Ready", ConditionStatus::False, "NotReady", "m", Some(1), "t2"));
-        assert_eq!(cs[0].last_transition_time, "t1");
-        assert!(set_condition(&mut cs, "Ready", ConditionStatus::False, "Other", "m", Some(1), "t3"));
-        assert_eq!(cs[0].last_transition_time, "t1");
-        assert!(set_condition(&mut cs, "Ready", ConditionStatus::True, "Ready", "", Some(1), "t4"));
-        assert_eq!(cs[0].last_transition_time, "t4");
+        assert!(set_condition(&mut cs, "Ready", not_ready("NotReady"), Some(1), t(1)));
+        assert!(!set_condition(&mut cs, "Ready", not_ready("NotReady"), Some(1), t(2)));
+        assert_eq!(cs[0].last_transition_time, transition_time(t(1)));
+        assert!(set_condition(&mut cs, "Ready", not_ready("Other"), Some(1), t(3)));
+        assert_eq!(cs[0].last_transition_time, transition_time(t(1)));
+        assert!(set_condition(&mut cs, "Ready", ConditionUpdate::true_("Ready"), Some(1), t(4)));
+        assert_eq!(cs[0].last_transition_time, "2023-11-14T22:13:24Z");
         assert_eq!(cs.len(), 1);
+        assert!(is_true(&cs, "Ready") && !is_true(&cs, "Other"));
+        // Messages are cut to what the CRDs accept, on a character boundary.
+        let long = "é".repeat(MAX_MESSAGE);
+        assert!(set_condition(&mut cs, "Long", ConditionUpdate::false_("Long", long), None, t(5)));
+        let kept = &condition(&cs, "Long").unwrap().message;
+        assert!(kept.len() <= MAX_MESSAGE && kept.chars().all(|c| c == 'é'));
+        assert!(remove_condition(&mut cs, "Long") && !remove_condition(&mut cs, "Long"));
     }
 }

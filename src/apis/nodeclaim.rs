@@ -140,6 +140,23 @@ pub struct NodeClaimStatus {
 }
 
 /// Condition types of a NodeClaim.
+impl NodeClaim {
+    /// The NodeClaim's status conditions (none before its first status write).
+    pub fn conditions(&self) -> &[Condition] {
+        self.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
+    }
+
+    /// Its condition of type `type_`.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        condition(self.conditions(), type_)
+    }
+
+    /// Whether its condition of type `type_` is True.
+    pub fn is_true(&self, type_: &str) -> bool {
+        is_true(self.conditions(), type_)
+    }
+}
+
 pub mod conditions {
     /// The instance was created by the cloud provider.
     pub const LAUNCHED: &str = "Launched";

@@ -288,6 +288,24 @@ pub fn provider_id(zone: &str, id: &str) -> String {
     format!("aws:///{zone}/{id}")
 }
 
+/// A named task of a provider's controllers, ending when its stop signal turns true.
+pub type ProviderTask = (&'static str, BoxFuture<'static, ()>);
+
+/// What a provider runs besides answering [`CloudProvider`]: its own controllers (the AWS
+/// provider's node-class status, refreshes, interruption handling; kwok's node-class status).
+/// The operator starts them with the others when this process leads, without naming the provider.
+pub trait ProviderControllers: Send + Sync {
+    /// The provider's controllers over `state`, each stopping when `stop` turns true, and a signal
+    /// that completes once the provider has fetched what launches need (instance types, prices):
+    /// the provisioner waits a little for it.
+    fn start(
+        &self,
+        ctx: &crate::controllers::Context,
+        state: &crate::state::ClusterState,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> (Vec<ProviderTask>, Option<tokio::sync::oneshot::Receiver<()>>);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! no memory. Publishing never fails the caller: an event that cannot be written is logged and
 //! dropped.
 
+use crate::util::api::is_not_found;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -214,9 +215,7 @@ impl Events {
                 let patch = json!({"series": {"count": series.count, "lastObservedTime": MicroTime(now)}});
                 match api.patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                     // The Event expired on the API server (after an hour by default): start anew.
-                    Err(kube::Error::Api(status)) if status.code == 404 => {
-                        self.create(&api, key, fresh()).await
-                    }
+                    Err(e) if is_not_found(&e) => self.create(&api, key, fresh()).await,
                     other => other.map(|_| ()),
                 }
             }

@@ -354,9 +354,7 @@ impl Options {
 pub fn is_conflict(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = current {
-        if let Some(kube::Error::Api(status)) = e.downcast_ref::<kube::Error>()
-            && status.code == 409
-        {
+        if e.downcast_ref::<kube::Error>().is_some_and(crate::util::api::is_conflict) {
             return true;
         }
         current = e.source();

@@ -349,7 +349,7 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
             pass.budget_constrained = true;
             continue;
         }
-        let moving_off = !is_true(conditions_of(node), DRIFTED);
+        let moving_off = !node.claim.as_deref().is_some_and(|c| c.is_true(DRIFTED));
         let simulated = consolidation::simulate_all(world, &[node]).and_then(|replacements| {
             if moving_off { without_offering_of(node, replacements) } else { Ok(replacements) }
         });
@@ -376,14 +376,6 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
         }
     }
     None
-}
-
-fn conditions_of(node: &StateNode) -> &[crate::apis::Condition] {
-    node.claim.as_deref().and_then(|c| c.status.as_ref()).map(|s| s.conditions.as_slice()).unwrap_or_default()
-}
-
-fn is_true(conditions: &[crate::apis::Condition], type_: &str) -> bool {
-    conditions.iter().any(|c| c.type_ == type_ && c.status == crate::apis::common::ConditionStatus::True)
 }
 
 /// The replacements of a spot node EC2 recommended moving off (`REBALANCE_REPLACEMENT`), kept out

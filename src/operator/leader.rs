@@ -21,6 +21,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::util::api::is_conflict;
 use crate::util::error_chain;
 
 /// Default name of the Lease (`LEADER_ELECTION_NAME`), as upstream Karpenter names it.
@@ -194,7 +195,7 @@ impl LeaderElector {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(true),
-                Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+                Err(e) if is_conflict(&e) => Ok(false),
                 Err(source) => Err(self.error("create", source)),
             };
         };
@@ -229,7 +230,7 @@ impl LeaderElector {
                 self.observed_at = Instant::now();
                 Ok(true)
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(e) if is_conflict(&e) => Ok(false),
             Err(source) => Err(self.error("update", source)),
         }
     }
@@ -252,7 +253,7 @@ impl LeaderElector {
         lease.spec = Some(spec);
         match self.api.replace(&self.name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(e) if is_conflict(&e) => Ok(()),
             Err(source) => Err(self.error("release", source)),
         }
     }

@@ -14,9 +14,9 @@ use super::apiclient;
 use super::leader::{LeaderElector, Timing};
 use super::server::{self, Readiness};
 use super::settings::{CloudProviderKind, Settings};
-use crate::cloudprovider::CloudProvider;
 use crate::cloudprovider::aws::provider::{AwsClients, AwsCloudProvider, Options};
 use crate::cloudprovider::metered::Metered;
+use crate::cloudprovider::{CloudProvider, ProviderControllers};
 use crate::controllers::{self, Context, Events};
 use crate::metrics::Metrics;
 use crate::state::ClusterState;
@@ -159,7 +159,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         tokio::spawn(super::memory::run(limit, stop.clone()));
     }
 
-    let (cloud, aws) = cloud_provider(&settings, &client).await?;
+    let (cloud, provider_controllers) = cloud_provider(&settings, &client).await?;
     let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
     let identity = identity();
     let events = Events::new(client.clone(), Some(identity.clone()));
@@ -236,7 +236,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             tracing::info!("cluster state synced");
         }
         outcome = if synced {
-            lead(&ctx, &settings, &state, aws.as_ref(), watches, &stop, &mut leading).await
+            lead(&ctx, &settings, &state, provider_controllers.as_ref(), watches, &stop, &mut leading).await
         } else if *leading.borrow() {
             Ok(()) // stopped while syncing
         } else {
@@ -262,14 +262,14 @@ async fn lead(
     ctx: &Context,
     settings: &Settings,
     state: &ClusterState,
-    aws: Option<&Arc<AwsCloudProvider>>,
+    provider: &dyn ProviderControllers,
     watches: &mut tokio::task::JoinHandle<()>,
     stop: &watch::Receiver<bool>,
     leading: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
     tracing::info!("starting controllers");
     let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
-    let mut controllers = start_controllers(ctx, settings, state, aws, &ctrl_stop);
+    let mut controllers = start_controllers(ctx, settings, state, provider, &ctrl_stop);
     let mut stopping = stop.clone();
     let why = supervise(&mut controllers, watches, &mut stopping, leading).await;
     let outcome = match why {
@@ -313,73 +313,19 @@ async fn lead(
     outcome
 }
 
-/// Starts every controller, each stopping when `stop` turns true.
+/// Starts every controller, each stopping when `stop` turns true: the cloud provider's own, then
+/// the others.
 fn start_controllers(
     ctx: &Context,
     settings: &Settings,
     state: &ClusterState,
-    aws: Option<&Arc<AwsCloudProvider>>,
+    provider: &dyn ProviderControllers,
     stop: &watch::Receiver<bool>,
 ) -> Controllers {
     let mut tasks = Controllers::default();
-    let mut first_refresh = None;
-    if let Some(aws) = aws {
-        // Launches after a restart must not wait for the node-class controller to resolve the
-        // classes again: the provisioner and the NodeClaim lifecycle start from the status a
-        // previous run resolved.
-        let seeded = aws.node_classes().seed(state.nodeclasses.state().iter().map(|c| (**c).clone()));
-        tracing::debug!(count = seeded, "node classes known from the API");
-        let (fetched_tx, fetched) = tokio::sync::oneshot::channel();
-        tasks.spawn(
-            "aws.refresh",
-            crate::cloudprovider::aws::controllers::refresh::run(
-                aws.clone(),
-                settings.isolated_vpc,
-                fetched_tx,
-                stop.clone(),
-            ),
-        );
-        first_refresh = Some(fetched);
-        if let Some(queue) = settings.interruption_queue() {
-            tasks.spawn(
-                crate::cloudprovider::aws::controllers::interruption::CONTROLLER,
-                crate::cloudprovider::aws::controllers::interruption::run_queue(
-                    ctx.clone(),
-                    state.clone(),
-                    aws.clone(),
-                    queue.to_string(),
-                    stop.clone(),
-                ),
-            );
-        }
-        tasks.spawn(
-            crate::cloudprovider::aws::controllers::interruption::STATUS_CONTROLLER,
-            crate::cloudprovider::aws::controllers::interruption::run_instance_status(
-                ctx.clone(),
-                state.clone(),
-                aws.clone(),
-                stop.clone(),
-            ),
-        );
-        tasks.spawn(
-            crate::cloudprovider::aws::controllers::metrics::CONTROLLER,
-            crate::cloudprovider::aws::controllers::metrics::run(
-                ctx.clone(),
-                state.clone(),
-                aws.clone(),
-                stop.clone(),
-            ),
-        );
-        tasks.spawn(
-            crate::cloudprovider::aws::controllers::nodeclass::CONTROLLER,
-            crate::cloudprovider::aws::controllers::nodeclass::run(
-                ctx.client.clone(),
-                state.clone(),
-                aws.clone(),
-                ctx.events.clone(),
-                stop.clone(),
-            ),
-        );
+    let (provider_tasks, first_refresh) = provider.start(ctx, state, stop);
+    for (name, task) in provider_tasks {
+        tasks.spawn(name, task);
     }
     {
         // The first launches wait (a little) for the instance types and current prices, so that a
@@ -394,12 +340,6 @@ fn start_controllers(
             }
             controllers::provisioning::run(ctx, state, stop).await;
         });
-    }
-    if aws.is_none() {
-        tasks.spawn(
-            crate::cloudprovider::kwok::controllers::CONTROLLER,
-            crate::cloudprovider::kwok::controllers::run(ctx.client.clone(), state.clone(), stop.clone()),
-        );
     }
     tasks.spawn(
         controllers::nodeclaim::lifecycle::CONTROLLER,
@@ -511,17 +451,16 @@ fn kwok_provider(
     Ok(crate::cloudprovider::kwok::KwokCloudProvider::new(client, types, settings.kwok_registration_delay))
 }
 
-/// The cloud provider the settings ask for; for `aws`, also the concrete provider (the
-/// node-class controller feeds it).
+/// The cloud provider the settings ask for, and its own controllers.
 async fn cloud_provider(
     settings: &Settings,
     client: &kube::Client,
-) -> Result<(Arc<dyn CloudProvider>, Option<Arc<AwsCloudProvider>>), RunError> {
+) -> Result<(Arc<dyn CloudProvider>, Box<dyn ProviderControllers>), RunError> {
     match settings.cloud_provider {
         CloudProviderKind::Kwok => {
             let provider = kwok_provider(client.clone(), settings)
                 .map_err(|e| RunError::CloudProvider { provider: "kwok", source: Box::new(e) })?;
-            Ok((Arc::new(provider), None))
+            Ok((Arc::new(provider), Box::new(crate::cloudprovider::kwok::controllers::Controllers)))
         }
         CloudProviderKind::Aws => {
             let fail = |e: crate::cloudprovider::CloudProviderError| {
@@ -553,7 +492,12 @@ async fn cloud_provider(
             options.vm_memory_overhead_percent = settings.vm_memory_overhead_percent;
             options.kube_dns_ip = crate::cloudprovider::aws::provider::kube_dns_ip(client).await;
             let provider = Arc::new(AwsCloudProvider::new(clients, options).await.map_err(fail)?);
-            Ok((provider.clone(), Some(provider)))
+            let controllers = crate::cloudprovider::aws::controllers::Controllers {
+                provider: provider.clone(),
+                isolated_vpc: settings.isolated_vpc,
+                interruption_queue: settings.interruption_queue().map(str::to_string),
+            };
+            Ok((provider, Box::new(controllers)))
         }
     }
 }

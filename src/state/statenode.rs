@@ -16,7 +16,7 @@ use crate::apis::labels::{
     LABEL_CAPACITY_TYPE, LABEL_INITIALIZED, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
 };
 use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUNCHED};
-use crate::apis::{ConditionStatus, NodeClaim, Operator, Taint};
+use crate::apis::{NodeClaim, Operator, Taint};
 use crate::scheduling::resources::{pod_limits, pod_requests};
 use crate::scheduling::{Requirements, Resources};
 
@@ -128,7 +128,7 @@ impl StateNode {
 
     /// Whether the NodeClaim says its instance is terminating.
     pub fn instance_terminating(&self) -> bool {
-        self.claim.as_deref().is_some_and(|c| is_true(c, INSTANCE_TERMINATING))
+        self.claim.as_deref().is_some_and(|c| c.is_true(INSTANCE_TERMINATING))
     }
 
     /// The pods that need a place elsewhere if the node goes (see [`pods::is_reschedulable`]).
@@ -155,13 +155,6 @@ impl StateNode {
             .cloned()
             .collect()
     }
-}
-
-fn is_true(claim: &NodeClaim, type_: &str) -> bool {
-    claim
-        .status
-        .as_ref()
-        .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == type_ && c.status == ConditionStatus::True))
 }
 
 fn provider_id_of_claim(claim: &NodeClaim) -> Option<&str> {
@@ -269,7 +262,7 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
         let managed = claim.is_some() || labels.contains_key(LABEL_NODEPOOL);
         let initialized = !managed
             || (labels.get(LABEL_INITIALIZED).is_some_and(|v| v == "true")
-                && claim.as_ref().is_some_and(|c| is_true(c, INITIALIZED)));
+                && claim.as_ref().is_some_and(|c| c.is_true(INITIALIZED)));
         let status = node.status.as_ref();
         let node_capacity = resources(status.and_then(|s| s.capacity.as_ref()));
         let node_allocatable = resources(status.and_then(|s| s.allocatable.as_ref()));
@@ -327,7 +320,7 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
             }
         }
         let status = claim.status.as_ref();
-        let launched = provider_id_of_claim(claim).is_some() || is_true(claim, LAUNCHED);
+        let launched = provider_id_of_claim(claim).is_some() || claim.is_true(LAUNCHED);
         let capacity = if launched { resources(status.and_then(|s| s.capacity.as_ref())) } else { None }
             .or_else(|| largest_allowed(claim, types))
             .or_else(|| claim_requests(claim))
@@ -366,7 +359,7 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
 
 fn claim_deleting(claim: &NodeClaim, snapshot: &Snapshot) -> bool {
     claim.metadata.deletion_timestamp.is_some()
-        || is_true(claim, INSTANCE_TERMINATING)
+        || claim.is_true(INSTANCE_TERMINATING)
         || claim.metadata.name.as_ref().is_some_and(|n| snapshot.marked_for_deletion.contains(n))
 }
 

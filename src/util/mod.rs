@@ -1,6 +1,7 @@
-//! What every layer shares and that depends on nothing else in the crate: errors as text, Go-style
-//! durations, the API client's request limit.
+//! What every layer shares and that depends on nothing else in the crate: errors as text, what an
+//! API server's refusal means, Go-style durations, the API client's request limit.
 
+pub mod api;
 pub mod duration;
 pub mod error;
 

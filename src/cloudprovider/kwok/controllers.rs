@@ -11,10 +11,11 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::apis::common::set_condition;
-use crate::apis::{ConditionStatus, EC2NodeClass};
+use crate::apis::EC2NodeClass;
+use crate::apis::common::{ConditionUpdate, set_condition};
 use crate::controllers::kit::{Next, Options, Queue, Reconcile, run_keyed};
 use crate::state::{ClusterState, Notice};
+use crate::util::api::is_not_found;
 
 /// Name of the controller, in logs and metrics.
 pub const CONTROLLER: &str = "nodeclass.kwok";
@@ -22,17 +23,10 @@ pub const CONTROLLER: &str = "nodeclass.kwok";
 const READY: &str = "Ready";
 
 /// The status conditions `class` should have, or `None` when it has them.
-pub fn desired_conditions(class: &EC2NodeClass, now: &str) -> Option<Vec<crate::apis::Condition>> {
+pub fn desired_conditions(class: &EC2NodeClass, now: Timestamp) -> Option<Vec<crate::apis::Condition>> {
     let mut conditions = class.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let changed = set_condition(
-        &mut conditions,
-        READY,
-        ConditionStatus::True,
-        READY,
-        "",
-        class.metadata.generation,
-        now,
-    );
+    let changed =
+        set_condition(&mut conditions, READY, ConditionUpdate::true_(READY), class.metadata.generation, now);
     changed.then_some(conditions)
 }
 
@@ -50,7 +44,7 @@ impl Reconcile for Reconciler {
         if class.metadata.deletion_timestamp.is_some() {
             return Ok(Next::Wait);
         }
-        let Some(conditions) = desired_conditions(&class, &Timestamp::now().to_string()) else {
+        let Some(conditions) = desired_conditions(&class, Timestamp::now()) else {
             return Ok(Next::Wait);
         };
         let patch = json!({
@@ -63,7 +57,7 @@ impl Reconcile for Reconciler {
                 tracing::debug!(controller = CONTROLLER, ec2nodeclass = %name, "the class is ready");
                 Ok(Next::Wait)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Next::Wait),
+            Err(e) if is_not_found(&e) => Ok(Next::Wait),
             Err(e) => Err(e),
         }
     }
@@ -86,9 +80,24 @@ pub async fn run(client: Client, cluster: ClusterState, stop: watch::Receiver<bo
     run_keyed(reconciler, queue, Options::new(CONTROLLER), None, stop).await;
 }
 
+/// The kwok provider's one controller: EC2NodeClasses are marked ready.
+pub struct Controllers;
+
+impl crate::cloudprovider::ProviderControllers for Controllers {
+    fn start(
+        &self,
+        ctx: &crate::controllers::Context,
+        state: &ClusterState,
+        stop: &watch::Receiver<bool>,
+    ) -> (Vec<crate::cloudprovider::ProviderTask>, Option<tokio::sync::oneshot::Receiver<()>>) {
+        (vec![(CONTROLLER, Box::pin(run(ctx.client.clone(), state.clone(), stop.clone())))], None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apis::ConditionStatus;
 
     #[test]
     fn a_class_is_ready_once_and_stays_so() {
@@ -99,11 +108,14 @@ mod tests {
                 "subnetSelectorTerms": [{"tags": {"a": "b"}}], "securityGroupSelectorTerms": [{"tags": {"a": "b"}}]}
         }))
         .unwrap();
-        let conditions = desired_conditions(&class, "2026-01-01T00:00:00Z").unwrap();
+        let conditions = desired_conditions(&class, "2026-01-01T00:00:00Z".parse().unwrap()).unwrap();
         assert_eq!(conditions.len(), 1);
         assert_eq!((conditions[0].type_.as_str(), conditions[0].status), (READY, ConditionStatus::True));
         assert_eq!(conditions[0].observed_generation, Some(2));
         class.status = Some(crate::apis::EC2NodeClassStatus { conditions, ..Default::default() });
-        assert!(desired_conditions(&class, "2026-01-01T00:01:00Z").is_none(), "nothing to write again");
+        assert!(
+            desired_conditions(&class, "2026-01-01T00:01:00Z".parse().unwrap()).is_none(),
+            "nothing to write again"
+        );
     }
 }

@@ -44,6 +44,7 @@ use crate::apis::labels::{
 use crate::apis::{NodeClaim, NodePool, Taint, TaintEffect};
 use crate::cloudprovider::aws::embedded::EmbeddedCatalogError;
 use crate::cloudprovider::catalog::CatalogError;
+use crate::util::api::{is_conflict, is_not_found};
 
 use crate::scheduling::{InstanceType, Offering, Requirements, Resources};
 
@@ -217,9 +218,7 @@ impl KwokCloudProvider {
                 tracing::info!(node_claim = %claim_name, node = %name, "deleted kwok node");
                 Ok(())
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                Err(CloudProviderError::NotFound(provider_id))
-            }
+            Err(e) if is_not_found(&e) => Err(CloudProviderError::NotFound(provider_id)),
             Err(e) => Err(api_error("DeleteNode", e)),
         }
     }
@@ -458,7 +457,7 @@ pub fn node_instance(node: &Node) -> Instance {
 async fn create_node(nodes: &Api<Node>, node: &Node) -> Result<()> {
     match nodes.create(&PostParams::default(), node).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) if is_conflict(&e) => Ok(()),
         Err(e) => Err(api_error("CreateNode", e)),
     }
 }

@@ -23,21 +23,22 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
+use crate::apis::common::{ConditionUpdate, remove_condition, set_condition};
 use crate::apis::nodeclaim::conditions::{DISRUPTION_REASON, INITIALIZED, LAUNCHED};
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::reasons;
 use crate::controllers::kit::count_disrupted;
-use crate::controllers::nodeclaim::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
+use crate::controllers::nodeclaim::{Written, write_conditions};
 use crate::controllers::provisioning::template;
 use crate::disruption::decide::{Command, Method};
 use crate::state::marks::nomination_window;
 use crate::state::pods::{self, DoNotDisrupt};
 use crate::state::{ClusterState, StateNode};
+use crate::util::api::is_not_found;
 use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics.
@@ -351,8 +352,7 @@ impl Run {
                 tokio::time::sleep(POLL).await;
                 continue;
             };
-            let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-            if is_true(conditions, INITIALIZED) {
+            if claim.is_true(INITIALIZED) {
                 self.launched
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -366,7 +366,7 @@ impl Run {
                     .normal(created, reasons::DISRUPTION_LAUNCHING, format!("Launching NodeClaim: {reason}"))
                     .await;
             }
-            if is_true(conditions, LAUNCHED) && !told_waiting {
+            if claim.is_true(LAUNCHED) && !told_waiting {
                 told_waiting = true;
                 self.ctx
                     .events
@@ -409,7 +409,7 @@ impl Run {
             let Some(claim) = &node.claim else { continue };
             match api.delete(&claim.name_any(), &DeleteParams::default()).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(e) if is_not_found(&e) => continue,
                 Err(e) => {
                     // Its taint stays until the next pass heals it; the node keeps running.
                     tracing::error!(controller = CONTROLLER, NodeClaim = %claim.name_any(), error = %error_chain(&e), "deleting nodeclaim");
@@ -496,36 +496,29 @@ enum Live {
 /// Sets `DisruptionReason=True` with `reason` on `claim` (best effort: the taint is what keeps
 /// pods away; the condition tells users why).
 async fn set_disruption_reason(client: &Client, claim: &NodeClaim, reason: &str) {
-    let mut conditions = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let mut conditions = claim.conditions().to_vec();
     let update = ConditionUpdate { message: String::new(), ..ConditionUpdate::true_(reason) };
     if !set_condition(&mut conditions, DISRUPTION_REASON, update, claim.metadata.generation, Timestamp::now())
     {
         return;
     }
-    write_conditions(client, claim, conditions).await;
+    write_disruption_reason(client, claim, &conditions).await;
 }
 
 /// Removes the `DisruptionReason` condition from `claim`.
 pub async fn clear_disruption_reason(client: &Client, claim: &NodeClaim) {
-    let mut conditions = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let before = conditions.len();
-    conditions.retain(|c| c.type_ != DISRUPTION_REASON);
-    if conditions.len() == before {
+    let mut conditions = claim.conditions().to_vec();
+    if !remove_condition(&mut conditions, DISRUPTION_REASON) {
         return;
     }
-    write_conditions(client, claim, conditions).await;
+    write_disruption_reason(client, claim, &conditions).await;
 }
 
-async fn write_conditions(client: &Client, claim: &NodeClaim, conditions: Vec<crate::apis::Condition>) {
-    let api: Api<NodeClaim> = Api::all(client.clone());
-    let patch = json!({
-        "metadata": { "resourceVersion": claim.resource_version() },
-        "status": { "conditions": conditions },
-    });
-    match api.patch_status(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => {}
-        // Changed meanwhile: the next pass looks again.
-        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+/// Writes `conditions`, with or without `DisruptionReason`, on `claim`; a claim gone or changed
+/// meanwhile is left to the next pass.
+async fn write_disruption_reason(client: &Client, claim: &NodeClaim, conditions: &[crate::apis::Condition]) {
+    match write_conditions(client, claim, conditions).await {
+        Ok(Written::Done | Written::Gone | Written::Changed) => {}
         Err(e) => {
             tracing::warn!(controller = CONTROLLER, NodeClaim = %claim.name_any(), error = %error_chain(&e), "writing the DisruptionReason condition")
         }

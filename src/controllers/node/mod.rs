@@ -13,6 +13,7 @@ use serde_json::json;
 
 use crate::apis::NodeClaim;
 use crate::apis::labels::TAINT_DISRUPTED;
+use crate::util::api::is_conflict;
 
 /// The label that takes a node out of external load balancers while it drains (as upstream sets
 /// it), with the value upstream gives it.
@@ -112,7 +113,7 @@ async fn write_taint(
                 }
                 return Ok(Some(patched));
             }
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < TAINT_ATTEMPTS => {
+            Err(e) if is_conflict(&e) && attempt < TAINT_ATTEMPTS => {
                 current = nodes.get(&node.name_any()).await?;
             }
             Err(e) => return Err(e),

@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
+use super::{Written, write_status};
 use crate::apis::NodeClaim;
+use crate::apis::common::{ConditionUpdate, is_true, remove_condition, set_condition};
 use crate::apis::labels::LABEL_NODEPOOL;
 use crate::apis::nodeclaim::conditions::CONSOLIDATABLE;
 use crate::controllers::Context;
@@ -69,7 +69,6 @@ pub fn consolidatable(at: Option<Timestamp>, now: Timestamp) -> (bool, Option<Ti
 }
 
 async fn pass(ctx: &Context, state: &ClusterState, pending: &Mutex<HashMap<String, Timestamp>>) -> Next {
-    let api: Api<NodeClaim> = Api::all(ctx.client.clone());
     // Pod events by NodeClaim name.
     let mut events: HashMap<String, Timestamp> = HashMap::new();
     {
@@ -119,24 +118,21 @@ async fn pass(ctx: &Context, state: &ClusterState, pending: &Mutex<HashMap<Strin
                     now,
                 );
             } else {
-                status.conditions.retain(|c| c.type_ != CONSOLIDATABLE);
+                remove_condition(&mut status.conditions, CONSOLIDATABLE);
             }
             changed = true;
         }
         if !changed {
             continue;
         }
-        let mut patch = json!({
-            "metadata": { "resourceVersion": claim.resource_version() },
-            "status": { "conditions": status.conditions },
-        });
+        let mut written = json!({ "conditions": status.conditions });
         if let Some(t) = &status.last_pod_event_time {
-            patch["status"]["lastPodEventTime"] = json!(t);
+            written["lastPodEventTime"] = json!(t);
         }
-        match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {}
-            // Changed meanwhile: the watch brings the new version and another pass.
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+        match write_status(&ctx.client, &claim, written).await {
+            Ok(Written::Done) => {}
+            // Gone or changed meanwhile: the watch brings the new version and another pass.
+            Ok(Written::Gone | Written::Changed) => {
                 if let Some(at) = events.get(&name) {
                     let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
                     if !node.is_empty() {

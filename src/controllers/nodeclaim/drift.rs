@@ -32,7 +32,8 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::lifecycle::logic::{ConditionUpdate, is_true, set_condition};
+use super::{Written, write_conditions};
+use crate::apis::common::{ConditionUpdate, remove_condition, set_condition};
 use crate::apis::labels::{
     ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, CAPACITY_TYPE_ON_DEMAND,
     CAPACITY_TYPE_RESERVED, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
@@ -46,6 +47,7 @@ use crate::controllers::kit::{Backoff, Coalesced, Next, Options, run_singleton};
 use crate::scheduling::Requirements;
 use crate::scheduling::instancetypes::InstanceType;
 use crate::state::{ClusterState, Interest};
+use crate::util::api::is_stale;
 use crate::util::error_chain;
 
 /// Delay between two looks at every NodeClaim (as upstream's drift requeue).
@@ -62,11 +64,6 @@ pub const INSTANCE_TYPE_NOT_FOUND: &str = "InstanceTypeNotFound";
 /// Claims younger than this are not checked for [`INSTANCE_TYPE_NOT_FOUND`], as upstream: a
 /// catalog that briefly lacks a type (a failed refresh) does not drift new nodes.
 const INSTANCE_TYPE_CHECK_AGE: SignedDuration = SignedDuration::from_hours(1);
-
-/// Whether `claim` carries `Drifted=True`.
-pub fn is_drifted(claim: &NodeClaim) -> bool {
-    is_true(claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default(), DRIFTED)
-}
 
 /// Whether `claim`'s NodePool hash is of the current scheme (else it is re-stamped, not
 /// compared).
@@ -218,8 +215,7 @@ pub async fn round(
     let mut types: HashMap<String, Option<Vec<Arc<InstanceType>>>> = HashMap::new();
     let now = Timestamp::now();
     for claim in claims {
-        let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-        if claim.metadata.deletion_timestamp.is_some() || !is_true(conditions, LAUNCHED) {
+        if claim.metadata.deletion_timestamp.is_some() || !claim.is_true(LAUNCHED) {
             continue;
         }
         let pool = claim.labels().get(LABEL_NODEPOOL).and_then(|p| pools.get(p).copied());
@@ -282,9 +278,8 @@ pub async fn round(
     }
     let mut changed = 0;
     for (claim, reason) in settled {
-        let conditions = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         let now = Timestamp::now();
-        let mut conditions = conditions.to_vec();
+        let mut conditions = claim.conditions().to_vec();
         let update = match reason {
             Some(reason) => set_condition(
                 &mut conditions,
@@ -293,21 +288,13 @@ pub async fn round(
                 claim.metadata.generation,
                 now,
             ),
-            None => {
-                let before = conditions.len();
-                conditions.retain(|c| c.type_ != DRIFTED);
-                conditions.len() != before
-            }
+            None => remove_condition(&mut conditions, DRIFTED),
         };
         if !update {
             continue;
         }
-        let patch = json!({
-            "metadata": { "resourceVersion": claim.resource_version() },
-            "status": { "conditions": conditions },
-        });
-        match api.patch_status(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {
+        match write_conditions(client, claim, &conditions).await {
+            Ok(Written::Done) => {
                 changed += 1;
                 match reason {
                     Some(reason) => {
@@ -316,8 +303,8 @@ pub async fn round(
                     None => tracing::info!(NodeClaim = %claim.name_any(), "nodeclaim no longer drifted"),
                 }
             }
-            // Changed meanwhile: the next round looks again.
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            // Gone or changed meanwhile: the next round looks again.
+            Ok(Written::Gone | Written::Changed) => {}
             Err(e) => {
                 tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "writing the Drifted condition");
             }
@@ -332,7 +319,7 @@ pub async fn round(
 async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
     let mut annotations = serde_json::Map::new();
     annotations.insert(ANNOTATION_NODEPOOL_HASH_VERSION.into(), NODEPOOL_HASH_VERSION.into());
-    if !is_drifted(claim) {
+    if !claim.is_true(DRIFTED) {
         annotations.insert(ANNOTATION_NODEPOOL_HASH.into(), pool.hash().into());
     }
     let patch = json!({
@@ -340,7 +327,7 @@ async fn restamp(api: &Api<NodeClaim>, claim: &NodeClaim, pool: &NodePool) {
     });
     match api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => tracing::debug!(NodeClaim = %claim.name_any(), "re-stamped the nodeclaim's nodepool hash"),
-        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+        Err(e) if is_stale(&e) => {}
         Err(e) => {
             tracing::warn!(NodeClaim = %claim.name_any(), error = %error_chain(&e), "re-stamping the nodeclaim's nodepool hash")
         }

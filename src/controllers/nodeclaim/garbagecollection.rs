@@ -28,6 +28,7 @@ use crate::cloudprovider::{CloudProvider, Instance};
 use crate::controllers::Context;
 use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
 use crate::state::ClusterState;
+use crate::util::api::{is_not_found, is_stale};
 use crate::util::error_chain;
 
 /// How old an instance must be before it can be collected.
@@ -225,7 +226,7 @@ pub async fn collect_claims(
                 tracing::info!(NodeClaim = %claim.name, "provider-id" = %pid, "garbage collecting nodeclaim with no cloudprovider representation");
                 collected.push(claim.name.clone());
             }
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) if is_stale(&e) => {}
             Err(e) => {
                 tracing::error!(NodeClaim = %claim.name, error = %error_chain(&e), "deleting a nodeclaim whose instance is gone");
             }
@@ -312,7 +313,7 @@ pub async fn round(
                 Ok(_) => {
                     tracing::info!(Node = %node.name_any(), "provider-id" = %instance.provider_id, "garbage collected node");
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) if is_not_found(&e) => {}
                 Err(e) => {
                     tracing::error!(Node = %node.name_any(), error = %error_chain(&e), "deleting the node of a garbage-collected instance");
                 }

@@ -14,12 +14,13 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::sync::watch;
 
+use crate::apis::common::{ConditionUpdate, set_condition};
 use crate::apis::labels::{
     ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION, LABEL_ARCH, LABEL_CAPACITY_TYPE,
     LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
 };
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
-use crate::apis::{ConditionStatus, NodePool, NodePoolStatus, common::set_condition};
+use crate::apis::{NodePool, NodePoolStatus};
 use crate::controllers::Context;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::controllers::node::metrics::metric_value;
@@ -69,7 +70,7 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
 async fn reconcile(ctx: &Context, state: &ClusterState) {
     let snapshot = state.snapshot();
     let api: Api<NodePool> = Api::all(ctx.client.clone());
-    let now = Timestamp::now().to_string();
+    let now = Timestamp::now();
     let nodes = state_nodes(&snapshot);
     let usage = nodepool_usage(&nodes, Counted::Launched);
     ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
@@ -81,7 +82,7 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
         }
         let name = np.metadata.name.clone().unwrap_or_default();
         let class_ready = snapshot.node_class_ready(np).map_err(|problem| problem.to_string());
-        let status = desired_status(np, usage.get(&name), class_ready, &now);
+        let status = desired_status(np, usage.get(&name), class_ready, now);
         record_metrics(ctx, np, &status);
         if np.status.as_ref() != Some(&status) {
             let patch = serde_json::json!({ "status": status });
@@ -205,7 +206,7 @@ pub fn desired_status(
     np: &NodePool,
     usage: Option<&Resources>,
     class_ready: Result<(), String>,
-    now: &str,
+    now: Timestamp,
 ) -> NodePoolStatus {
     let mut status = np.status.clone().unwrap_or_default();
     let generation = np.metadata.generation;
@@ -224,18 +225,14 @@ pub fn desired_status(
         Ok(()) => set_condition(
             &mut status.conditions,
             NODE_CLASS_READY,
-            ConditionStatus::True,
-            NODE_CLASS_READY,
-            "",
+            ConditionUpdate::true_(NODE_CLASS_READY),
             generation,
             now,
         ),
         Err(message) => set_condition(
             &mut status.conditions,
             NODE_CLASS_READY,
-            ConditionStatus::False,
-            "NodeClassNotReady",
-            message,
+            ConditionUpdate::false_("NodeClassNotReady", message.as_str()),
             generation,
             now,
         ),
@@ -246,36 +243,32 @@ pub fn desired_status(
         Ok(_) => set_condition(
             &mut status.conditions,
             VALIDATION_SUCCEEDED,
-            ConditionStatus::True,
-            VALIDATION_SUCCEEDED,
-            "",
+            ConditionUpdate::true_(VALIDATION_SUCCEEDED),
             generation,
             now,
         ),
         Err(e) => set_condition(
             &mut status.conditions,
             VALIDATION_SUCCEEDED,
-            ConditionStatus::False,
-            "NodePoolValidationFailed",
-            &e.to_string(),
+            ConditionUpdate::false_("NodePoolValidationFailed", e.to_string()),
             generation,
             now,
         ),
     };
     if class_ok && valid {
-        set_condition(&mut status.conditions, READY, ConditionStatus::True, READY, "", generation, now);
+        set_condition(&mut status.conditions, READY, ConditionUpdate::true_(READY), generation, now);
     } else {
         let missing: Vec<&str> =
             [(!class_ok).then_some(NODE_CLASS_READY), (!valid).then_some(VALIDATION_SUCCEEDED)]
                 .into_iter()
                 .flatten()
                 .collect();
+        let message =
+            format!("{} {} False", missing.join(", "), if missing.len() > 1 { "are" } else { "is" });
         set_condition(
             &mut status.conditions,
             READY,
-            ConditionStatus::False,
-            "UnhealthyDependents",
-            &format!("{} {} False", missing.join(", "), if missing.len() > 1 { "are" } else { "is" }),
+            ConditionUpdate::false_("UnhealthyDependents", message),
             generation,
             now,
         );
@@ -291,6 +284,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     use super::*;
+    use crate::apis::ConditionStatus;
 
     fn nodepool(requirement_op: &str) -> NodePool {
         serde_saphyr::from_str(&format!(
@@ -330,7 +324,7 @@ spec:
         assert_eq!(u["general"].get("cpu"), 6000);
         assert_eq!(u["general"].get(NODES), 2);
         let np = nodepool("Gt");
-        let status = desired_status(&np, u.get("general"), Ok(()), "t");
+        let status = desired_status(&np, u.get("general"), Ok(()), Timestamp::now());
         assert_eq!(status.nodes, 2);
         let resources = status.resources.unwrap();
         assert_eq!(resources["cpu"].0, "6");
@@ -346,7 +340,7 @@ spec:
         let snapshot = Snapshot::default();
         let class = snapshot.node_class_ready(&np).map_err(|problem| problem.to_string());
         assert_eq!(class.clone().unwrap_err(), "EC2NodeClass \"default\" not found");
-        let status = desired_status(&np, None, class, "t");
+        let status = desired_status(&np, None, class, Timestamp::now());
         let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
         assert_eq!(get(NODE_CLASS_READY).status, ConditionStatus::False);
         assert_eq!(get(READY).status, ConditionStatus::False);
@@ -377,8 +371,8 @@ spec:
     #[test]
     fn an_unchanged_pool_keeps_its_status() {
         let mut np = nodepool("Gt");
-        let first = desired_status(&np, None, Ok(()), "t1");
+        let first = desired_status(&np, None, Ok(()), "2026-01-01T00:00:00Z".parse().unwrap());
         np.status = Some(first.clone());
-        assert_eq!(desired_status(&np, None, Ok(()), "t2"), first);
+        assert_eq!(desired_status(&np, None, Ok(()), "2026-01-01T00:01:00Z".parse().unwrap()), first);
     }
 }

@@ -29,7 +29,7 @@ use kube::ResourceExt;
 use tokio::sync::watch;
 
 use crate::apis::NodeClaim;
-use crate::apis::common::{ConditionStatus, set_condition};
+use crate::apis::common::{ConditionUpdate, set_condition};
 use crate::apis::labels::{
     ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE,
 };
@@ -43,6 +43,7 @@ use crate::cloudprovider::aws::sqs::{Queue, Received};
 use crate::controllers::events::reasons;
 use crate::controllers::kit::count_disrupted;
 use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
+use crate::controllers::nodeclaim::{Written, write_conditions};
 use crate::controllers::{Context, nodeclaim};
 use crate::state::ClusterState;
 use crate::util::error_chain;
@@ -91,9 +92,7 @@ pub fn decide(kind: &Kind, claim: &NodeClaim, now: Timestamp, rebalance_replacem
         .get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP)
         .and_then(|t| t.parse::<Timestamp>().ok())
         .is_some_and(|t| t <= now);
-    let recommended = claim.status.as_ref().is_some_and(|s| {
-        s.conditions.iter().any(|c| c.type_ == REBALANCE_RECOMMENDED && c.status == ConditionStatus::True)
-    });
+    let recommended = claim.is_true(REBALANCE_RECOMMENDED);
     Decision {
         delete: matches!(action, Action::CordonAndDrain | Action::ForcefulTermination) && !deleting,
         deadline: action == Action::ForcefulTermination && !deadline_due,
@@ -124,7 +123,7 @@ async fn act(
     kind: &Kind,
     instance_id: &str,
     deleted: &Mutex<HashSet<String>>,
-) -> Result<(), kube::Error> {
+) -> Result<(), ActError> {
     let (claims, nodes) = state.with_instance_id(instance_id);
     if claims.is_empty() {
         tracing::debug!(controller, messageKind = %kind, instance = instance_id, "no nodeclaim for the instance");
@@ -178,33 +177,17 @@ async fn mark_rebalance_recommended(
     ctx: &Context,
     claim: &NodeClaim,
     now: Timestamp,
-) -> Result<(), kube::Error> {
-    let mut conditions = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-    let at = crate::controllers::nodeclaim::lifecycle::logic::timestamp(now);
+) -> Result<(), ActError> {
+    let mut conditions = claim.conditions().to_vec();
     let message = "EC2 recommends moving off this spot instance: it is replaced before its interruption";
-    if !set_condition(
-        &mut conditions,
-        REBALANCE_RECOMMENDED,
-        ConditionStatus::True,
-        "RebalanceRecommendation",
-        message,
-        claim.metadata.generation,
-        &at,
-    ) {
+    let update =
+        ConditionUpdate { message: message.into(), ..ConditionUpdate::true_("RebalanceRecommendation") };
+    if !set_condition(&mut conditions, REBALANCE_RECOMMENDED, update, claim.metadata.generation, now) {
         return Ok(());
     }
-    let patch = serde_json::json!({
-        "metadata": { "resourceVersion": claim.resource_version() },
-        "status": { "conditions": conditions },
-    });
-    let api = kube::Api::<NodeClaim>::all(ctx.client.clone());
-    match api
-        .patch_status(&claim.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(error) => Err(error),
+    match write_conditions(&ctx.client, claim, &conditions).await? {
+        Written::Done | Written::Gone => Ok(()),
+        Written::Changed => Err(ActError::Changed(claim.name_any())),
     }
 }
 
@@ -232,6 +215,17 @@ async fn tell(
     if let Some(node) = node {
         ctx.events.deduped(node, type_, reason, "", window, text("Node")).await;
     }
+}
+
+/// Why a message could not be acted on (it is handled again).
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    /// The API server refused a write or did not answer.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// The NodeClaim changed between reading it and writing its condition.
+    #[error("nodeclaim {0} changed since it was read")]
+    Changed(String),
 }
 
 /// Why a pass of the queue controller failed (retried with [`RECEIVE_BACKOFF`]).

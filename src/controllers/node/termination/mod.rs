@@ -25,10 +25,12 @@
 //! with backoff; they never stop the controller.
 
 pub mod drain;
+mod instance;
 #[cfg(test)]
 pub(crate) mod tests;
+mod volumes;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,7 @@ use serde_json::json;
 use thiserror::Error;
 use tokio::sync::watch;
 
+use crate::apis::common::condition;
 use crate::apis::labels::{ANNOTATION_DO_NOT_DISRUPT, FINALIZER_TERMINATION, LABEL_NODEPOOL};
 use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::apis::{ConditionStatus, NodeClaim};
@@ -48,9 +51,8 @@ use crate::cloudprovider::CloudProviderError;
 use crate::controllers::Context;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
-use crate::controllers::nodeclaim::lifecycle::logic::condition;
-use crate::metrics::observe;
 use crate::state::{ClusterState, Notice};
+use crate::util::api::{is_not_found, is_stale};
 use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics.
@@ -71,8 +73,6 @@ const EVICTION_WAIT: Duration = Duration::from_secs(5);
 /// Evictions or deletions of one node's pods under way at once (the API client queues what goes
 /// beyond its own limit, but every pending request holds memory until it is sent).
 const DRAIN_CONCURRENCY: usize = 32;
-/// Delay between two checks of an instance that is shutting down.
-const INSTANCE_POLL: Duration = Duration::from_secs(5);
 /// How soon a node past its termination deadline is looked at again (its pods were deleted with
 /// a second of grace).
 const EXPIRED_POLL: Duration = Duration::from_secs(1);
@@ -221,30 +221,112 @@ fn has_finalizer(node: &Node) -> bool {
     node.finalizers().iter().any(|f| f == FINALIZER_TERMINATION)
 }
 
-async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Error> {
+/// How a step of a node's termination ends.
+enum Step<T = ()> {
+    /// The step is done: go on with the next one, with what this one found.
+    Continue(T),
+    /// The reconcile ends here: the node is looked at again later, or its termination is over.
+    Stop(Next),
+}
+
+/// The node being terminated, and what every step of its reconcile reports it with.
+struct Termination {
+    /// The node (tainted once [`taint`] has run: later patches are guarded by its resource
+    /// version).
+    node: Arc<Node>,
+    /// Name of the node.
+    name: String,
+    /// Its NodeClaim, if it has one.
+    node_claim: Option<NodeClaim>,
+    /// Name of the NodeClaim, empty without one.
+    claim_name: String,
+    /// The NodePool label value for metrics (see [`node_pool`]).
+    nodepool: String,
+    /// The `reason` of `karpenter_pods_drained_total` (see [`drained_reason`]).
+    reason: String,
+    /// When the node was deleted.
+    deleted_at: Timestamp,
+}
+
+/// What the drain step leaves to the steps after it.
+struct Drained {
+    /// The pods bound to the node when it was found drained.
+    pods: Vec<Arc<Pod>>,
+    /// When the drain was planned.
+    now: Timestamp,
+    /// Whether the termination deadline had passed.
+    expired: bool,
+}
+
+/// One look at a node being deleted: its termination goes as far as it can, one step after the
+/// other, as upstream's: taint and drain, wait for the volumes to be detached, terminate the
+/// instance, remove the finalizer.
+async fn reconcile(node: Arc<Node>, t: &Terminator) -> Result<Next, Error> {
+    let Some(mut term) = begin(node, t).await? else { return Ok(Next::Wait) };
+    taint(&t.ctx, &mut term).await?;
+    let drained = match drain_node(t, &term).await? {
+        Step::Continue(drained) => drained,
+        Step::Stop(next) => return Ok(next),
+    };
+    if let Step::Stop(next) = volumes::wait_for_detachment(t, &term, &drained) {
+        return Ok(next);
+    }
+    if let Step::Stop(next) = instance::terminate(t, &term).await? {
+        return Ok(next);
+    }
+    instance::release(t, &term, drained.now).await
+}
+
+/// The termination of `node` when it is being deleted and holds our finalizer, with its NodeClaim
+/// found; `None` when there is nothing to do.
+async fn begin(node: Arc<Node>, t: &Terminator) -> Result<Option<Termination>, Error> {
     let name = node.name_any();
     if !has_finalizer(&node) {
-        terminator.forget(&name);
-        return Ok(Next::Wait);
+        t.forget(&name);
+        return Ok(None);
     }
-    let Some(deleted_at) = node.metadata.deletion_timestamp.as_ref().map(|t| t.0) else {
-        return Ok(Next::Wait);
+    let Some(deleted_at) = node.metadata.deletion_timestamp.as_ref().map(|time| time.0) else {
+        return Ok(None);
     };
-    let t = terminator;
-    let ctx = &t.ctx;
-    let node_claim = find_node_claim(ctx, &t.cluster, &node).await?;
+    let node_claim = find_node_claim(&t.ctx, &t.cluster, &node).await?;
     let claim_name = node_claim.as_ref().map(|c| c.name_any()).unwrap_or_default();
     let nodepool = node_pool(&node, node_claim.as_ref());
     let reason = drained_reason(node_claim.as_ref());
+    Ok(Some(Termination { node, name, node_claim, claim_name, nodepool, reason, deleted_at }))
+}
 
+/// Taints the node `karpenter.sh/disrupted:NoSchedule`, so that nothing new lands on it.
+async fn taint(ctx: &Context, term: &mut Termination) -> Result<(), Error> {
     // Later patches are guarded by the resource version: go on with the tainted node.
-    let node = super::taint_disrupted(&ctx.client, &node)
+    let tainted = super::taint_disrupted(&ctx.client, &term.node)
         .await
-        .map_err(kube_error(format!("taint node {name}")))?
-        .map(Arc::new)
-        .unwrap_or(node);
+        .map_err(kube_error(format!("taint node {}", term.name)))?;
+    if let Some(tainted) = tainted {
+        term.node = Arc::new(tainted);
+    }
+    Ok(())
+}
 
-    let deadline = match drain::termination_deadline(Some(deleted_at), node_claim.as_ref()) {
+/// Drains the node: deletes and evicts its pods as [`drain::plan`] says, and stops the reconcile
+/// until they are gone; once they are, goes on with the pods left on the node.
+async fn drain_node(t: &Terminator, term: &Termination) -> Result<Step<Drained>, Error> {
+    let deadline = announce_deadline(&t.ctx, term).await;
+    let now = Timestamp::now();
+    let pods = pods_to_drain(t, &term.name, now, deadline).await?;
+    let plan = drain::plan(&pods, now, deadline);
+    if !plan.is_drained() {
+        return Ok(Step::Stop(drain_more(t, term, &plan, deadline).await));
+    }
+    let expired = plan.expired;
+    count_drained(t, term, &plan);
+    Ok(Step::Continue(Drained { pods, now, expired }))
+}
+
+/// The node's termination deadline (see [`drain::termination_deadline`]), ignored with a warning
+/// when unreadable. When there is one, the node says by when its pods will be gone.
+async fn announce_deadline(ctx: &Context, term: &Termination) -> Option<Timestamp> {
+    let (name, claim_name) = (&term.name, &term.claim_name);
+    let deadline = match drain::termination_deadline(Some(term.deleted_at), term.node_claim.as_ref()) {
         Ok(deadline) => deadline,
         Err(error) => {
             tracing::warn!(node = %name, nodeclaim = %claim_name, error = %error, "ignoring termination deadline");
@@ -257,7 +339,7 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
         let window = k8s_openapi::jiff::SignedDuration::from_mins(2);
         ctx.events
             .deduped(
-                &*node,
+                &*term.node,
                 EventType::Warning,
                 reasons::TERMINATION_GRACE_PERIOD_EXPIRING,
                 "",
@@ -266,126 +348,76 @@ async fn reconcile(node: Arc<Node>, terminator: &Terminator) -> Result<Next, Err
             )
             .await;
     }
+    deadline
+}
 
-    // Drain.
-    let now = Timestamp::now();
-    let pods = {
-        let cached = t.cluster.pods_on(&name);
-        // The cache may lag behind: a node it shows drained is confirmed with the API server.
-        if drain::plan(&cached, now, deadline).is_drained() { node_pods(ctx, &name).await? } else { cached }
-    };
-    let plan = drain::plan(&pods, now, deadline);
-    if !plan.is_drained() {
-        let outcome = execute(ctx, &node, &plan, deadline, &reason).await;
-        let waiting = plan.remaining.len();
-        if outcome.evicted + outcome.deleted > 0 {
-            tracing::info!(
-                node = %name,
-                nodeclaim = %claim_name,
-                pods = waiting,
-                evicted = outcome.evicted,
-                deleted = outcome.deleted,
-                "draining node"
-            );
-        } else {
-            tracing::debug!(
-                node = %name,
-                nodeclaim = %claim_name,
-                pods = waiting,
-                blocked = outcome.blocked,
-                "waiting for pods to leave the node"
-            );
-        }
-        ctx.events.warning(&*node, reasons::FAILED_DRAINING, failed_draining_message(&plan, deadline)).await;
-        if outcome.evicted + outcome.deleted > 0 {
-            t.with_progress(&name, |p| p.attempts = 0);
-        }
-        if plan.expired {
-            // Past the deadline the pods were deleted with a second of grace: look again then.
-            return Ok(Next::After(EXPIRED_POLL));
-        }
-        return Ok(Next::After(t.wait(&name, WAIT_CAP)));
-    }
-    let expired = plan.expired;
-    let first_drain = t.with_progress(&name, |p| !std::mem::replace(&mut p.drained, true));
-    if first_drain {
-        if expired && !plan.remaining.is_empty() {
-            tracing::info!(node = %name, nodeclaim = %claim_name, pods = plan.remaining.len(),
-                "termination grace period expired, leaving the remaining pods");
-        } else {
-            tracing::info!(node = %name, nodeclaim = %claim_name, pods = 0, "drained node");
-        }
-        ctx.metrics.nodes_drained.get_or_create(&vec![("nodepool", nodepool.clone())]).inc();
-        t.with_progress(&name, |p| p.attempts = 0);
-    }
+/// The pods on the node, from the cache; as the cache may lag behind, a node it shows drained is
+/// confirmed with the API server.
+async fn pods_to_drain(
+    t: &Terminator,
+    node: &str,
+    now: Timestamp,
+    deadline: Option<Timestamp>,
+) -> Result<Vec<Arc<Pod>>, Error> {
+    let cached = t.cluster.pods_on(node);
+    if drain::plan(&cached, now, deadline).is_drained() { node_pods(&t.ctx, node).await } else { Ok(cached) }
+}
 
-    // Volumes.
-    if !expired {
-        let pending = pending_volume_attachments(&t.cluster, &name, &pods, now);
-        if !pending.is_empty() {
-            tracing::info!(
-                node = %name,
-                nodeclaim = %claim_name,
-                volumeattachments = ?pending,
-                "waiting for volume attachments to be deleted"
-            );
-            return Ok(Next::After(t.wait(&name, WAIT_CAP)));
-        }
+/// Deletes and evicts what `plan` says, reports it, and tells when to look at the node again.
+async fn drain_more(
+    t: &Terminator,
+    term: &Termination,
+    plan: &drain::DrainPlan<'_>,
+    deadline: Option<Timestamp>,
+) -> Next {
+    let (ctx, name, claim_name) = (&t.ctx, &term.name, &term.claim_name);
+    let outcome = execute(ctx, &term.node, plan, deadline, &term.reason).await;
+    let waiting = plan.remaining.len();
+    if outcome.evicted + outcome.deleted > 0 {
+        tracing::info!(
+            node = %name,
+            nodeclaim = %claim_name,
+            pods = waiting,
+            evicted = outcome.evicted,
+            deleted = outcome.deleted,
+            "draining node"
+        );
+    } else {
+        tracing::debug!(
+            node = %name,
+            nodeclaim = %claim_name,
+            pods = waiting,
+            blocked = outcome.blocked,
+            "waiting for pods to leave the node"
+        );
     }
+    ctx.events.warning(&*term.node, reasons::FAILED_DRAINING, failed_draining_message(plan, deadline)).await;
+    if outcome.evicted + outcome.deleted > 0 {
+        t.with_progress(name, |p| p.attempts = 0);
+    }
+    if plan.expired {
+        // Past the deadline the pods were deleted with a second of grace: look again then.
+        return Next::After(EXPIRED_POLL);
+    }
+    Next::After(t.wait(name, WAIT_CAP))
+}
 
-    // Instance.
-    if let Some(claim) = &node_claim {
-        t.with_progress(&name, |p| {
-            p.instance_termination_started.get_or_insert_with(Instant::now);
-        });
-        match ctx.cloud.delete(claim).await {
-            Ok(()) => {
-                tracing::info!(node = %name, nodeclaim = %claim_name, "terminating instance");
-                return Ok(Next::After(INSTANCE_POLL));
-            }
-            // Not this provider's to terminate (see the NodeClaim lifecycle): treated as gone.
-            Err(CloudProviderError::InvalidProviderId(pid)) => {
-                tracing::warn!(node = %name, nodeclaim = %claim_name, "provider-id" = %pid, "the cloud provider cannot act on this provider ID: the instance is treated as gone");
-            }
-            Err(error) if error.is_not_found() => {
-                if let Some(started) = t.with_progress(&name, |p| p.instance_termination_started.take()) {
-                    observe(
-                        &ctx.metrics.nodeclaims_instance_termination_duration,
-                        vec![("nodepool", nodepool.clone())],
-                        started.elapsed(),
-                    );
-                }
-            }
-            Err(source) => return Err(Error::Cloud { node_claim: claim_name, source }),
-        }
-        if claim.metadata.deletion_timestamp.is_none() {
-            let claims: Api<NodeClaim> = Api::all(ctx.client.clone());
-            let params = DeleteParams { preconditions: uid_precondition(claim.uid()), ..Default::default() };
-            match claims.delete(&claim_name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
-                Err(source) => {
-                    return Err(Error::Kube { action: format!("delete nodeclaim {claim_name}"), source });
-                }
-            }
-        }
+/// Logs the drain of the node and counts it in `nodes_drained`, the first time it is found
+/// drained.
+fn count_drained(t: &Terminator, term: &Termination, plan: &drain::DrainPlan<'_>) {
+    let (name, claim_name) = (&term.name, &term.claim_name);
+    let first_drain = t.with_progress(name, |p| !std::mem::replace(&mut p.drained, true));
+    if !first_drain {
+        return;
     }
-
-    // Finalizer.
-    remove_finalizer(ctx, &node).await?;
-    tracing::info!(node = %name, nodeclaim = %claim_name, "deleted node");
-    ctx.metrics.nodes_terminated.get_or_create(&vec![("nodepool", nodepool.clone())]).inc();
-    if let Some(lived) = lifetime(&node, Timestamp::now()) {
-        observe(&ctx.metrics.nodes_lifetime_duration, vec![("nodepool", nodepool.clone())], lived);
+    if plan.expired && !plan.remaining.is_empty() {
+        tracing::info!(node = %name, nodeclaim = %claim_name, pods = plan.remaining.len(),
+            "termination grace period expired, leaving the remaining pods");
+    } else {
+        tracing::info!(node = %name, nodeclaim = %claim_name, pods = 0, "drained node");
     }
-    let elapsed = now.duration_since(deleted_at);
-    observe(
-        &ctx.metrics.nodes_termination_duration,
-        vec![("nodepool", nodepool)],
-        Duration::try_from(elapsed).unwrap_or_default(),
-    );
-    t.forget(&name);
-    Ok(Next::Wait)
+    t.ctx.metrics.nodes_drained.get_or_create(&vec![("nodepool", term.nodepool.clone())]).inc();
+    t.with_progress(name, |p| p.attempts = 0);
 }
 
 /// The NodeClaim whose `status.providerID` is the node's `spec.providerID`: the cached one, else
@@ -479,7 +511,7 @@ async fn remove_finalizer(ctx: &Context, node: &Node) -> Result<(), Error> {
     });
     match nodes.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
         Err(source) => {
             Err(Error::Kube { action: format!("remove finalizer of node {}", node.name_any()), source })
         }
@@ -575,7 +607,7 @@ async fn evict(ctx: &Context, node: &str, pod: &Pod, reason: &str) -> Eviction {
             Eviction::Evicted
         }
         // Gone already, or replaced by a pod of the same name.
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Eviction::Gone,
+        Err(e) if is_stale(&e) => Eviction::Gone,
         Err(kube::Error::Api(status)) if status.code == 429 => {
             tracing::debug!(
                 node,
@@ -626,7 +658,7 @@ async fn delete_pod(ctx: &Context, node: &str, pod: &Pod, grace: i64, deadline: 
             ctx.events.normal(pod, reasons::DISRUPTED, message).await;
             true
         }
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => false,
+        Err(e) if is_stale(&e) => false,
         Err(error) => {
             tracing::warn!(
                 node,
@@ -637,26 +669,4 @@ async fn delete_pod(ctx: &Context, node: &str, pod: &Pod, grace: i64, deadline: 
             false
         }
     }
-}
-
-/// Names of the node's VolumeAttachments that must still go: see
-/// [`drain::pending_volume_attachments`]. Volumes are ignored when they back a
-/// PersistentVolumeClaim of a pod that stays on the node (see [`drain::claims_of_undrained_pods`]).
-/// Both come from the shared caches (a watch), filtered by node: nothing is listed per reconcile.
-fn pending_volume_attachments(
-    cluster: &ClusterState,
-    node: &str,
-    pods: &[Arc<Pod>],
-    now: Timestamp,
-) -> Vec<String> {
-    let attachments = cluster.volume_attachments_of(node);
-    if attachments.is_empty() {
-        return Vec::new();
-    }
-    let ignored: BTreeSet<String> = drain::claims_of_undrained_pods(pods, now)
-        .into_iter()
-        .filter_map(|(namespace, claim)| cluster.persistent_volume_claim(&namespace, &claim))
-        .filter_map(|c| c.spec.as_ref().and_then(|s| s.volume_name.clone()))
-        .collect();
-    drain::pending_volume_attachments(&attachments, node, &ignored)
 }

@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::scheduling::instancetypes::InstanceType;
 use crate::state::ClusterState;
 
-use super::logic::{self, reasons};
+use super::logic::reasons;
 
 const RUN_LABEL: &str = "lifecycle-test.karpenter.sh/run";
 
@@ -312,7 +312,7 @@ where
 }
 
 fn condition_is(claim: &NodeClaim, type_: &str, status: &str) -> bool {
-    logic::condition(logic::conditions(claim), type_).is_some_and(|c| format!("{:?}", c.status) == status)
+    claim.condition(type_).is_some_and(|c| format!("{:?}", c.status) == status)
 }
 
 /// The warning with `reason` about object `name`, waiting for it up to ten seconds.
@@ -387,7 +387,7 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
     // The startup taint holds initialization back until its agent removes it.
     eventually("the startup taint to block initialization", limit, || async {
         let c = claims.get(&name).await.ok()?;
-        let initialized = logic::condition(logic::conditions(&c), INITIALIZED)?;
+        let initialized = c.condition(INITIALIZED)?;
         (initialized.reason == reasons::STARTUP_TAINTS_EXIST).then_some(())
     })
     .await;
@@ -430,7 +430,8 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
     let deleting = claims.get(&name).await.unwrap();
     let deleted_at = deleting.metadata.deletion_timestamp.clone().unwrap().0;
     let deadline = deleting.annotations().get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP).cloned();
-    let expected = logic::timestamp(deleted_at.checked_add(Duration::from_secs(3600)).unwrap());
+    let expected =
+        crate::apis::common::transition_time(deleted_at.checked_add(Duration::from_secs(3600)).unwrap());
     assert_eq!(deadline, Some(expected));
     let patch = json!({ "metadata": { "finalizers": null } });
     nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
@@ -495,7 +496,7 @@ async fn an_instance_whose_launch_answer_was_lost_is_terminated_with_its_claim()
         condition_is(&c, LAUNCHED, "False").then_some(c)
     })
     .await;
-    let launched = logic::condition(logic::conditions(&failed), LAUNCHED).unwrap();
+    let launched = failed.condition(LAUNCHED).unwrap();
     assert_eq!(launched.reason, reasons::LAUNCH_FAILED);
     assert!(launched.message.contains("connection reset"), "{}", launched.message);
     assert!(condition_is(&failed, READY, "False"));
@@ -726,7 +727,7 @@ async fn a_claim_waits_for_its_node_class_to_be_ready() {
 
     let waiting = eventually("the claim to wait", Duration::from_secs(30), || async {
         let c = claims.get(&name).await.ok()?;
-        let launched = logic::condition(logic::conditions(&c), LAUNCHED)?;
+        let launched = c.condition(LAUNCHED)?;
         (launched.reason == reasons::NODE_CLASS_NOT_READY).then_some(c)
     })
     .await;

@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
+use crate::apis::common::{ConditionUpdate, condition, is_true, set_condition};
 use crate::apis::labels::{
     ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, FINALIZER_TERMINATION, LABEL_CAPACITY_TYPE,
     LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_REGISTERED, LABEL_TOPOLOGY_ZONE,
@@ -74,84 +75,9 @@ pub const DEPENDENTS: [&str; 3] = [LAUNCHED, REGISTERED, INITIALIZED];
 pub const KNOWN_EPHEMERAL_TAINTS: [&str; 4] =
     [TAINT_NODE_NOT_READY, TAINT_NODE_UNREACHABLE, TAINT_EXTERNAL_CLOUD_PROVIDER, TAINT_UNREGISTERED];
 
-/// `now` truncated to whole seconds, as conditions record it.
-pub fn timestamp(now: Timestamp) -> String {
-    Timestamp::from_second(now.as_second()).unwrap_or(now).to_string()
-}
-
 /// Time from `since` to `now`; zero when `since` lies in the future.
 pub fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
     Duration::try_from(now.duration_since(since)).unwrap_or_default()
-}
-
-/// The condition of type `type_`.
-pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
-}
-
-/// Whether the condition of type `type_` is True.
-pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
-    condition(conditions, type_).is_some_and(|c| c.status == ConditionStatus::True)
-}
-
-/// A condition's status, reason and message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConditionUpdate {
-    /// True, False or Unknown.
-    pub status: ConditionStatus,
-    /// CamelCase reason.
-    pub reason: String,
-    /// Human-readable message.
-    pub message: String,
-}
-
-impl ConditionUpdate {
-    /// A True condition.
-    pub fn true_(reason: &str) -> Self {
-        ConditionUpdate { status: ConditionStatus::True, reason: reason.into(), message: String::new() }
-    }
-
-    /// A False condition.
-    pub fn false_(reason: &str, message: impl Into<String>) -> Self {
-        ConditionUpdate { status: ConditionStatus::False, reason: reason.into(), message: message.into() }
-    }
-
-    /// An Unknown condition.
-    pub fn unknown(reason: &str, message: impl Into<String>) -> Self {
-        ConditionUpdate { status: ConditionStatus::Unknown, reason: reason.into(), message: message.into() }
-    }
-}
-
-/// Sets the condition `type_`, keeping its last transition time unless the status changes.
-/// Returns whether anything changed.
-pub fn set_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    update: ConditionUpdate,
-    generation: Option<i64>,
-    now: Timestamp,
-) -> bool {
-    let message = truncate(update.message, 32768);
-    crate::apis::common::set_condition(
-        conditions,
-        type_,
-        update.status,
-        &update.reason,
-        &message,
-        generation,
-        &timestamp(now),
-    )
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
 }
 
 /// Adds Launched, Registered and Initialized as Unknown when missing, so that a new claim shows
@@ -255,7 +181,7 @@ pub enum Liveness {
 /// Whether `claim` launched within [`LAUNCH_TTL`] of its creation and registered within
 /// [`REGISTRATION_TTL`] of its launch.
 pub fn liveness(claim: &NodeClaim, now: Timestamp) -> Liveness {
-    let conditions = conditions(claim);
+    let conditions = claim.conditions();
     let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
     if !is_true(conditions, LAUNCHED) {
         let Some(created) = created else { return Liveness::Alive(None) };
@@ -298,7 +224,7 @@ pub fn termination_deadline(claim: &NodeClaim) -> Option<String> {
     }
     let deleted = claim.metadata.deletion_timestamp.as_ref()?.0;
     let grace = parse_duration(claim.spec.termination_grace_period.as_deref()?).ok()?;
-    deleted.checked_add(grace).ok().map(timestamp)
+    deleted.checked_add(grace).ok().map(crate::apis::common::transition_time)
 }
 
 /// Shortens a cloud provider's error message for a condition, as upstream does.
@@ -312,11 +238,6 @@ pub fn launch_failure_message(message: &str) -> String {
         end -= 1;
     }
     format!("{}...", &message[..end])
-}
-
-/// The claim's conditions (none without a status).
-pub fn conditions(claim: &NodeClaim) -> &[Condition] {
-    claim.status.as_ref().map_or(&[], |s| s.conditions.as_slice())
 }
 
 /// Whether `node` is initialized for `claim`: Ready, without the claim's startup taints or known
@@ -421,7 +342,7 @@ pub fn registered_node(claim: &NodeClaim, node: &Node) -> Node {
     let mut taints: Vec<NodeTaint> =
         node_taints(node).iter().filter(|t| t.key != TAINT_UNREGISTERED).cloned().collect();
     let mut wanted: Vec<&Taint> = claim.spec.taints.iter().collect();
-    if !is_true(conditions(claim), REGISTERED) {
+    if !claim.is_true(REGISTERED) {
         wanted.extend(claim.spec.startup_taints.iter());
     }
     for t in wanted {

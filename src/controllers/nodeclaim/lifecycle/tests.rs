@@ -11,6 +11,7 @@ use rstest::rstest;
 use serde_json::json;
 
 use super::logic::*;
+use crate::apis::common::{ConditionUpdate, condition, set_condition};
 use crate::apis::labels::*;
 use crate::apis::nodeclaim::conditions::{INITIALIZED, LAUNCHED, READY, REGISTERED};
 use crate::apis::{Condition, ConditionStatus, NodeClaim};
@@ -143,7 +144,7 @@ fn ready_follows_its_dependents(
 ) {
     let conditions: Vec<_> = DEPENDENTS.iter().zip(dependents).map(|(t, s)| (*t, *s, T0)).collect::<Vec<_>>();
     let claim = with_conditions(claim(), &conditions);
-    let ready = ready(super::logic::conditions(&claim));
+    let ready = ready(claim.conditions());
     assert_eq!(ready.status, expected);
     assert_eq!(ready.message, message);
     let reason = if expected == T { reasons::READY } else { reasons::UNHEALTHY_DEPENDENTS };
@@ -386,7 +387,7 @@ fn retries_back_off(#[case] attempts: u32, #[case] seconds: u64) {
 
 #[test]
 fn conditions_record_whole_seconds() {
-    assert_eq!(timestamp(at("2026-01-01T00:00:00.999Z")), T0);
+    assert_eq!(crate::apis::common::transition_time(at("2026-01-01T00:00:00.999Z")), T0);
     assert_eq!(elapsed(at("2026-01-01T00:01:00Z"), at(T0)), Duration::ZERO);
 }
 

@@ -36,12 +36,12 @@ use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
 use crate::apis::labels::{
     ANNOTATION_EC2NODECLASS_HASH, ANNOTATION_EC2NODECLASS_HASH_VERSION, FINALIZER_EC2NODECLASS_TERMINATION,
 };
+use crate::apis::nodeclaim::conditions::DRIFTED;
 use crate::apis::{EC2NodeClass, EC2NodeClassStatus, NodeClaim};
 use crate::cloudprovider::CloudProviderError;
 use crate::cloudprovider::aws::AwsCloudProvider;
 use crate::controllers::Events;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
-use crate::controllers::nodeclaim::drift;
 use crate::state::{ClusterState, Notice};
 use crate::util::error_chain;
 
@@ -404,7 +404,7 @@ pub fn restamp(claim: &NodeClaim, class_hash: &str) -> Option<serde_json::Map<St
     }
     let mut annotations = serde_json::Map::new();
     annotations.insert(ANNOTATION_EC2NODECLASS_HASH_VERSION.into(), NODE_CLASS_HASH_VERSION.into());
-    if !drift::is_drifted(claim) {
+    if !claim.is_true(DRIFTED) {
         annotations.insert(ANNOTATION_EC2NODECLASS_HASH.into(), class_hash.into());
     }
     Some(annotations)
