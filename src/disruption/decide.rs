@@ -204,7 +204,8 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     let mut empty_budget = remaining(world, DisruptionReason::Empty, &mut pass);
     let empty: Vec<&StateNode> = candidates.iter().copied().filter(|n| emptiness::is_empty(n)).collect();
     pass.eligible.insert("empty", empty.len());
-    let before: usize = empty_budget.values().sum();
+    // Budgets are counts, or usize::MAX when unlimited: asked whether any is left, never summed.
+    let budget_left = empty_budget.values().any(|left| *left > 0);
     let chosen = emptiness::empty_nodes(&empty, world.pools, &mut empty_budget, world.now);
     if !chosen.is_empty() {
         let price = empty.iter().filter(|n| chosen.contains(&n.name)).map(|n| n.price.unwrap_or(0.0)).sum();
@@ -227,7 +228,7 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
             .and_then(|p| emptiness::consolidatable_at(n, p))
             .is_some_and(|at| at <= world.now)
     });
-    if consolidatable_empty && before == 0 {
+    if consolidatable_empty && !budget_left {
         pass.budget_constrained = true;
     }
 

@@ -223,6 +223,22 @@ fn empty_nodes_go_first_in_one_command_within_the_budget() {
     assert_eq!(candidates(&pass), ["a", "b"], "two of three empty nodes: the budget allows two");
 }
 
+/// A pool whose budgets name only other reasons has no limit on emptiness (`usize::MAX`), next to
+/// another pool with one: budgets are never added up (that overflowed and failed the pass).
+#[test]
+fn an_unlimited_budget_next_to_a_limited_one_is_not_added_up() {
+    let only_drift_limited = json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "30s",
+        "budgets": [{"nodes": "0", "reasons": ["Drifted"]}]});
+    let mut c = Cluster::new(vec![
+        pool("unlimited", only_drift_limited, &["on-demand"]),
+        pool("p", consolidating("1"), &["on-demand"]),
+    ]);
+    c.node("a", "unlimited", "small", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
+    let pass = c.decide();
+    assert_eq!(pass.command.as_ref().map(|c| c.method), Some(Method::Emptiness));
+    assert_eq!(candidates(&pass), ["a", "b"]);
+}
+
 #[test]
 fn a_zero_budget_holds_everything_and_names_the_pool() {
     let mut c = Cluster::new(vec![pool("p", consolidating("0"), &["on-demand"])]);
