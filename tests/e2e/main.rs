@@ -750,19 +750,22 @@ async fn cost_and_utilisation_metrics(f: &Fixture, controller: &Controller) {
     .await;
     let node_prices = controller.metric_sum_where("karpenter_nodes_price_per_hour", &pool).await;
     assert!((node_prices - expected).abs() < 1e-6, "{node_prices} != {expected}");
-    let metrics = controller.metrics().await;
-    for claim in &claims {
-        let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap();
-        for family in ["karpenter_nodes_allocatable", "karpenter_nodes_total_pod_requests"] {
+    // Published every 5 s: the pass that got the prices right may predate the pods' binding.
+    let nodes: Vec<String> =
+        claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.clone())).collect();
+    assert_eq!(nodes.len(), claims.len());
+    wait_for("every node's allocatable and pod requests", Duration::from_secs(20), controller, || async {
+        let metrics = controller.metrics().await;
+        nodes.iter().all(|node| {
             let series = format!("node_name=\"{node}\"");
-            assert!(
-                metrics.lines().any(|l| l.starts_with(family)
-                    && l.contains(&series)
-                    && l.contains("resource_type=\"cpu\"")),
-                "{family} of {node}"
-            );
-        }
-    }
+            ["karpenter_nodes_allocatable", "karpenter_nodes_total_pod_requests"].iter().all(|family| {
+                metrics.lines().any(|l| {
+                    l.starts_with(family) && l.contains(&series) && l.contains("resource_type=\"cpu\"")
+                })
+            })
+        })
+    })
+    .await;
     let cpu =
         controller.metric_sum_where("karpenter_cluster_utilization_percent", "resource_type=\"cpu\"").await;
     assert!(cpu > 0.0 && cpu <= 100.0, "cpu utilisation {cpu}");
@@ -1870,6 +1873,12 @@ async fn nodes_another_controller_taints_do_not_run_away(f: &Fixture, controller
 /// CPU limit set to 0 once it exists stops anything more. The pool allows what upstream's default
 /// KWOK NodePool allows (Linux, on-demand), so the smallest types hold only four pods.
 async fn an_expired_node_is_replaced_once(f: &Fixture, controller: &Controller) {
+    // Capacity left by the earlier steps was made with the old template: it would take the pods.
+    f.delete_all_claims().await;
+    wait_for("the pool empty", Duration::from_secs(90), controller, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
     f.patch_pool(json!({"spec": {
         "template": {"spec": {"expireAfter": "30s", "requirements": [
             {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
