@@ -4,7 +4,7 @@
 Layers, lowest to highest:
     0 util, metrics   1 apis   2 scheduling   3 state   4 disruption
     5 controllers, cloudprovider (same layer; they may import each other)
-    6 operator   7 tools, simulate, convert (and src/main.rs)
+    6 operator   7 tools (and src/main.rs)
 
 Rule: code in src/<top>/... or src/<top>.rs may refer to crate::<x> only when x is in the
 layer of <top> or a lower one. References are paths in `use` trees (grouped forms included),
@@ -26,7 +26,7 @@ import re
 import sys
 
 LAYERS = {"util": 0, "metrics": 0, "apis": 1, "scheduling": 2, "state": 3, "disruption": 4,
-          "controllers": 5, "cloudprovider": 5, "operator": 6, "tools": 7, "simulate": 7, "convert": 7}
+          "controllers": 5, "cloudprovider": 5, "operator": 6, "tools": 7}
 NOISE = re.compile(r'//[^\n]*|/\*.*?\*/|\bb?r(#*)".*?"\1|b?"(?:\\.|[^"\\])*"|\'(?:\\.|[^\\\'\n])\'', re.S)
 TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+(\w+)\s*([;{])")
 INLINE_MOD = re.compile(r"\bmod\s+(\w+)\s*\{")

@@ -11,17 +11,16 @@
 //! - [`controllers`] and [`cloudprovider`]: the reconcilers, and the one trait through which the
 //!   cloud is reached with its EC2 and kwok implementations;
 //! - [`operator`]: the wiring: settings, leader election, endpoints, the controller process;
-//! - [`tools`], [`simulate`] and [`convert`]: the commands; the binary in `main.rs` wires them.
+//! - [`tools`]: the commands (`simulate`, `explain`, `top`, `convert`); the binary in `main.rs`
+//!   wires them.
 
 pub mod apis;
 pub mod cloudprovider;
 pub mod controllers;
-pub mod convert;
 pub mod disruption;
 pub mod metrics;
 pub mod operator;
 pub mod scheduling;
-pub mod simulate;
 pub mod state;
 pub mod tools;
 pub mod util;

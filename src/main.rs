@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 
 use karpenter::apis::crds;
 use karpenter::operator::{self, Settings};
-use karpenter::simulate;
+use karpenter::tools::simulate;
 use karpenter::tools::{self, Target, live::Scale};
 use karpenter::util::error_chain;
 
@@ -240,7 +240,7 @@ fn finish(result: Result<String, String>) -> ExitCode {
 }
 
 fn run_convert(files: &[PathBuf]) -> ExitCode {
-    let conversion = match karpenter::convert::convert_files(files) {
+    let conversion = match karpenter::tools::convert::convert_files(files) {
         Ok(conversion) => conversion,
         Err(error) => {
             eprintln!("error: {}", error_chain(&error));

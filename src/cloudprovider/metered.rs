@@ -121,6 +121,14 @@ impl CloudProvider for Metered {
         self.inner.repair_policies()
     }
 
+    fn node_class_readiness(
+        &self,
+        reference: &crate::apis::NodeClassReference,
+        class: Option<&crate::apis::EC2NodeClass>,
+    ) -> std::result::Result<(), crate::state::nodeclass::NodeClassProblem> {
+        self.inner.node_class_readiness(reference, class)
+    }
+
     fn name(&self) -> &'static str {
         self.inner.name()
     }

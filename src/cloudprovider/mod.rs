@@ -69,6 +69,18 @@ pub trait CloudProvider: Send + Sync {
         })
     }
 
+    /// Whether `class`, the node class `reference` names (`None`: it does not exist), can launch
+    /// nodes, and why not. The NodeClaim lifecycle and the NodePool status ask here. By default the
+    /// shared judgement of [`crate::state::nodeclass::readiness`]: an EC2NodeClass whose `Ready`
+    /// condition is True and that is not being deleted.
+    fn node_class_readiness(
+        &self,
+        reference: &crate::apis::NodeClassReference,
+        class: Option<&crate::apis::EC2NodeClass>,
+    ) -> std::result::Result<(), crate::state::nodeclass::NodeClassProblem> {
+        crate::state::nodeclass::readiness(reference, class)
+    }
+
     /// The node conditions that make a node unhealthy enough to be replaced, and for how long
     /// each is tolerated (node repair, behind the `NodeRepair` feature gate). None by default.
     fn repair_policies(&self) -> Vec<crate::disruption::repair::RepairPolicy> {

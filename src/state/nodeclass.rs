@@ -1,5 +1,6 @@
-//! Whether the node class a NodePool or NodeClaim references can launch nodes: the one judgement
-//! the NodePool status, the NodeClaim lifecycle and both cloud providers share.
+//! Whether the node class a NodePool or NodeClaim references can launch nodes: the judgement every
+//! cloud provider gives unless it says otherwise (`CloudProvider::node_class_readiness`), which
+//! the NodePool status and the NodeClaim lifecycle ask, and the commands use directly.
 
 use std::fmt;
 

@@ -73,12 +73,17 @@ impl Snapshot {
         self
     }
 
-    /// Whether the node class `np` references can launch nodes, and why not.
-    pub fn node_class_ready(&self, np: &NodePool) -> Result<(), super::nodeclass::NodeClassProblem> {
+    /// The node class `np` references, when the snapshot has it.
+    pub fn node_class_of(&self, np: &NodePool) -> Option<&EC2NodeClass> {
         let r = &np.spec.template.spec.node_class_ref;
-        let class =
-            self.nodeclasses.iter().map(AsRef::as_ref).find(|c| c.metadata.name.as_deref() == Some(&r.name));
-        super::nodeclass::readiness(r, class)
+        self.nodeclasses.iter().map(AsRef::as_ref).find(|c| c.metadata.name.as_deref() == Some(&r.name))
+    }
+
+    /// Whether the node class `np` references can launch nodes, and why not, by the judgement
+    /// every provider uses unless it says otherwise ([`super::nodeclass::readiness`]): for the
+    /// commands, which run no provider's controllers.
+    pub fn node_class_ready(&self, np: &NodePool) -> Result<(), super::nodeclass::NodeClassProblem> {
+        super::nodeclass::readiness(&np.spec.template.spec.node_class_ref, self.node_class_of(np))
     }
 
     /// The pods the provisioner should find capacity for, in name order.

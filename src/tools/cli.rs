@@ -11,7 +11,7 @@ use kube::Api;
 use crate::cloudprovider::catalog::Catalog;
 use crate::disruption::decide::Inputs;
 use crate::scheduling::SchedulerOptions;
-use crate::simulate::{self, OutputFormat};
+use crate::tools::simulate::{self, OutputFormat};
 use crate::util::error_chain;
 
 use super::explain::{explain_node as explain_node_of, explain_pod as explain_pod_of, find_node, find_pod};

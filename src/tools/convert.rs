@@ -17,7 +17,7 @@
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
-use crate::simulate::input::split_documents;
+use crate::tools::simulate::input::split_documents;
 
 const NODEPOOL_V1BETA1: &str = "karpenter.sh/v1beta1";
 const NODEPOOL_V1: &str = "karpenter.sh/v1";

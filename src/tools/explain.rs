@@ -28,11 +28,11 @@ use crate::disruption::decide::{self, Inputs};
 use crate::disruption::emptiness;
 use crate::disruption::record::{Code, Why};
 use crate::scheduling::{SchedulerOptions, SchedulingResults, schedule};
-use crate::simulate::report::{NodeClaimReport, claim_report, push_table, round_price};
 use crate::state::input::Base;
 use crate::state::snapshot::Snapshot;
 use crate::state::statenode::state_nodes;
 use crate::state::{StateNode, pods};
+use crate::tools::simulate::report::{NodeClaimReport, claim_report, push_table, round_price};
 
 use super::{ToolError, price};
 

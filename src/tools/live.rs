@@ -23,13 +23,13 @@ use serde::Serialize;
 use crate::disruption::decide::{self, Inputs};
 use crate::scheduling::topology::Selector;
 use crate::scheduling::{SchedulerOptions, schedule};
-use crate::simulate::Manifests;
-use crate::simulate::input::pod_from_template;
-use crate::simulate::report::{NodeClaimReport, Report, claim_report, push_table, round_price};
 use crate::state::input::Base;
 use crate::state::pods;
 use crate::state::snapshot::Snapshot;
 use crate::state::statenode::state_nodes;
+use crate::tools::simulate::Manifests;
+use crate::tools::simulate::input::pod_from_template;
+use crate::tools::simulate::report::{NodeClaimReport, Report, claim_report, push_table, round_price};
 
 use super::{ToolError, price};
 
@@ -436,7 +436,7 @@ mod tests {
     fn added_manifests_join_the_cluster() {
         let c = Cluster::new(vec![]);
         let mut manifests = Manifests::default();
-        crate::simulate::parse_str(
+        crate::tools::simulate::parse_str(
             "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: extra}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: c}\n      requirements: []\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, resources: {requests: {cpu: 1}}}]}\n",
             "extra.yaml",
             &mut manifests,

@@ -1,15 +1,19 @@
-//! The commands that look at a live cluster: `karpenter explain` ([`explain`]), `karpenter
-//! simulate --from-cluster` ([`live`]) and `karpenter top` ([`top`]).
+//! The `karpenter` commands besides `controller`: offline, `karpenter simulate` over manifests
+//! ([`simulate`]) and `karpenter convert` of v1beta1 manifests ([`convert`]); over a live cluster,
+//! `karpenter explain` ([`explain`]), `karpenter simulate --from-cluster` ([`live`]) and
+//! `karpenter top` ([`top`]).
 //!
-//! Each takes one snapshot of the cluster with the controller's own caches ([`ClusterState`]:
+//! The live commands each take one snapshot of the cluster with the controller's own caches ([`ClusterState`]:
 //! the same lists, the same trimming, a malformed Karpenter object skipped), adds the instance
 //! types of a catalog (see [`Catalog`]) and runs the controller's pure decisions over it. What
 //! only a running controller knows (the pods it nominated in the last seconds, the commands it
 //! is carrying out) is not in such a snapshot.
 
 pub mod cli;
+pub mod convert;
 pub mod explain;
 pub mod live;
+pub mod simulate;
 pub mod top;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,7 +67,7 @@ pub enum ToolError {
     Catalog(#[from] CatalogError),
     /// A file given with `-f` cannot be used.
     #[error(transparent)]
-    Simulate(#[from] crate::simulate::SimulateError),
+    Simulate(#[from] crate::tools::simulate::SimulateError),
     /// The report could not be rendered.
     #[error("rendering the report: {0}")]
     Render(String),
@@ -246,10 +250,10 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
 /// Renders `value` as JSON or YAML.
 pub fn render_data<T: serde::Serialize>(
     value: &T,
-    format: crate::simulate::OutputFormat,
+    format: crate::tools::simulate::OutputFormat,
 ) -> Result<String, ToolError> {
     match format {
-        crate::simulate::OutputFormat::Json => serde_json::to_string_pretty(value)
+        crate::tools::simulate::OutputFormat::Json => serde_json::to_string_pretty(value)
             .map(|s| s + "\n")
             .map_err(|e| ToolError::Render(e.to_string())),
         _ => serde_saphyr::to_string(value).map_err(|e| ToolError::Render(e.to_string())),

@@ -22,10 +22,10 @@ use crate::apis::common::ConditionStatus;
 use crate::apis::labels::TAINT_DISRUPTED;
 use crate::apis::nodeclaim::conditions::DRIFTED;
 use crate::disruption::candidates;
-use crate::simulate::report::push_table;
 use crate::state::snapshot::Snapshot;
 use crate::state::statenode::state_nodes;
 use crate::state::{StateNode, pods};
+use crate::tools::simulate::report::push_table;
 
 use super::Live;
 

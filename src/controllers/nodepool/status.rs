@@ -81,7 +81,10 @@ async fn reconcile(ctx: &Context, state: &ClusterState) {
             continue;
         }
         let name = np.metadata.name.clone().unwrap_or_default();
-        let class_ready = snapshot.node_class_ready(np).map_err(|problem| problem.to_string());
+        let class_ready = ctx
+            .cloud
+            .node_class_readiness(&np.spec.template.spec.node_class_ref, snapshot.node_class_of(np))
+            .map_err(|problem| problem.to_string());
         let status = desired_status(np, usage.get(&name), class_ready, now);
         record_metrics(ctx, np, &status);
         if np.status.as_ref() != Some(&status) {

@@ -126,7 +126,7 @@ async fn check_node_class(claim: &NodeClaim, state: &State) -> Result<(), CloudP
         }
         None => None,
     };
-    nodeclass::readiness(reference, class.as_deref()).map_err(|problem| match problem {
+    state.ctx.cloud.node_class_readiness(reference, class.as_deref()).map_err(|problem| match problem {
         NodeClassProblem::NotFound(reason) => {
             CloudProviderError::NodeClassNotFound { name: reference.name.clone(), reason }
         }
