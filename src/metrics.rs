@@ -217,6 +217,8 @@ pub struct Metrics {
     /// `rest_client_requests_total{code,method}`: requests to the API server (leader election
     /// aside), under client-go's name.
     pub rest_client_requests: CounterFamily,
+    /// The `operator_*` status-condition and termination families, per kind and deprecated.
+    pub status: StatusMetrics,
 }
 
 /// Registers metrics, remembering each one's name and type.
@@ -240,8 +242,8 @@ impl Registrar<'_> {
 /// (counters without `_total`). Rows are registered in the order written, which is the order of
 /// `/metrics`.
 macro_rules! register_metrics {
-    ($r:ident; $($field:ident: $family:expr, $name:literal, $help:literal;)*) => {
-        Metrics { $($field: $r.add($name, $help, $family),)* }
+    ($r:ident; $($field:ident: $family:expr, $name:literal, $help:literal;)* $(+ $rest:ident: $value:expr;)*) => {
+        Metrics { $($field: $r.add($name, $help, $family),)* $($rest: $value,)* }
     };
 }
 
@@ -453,6 +455,7 @@ impl Metrics {
             consolidation_score: Family::new_with_constructor(score_histogram as fn() -> Histogram),
                 "karpenter_consolidation_score",
                 "Scores of Balanced consolidation moves, by decision, nodepool and policy.";
+            + status: StatusMetrics::register(&mut r);
         };
         // Timeouts never happen here (no evaluation is cut short), but dashboards expect the series.
         for kind in ["empty", "multi", "single"] {
@@ -468,6 +471,108 @@ impl Metrics {
     pub fn unregistered() -> Self {
         Metrics::new(&mut Registry::default())
     }
+}
+
+/// The `operator_<kind>_*` families of one kind of object, or the deprecated kind-agnostic
+/// `operator_*` ones (labelled `group` and `kind`), as upstream's status-condition controllers
+/// export them.
+#[derive(Debug)]
+pub struct StatusFamilies {
+    /// `..._status_condition_count`: 1 per object and current (type, status, reason).
+    pub condition_count: GaugeFamily,
+    /// `..._status_condition_current_status_seconds`: how long each condition has had its status.
+    pub condition_current_status_seconds: GaugeFamily,
+    /// `..._status_condition_transitions_total`, by the new type, status and reason.
+    pub condition_transitions: CounterFamily,
+    /// `..._status_condition_transition_seconds`: how long a condition had its previous status.
+    pub condition_transition_seconds: HistogramFamily,
+    /// `..._termination_current_time_seconds`: how long an object has been terminating.
+    pub termination_current_time_seconds: GaugeFamily,
+    /// `..._termination_duration_seconds`: how long an object took to terminate.
+    pub termination_duration_seconds: HistogramFamily,
+}
+
+impl StatusFamilies {
+    fn register(r: &mut Registrar<'_>, prefix: &str, buckets: fn() -> Histogram) -> Self {
+        let condition = format!("{prefix}_status_condition");
+        let termination = format!("{prefix}_termination");
+        StatusFamilies {
+            condition_count: r.add(
+                &format!("{condition}_count"),
+                "The number of an condition for a given object, type and status. e.g. Alarm := Available=False > 0",
+                GaugeFamily::default(),
+            ),
+            condition_current_status_seconds: r.add(
+                &format!("{condition}_current_status_seconds"),
+                "The current amount of time in seconds that a status condition has been in a specific state. Alarm := P99(Updated=Unknown) > 5 minutes",
+                GaugeFamily::default(),
+            ),
+            condition_transitions: r.add(
+                &format!("{condition}_transitions"),
+                "The count of transitions of a given object, type and status.",
+                CounterFamily::default(),
+            ),
+            condition_transition_seconds: r.add(
+                &format!("{condition}_transition_seconds"),
+                "The amount of time a condition was in a given state before transitioning. e.g. Alarm := P99(Updated=False) > 5 minutes",
+                Family::new_with_constructor(buckets),
+            ),
+            termination_current_time_seconds: r.add(
+                &format!("{termination}_current_time_seconds"),
+                "The current amount of time in seconds that an object has been in terminating state.",
+                GaugeFamily::default(),
+            ),
+            termination_duration_seconds: r.add(
+                &format!("{termination}_duration_seconds"),
+                "The amount of time taken by an object to terminate completely.",
+                Family::new_with_constructor(buckets),
+            ),
+        }
+    }
+}
+
+/// Every kind's [`StatusFamilies`].
+#[derive(Debug)]
+pub struct StatusMetrics {
+    /// `operator_nodeclaim_*`.
+    pub nodeclaim: StatusFamilies,
+    /// `operator_nodepool_*`.
+    pub nodepool: StatusFamilies,
+    /// `operator_node_*`.
+    pub node: StatusFamilies,
+    /// `operator_ec2nodeclass_*`.
+    pub ec2nodeclass: StatusFamilies,
+    /// The deprecated `operator_status_condition_*` and `operator_termination_*`, fed for
+    /// NodeClaims, NodePools and EC2NodeClasses.
+    pub deprecated: StatusFamilies,
+}
+
+impl StatusMetrics {
+    fn register(r: &mut Registrar<'_>) -> Self {
+        StatusMetrics {
+            nodeclaim: StatusFamilies::register(r, "operator_nodeclaim", status_histogram),
+            nodepool: StatusFamilies::register(r, "operator_nodepool", status_histogram),
+            node: StatusFamilies::register(r, "operator_node", status_histogram),
+            ec2nodeclass: StatusFamilies::register(r, "operator_ec2nodeclass", default_histogram),
+            deprecated: StatusFamilies::register(r, "operator", default_histogram),
+        }
+    }
+}
+
+/// Upstream's buckets of the NodeClaim, NodePool and Node status families: 0.5 s doubling to
+/// 8192 s.
+pub const STATUS_BUCKETS: [f64; 15] =
+    [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0];
+
+fn status_histogram() -> Histogram {
+    Histogram::new(STATUS_BUCKETS)
+}
+
+/// Prometheus' default buckets, which upstream's EC2NodeClass and deprecated status families use.
+pub const DEFAULT_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+fn default_histogram() -> Histogram {
+    Histogram::new(DEFAULT_BUCKETS)
 }
 
 fn score_histogram() -> Histogram {

@@ -13,6 +13,7 @@ pub mod nodepool;
 pub mod provisioning;
 pub mod settings;
 pub mod snapshot;
+pub mod status_metrics;
 
 use std::sync::Arc;
 

@@ -373,6 +373,15 @@ fn start_controllers(
         );
     }
     tasks.spawn(
+        controllers::status_metrics::CONTROLLER,
+        controllers::status_metrics::run(
+            ctx.clone(),
+            state.clone(),
+            !settings.disable_cluster_state_observability,
+            stop.clone(),
+        ),
+    );
+    tasks.spawn(
         controllers::nodeclaim::consolidatable::CONTROLLER,
         controllers::nodeclaim::consolidatable::run(ctx.clone(), state.clone(), stop.clone()),
     );

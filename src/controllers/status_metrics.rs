@@ -1,0 +1,601 @@
+//! Upstream's `operator_*` status-condition metrics: for NodeClaims, NodePools, Nodes and
+//! EC2NodeClasses, which conditions each object has and for how long, how often conditions
+//! change status and how long they kept the previous one, how long objects take to terminate; and
+//! a `Status condition transitioned` event on the object at each change.
+//!
+//! As upstream, transitions are what this process observes: it remembers each object's conditions
+//! from one look to the next (every [`PERIOD`]), a condition it never saw counts as `Unknown`
+//! before (so after a restart every True or False condition counts once), and changes between two
+//! looks are not seen. NodeClaims, NodePools and EC2NodeClasses also feed the deprecated
+//! kind-agnostic `operator_status_condition_*` families (labelled `group` and `kind`); Nodes do
+//! not.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::{Resource, ResourceExt};
+use tokio::sync::watch;
+
+use crate::apis::labels::{LABEL_INITIALIZED, LABEL_NODEPOOL};
+use crate::apis::{Condition, EC2NodeClass, NodeClaim, NodePool};
+use crate::controllers::Context;
+use crate::controllers::events::EventType;
+use crate::controllers::kit::{Next, Options, Timer, run_singleton};
+use crate::metrics::{Labels, StatusFamilies, StatusMetrics};
+use crate::state::ClusterState;
+
+/// Name of the controller, in logs.
+pub const CONTROLLER: &str = "operatorpkg.status";
+/// How often every object is looked at (upstream requeues each one every 10 s).
+pub const PERIOD: Duration = Duration::from_secs(10);
+/// The node-class label upstream adds to NodeClaims and Nodes, an extra label of their series.
+const LABEL_EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
+
+/// A kind of object whose conditions are exported.
+#[derive(Clone, Copy, Debug)]
+pub struct Kind {
+    /// API group, for the deprecated families.
+    pub group: &'static str,
+    /// Kind, for the deprecated families.
+    pub kind: &'static str,
+    /// The object labels whose values become extra series labels, with the label names
+    /// Prometheus sees.
+    pub extra: &'static [(&'static str, &'static str)],
+    /// Whether the deprecated families are fed too.
+    pub deprecated: bool,
+}
+
+/// NodeClaims.
+pub const NODECLAIM: Kind = Kind {
+    group: "karpenter.sh",
+    kind: "NodeClaim",
+    extra: &[
+        (LABEL_EC2NODECLASS, "karpenter_k8s_aws_ec2nodeclass"),
+        (LABEL_NODEPOOL, "karpenter_sh_nodepool"),
+    ],
+    deprecated: true,
+};
+/// NodePools.
+pub const NODEPOOL: Kind = Kind { group: "karpenter.sh", kind: "NodePool", extra: &[], deprecated: true };
+/// Nodes.
+pub const NODE: Kind = Kind {
+    group: "",
+    kind: "Node",
+    extra: &[
+        (LABEL_EC2NODECLASS, "karpenter_k8s_aws_ec2nodeclass"),
+        (LABEL_NODEPOOL, "karpenter_sh_nodepool"),
+        (LABEL_INITIALIZED, "karpenter_sh_initialized"),
+    ],
+    deprecated: false,
+};
+/// EC2NodeClasses.
+pub const EC2NODECLASS: Kind =
+    Kind { group: "karpenter.k8s.aws", kind: "EC2NodeClass", extra: &[], deprecated: true };
+
+/// A condition as the metrics see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// Its type.
+    pub type_: String,
+    /// True, False or Unknown.
+    pub status: String,
+    /// Its reason.
+    pub reason: String,
+    /// Its message.
+    pub message: String,
+    /// When its status last changed.
+    pub since: Option<Timestamp>,
+}
+
+/// An object as the metrics see it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Object {
+    /// Its name (all four kinds are cluster-scoped).
+    pub name: String,
+    /// Its conditions.
+    pub conditions: Vec<Seen>,
+    /// The values of its kind's extra labels, in order.
+    pub extra: Vec<String>,
+    /// Its deletion timestamp.
+    pub deleting_since: Option<Timestamp>,
+}
+
+impl Object {
+    fn of(
+        kind: &Kind,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        conditions: Vec<Seen>,
+    ) -> Self {
+        let labels = meta.labels.as_ref();
+        Object {
+            name: meta.name.clone().unwrap_or_default(),
+            conditions,
+            extra: kind
+                .extra
+                .iter()
+                .map(|(key, _)| labels.and_then(|l| l.get(*key)).cloned().unwrap_or_default())
+                .collect(),
+            deleting_since: meta.deletion_timestamp.as_ref().map(|t| t.0),
+        }
+    }
+
+    /// A Karpenter object (its conditions are [`Condition`]s).
+    pub fn karpenter(
+        kind: &Kind,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        conditions: &[Condition],
+    ) -> Self {
+        let seen = conditions
+            .iter()
+            .map(|c| Seen {
+                type_: c.type_.clone(),
+                status: format!("{:?}", c.status),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                since: c.last_transition_time.parse().ok(),
+            })
+            .collect();
+        Object::of(kind, meta, seen)
+    }
+
+    /// A Node.
+    pub fn node(node: &Node) -> Self {
+        let seen = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|c| Seen {
+                type_: c.type_.clone(),
+                status: c.status.clone(),
+                reason: c.reason.clone().unwrap_or_default(),
+                message: c.message.clone().unwrap_or_default(),
+                since: c.last_transition_time.as_ref().map(|t| t.0),
+            })
+            .collect();
+        Object::of(&NODE, node.meta(), seen)
+    }
+}
+
+/// A transition seen between two looks at an object, told in an event on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// The event's reason: the condition's type.
+    pub reason: String,
+    /// The event's message.
+    pub message: String,
+}
+
+/// What the metrics remember of one kind's objects between looks.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    seen: HashMap<String, Object>,
+}
+
+impl Recorder {
+    /// Looks at the kind's `objects` at `now`: sets, refreshes and removes their series in
+    /// `families` (and the deprecated ones), and returns the transitions seen, by object name. An
+    /// object seen before and not among `objects` is gone: its series go, and its termination
+    /// time is observed when it was seen terminating.
+    pub fn look(
+        &mut self,
+        kind: &Kind,
+        metrics: &StatusMetrics,
+        families: &StatusFamilies,
+        objects: Vec<Object>,
+        now: Timestamp,
+    ) -> Vec<(String, Transition)> {
+        let deprecated = kind.deprecated.then_some(&metrics.deprecated);
+        let names: BTreeSet<String> = objects.iter().map(|o| o.name.clone()).collect();
+        let gone: Vec<Object> = self
+            .seen
+            .keys()
+            .filter(|name| !names.contains(*name))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|name| self.seen.remove(&name))
+            .collect();
+        for object in gone {
+            forget(kind, families, deprecated, &object, now);
+        }
+        let mut transitions = Vec::new();
+        for object in objects {
+            let before = self.seen.remove(&object.name);
+            transitions.extend(
+                record(kind, families, deprecated, before.as_ref(), &object, now)
+                    .into_iter()
+                    .map(|t| (object.name.clone(), t)),
+            );
+            self.seen.insert(object.name.clone(), object);
+        }
+        transitions
+    }
+}
+
+fn seconds_between(from: Option<Timestamp>, to: Timestamp) -> f64 {
+    from.map_or(0.0, |from| to.duration_since(from).as_secs_f64())
+}
+
+/// The series labels of `object`'s condition `c`, per kind and deprecated.
+fn condition_labels(kind: &Kind, object: &Object, c: &Seen) -> (Labels, Labels) {
+    let mut own: Labels = vec![
+        ("namespace", String::new()),
+        ("name", object.name.clone()),
+        ("type", c.type_.clone()),
+        ("status", c.status.clone()),
+        ("reason", c.reason.clone()),
+    ];
+    own.extend(extra(kind, object));
+    let deprecated = vec![
+        ("namespace", String::new()),
+        ("name", object.name.clone()),
+        ("type", c.type_.clone()),
+        ("status", c.status.clone()),
+        ("reason", c.reason.clone()),
+        ("group", kind.group.to_string()),
+        ("kind", kind.kind.to_string()),
+    ];
+    (own, deprecated)
+}
+
+fn extra(kind: &Kind, object: &Object) -> Labels {
+    kind.extra.iter().map(|(_, name)| *name).zip(object.extra.iter().cloned()).collect()
+}
+
+fn termination_labels(kind: &Kind, object: &Object) -> (Labels, Labels) {
+    let mut own: Labels = vec![("namespace", String::new()), ("name", object.name.clone())];
+    own.extend(extra(kind, object));
+    let deprecated = vec![
+        ("namespace", String::new()),
+        ("name", object.name.clone()),
+        ("group", kind.group.to_string()),
+        ("kind", kind.kind.to_string()),
+    ];
+    (own, deprecated)
+}
+
+/// Records one look at `object`, which was `before` at the previous look.
+fn record(
+    kind: &Kind,
+    families: &StatusFamilies,
+    deprecated: Option<&StatusFamilies>,
+    before: Option<&Object>,
+    object: &Object,
+    now: Timestamp,
+) -> Vec<Transition> {
+    // Series of conditions that changed, or of labels that changed, go first.
+    if let Some(before) = before {
+        for old in &before.conditions {
+            let current = object.conditions.iter().find(|c| c.type_ == old.type_);
+            let changed = current.is_none_or(|c| c.status != old.status || c.reason != old.reason);
+            if changed || before.extra != object.extra {
+                let (own, dep) = condition_labels(kind, before, old);
+                families.condition_count.remove(&own);
+                families.condition_current_status_seconds.remove(&own);
+                if let Some(d) = deprecated {
+                    d.condition_count.remove(&dep);
+                    d.condition_current_status_seconds.remove(&dep);
+                }
+            }
+        }
+        if before.extra != object.extra {
+            let (own, _) = termination_labels(kind, before);
+            families.termination_current_time_seconds.remove(&own);
+        }
+    }
+    for c in &object.conditions {
+        let (own, dep) = condition_labels(kind, object, c);
+        let age = seconds_between(c.since, now);
+        families.condition_count.get_or_create(&own).set(1.0);
+        families.condition_current_status_seconds.get_or_create(&own).set(age);
+        if let Some(d) = deprecated {
+            d.condition_count.get_or_create(&dep).set(1.0);
+            d.condition_current_status_seconds.get_or_create(&dep).set(age);
+        }
+    }
+    if let Some(since) = object.deleting_since {
+        let (own, dep) = termination_labels(kind, object);
+        let age = seconds_between(Some(since), now);
+        families.termination_current_time_seconds.get_or_create(&own).set(age);
+        if let Some(d) = deprecated {
+            d.termination_current_time_seconds.get_or_create(&dep).set(age);
+        }
+    }
+    let mut transitions = Vec::new();
+    for c in &object.conditions {
+        let old = before.and_then(|b| b.conditions.iter().find(|o| o.type_ == c.type_));
+        let old_status = old.map_or("Unknown", |o| o.status.as_str());
+        if old_status == c.status {
+            continue;
+        }
+        let mut labels: Labels =
+            vec![("type", c.type_.clone()), ("status", c.status.clone()), ("reason", c.reason.clone())];
+        labels.extend(extra(kind, object));
+        families.condition_transitions.get_or_create(&labels).inc();
+        if let Some(d) = deprecated {
+            let dep = vec![
+                ("type", c.type_.clone()),
+                ("status", c.status.clone()),
+                ("reason", c.reason.clone()),
+                ("group", kind.group.to_string()),
+                ("kind", kind.kind.to_string()),
+            ];
+            d.condition_transitions.get_or_create(&dep).inc();
+        }
+        let Some(old) = old else { continue };
+        let kept = match (old.since, c.since) {
+            (Some(from), Some(to)) => to.duration_since(from).as_secs_f64(),
+            _ => 0.0,
+        };
+        let mut labels: Labels = vec![("type", old.type_.clone()), ("status", old.status.clone())];
+        labels.extend(extra(kind, object));
+        families.condition_transition_seconds.get_or_create(&labels).observe(kept);
+        if let Some(d) = deprecated {
+            let dep = vec![
+                ("type", old.type_.clone()),
+                ("status", old.status.clone()),
+                ("group", kind.group.to_string()),
+                ("kind", kind.kind.to_string()),
+            ];
+            d.condition_transition_seconds.get_or_create(&dep).observe(kept);
+        }
+        let message = if c.message.is_empty() { String::new() } else { format!(", Message: {}", c.message) };
+        transitions.push(Transition {
+            reason: c.type_.clone(),
+            message: format!(
+                "Status condition transitioned, Type: {}, Status: {} -> {}, Reason: {}{message}",
+                c.type_, old.status, c.status, c.reason
+            ),
+        });
+    }
+    transitions
+}
+
+/// Removes the series of `object`, gone; observes how long it took to terminate.
+fn forget(
+    kind: &Kind,
+    families: &StatusFamilies,
+    deprecated: Option<&StatusFamilies>,
+    object: &Object,
+    now: Timestamp,
+) {
+    for c in &object.conditions {
+        let (own, dep) = condition_labels(kind, object, c);
+        families.condition_count.remove(&own);
+        families.condition_current_status_seconds.remove(&own);
+        if let Some(d) = deprecated {
+            d.condition_count.remove(&dep);
+            d.condition_current_status_seconds.remove(&dep);
+        }
+    }
+    let (own, dep) = termination_labels(kind, object);
+    families.termination_current_time_seconds.remove(&own);
+    if let Some(d) = deprecated {
+        d.termination_current_time_seconds.remove(&dep);
+    }
+    if let Some(since) = object.deleting_since {
+        let took = seconds_between(Some(since), now);
+        families.termination_duration_seconds.get_or_create(&extra(kind, object)).observe(took);
+        if let Some(d) = deprecated {
+            let dep = vec![("group", kind.group.to_string()), ("kind", kind.kind.to_string())];
+            d.termination_duration_seconds.get_or_create(&dep).observe(took);
+        }
+    }
+}
+
+/// The four kinds' recorders.
+#[derive(Debug, Default)]
+struct Recorders {
+    nodeclaims: Recorder,
+    nodepools: Recorder,
+    nodes: Recorder,
+    nodeclasses: Recorder,
+}
+
+/// Runs the controller until `stop` turns true: a look at every object of the four kinds every
+/// [`PERIOD`]. With `cluster_state` false (`DISABLE_CLUSTER_STATE_OBSERVABILITY`), only
+/// EC2NodeClasses are looked at, as upstream.
+pub async fn run(ctx: Context, state: ClusterState, cluster_state: bool, stop: watch::Receiver<bool>) {
+    let recorders = std::sync::Arc::new(tokio::sync::Mutex::new(Recorders::default()));
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, || {
+        let (ctx, state, recorders) = (ctx.clone(), state.clone(), recorders.clone());
+        async move {
+            let mut recorders = recorders.lock().await;
+            pass(&ctx, &state, cluster_state, &mut recorders).await;
+            Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
+        }
+    })
+    .await;
+}
+
+async fn pass(ctx: &Context, state: &ClusterState, cluster_state: bool, recorders: &mut Recorders) {
+    let now = Timestamp::now();
+    let status = &ctx.metrics.status;
+    let classes: Vec<std::sync::Arc<EC2NodeClass>> = state.nodeclasses.state();
+    let objects =
+        classes.iter().map(|c| Object::karpenter(&EC2NODECLASS, c.meta(), class_conditions(c))).collect();
+    let seen = recorders.nodeclasses.look(&EC2NODECLASS, status, &status.ec2nodeclass, objects, now);
+    tell(ctx, &seen, |name| classes.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))).await;
+    if !cluster_state {
+        return;
+    }
+    let claims: Vec<std::sync::Arc<NodeClaim>> = state.nodeclaims.state();
+    let objects = claims.iter().map(|c| Object::karpenter(&NODECLAIM, c.meta(), c.conditions())).collect();
+    let seen = recorders.nodeclaims.look(&NODECLAIM, status, &status.nodeclaim, objects, now);
+    tell(ctx, &seen, |name| claims.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))).await;
+    let pools: Vec<std::sync::Arc<NodePool>> = state.nodepools.state();
+    let objects = pools.iter().map(|p| Object::karpenter(&NODEPOOL, p.meta(), pool_conditions(p))).collect();
+    let seen = recorders.nodepools.look(&NODEPOOL, status, &status.nodepool, objects, now);
+    tell(ctx, &seen, |name| pools.iter().find(|p| p.name_any() == name).map(|p| p.object_ref(&()))).await;
+    let nodes: Vec<std::sync::Arc<Node>> = state.nodes.state();
+    let objects = nodes.iter().map(|n| Object::node(n)).collect();
+    let seen = recorders.nodes.look(&NODE, status, &status.node, objects, now);
+    tell(ctx, &seen, |name| nodes.iter().find(|n| n.name_any() == name).map(|n| n.object_ref(&()))).await;
+}
+
+fn class_conditions(class: &EC2NodeClass) -> &[Condition] {
+    class.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
+}
+
+fn pool_conditions(pool: &NodePool) -> &[Condition] {
+    pool.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
+}
+
+/// Sends a Normal event about each transition to its object.
+async fn tell(
+    ctx: &Context,
+    transitions: &[(String, Transition)],
+    object: impl Fn(&str) -> Option<k8s_openapi::api::core::v1::ObjectReference>,
+) {
+    for (name, t) in transitions {
+        if let Some(reference) = object(name) {
+            ctx.events.publish(reference, EventType::Normal, &t.reason, t.message.clone()).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn seen(type_: &str, status: &str, reason: &str, since: &str) -> Seen {
+        Seen {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            since: Some(at(since)),
+        }
+    }
+
+    fn claim(conditions: Vec<Seen>, deleting: Option<&str>) -> Object {
+        Object {
+            name: "c1".into(),
+            conditions,
+            extra: vec!["default".into(), "general".into()],
+            deleting_since: deleting.map(at),
+        }
+    }
+
+    fn text(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn conditions_transitions_and_termination_are_exported_as_upstream() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let status = &metrics.status;
+        let mut recorder = Recorder::default();
+        let look = |recorder: &mut Recorder, object: Object, now: &str| {
+            recorder.look(&NODECLAIM, status, &status.nodeclaim, vec![object], at(now))
+        };
+        // First look: Launched=True counts as a transition from Unknown; no event (nothing seen
+        // before).
+        let first = claim(vec![seen("Launched", "True", "Launched", "2026-01-01T00:00:00Z")], None);
+        assert!(look(&mut recorder, first, "2026-01-01T00:00:30Z").is_empty());
+        let out = text(&registry);
+        let count = "operator_nodeclaim_status_condition_count{namespace=\"\",name=\"c1\",type=\"Launched\",status=\"True\",reason=\"Launched\",karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 1";
+        assert!(out.contains(count), "{out}");
+        assert!(out.contains("operator_nodeclaim_status_condition_current_status_seconds{namespace=\"\",name=\"c1\",type=\"Launched\",status=\"True\",reason=\"Launched\",karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 30"), "{out}");
+        assert!(out.contains("operator_nodeclaim_status_condition_transitions_total{type=\"Launched\",status=\"True\",reason=\"Launched\",karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 1"), "{out}");
+        assert!(out.contains("operator_status_condition_count{namespace=\"\",name=\"c1\",type=\"Launched\",status=\"True\",reason=\"Launched\",group=\"karpenter.sh\",kind=\"NodeClaim\"} 1"), "{out}");
+
+        // Ready goes Unknown -> True after 40 s: a transition, its duration, an event; the old
+        // series goes.
+        let before = claim(
+            vec![
+                seen("Launched", "True", "Launched", "2026-01-01T00:00:00Z"),
+                seen("Ready", "Unknown", "AwaitingReconciliation", "2026-01-01T00:00:00Z"),
+            ],
+            None,
+        );
+        look(&mut recorder, before, "2026-01-01T00:00:35Z");
+        let after = claim(
+            vec![
+                seen("Launched", "True", "Launched", "2026-01-01T00:00:00Z"),
+                seen("Ready", "True", "Ready", "2026-01-01T00:00:40Z"),
+            ],
+            Some("2026-01-01T00:01:00Z"),
+        );
+        let told = look(&mut recorder, after, "2026-01-01T00:01:10Z");
+        assert_eq!(told.len(), 1);
+        assert_eq!(told[0].1.reason, "Ready");
+        assert_eq!(
+            told[0].1.message,
+            "Status condition transitioned, Type: Ready, Status: Unknown -> True, Reason: Ready"
+        );
+        let out = text(&registry);
+        assert!(
+            !out.contains("type=\"Ready\",status=\"Unknown\",reason=\"AwaitingReconciliation\",karpenter"),
+            "{out}"
+        );
+        assert!(out.contains("operator_nodeclaim_status_condition_transition_seconds_count{type=\"Ready\",status=\"Unknown\",karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 1"), "{out}");
+        assert!(out.contains("operator_nodeclaim_status_condition_transition_seconds_sum{type=\"Ready\",status=\"Unknown\",karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 40"), "{out}");
+        assert!(out.contains("operator_nodeclaim_termination_current_time_seconds{namespace=\"\",name=\"c1\",karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 10"), "{out}");
+        // An Unknown condition seen first is no transition.
+        assert!(!out.contains("transitions_total{type=\"Ready\",status=\"Unknown\""), "{out}");
+
+        // Gone: every series of the object goes, and its termination took 90 s.
+        assert!(
+            recorder
+                .look(&NODECLAIM, status, &status.nodeclaim, vec![], at("2026-01-01T00:02:30Z"))
+                .is_empty()
+        );
+        let out = text(&registry);
+        assert!(!out.contains("name=\"c1\""), "{out}");
+        assert!(out.contains("operator_nodeclaim_termination_duration_seconds_sum{karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 90"), "{out}");
+        assert!(
+            out.contains(
+                "operator_termination_duration_seconds_sum{group=\"karpenter.sh\",kind=\"NodeClaim\"} 90"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn nodes_feed_no_deprecated_family_and_every_family_is_exported() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"karpenter.sh/nodepool": "general", "karpenter.sh/initialized": "true"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
+        .unwrap();
+        let mut recorder = Recorder::default();
+        let object = Object::node(&node);
+        assert_eq!(object.extra, ["", "general", "true"]);
+        recorder.look(&NODE, &metrics.status, &metrics.status.node, vec![object], at("2026-01-01T00:00:05Z"));
+        let out = text(&registry);
+        assert!(out.contains("operator_node_status_condition_count{namespace=\"\",name=\"n1\",type=\"Ready\",status=\"True\",reason=\"KubeletReady\",karpenter_k8s_aws_ec2nodeclass=\"\",karpenter_sh_nodepool=\"general\",karpenter_sh_initialized=\"true\"} 1"), "{out}");
+        assert!(!out.contains("kind=\"Node\""), "{out}");
+        let exported = crate::metrics::exported_names();
+        for kind in ["nodeclaim", "nodepool", "node", "ec2nodeclass"] {
+            for family in [
+                "status_condition_count",
+                "status_condition_current_status_seconds",
+                "status_condition_transitions_total",
+                "status_condition_transition_seconds_bucket",
+                "termination_current_time_seconds",
+                "termination_duration_seconds_bucket",
+            ] {
+                let name = format!("operator_{kind}_{family}");
+                assert!(exported.contains(&name), "{name}");
+                assert!(exported.contains(&format!("operator_{family}")), "operator_{family}");
+            }
+        }
+    }
+}
