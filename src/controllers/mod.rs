@@ -4,6 +4,7 @@
 //! Every controller receives the shared [`Context`]: the Kubernetes client, the one
 //! [`CloudProvider`], the settings, the metrics and the event recorder.
 
+pub mod departures;
 pub mod disruption;
 pub mod events;
 pub mod kit;

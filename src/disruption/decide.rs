@@ -45,6 +45,9 @@ pub struct Inputs {
     pub now: Timestamp,
     /// See [`World::young`].
     pub young: HashSet<String>,
+    /// Pods that left a node going away and whose successor is not seen yet: they keep the room
+    /// they need, as pending pods do (see `controllers::departures`).
+    pub stand_ins: Vec<Arc<k8s_openapi::api::core::v1::Pod>>,
 }
 
 impl Inputs {
@@ -61,7 +64,13 @@ impl Inputs {
             .into_iter()
             .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
             .collect();
-        Inputs { snapshot, nodes, pools, options, spot_to_spot, now, young }
+        Inputs { snapshot, nodes, pools, options, spot_to_spot, now, young, stand_ins: Vec::new() }
+    }
+
+    /// These inputs with `stand_ins` among the pending pods.
+    pub fn with_stand_ins(mut self, stand_ins: Vec<Arc<k8s_openapi::api::core::v1::Pod>>) -> Self {
+        self.stand_ins = stand_ins;
+        self
     }
 
     /// The world a pass looks at (pending pods keep the room they need).
@@ -70,7 +79,11 @@ impl Inputs {
             &self.snapshot,
             Setting {
                 nodes: &self.nodes,
-                pending: self.snapshot.provisionable_pods(),
+                pending: {
+                    let mut pending = self.snapshot.provisionable_pods();
+                    pending.extend(self.stand_ins.iter().cloned());
+                    pending
+                },
                 options: self.options.clone(),
                 spot_to_spot: self.spot_to_spot,
                 pools: &self.pools,

@@ -470,6 +470,45 @@ fn a_node_consolidation_just_launched_is_not_consolidated_again_at_once() {
     assert_eq!(candidates(&c.decide()), ["n1"]);
 }
 
+/// A drifted node whose pod fits on a node with room to spare is deleted, not replaced; unless a
+/// pod that just left a node going away (a stand-in, its successor not seen yet) is about to take
+/// that room: then the drifted node is replaced, and the evicted pod does not need a new node.
+#[test]
+fn a_stand_in_keeps_the_room_its_successor_will_take() {
+    let only_drift = json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]});
+    let mut c = Cluster::new(vec![pool("p", only_drift, &["on-demand"])]);
+    c.types = vec![itype("large", 4, 0.40, None)];
+    c.node("drifted", "p", "large", "on-demand", json!({}))
+        .pod("a", "drifted", "3", json!({}))
+        .node("spare", "p", "large", "on-demand", json!({}))
+        .pod("b", "spare", "500m", json!({}));
+    c.drifted("drifted", "2026-11-24T11:30:00Z", None);
+    let decide_with = |stand_ins: Vec<Arc<Pod>>| {
+        let inputs = super::decide::Inputs::of(
+            c.snapshot(),
+            SchedulerOptions::default(),
+            false,
+            NOW.parse().unwrap(),
+            HashSet::new(),
+        )
+        .with_stand_ins(stand_ins);
+        decide(&inputs.world(), &HashSet::new())
+    };
+    let alone = decide_with(vec![]);
+    assert_eq!(alone.command.as_ref().map(|c| &c.plan.decision), Some(&Decision::Delete));
+    let stand_in: Arc<Pod> = Arc::new(
+        serde_json::from_value(
+            json!({"metadata": {"name": "gone", "namespace": "ns", "uid": "stand-in-gone"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "3"}}}]}}),
+        )
+        .unwrap(),
+    );
+    let held = decide_with(vec![stand_in]);
+    let command = held.command.as_ref().unwrap();
+    assert_eq!(candidates(&held), ["drifted"]);
+    assert_eq!(command.plan.decision, Decision::Replace);
+}
+
 #[test]
 fn drift_replaces_one_node_at_a_time_empties_first_then_the_longest_drifted() {
     // No emptiness or consolidation here: drift alone.

@@ -1175,11 +1175,37 @@ async fn roll_to_images(
         if replaced && running == 6 {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "every node replaced by {what}\n{}",
-            controller.log_tail()
-        );
+        if started.elapsed() >= Duration::from_secs(300) {
+            let claims: Vec<String> = claims
+                .iter()
+                .map(|c| {
+                    let image = c.status.as_ref().and_then(|s| s.image_id.clone()).unwrap_or_default();
+                    format!(
+                        "{} old={} deleting={} ready={:?} image={image} wanted={}",
+                        c.name_any(),
+                        old.contains(&c.name_any()),
+                        c.metadata.deletion_timestamp.is_some(),
+                        condition(c, "Ready"),
+                        wanted.contains(&image)
+                    )
+                })
+                .collect();
+            let pods: Vec<String> = f
+                .pods()
+                .await
+                .iter()
+                .map(|p| {
+                    let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                    let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+                    let deleting = p.metadata.deletion_timestamp.is_some();
+                    format!("{} {phase} on {node:?} deleting={deleting}", p.name_any())
+                })
+                .collect();
+            panic!(
+                "every node replaced by {what}: {running} pods running\nclaims: {claims:#?}\npods: {pods:#?}\n{}",
+                controller.log_tail()
+            );
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     eprintln!("6 nodes rolled to {what} in {:?}; drift reasons {reasons:?}", started.elapsed());

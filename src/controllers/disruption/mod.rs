@@ -35,6 +35,7 @@ use tokio::task::JoinSet;
 use crate::apis::labels::TAINT_DISRUPTED;
 use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::controllers::Context;
+use crate::controllers::departures::Departures;
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::disruption::consolidation;
@@ -44,7 +45,7 @@ use crate::disruption::record::{Outcome, Record, Why};
 use crate::metrics::observe;
 use crate::scheduling::SchedulerOptions;
 use crate::state::statenode::state_nodes;
-use crate::state::{Changes, ClusterState, Interest, Snapshot, StateNode};
+use crate::state::{Changes, ClusterState, Interest, Notice, Registration, Snapshot, StateNode};
 
 pub use command::{CONTROLLER, InFlight, Launched};
 /// Wait between passes that found nothing to do.
@@ -72,13 +73,28 @@ struct Controller {
     commands: Mutex<JoinSet<()>>,
     /// The changes seen by the last pass that found nothing, and until when that holds.
     memo: Mutex<Option<(Changes, Instant)>>,
+    /// Pods deleted from nodes going away whose successor is not seen yet; the pod watch
+    /// reports deletions into it.
+    departures: Arc<Mutex<Departures>>,
+    _pod_watch: Registration,
 }
 
 /// Runs until `stop` turns true; the commands under way stop with it (a command cut short is
 /// healed by the next leader's first pass).
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let departures = Arc::new(Mutex::new(Departures::default()));
+    let pod_watch = {
+        let departures = departures.clone();
+        state.on_pod(move |notice| {
+            if let Notice::Deleted(pod) = notice {
+                departures.lock().unwrap_or_else(PoisonError::into_inner).deleted(pod, Timestamp::now());
+            }
+        })
+    };
     let controller = Arc::new(Controller {
         ctx: ctx.clone(),
+        departures,
+        _pod_watch: pod_watch,
         state,
         in_flight: InFlight::default(),
         launched: Launched::default(),
@@ -171,6 +187,11 @@ impl Controller {
         }
         let start = Instant::now();
         let inputs = pass_inputs(&self.ctx, snapshot, &self.launched);
+        let stand_ins = {
+            let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
+            departures.stand_ins(&inputs.nodes, &inputs.snapshot.pods, inputs.now)
+        };
+        let inputs = inputs.with_stand_ins(stand_ins);
         let decided = {
             let in_flight = in_flight.clone();
             tokio::task::spawn_blocking(move || {

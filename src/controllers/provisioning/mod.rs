@@ -7,7 +7,6 @@
 //! back through its watch yet) are existing capacity, so a burst of pods never produces
 //! duplicate claims.
 
-pub mod departures;
 pub mod relaunch;
 pub mod template;
 
@@ -24,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
+use crate::controllers::departures;
 use crate::controllers::events::reasons;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::metrics::observe;

@@ -1,11 +1,13 @@
 //! Pods that left a node going away before their successor shows: each keeps its place in the
-//! provisioner's pass as a *stand-in* until it does.
+//! provisioner's and the disruption controller's passes as a *stand-in* until it does.
 //!
 //! When a node is drained, an evicted pod is in neither place for a moment: deleted from the
 //! node, and its controller's new pod not created yet (or not seen yet). A pass that looks then
 //! sizes the capacity for the node's pods one short; if the cloud launches a type that holds
 //! exactly what was asked, the successor needs a second node, and the node that expired is
-//! replaced twice. So a deleted pod that:
+//! replaced twice; and a disruption pass that looks then sees the room the pod is about to take
+//! on a replacement as free, and deletes another node whose pods then need a new one. So a
+//! deleted pod that:
 //! - was bound to a node that is now going away (marked for deletion, or gone),
 //! - has a controller (ReplicaSet, Job, StatefulSet...) that will make another one, and
 //! - was neither finished nor a DaemonSet or mirror pod,
