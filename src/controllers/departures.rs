@@ -12,9 +12,9 @@
 //! - has a controller (ReplicaSet, Job, StatefulSet...) that will make another one, and
 //! - was neither finished nor a DaemonSet or mirror pod,
 //!
-//! is placed again, as an unbound copy, until a pod of the same controller created after its
-//! deletion is seen (each successor answers for one departure), or for at most [`TTL`] (a
-//! workload scaled down during the drain has no successor).
+//! is placed again, as an unbound copy, until a pod of the same controller created after it is
+//! seen (each successor answers for one departure), or for at most [`TTL`] (a workload scaled
+//! down during the drain has no successor).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -39,7 +39,10 @@ struct Departure {
     owner: String,
     /// The node it was bound to.
     node: String,
-    /// When its deletion was asked for: its successor is created at or after this.
+    /// When the pod was created: its successor is created after it. (Not its deletion time: a
+    /// graceful deletion ends with a second, immediate one that moves the deletion timestamp past
+    /// the successor's creation.) A sibling created later may answer for it too; that errs towards
+    /// no stand-in, as before stand-ins existed, never towards two places for one pod.
     since: Timestamp,
     /// When the watch reported it deleted.
     noted: Timestamp,
@@ -76,15 +79,7 @@ impl Departures {
         if pods::is_terminal(pod) || pods::is_owned_by_daemonset(pod) || pods::is_mirror(pod) {
             return;
         }
-        // The deletion timestamp is the deletion request plus the grace period.
-        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
-        let since = pod
-            .metadata
-            .deletion_timestamp
-            .as_ref()
-            .map(|t| t.0 - SignedDuration::from_secs(grace))
-            .unwrap_or(now)
-            .min(now);
+        let since = pod.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0).min(now);
         self.gone.entry(uid.to_string()).or_insert_with(|| Departure {
             pod: Arc::new(pod.clone()),
             owner: owner.to_string(),
@@ -136,7 +131,7 @@ impl Departures {
             let Some(owner) = self.gone.get(&uid).map(|d| d.owner.clone()) else { continue };
             let Some(pool) = candidates.get_mut(owner.as_str()) else { continue };
             let created_after =
-                |p: &&Pod| p.metadata.creation_timestamp.as_ref().is_some_and(|c| c.0 >= since);
+                |p: &&Pod| p.metadata.creation_timestamp.as_ref().is_some_and(|c| c.0 > since);
             if let Some(at) = pool.iter().position(created_after) {
                 let successor = pool.swap_remove(at);
                 if let Some(s) = successor.metadata.uid.clone() {
@@ -348,10 +343,10 @@ mod tests {
         assert_eq!(stand_ins.iter().map(|p| p.metadata.name.clone().unwrap()).collect::<Vec<_>>(), ["p2"]);
         // The next pass does not take the same successor for the other departure.
         assert_eq!(departures.stand_ins(&state_nodes(&s), &s.pods, now).len(), 1);
-        // A pod deleted with a grace period: its successor came when the deletion was asked,
-        // before the deletion timestamp.
-        let mut graceful = evicted(pod("g", Some("a"), Some("rs-2"), CREATED), "2026-01-01T00:10:30Z");
-        graceful.metadata.deletion_grace_period_seconds = Some(30);
+        // A pod evicted with a grace period of 30 s: its successor came at the eviction (00:10:00);
+        // the kubelet's final deletion, 30 s later, moved the deletion timestamp to 00:10:30 with
+        // a grace period of 0, past the successor's creation.
+        let graceful = evicted(pod("g", Some("a"), Some("rs-2"), CREATED), "2026-01-01T00:10:30Z");
         departures.deleted(&graceful, at("2026-01-01T00:10:30Z"));
         let s = snapshot(
             vec![node("a", "small", 11, true)],
