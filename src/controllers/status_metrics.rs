@@ -190,17 +190,11 @@ impl Recorder {
     ) -> Vec<(String, Transition)> {
         let deprecated = kind.deprecated.then_some(&metrics.deprecated);
         let names: BTreeSet<String> = objects.iter().map(|o| o.name.clone()).collect();
-        let gone: Vec<Object> = self
-            .seen
-            .keys()
-            .filter(|name| !names.contains(*name))
-            .cloned()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter_map(|name| self.seen.remove(&name))
-            .collect();
-        for object in gone {
-            forget(kind, families, deprecated, &object, now);
+        let gone: Vec<String> = self.seen.keys().filter(|name| !names.contains(*name)).cloned().collect();
+        for name in gone {
+            if let Some(object) = self.seen.remove(&name) {
+                forget(kind, families, deprecated, &object, now);
+            }
         }
         let mut transitions = Vec::new();
         for object in objects {
