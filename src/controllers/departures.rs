@@ -8,22 +8,28 @@
 //! replaced twice; and a disruption pass that looks then sees the room the pod is about to take
 //! on a replacement as free, and deletes another node whose pods then need a new one. So a
 //! deleted pod that:
-//! - was bound to a node that is now going away (marked for deletion, or gone),
+//! - was bound to a node that was already going away when the pod was deleted (the node or its
+//!   NodeClaim being deleted, or the node tainted `karpenter.sh/disrupted`, as every drain does
+//!   first; or the node gone), and still is,
 //! - has a controller (ReplicaSet, Job, StatefulSet...) that will make another one, and
 //! - was neither finished nor a DaemonSet or mirror pod,
 //!
 //! is placed again, as an unbound copy, until a pod of the same controller created after it is
 //! seen (each successor answers for one departure), or for at most [`TTL`] (a workload scaled
-//! down during the drain has no successor).
+//! down during the drain has no successor). A pod deleted from a node that was staying (a
+//! workload scaled down, a pod deleted by hand) is no departure, even if its node goes away a
+//! moment later: its room is not needed again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::state::StateNode;
+use crate::apis::NodeClaim;
+use crate::apis::labels::TAINT_DISRUPTED;
 use crate::state::pods;
+use crate::state::{ClusterState, StateNode};
 
 /// How long a departed pod stands in at most; its controller makes the successor within a
 /// second or two.
@@ -67,16 +73,47 @@ fn controller_uid(pod: &Pod) -> Option<&str> {
         .map(|o| o.uid.as_str())
 }
 
+/// Whether the node `name` is going away, as the cache shows it (see [`going_away`]).
+pub fn node_going_away(state: &ClusterState, name: &str) -> bool {
+    let node = state.node(name);
+    let claim = node
+        .as_ref()
+        .and_then(|n| n.spec.as_ref()?.provider_id.as_deref())
+        .and_then(|id| state.nodeclaim_with_provider_id(id));
+    going_away(node.as_deref(), claim.as_deref())
+}
+
+/// Whether a node (`None`: gone) with its NodeClaim is going away: the node gone or being
+/// deleted, tainted `karpenter.sh/disrupted`, or its NodeClaim being deleted.
+pub fn going_away(node: Option<&Node>, claim: Option<&NodeClaim>) -> bool {
+    let Some(node) = node else { return true };
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TAINT_DISRUPTED));
+    node.metadata.deletion_timestamp.is_some()
+        || tainted
+        || claim.is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+}
+
 impl Departures {
-    /// Notes that the watch saw `pod` deleted at `now`; kept only if it may have a successor
-    /// (see the module's documentation).
-    pub fn deleted(&mut self, pod: &Pod, now: Timestamp) {
+    /// Notes what the pod watch saw deleted: a departure of [`Departures::deleted`] if the pod's
+    /// node is going away in `state` now.
+    pub fn watched_delete(&mut self, state: &ClusterState, pod: &Pod, now: Timestamp) {
+        let going = pods::node_name(pod).is_some_and(|node| node_going_away(state, node));
+        self.deleted(pod, going, now);
+    }
+
+    /// Notes that the watch saw `pod` deleted at `now`, its node `going_away` or not then; kept
+    /// only if it may have a successor (see the module's documentation).
+    pub fn deleted(&mut self, pod: &Pod, going_away: bool, now: Timestamp) {
         let (Some(uid), Some(node), Some(owner)) =
             (pod.metadata.uid.as_deref(), pods::node_name(pod), controller_uid(pod))
         else {
             return;
         };
-        if pods::is_terminal(pod) || pods::is_owned_by_daemonset(pod) || pods::is_mirror(pod) {
+        if !going_away || pods::is_terminal(pod) || pods::is_owned_by_daemonset(pod) || pods::is_mirror(pod) {
             return;
         }
         let since = pod.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0).min(now);
@@ -254,7 +291,7 @@ mod tests {
         let on_a = |n: &str| pod(n, Some("a"), Some("rs-1"), CREATED);
         let mut departures = Departures::default();
         // Node `a` expired and is being drained; p1 was evicted, its successor is not there yet.
-        departures.deleted(&evicted(on_a("p1"), "2026-01-01T00:10:00Z"), at("2026-01-01T00:10:00Z"));
+        departures.deleted(&evicted(on_a("p1"), "2026-01-01T00:10:00Z"), true, at("2026-01-01T00:10:00Z"));
         let s = snapshot(
             vec![node("a", "small", 11, true)],
             vec![on_a("p2"), on_a("p3"), on_a("p4"), on_a("p5")],
@@ -302,15 +339,25 @@ mod tests {
         let now = at("2026-01-01T00:10:00Z");
         // A bare pod has no successor; a finished Job pod none either; a pod of a node that stays
         // was deleted for another reason (a scale-down).
-        departures.deleted(&evicted(pod("bare", Some("a"), None, CREATED), "2026-01-01T00:10:00Z"), now);
+        departures.deleted(
+            &evicted(pod("bare", Some("a"), None, CREATED), "2026-01-01T00:10:00Z"),
+            true,
+            now,
+        );
         let mut done = pod("done", Some("a"), Some("job"), CREATED);
         done.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
-        departures.deleted(&evicted(done, "2026-01-01T00:10:00Z"), now);
+        departures.deleted(&evicted(done, "2026-01-01T00:10:00Z"), true, now);
         assert!(departures.is_empty());
-        departures
-            .deleted(&evicted(pod("scaled", Some("c"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"), now);
-        departures
-            .deleted(&evicted(pod("p1", Some("a"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"), now);
+        departures.deleted(
+            &evicted(pod("scaled", Some("c"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"),
+            true,
+            now,
+        );
+        departures.deleted(
+            &evicted(pod("p1", Some("a"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"),
+            true,
+            now,
+        );
         let s = snapshot(vec![node("a", "small", 11, true), node("c", "small", 11, false)], vec![]);
         let stand_ins = departures.stand_ins(&state_nodes(&s), &s.pods, now);
         assert_eq!(stand_ins.len(), 1);
@@ -325,11 +372,56 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_deleted_from_a_node_that_was_staying_never_stands_in() {
+        // A Deployment scaled to zero: its pods are deleted while their nodes stay; a moment
+        // later the nodes are deleted (by hand, or as empty). Nothing is to come back.
+        let mut departures = Departures::default();
+        let now = at("2026-01-01T00:10:00Z");
+        for name in ["s1", "s2"] {
+            departures.deleted(
+                &evicted(pod(name, Some("a"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"),
+                false,
+                now,
+            );
+        }
+        assert!(departures.is_empty());
+        let s = snapshot(vec![node("a", "small", 11, true)], vec![]);
+        assert!(
+            departures.stand_ins(&state_nodes(&s), &s.pods, now + SignedDuration::from_secs(1)).is_empty()
+        );
+    }
+
+    #[test]
+    fn a_node_is_going_away_once_tainted_or_deleted_or_gone() {
+        let node = |v: serde_json::Value| -> Node { serde_json::from_value(v).unwrap() };
+        let claim = |v: serde_json::Value| -> NodeClaim { serde_json::from_value(v).unwrap() };
+        let plain = node(json!({"metadata": {"name": "a"}, "spec": {"providerID": "kwok://a",
+            "taints": [{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}]}}));
+        let live_claim = claim(json!({"metadata": {"name": "a"}, "spec": {"nodeClassRef":
+            {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"}, "requirements": []}}));
+        assert!(!going_away(Some(&plain), Some(&live_claim)), "a node that stays");
+        assert!(!going_away(Some(&plain), None), "a node of no NodeClaim that stays");
+        assert!(going_away(None, None), "gone");
+        let mut tainted = plain.clone();
+        tainted.spec.as_mut().unwrap().taints.as_mut().unwrap().push(
+            serde_json::from_value(json!({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})).unwrap(),
+        );
+        assert!(going_away(Some(&tainted), Some(&live_claim)), "tainted, as every drain starts");
+        let mut deleting = plain.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(CREATED)));
+        assert!(going_away(Some(&deleting), None));
+        let mut claim_deleting = live_claim.clone();
+        claim_deleting.metadata.deletion_timestamp = deleting.metadata.deletion_timestamp.clone();
+        assert!(going_away(Some(&plain), Some(&claim_deleting)), "its NodeClaim deleted");
+    }
+
+    #[test]
     fn each_successor_answers_for_one_departure_and_older_pods_for_none() {
         let mut departures = Departures::default();
         let on_a = |n: &str| pod(n, Some("a"), Some("rs-1"), CREATED);
-        departures.deleted(&evicted(on_a("p1"), "2026-01-01T00:10:00Z"), at("2026-01-01T00:10:00Z"));
-        departures.deleted(&evicted(on_a("p2"), "2026-01-01T00:10:05Z"), at("2026-01-01T00:10:05Z"));
+        departures.deleted(&evicted(on_a("p1"), "2026-01-01T00:10:00Z"), true, at("2026-01-01T00:10:00Z"));
+        departures.deleted(&evicted(on_a("p2"), "2026-01-01T00:10:05Z"), true, at("2026-01-01T00:10:05Z"));
         // One successor, created after both; a sibling on another node created long before.
         let s = snapshot(
             vec![node("a", "small", 11, true), node("b", "small", 11, false)],
@@ -347,7 +439,7 @@ mod tests {
         // the kubelet's final deletion, 30 s later, moved the deletion timestamp to 00:10:30 with
         // a grace period of 0, past the successor's creation.
         let graceful = evicted(pod("g", Some("a"), Some("rs-2"), CREATED), "2026-01-01T00:10:30Z");
-        departures.deleted(&graceful, at("2026-01-01T00:10:30Z"));
+        departures.deleted(&graceful, true, at("2026-01-01T00:10:30Z"));
         let s = snapshot(
             vec![node("a", "small", 11, true)],
             vec![pod("gx", None, Some("rs-2"), "2026-01-01T00:10:00Z")],

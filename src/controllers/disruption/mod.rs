@@ -85,9 +85,11 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     let departures = Arc::new(Mutex::new(Departures::default()));
     let pod_watch = {
         let departures = departures.clone();
+        let cache = state.clone();
         state.on_pod(move |notice| {
             if let Notice::Deleted(pod) = notice {
-                departures.lock().unwrap_or_else(PoisonError::into_inner).deleted(pod, Timestamp::now());
+                let mut departures = departures.lock().unwrap_or_else(PoisonError::into_inner);
+                departures.watched_delete(&cache, pod, Timestamp::now());
             }
         })
     };

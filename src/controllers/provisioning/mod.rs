@@ -143,9 +143,11 @@ impl Provisioner {
         let pod_watch = {
             let relaunches = relaunches.clone();
             let departures = departures.clone();
+            let cache = state.clone();
             state.on_pod(move |notice| {
                 if let Notice::Deleted(pod) = notice {
-                    departures.lock().unwrap_or_else(PoisonError::into_inner).deleted(pod, Timestamp::now());
+                    let mut departures = departures.lock().unwrap_or_else(PoisonError::into_inner);
+                    departures.watched_delete(&cache, pod, Timestamp::now());
                 }
                 let (Notice::Applied(pod) | Notice::Deleted(pod)) = notice else { return };
                 let Some(uid) = pod.metadata.uid.as_deref() else { return };
