@@ -54,10 +54,19 @@ install_crds
 # The end-to-end tests run their own controllers; the demo's must not act alongside them.
 "$HACK_DIR/controller-down.sh" >&2
 
-step "Rust tests (unit, CRD drift, API server validation, leader election, end to end)"
-# The 500-node and 200-node consolidation benchmarks are `make bench`, the fault-injection run
-# (tests/chaos.rs) is `make chaos`: not here.
-cargo test --locked -- --include-ignored --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok --skip chaos_with_
+step "Rust tests (unit, CRD drift, API server validation, leader election)"
+# Every test target but the journeys (tests/<name>.rs; tests/e2e is run next); the fault-injection
+# run (tests/chaos.rs) is `make chaos`: not here.
+suites=()
+for t in tests/*.rs; do suites+=(--test "$(basename "$t" .rs)"); done
+cargo test --locked --lib --bins "${suites[@]}" -- --include-ignored --skip chaos_with_
+cargo test --locked --doc
+
+step "end-to-end journeys (those sharing the kwok controller side by side)"
+# A thread per journey: the ones that share a controller overlap, the others wait for the cluster
+# to themselves (tests/e2e/support.rs). The 500-node, 200-node consolidation and 50-node drift
+# benchmarks are `make bench`.
+cargo test --locked --test e2e -- --include-ignored --test-threads 16 --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok
 
 step "AWS emulator, Helm chart and Dockerfile tests"
 "$("$HACK_DIR/moto-up.sh" --venv)/bin/python" -m pytest -q -p no:cacheprovider tests/aws_emulator tests/chart

@@ -177,7 +177,7 @@ async fn chaos_with_aws() {
 }
 
 async fn run_chaos(shape: Shape) {
-    let _serial = serial().await;
+    let _alone = alone().await;
     let aws = shape.provider == "aws";
     let f = Fixture::new(&format!("chaos-{}", shape.provider)).await;
     let _standin = aws.then(Standin::start);

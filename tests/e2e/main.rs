@@ -5,8 +5,10 @@
 //!
 //! These tests need the control plane and the emulator (`make test` starts them and runs the
 //! tests); on their own they are ignored: `eval "$(make -s cluster-up)" && cargo test --test e2e --
-//! --ignored`. Each test runs its own controller; they take a process-wide lock so that only one
-//! runs at a time.
+//! --ignored`. Journeys that need their own controllers (other settings, several replicas, the
+//! aws provider, a measurement) run alone; the others share one kwok controller and run side by
+//! side, each on its own NodePool and namespace (`make test` gives the binary a thread per
+//! journey so that they overlap).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -28,23 +30,23 @@ use support::*;
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn getting_started_with_kwok() {
-    let _serial = serial().await;
     let f = Fixture::new("kwok").await;
-    let controller = Controller::start("kwok", &[]);
+    let controller = Shared::kwok().await;
     f.apply_class_and_pool(100).await;
     f.apply_inflate().await;
 
     // 1. Scale to 6: six NodeClaims, six Nodes, six pods Running on them.
     scale_to_six(&f, &controller, Duration::from_secs(120)).await;
+    // The one line of a pass that names no pod or NodePool.
+    assert!(controller.log_contains("computed new nodeclaim(s) to fit pod(s)"), "{}", controller.log_tail());
     for message in [
         "found provisionable pod(s)",
-        "computed new nodeclaim(s) to fit pod(s)",
         "created nodeclaim",
         "launched nodeclaim",
         "registered nodeclaim",
         "initialized nodeclaim",
     ] {
-        assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
+        assert!(f.logged(&controller, message), "log has {message:?}\n{}", controller.log_tail());
     }
     let metrics = controller.metrics().await;
     let created =
@@ -86,7 +88,7 @@ async fn getting_started_with_kwok() {
     limit_holds(&f, &controller).await;
 
     f.cleanup().await;
-    controller.stop_and_check();
+    controller.release();
 }
 
 /// Two controllers with leader election: exactly one acts; killing it (no Lease release) hands
@@ -94,7 +96,7 @@ async fn getting_started_with_kwok() {
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn leader_handover_with_kwok() {
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new("leader").await;
     let env = [("DISABLE_LEADER_ELECTION", "false"), ("SYSTEM_NAMESPACE", f.ns.as_str())];
     let first = Controller::start("kwok", &env);
@@ -140,7 +142,7 @@ async fn leader_handover_with_kwok() {
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn runs_as_the_chart_service_account() {
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new("rbac").await;
     let release = format!("karpenter-e2e-{}", std::process::id());
     let _uninstall = HelmRelease::install(
@@ -185,7 +187,7 @@ async fn runs_as_the_chart_service_account() {
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn a_thousand_pods_with_kwok() {
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new("scale").await;
     let controller = Controller::start("kwok", &[]);
     f.apply_class_and_pool(100_000).await;
@@ -249,7 +251,7 @@ async fn a_thousand_pods_with_kwok() {
 /// docs/benchmarks.md are printed: time from the scale command to all pods Running, the leader's
 /// peak RSS, the standby's RSS (at the start and at the end), API requests per NodeClaim.
 async fn many_nodes(n: usize) {
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new(&format!("nodes{n}")).await;
     let env = [("DISABLE_LEADER_ELECTION", "false"), ("SYSTEM_NAMESPACE", f.ns.as_str())];
     let leader = Controller::start("kwok", &env);
@@ -360,7 +362,7 @@ async fn five_hundred_nodes_with_kwok() {
 #[ignore = "benchmark: make bench"]
 async fn consolidating_two_hundred_nodes_with_kwok() {
     const N: usize = 200;
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new("consolidate").await;
     let controller = Controller::start("kwok", &[]);
     f.apply_class_and_pool(1_000_000).await;
@@ -431,7 +433,7 @@ async fn consolidating_two_hundred_nodes_with_kwok() {
 #[ignore = "benchmark: make bench"]
 async fn rolling_fifty_drifted_nodes_with_kwok() {
     const N: usize = 50;
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new("roll").await;
     let controller = Controller::start("kwok", &[]);
     f.apply_class_and_pool(1_000_000).await;
@@ -489,7 +491,7 @@ async fn rolling_fifty_drifted_nodes_with_kwok() {
 #[tokio::test]
 #[ignore = "needs the local control plane and the AWS emulator: make test"]
 async fn getting_started_with_aws() {
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new("aws").await;
     let ec2 = ec2().await;
     let standin = Standin::start();
@@ -589,7 +591,7 @@ async fn getting_started_with_aws() {
 #[tokio::test]
 #[ignore = "needs the local control plane and the AWS emulator: make test"]
 async fn no_duplicate_or_leak_across_a_crash_with_aws() {
-    let _serial = serial().await;
+    let _alone = alone().await;
     let f = Fixture::new("crash").await;
     let ec2 = ec2().await;
     let standin = Standin::start();
@@ -1256,9 +1258,8 @@ async fn limit_holds(f: &Fixture, controller: &Controller) {
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn upstream_behaviours_with_kwok() {
-    let _serial = serial().await;
     let f = Fixture::new("conform").await;
-    let controller = Controller::start("kwok", &[]);
+    let controller = Shared::kwok().await;
     f.apply_class_and_pool(100).await;
     f.wait_class_ready(Duration::from_secs(30), &controller).await;
 
@@ -1270,7 +1271,7 @@ async fn upstream_behaviours_with_kwok() {
     an_expired_node_is_replaced_once(&f, &controller).await;
 
     f.cleanup().await;
-    controller.stop_and_check();
+    controller.release();
 }
 
 /// Drift replacement, expiration and node repair on kwok: a NodePool template change drifts every
@@ -1283,9 +1284,8 @@ async fn upstream_behaviours_with_kwok() {
 #[tokio::test]
 #[ignore = "needs the local control plane"]
 async fn drift_expiry_and_repair_with_kwok() {
-    let _serial = serial().await;
     let f = Fixture::new("drift").await;
-    let controller = Controller::start("kwok", &[("FEATURE_GATES", "NodeRepair=true")]);
+    let controller = Shared::kwok().await;
     f.apply_class_and_pool(100).await;
     let disruption =
         json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "1"}]});
@@ -1410,9 +1410,13 @@ spec:
     for claim in f.claims().await {
         assert_eq!(claim.labels().get("e2e-drift").map(String::as_str), Some("v2"), "{}", claim.name_any());
     }
-    assert!(controller.log_contains("\"reason\":\"Drifted\""), "{}", controller.log_tail());
-    let drifted =
-        controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"drifted\"").await;
+    assert!(f.logged(&controller, "\"reason\":\"Drifted\""), "{}", controller.log_tail());
+    let drifted = controller
+        .metric_sum_where_all(
+            "karpenter_nodeclaims_disrupted_total",
+            &["reason=\"drifted\"", &f.pool_label()],
+        )
+        .await;
     assert!(drifted >= 6.0, "{drifted} drifted disruptions counted");
 
     // 2. A NodeClaim with a 20 s expireAfter is deleted when it runs out; its pod, under a
@@ -1465,7 +1469,7 @@ spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
     let expired_after = applied.elapsed();
     let deleted = Instant::now();
     assert!(expired_after >= Duration::from_secs(19), "not before it expired: {expired_after:?}");
-    assert!(controller.log_contains("deleting expired nodeclaim"), "{}", controller.log_tail());
+    assert!(f.logged(&controller, "deleting expired nodeclaim"), "{}", controller.log_tail());
     wait_for("the expired NodeClaim gone", Duration::from_secs(60), &controller, || async {
         f.claims_api().get_opt(&name).await.unwrap().is_none()
     })
@@ -1488,8 +1492,13 @@ spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
         disrupted.iter().any(|m| m.contains("bypasses the PDB")),
         "the held pod was deleted at the deadline, past its budget: {disrupted:?}"
     );
-    let expired =
-        controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"expired\"").await;
+    let expired = controller
+        .metric_sum_where_all(
+            "karpenter_nodeclaims_disrupted_total",
+            // The claim was applied on its own: of no NodePool.
+            &["reason=\"expired\"", "nodepool=\"\""],
+        )
+        .await;
     assert!(expired >= 1.0, "{expired} expirations counted");
 
     node_repair(&f, &controller).await;
@@ -1497,7 +1506,7 @@ spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
     // Journeys share the API server: nothing of this one may be left for the next controller
     // (its NodePool's claims expire every 30 s and would be replaced by whichever runs next).
     f.cleanup().await;
-    controller.stop_and_check();
+    controller.release();
 }
 
 /// `expireAfter` in the NodePool's template: a NodeClaim made from it is deleted when it runs out
@@ -1634,12 +1643,19 @@ async fn node_repair(f: &Fixture, controller: &Controller) {
     for name in &sick[1..] {
         assert!(f.node_exists(name).await, "recovered node {name} kept");
     }
-    assert!(controller.log_contains("deleting unhealthy node"), "{}", controller.log_tail());
-    let unhealthy =
-        controller.metric_sum_where("karpenter_nodeclaims_disrupted_total", "reason=\"unhealthy\"").await;
+    assert!(f.logged(controller, "deleting unhealthy node"), "{}", controller.log_tail());
+    let unhealthy = controller
+        .metric_sum_where_all(
+            "karpenter_nodeclaims_disrupted_total",
+            &["reason=\"unhealthy\"", &f.pool_label()],
+        )
+        .await;
     assert_eq!(unhealthy, 1.0, "one repair counted");
     let by_condition = controller
-        .metric_sum_where("karpenter_nodeclaims_unhealthy_disrupted_total", "condition=\"ready\"")
+        .metric_sum_where_all(
+            "karpenter_nodeclaims_unhealthy_disrupted_total",
+            &["condition=\"ready\"", &f.pool_label()],
+        )
         .await;
     assert_eq!(by_condition, 1.0);
 }
@@ -2078,9 +2094,8 @@ spec:
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn disruption_with_kwok() {
-    let _serial = serial().await;
     let f = Fixture::new("disrupt").await;
-    let controller = Controller::start("kwok", &[]);
+    let controller = Shared::kwok().await;
     f.apply_class_and_pool(100).await;
     f.patch_pool(json!({"spec": {"disruption": {"consolidateAfter": "5s", "budgets": [{"nodes": "0"}]}}}))
         .await;
@@ -2188,7 +2203,7 @@ spec:
         },
     )
     .await;
-    assert!(controller.log_contains("disrupting node(s)"));
+    assert!(f.logged(&controller, "disrupting node(s)"));
     // The decision record says the same, with codes.
     wait_for("the held nodes in the /disruption record", Duration::from_secs(30), &controller, || async {
         let answer = controller.metrics_port_get("/disruption").await;
@@ -2293,7 +2308,7 @@ spec: {{maxUnavailable: 1, selector: {{matchLabels: {{app: small}}}}}}
 
     kubectl_delete(&format!("deployment/small poddisruptionbudget/small -n {}", f.ns));
     f.cleanup().await;
-    controller.stop_and_check();
+    controller.release();
 }
 
 fn kubectl_apply(manifest: &str) {

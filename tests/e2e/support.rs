@@ -7,6 +7,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,17 +18,122 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tokio::sync::{Mutex, MutexGuard, OnceCell};
+use tokio::sync::OnceCell;
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-static SERIAL: Mutex<()> = Mutex::const_new(());
+/// Who acts on the shared cluster now: journeys that run their own controllers act alone;
+/// journeys that share the one kwok controller of [`Shared`] act side by side (each keeps to its
+/// own NodePool, namespace and pods). Waiting shared journeys go before waiting lone ones, so
+/// that the shared ones of a run overlap as much as they can.
+struct Gate {
+    alone: bool,
+    sharing: usize,
+    waiting_to_share: usize,
+}
 
-/// Only one controller may act on the cluster at a time.
-pub async fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().await
+static GATE: StdMutex<Gate> = StdMutex::new(Gate { alone: false, sharing: 0, waiting_to_share: 0 });
+
+fn gate() -> std::sync::MutexGuard<'static, Gate> {
+    GATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Held by a journey that runs its own controllers: no other journey acts meanwhile.
+pub struct Alone(());
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        gate().alone = false;
+    }
+}
+
+/// Waits until the journey may run its own controllers with nothing else acting on the cluster.
+pub async fn alone() -> Alone {
+    loop {
+        {
+            let mut g = gate();
+            if !g.alone && g.sharing == 0 && g.waiting_to_share == 0 {
+                g.alone = true;
+                return Alone(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Sharing(());
+
+impl Drop for Sharing {
+    fn drop(&mut self) {
+        gate().sharing -= 1;
+    }
+}
+
+async fn share() -> Sharing {
+    gate().waiting_to_share += 1;
+    loop {
+        {
+            let mut g = gate();
+            if !g.alone {
+                g.waiting_to_share -= 1;
+                g.sharing += 1;
+                return Sharing(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The kwok controller the journeys of [`Shared::kwok`] share while they overlap.
+static SHARED_KWOK: StdMutex<Weak<Controller>> = StdMutex::new(Weak::new());
+
+/// A journey's use of the shared kwok controller (started by the first journey that needs it,
+/// stopped and checked by the last one to finish). Its settings are the defaults plus the
+/// `NodeRepair` gate, which acts only on nodes whose conditions turn unhealthy.
+pub struct Shared {
+    controller: Option<Arc<Controller>>,
+    _sharing: Sharing,
+}
+
+impl Shared {
+    pub const ENV: &[(&str, &str)] = &[("FEATURE_GATES", "NodeRepair=true")];
+
+    pub async fn kwok() -> Shared {
+        let sharing = share().await;
+        let mut slot = SHARED_KWOK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let controller = slot.upgrade().unwrap_or_else(|| {
+            let started = Arc::new(Controller::start("kwok", Self::ENV));
+            *slot = Arc::downgrade(&started);
+            started
+        });
+        Shared { controller: Some(controller), _sharing: sharing }
+    }
+
+    /// The journey is done with the controller; the last one out stops it and checks its exit.
+    pub fn release(mut self) {
+        let Some(controller) = self.controller.take() else { return };
+        let mut slot = SHARED_KWOK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if Arc::strong_count(&controller) > 1 {
+            // Let go under the lock, so that the journey finishing next sees itself last.
+            drop(controller);
+            return;
+        }
+        *slot = Weak::new();
+        drop(slot);
+        if let Ok(controller) = Arc::try_unwrap(controller) {
+            controller.stop_and_check();
+        }
+    }
+}
+
+impl std::ops::Deref for Shared {
+    type Target = Controller;
+
+    fn deref(&self) -> &Controller {
+        self.controller.as_deref().expect("released")
+    }
 }
 
 static CRDS: OnceCell<()> = OnceCell::const_new();
@@ -138,11 +244,16 @@ impl Controller {
     /// The sum of the samples of a metric family whose label set contains `label` (such as
     /// `reason="expired"`) in `/metrics`.
     pub async fn metric_sum_where(&self, family: &str, label: &str) -> f64 {
+        self.metric_sum_where_all(family, &[label]).await
+    }
+
+    /// The sum of the samples of a metric family whose label set contains every one of `labels`.
+    pub async fn metric_sum_where_all(&self, family: &str, labels: &[&str]) -> f64 {
         self.metrics()
             .await
             .lines()
             .filter(|l| l.starts_with(family) && l[family.len()..].starts_with(['{', ' ']))
-            .filter(|l| l.contains(label))
+            .filter(|l| labels.iter().all(|label| l.contains(label)))
             .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
             .sum()
     }
@@ -307,6 +418,21 @@ impl Fixture {
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": id}})).unwrap();
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.unwrap();
         Fixture { client, ns: id.clone(), pool: id.clone(), class: id }
+    }
+
+    /// Whether the controller logged `message` about this fixture's objects (on a line naming its
+    /// NodePool or namespace, which its NodeClaims and Nodes are named after): journeys may share
+    /// a controller.
+    pub fn logged(&self, controller: &Controller, message: &str) -> bool {
+        controller
+            .log()
+            .lines()
+            .any(|l| l.contains(message) && (l.contains(&self.pool) || l.contains(&self.ns)))
+    }
+
+    /// The label that picks this fixture's NodePool's series out of a metric family.
+    pub fn pool_label(&self) -> String {
+        format!("nodepool=\"{}\"", self.pool)
     }
 
     /// The NODES column of `kubectl get nodepool` for the fixture's NodePool.
