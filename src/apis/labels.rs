@@ -109,6 +109,12 @@ pub const FINALIZER_EC2NODECLASS_TERMINATION: &str = "karpenter.k8s.aws/terminat
 
 /// The EC2NodeClass a node was launched from.
 pub const LABEL_EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
+
+/// The label naming the node class of a NodeClaim and its Node: `<group>/<kind in lower case>`
+/// (`karpenter.k8s.aws/ec2nodeclass` for an EC2NodeClass), as upstream's `NodeClassLabelKey`.
+pub fn node_class_label_key(group: &str, kind: &str) -> String {
+    format!("{group}/{}", kind.to_lowercase())
+}
 /// Zone ID of a node (`topology.k8s.aws/zone-id`).
 pub const LABEL_TOPOLOGY_ZONE_ID: &str = "topology.k8s.aws/zone-id";
 /// Instance hypervisor (`nitro`, `xen`).

@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 
-use crate::apis::labels::{LABEL_INITIALIZED, LABEL_NODEPOOL};
+use crate::apis::labels::{LABEL_EC2NODECLASS, LABEL_INITIALIZED, LABEL_NODEPOOL};
 use crate::apis::{Condition, EC2NodeClass, NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::EventType;
@@ -30,8 +30,6 @@ use crate::state::ClusterState;
 pub const CONTROLLER: &str = "operatorpkg.status";
 /// How often every object is looked at (upstream requeues each one every 10 s).
 pub const PERIOD: Duration = Duration::from_secs(10);
-/// The node-class label upstream adds to NodeClaims and Nodes, an extra label of their series.
-const LABEL_EC2NODECLASS: &str = "karpenter.k8s.aws/ec2nodeclass";
 
 /// A kind of object whose conditions are exported.
 #[derive(Clone, Copy, Debug)]

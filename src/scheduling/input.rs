@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use thiserror::Error;
 
-use crate::apis::labels::LABEL_NODEPOOL;
+use crate::apis::labels::{LABEL_NODEPOOL, node_class_label_key};
 use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 
 use super::hostports::{HostPort, pod_host_ports};
@@ -139,7 +139,8 @@ pub struct NodePoolInput {
     pub name: String,
     /// Higher weights are tried first.
     pub weight: i32,
-    /// Template requirements, template labels (as `In`) and `karpenter.sh/nodepool In [name]`.
+    /// Template requirements, template labels (as `In`), `karpenter.sh/nodepool In [name]` and,
+    /// from a NodePool object, its node class's label (`karpenter.k8s.aws/ec2nodeclass In [name]`).
     pub requirements: Requirements,
     /// Template labels.
     pub labels: BTreeMap<String, String>,
@@ -195,6 +196,12 @@ impl NodePoolInput {
             .with_requirements(&spec.requirements)
             .map_err(|source| SchedulingError::Requirement { nodepool: name.clone(), source })?;
         input.requirements.add_all(&Requirements::from_labels(&labels));
+        // As upstream: the claims carry their node class's name, and pods may select it.
+        let class = &spec.node_class_ref;
+        input.requirements.add(
+            &node_class_label_key(&class.group, &class.kind),
+            Requirement::in_values([class.name.clone()]),
+        );
         input.labels = labels;
         input.weight = np.weight();
         input.taints = spec.taints.clone();

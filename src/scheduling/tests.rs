@@ -820,6 +820,10 @@ fn nodepool_from_the_api_object_with_extended_resource_limits() {
     let input_pool = NodePoolInput::from_nodepool(&np, types, &usage).expect("valid nodepool");
     assert_eq!(input_pool.remaining_limits, Some([(RESOURCE_NVIDIA_GPU.to_string(), 2)].into()));
     assert!(input_pool.requirements.allows("workload", "gpu"));
+    // The node class's label, as upstream: claims carry it and pods may select it.
+    let class = &np.spec.template.spec.node_class_ref.name;
+    assert!(input_pool.requirements.allows("karpenter.k8s.aws/ec2nodeclass", class));
+    assert!(!input_pool.requirements.allows("karpenter.k8s.aws/ec2nodeclass", "another"));
 
     let gpu_pod = |name: &str| {
         let mut p = with_toleration(pod(name, "1", "1Gi"), RESOURCE_NVIDIA_GPU);
@@ -833,6 +837,7 @@ fn nodepool_from_the_api_object_with_extended_resource_limits() {
     for c in &r.new_node_claims {
         assert_eq!(c.instance_type_names, vec!["g.1".to_string()]);
         assert_eq!(c.labels.get("workload").map(String::as_str), Some("gpu"));
+        assert_eq!(c.labels.get("karpenter.k8s.aws/ec2nodeclass"), Some(class));
     }
     assert_eq!(
         error_of(&r),

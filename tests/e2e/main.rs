@@ -791,7 +791,12 @@ async fn scale_to_six(f: &Fixture, controller: &Controller, running_within: Dura
     tokio::time::sleep(Duration::from_secs(3)).await;
     let claims = f.claims().await;
     assert_eq!(claims.len(), 6, "no duplicate NodeClaims\n{}", controller.log_tail());
-    assert_eq!(f.nodes().await.len(), 6);
+    let nodes = f.nodes().await;
+    assert_eq!(nodes.len(), 6);
+    // Both name their EC2NodeClass, as upstream's do.
+    for labels in claims.iter().map(|c| c.labels()).chain(nodes.iter().map(|n| n.labels())) {
+        assert_eq!(labels.get("karpenter.k8s.aws/ec2nodeclass"), Some(&f.class), "{labels:?}");
+    }
     f.assert_wide_columns_filled();
     claims
 }

@@ -7,7 +7,7 @@ use kube::Resource;
 
 use crate::apis::labels::{
     ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED, ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION,
-    FINALIZER_TERMINATION, LABEL_NODEPOOL,
+    FINALIZER_TERMINATION, LABEL_NODEPOOL, node_class_label_key,
 };
 use crate::apis::nodeclaim::ResourceRequirements;
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
@@ -24,6 +24,8 @@ pub fn build(new: &NewNodeClaim, nodepool: &NodePool) -> NodeClaim {
     let mut labels: BTreeMap<String, String> = template_meta.labels.clone();
     labels.extend(new.labels.clone());
     labels.insert(LABEL_NODEPOOL.to_string(), np_name.clone());
+    let class = &template.spec.node_class_ref;
+    labels.insert(node_class_label_key(&class.group, &class.kind), class.name.clone());
 
     let mut annotations: BTreeMap<String, String> = template_meta.annotations.clone();
     annotations.insert(ANNOTATION_NODEPOOL_HASH.to_string(), nodepool.hash());
@@ -125,6 +127,7 @@ spec:
         let labels = claim.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["team"], "a");
         assert_eq!(labels[LABEL_NODEPOOL], "general");
+        assert_eq!(labels["karpenter.k8s.aws/ec2nodeclass"], "default");
         assert_eq!(labels["karpenter.sh/capacity-type"], "on-demand");
         let ann = claim.metadata.annotations.as_ref().unwrap();
         assert_eq!(ann[ANNOTATION_NODEPOOL_HASH], np.hash());

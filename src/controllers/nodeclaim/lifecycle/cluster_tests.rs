@@ -358,6 +358,8 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
     assert_eq!(labels.get(LABEL_TOPOLOGY_ZONE).map(String::as_str), Some("us-west-2a"));
     assert_eq!(labels.get(LABEL_ARCH).map(String::as_str), Some("amd64"));
     assert_eq!(launched.annotations().get(ANNOTATION_EC2NODECLASS_HASH).map(String::as_str), Some("42"));
+    // Applied without it, the claim is labelled with its node class.
+    assert_eq!(labels.get(LABEL_EC2NODECLASS), Some(&class_name(&run)));
     let status = launched.status.clone().unwrap();
     assert_eq!(status.image_id.as_deref(), Some("ami-0123"));
     assert!(status.provider_id.as_deref().is_some_and(|p| p.starts_with("aws:///us-west-2a/i-")));
@@ -415,6 +417,21 @@ async fn a_claim_launches_registers_initializes_and_terminates() {
     assert!(condition_is(&ready, LAUNCHED, "True") && condition_is(&ready, REGISTERED, "True"));
     let node = nodes.get(&name).await.unwrap();
     assert_eq!(node.labels().get(LABEL_INITIALIZED).map(String::as_str), Some("true"));
+    assert_eq!(node.labels().get(LABEL_EC2NODECLASS), Some(&class_name(&run)));
+
+    // A claim and Node that lack the node class's label (made by an older version) get it.
+    let unlabel = json!({ "metadata": { "labels": { LABEL_EC2NODECLASS: null } } });
+    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&unlabel)).await.unwrap();
+    claims.patch(&name, &PatchParams::default(), &Patch::Merge(&unlabel)).await.unwrap();
+    eventually("the node class's label back on the claim and its Node", limit, || async {
+        let c = claims.get(&name).await.ok()?;
+        let n = nodes.get(&name).await.ok()?;
+        let class = class_name(&run);
+        (c.labels().get(LABEL_EC2NODECLASS) == Some(&class)
+            && n.labels().get(LABEL_EC2NODECLASS) == Some(&class))
+        .then_some(())
+    })
+    .await;
 
     // Deletion: the Node goes first (we stand in for the node termination controller), then the
     // instance, then the claim's finalizer.

@@ -3,7 +3,8 @@
 //! deletion removes the claim's Node and instance before letting the claim go.
 //!
 //! The steps of one reconcile, in order:
-//! 1. the `karpenter.sh/termination` finalizer on every claim that is not being deleted;
+//! 1. the `karpenter.sh/termination` finalizer and the node class's label on every claim that is
+//!    not being deleted (and the label on its Node once registered: `hydration`);
 //! 2. liveness: a claim not launched [`logic::LAUNCH_TTL`] after its creation, or not registered
 //!    [`logic::REGISTRATION_TTL`] after its launch, is deleted;
 //! 3. launch through the cloud provider (idempotent: a retried create returns the same instance);
@@ -20,10 +21,11 @@
 //!
 //! The decisions live in [`logic`] as pure functions. This module runs the controller and
 //! dispatches each reconcile to the phases in order; each phase reads and writes in its own file:
-//! `finalization` (the finalizer and deletion), `liveness`, `launch`, `registration` and
+//! `finalization` (the finalizer and deletion), `hydration`, `liveness`, `launch`, `registration` and
 //! `initialization`.
 
 mod finalization;
+mod hydration;
 mod initialization;
 mod launch;
 mod liveness;
@@ -55,6 +57,7 @@ use crate::controllers::Context;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::state::{ClusterState, Notice};
 use finalization::{ensure_finalizer, finalize};
+use hydration::hydrate_claim;
 use initialization::initialize;
 use launch::{Launch, launch};
 use liveness::expire;
@@ -247,6 +250,7 @@ async fn reconcile_claim(claim: &NodeClaim, state: &State) -> Result<Next, Error
         return Box::pin(finalize(claim, state, now)).await;
     }
     let claim = ensure_finalizer(claim, state).await?;
+    let claim = hydrate_claim(claim, state).await?;
 
     if let Liveness::Expired { reason, metric_reason, message } = logic::liveness(&claim, now) {
         expire(&claim, state, reason, metric_reason, message).await?;

@@ -52,6 +52,7 @@ pub(super) async fn register(
         }
     };
     if registered {
+        super::hydration::hydrate_node(claim, &node, state).await?;
         return Ok(Some(((*node).clone(), false)));
     }
     let mut desired = logic::registered_node(claim, &node);
