@@ -214,6 +214,9 @@ pub struct Metrics {
     pub controller_reconcile: CounterFamily,
     /// `controller_runtime_reconcile_errors_total{controller}`: failed reconciles.
     pub controller_reconcile_errors: CounterFamily,
+    /// `controller_runtime_reconcile_time_seconds{controller}`: how long each reconcile (or pass,
+    /// of the controllers that work in passes) took, in controller-runtime's buckets.
+    pub controller_reconcile_time: HistogramFamily,
     /// `rest_client_requests_total{code,method}`: requests to the API server (leader election
     /// aside), under client-go's name.
     pub rest_client_requests: CounterFamily,
@@ -266,6 +269,9 @@ impl Metrics {
             controller_reconcile_errors: CounterFamily::default(),
                 "controller_runtime_reconcile_errors",
                 "Total number of reconciliation errors per controller.";
+            controller_reconcile_time: Family::new_with_constructor(reconcile_time_histogram as fn() -> Histogram),
+                "controller_runtime_reconcile_time_seconds",
+                "Length of time per reconciliation per controller";
             build_info: GaugeFamily::default(),
                 "karpenter_build_info",
                 "A metric with a constant '1' value labeled by the version karpenter was built from.";
@@ -573,6 +579,17 @@ pub const DEFAULT_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 fn default_histogram() -> Histogram {
     Histogram::new(DEFAULT_BUCKETS)
+}
+
+/// controller-runtime's buckets of `controller_runtime_reconcile_time_seconds`: 5 ms to 60 s.
+pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25,
+    1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0,
+    50.0, 60.0,
+];
+
+fn reconcile_time_histogram() -> Histogram {
+    Histogram::new(RECONCILE_TIME_BUCKETS)
 }
 
 fn score_histogram() -> Histogram {

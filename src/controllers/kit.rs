@@ -10,8 +10,9 @@
 //!   by the cluster-state change feed or a timer.
 //!
 //! Both retry a failed reconcile after [`Backoff::delay`], both log failures the same way (the
-//! controller's name, the key, the error with its causes), and both count reconciles and errors in
-//! `karpenter_controller_reconcile_total` / `karpenter_controller_reconcile_errors_total`. A key's
+//! controller's name, the key, the error with its causes), and both count reconciles, errors and
+//! their durations under controller-runtime's names (`controller_runtime_reconcile_total`,
+//! `controller_runtime_reconcile_errors_total`, `controller_runtime_reconcile_time_seconds`). A key's
 //! bookkeeping (its failure count, its timer) is dropped with [`Queue::forget`] when its object
 //! goes, so nothing accumulates for objects that no longer exist.
 
@@ -368,10 +369,12 @@ pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Reports the end of one reconcile in the log and the metrics; returns nothing.
+/// Reports the end of one reconcile, which took `took`, in the log and the metrics; returns
+/// nothing.
 fn report(
     name: &'static str,
     key: &dyn Display,
+    took: Duration,
     result: Result<(), (&(dyn std::error::Error + 'static), Duration)>,
     metrics: Option<&Metrics>,
 ) {
@@ -393,6 +396,9 @@ fn report(
         m.controller_reconcile
             .get_or_create(&vec![("controller", name.to_string()), ("result", outcome.to_string())])
             .inc();
+        m.controller_reconcile_time
+            .get_or_create(&vec![("controller", name.to_string())])
+            .observe(took.as_secs_f64());
     }
 }
 
@@ -412,16 +418,18 @@ pub async fn run_keyed<R: Reconcile>(
         async move {
             while let Some(key) = queue.next().await {
                 // Boxed: a reconcile's future can be large, and a worker is polled deep in others.
+                let started = tokio::time::Instant::now();
                 let result = Box::pin(reconciler.reconcile(&key)).await;
+                let took = started.elapsed();
                 match result {
                     Ok(next) => {
                         queue.done(&key, Ok(next), &options.backoff);
-                        report(options.name, &key, Ok(()), metrics.as_deref());
+                        report(options.name, &key, took, Ok(()), metrics.as_deref());
                     }
                     Err(error) => {
                         let failures = queue.done(&key, Err(()), &options.backoff);
                         let retry_in = options.backoff.delay(failures);
-                        report(options.name, &key, Err((&error, retry_in)), metrics.as_deref());
+                        report(options.name, &key, took, Err((&error, retry_in)), metrics.as_deref());
                     }
                 }
             }
@@ -500,14 +508,16 @@ pub async fn run_singleton<F, Fut, E, W>(
         if *stop.borrow() {
             break;
         }
+        let started = tokio::time::Instant::now();
         let result = tokio::select! {
             r = pass() => r,
             _ = stopped(&mut stop) => break,
         };
+        let took = started.elapsed();
         let (delay, woken_by_changes) = match result {
             Ok(next) => {
                 failures = 0;
-                report(options.name, &"", Ok(()), metrics.as_deref());
+                report(options.name, &"", took, Ok(()), metrics.as_deref());
                 match next {
                     Next::Wait => (None, true),
                     Next::After(d) => (Some(d), true),
@@ -516,7 +526,7 @@ pub async fn run_singleton<F, Fut, E, W>(
             Err(error) => {
                 failures = failures.saturating_add(1);
                 let retry_in = options.backoff.delay(failures);
-                report(options.name, &"", Err((&error, retry_in)), metrics.as_deref());
+                report(options.name, &"", took, Err((&error, retry_in)), metrics.as_deref());
                 (Some(retry_in), false)
             }
         };

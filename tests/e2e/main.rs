@@ -68,6 +68,8 @@ async fn getting_started_with_kwok() {
         "karpenter_scheduler_unschedulable_pods_count{controller=\"provisioner\"}",
         "karpenter_scheduler_ignored_pods_count",
         "karpenter_cluster_state_unsynced_time_seconds",
+        "controller_runtime_reconcile_time_seconds_bucket{le=\"0.005\",controller=\"nodeclaim.lifecycle\"}",
+        "controller_runtime_reconcile_total{controller=\"provisioner\",result=\"success\"}",
     ] {
         assert!(metrics.contains(name), "{name} in /metrics");
     }
