@@ -21,15 +21,16 @@
 //! moment later: its room is not needed again.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::NodeClaim;
 use crate::apis::labels::TAINT_DISRUPTED;
+use crate::apis::nodeclaim::conditions::INSTANCE_TERMINATING;
 use crate::state::pods;
-use crate::state::{ClusterState, StateNode};
+use crate::state::{ClusterState, Notice, Registration, StateNode};
 
 /// How long a departed pod stands in at most; its controller makes the successor within a
 /// second or two.
@@ -84,7 +85,9 @@ pub fn node_going_away(state: &ClusterState, name: &str) -> bool {
 }
 
 /// Whether a node (`None`: gone) with its NodeClaim is going away: the node gone or being
-/// deleted, tainted `karpenter.sh/disrupted`, or its NodeClaim being deleted.
+/// deleted, or its NodeClaim being deleted or its instance terminating (as a snapshot's
+/// `marked_for_deletion` has it), or the node tainted `karpenter.sh/disrupted` (a decision of
+/// this process to delete it, which the cache shows as the taint every drain starts with).
 pub fn going_away(node: Option<&Node>, claim: Option<&NodeClaim>) -> bool {
     let Some(node) = node else { return true };
     let tainted = node
@@ -94,17 +97,30 @@ pub fn going_away(node: Option<&Node>, claim: Option<&NodeClaim>) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == TAINT_DISRUPTED));
     node.metadata.deletion_timestamp.is_some()
         || tainted
-        || claim.is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+        || claim.is_some_and(|c| c.metadata.deletion_timestamp.is_some() || c.is_true(INSTANCE_TERMINATING))
+}
+
+/// The departures the pod watch of `state` reports into: each deleted pod is noted with whether
+/// its node is going away in the cache then. Reporting stops when the registration is dropped.
+pub fn follow(state: &ClusterState) -> (Arc<Mutex<Departures>>, Registration) {
+    let departures = Arc::new(Mutex::new(Departures::default()));
+    let registration = {
+        let (departures, cache) = (departures.clone(), state.clone());
+        state.on_pod(move |notice| {
+            if let Notice::Deleted(pod) = notice {
+                let going = pods::node_name(pod).is_some_and(|node| node_going_away(&cache, node));
+                departures.lock().unwrap_or_else(PoisonError::into_inner).deleted(
+                    pod,
+                    going,
+                    Timestamp::now(),
+                );
+            }
+        })
+    };
+    (departures, registration)
 }
 
 impl Departures {
-    /// Notes what the pod watch saw deleted: a departure of [`Departures::deleted`] if the pod's
-    /// node is going away in `state` now.
-    pub fn watched_delete(&mut self, state: &ClusterState, pod: &Pod, now: Timestamp) {
-        let going = pods::node_name(pod).is_some_and(|node| node_going_away(state, node));
-        self.deleted(pod, going, now);
-    }
-
     /// Notes that the watch saw `pod` deleted at `now`, its node `going_away` or not then; kept
     /// only if it may have a successor (see the module's documentation).
     pub fn deleted(&mut self, pod: &Pod, going_away: bool, now: Timestamp) {

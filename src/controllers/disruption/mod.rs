@@ -35,7 +35,7 @@ use tokio::task::JoinSet;
 use crate::apis::labels::TAINT_DISRUPTED;
 use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::controllers::Context;
-use crate::controllers::departures::Departures;
+use crate::controllers::departures::{self, Departures};
 use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::disruption::consolidation;
@@ -45,7 +45,7 @@ use crate::disruption::record::{Outcome, Record, Why};
 use crate::metrics::observe;
 use crate::scheduling::SchedulerOptions;
 use crate::state::statenode::state_nodes;
-use crate::state::{Changes, ClusterState, Interest, Notice, Registration, Snapshot, StateNode};
+use crate::state::{Changes, ClusterState, Interest, Registration, Snapshot, StateNode};
 
 pub use command::{CONTROLLER, InFlight, Launched};
 /// Wait between passes that found nothing to do.
@@ -82,17 +82,7 @@ struct Controller {
 /// Runs until `stop` turns true; the commands under way stop with it (a command cut short is
 /// healed by the next leader's first pass).
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
-    let departures = Arc::new(Mutex::new(Departures::default()));
-    let pod_watch = {
-        let departures = departures.clone();
-        let cache = state.clone();
-        state.on_pod(move |notice| {
-            if let Notice::Deleted(pod) = notice {
-                let mut departures = departures.lock().unwrap_or_else(PoisonError::into_inner);
-                departures.watched_delete(&cache, pod, Timestamp::now());
-            }
-        })
-    };
+    let (departures, pod_watch) = departures::follow(&state);
     let controller = Arc::new(Controller {
         ctx: ctx.clone(),
         departures,

@@ -133,22 +133,19 @@ struct Provisioner {
     /// Pods deleted from nodes going away whose successor is not seen yet (see [`departures`]);
     /// the pod watch reports deletions into it.
     departures: Arc<Mutex<departures::Departures>>,
+    /// Reports bounces into `relaunches`.
     _pod_watch: Registration,
+    /// Reports deletions into `departures`.
+    _departures_watch: Registration,
 }
 
 impl Provisioner {
     fn new(ctx: Context, state: ClusterState) -> Self {
         let relaunches = Arc::new(Mutex::new(relaunch::Relaunches::default()));
-        let departures = Arc::new(Mutex::new(departures::Departures::default()));
+        let (departures, departures_watch) = departures::follow(&state);
         let pod_watch = {
             let relaunches = relaunches.clone();
-            let departures = departures.clone();
-            let cache = state.clone();
             state.on_pod(move |notice| {
-                if let Notice::Deleted(pod) = notice {
-                    let mut departures = departures.lock().unwrap_or_else(PoisonError::into_inner);
-                    departures.watched_delete(&cache, pod, Timestamp::now());
-                }
                 let (Notice::Applied(pod) | Notice::Deleted(pod)) = notice else { return };
                 let Some(uid) = pod.metadata.uid.as_deref() else { return };
                 if relaunch::is_bounced(pod) {
@@ -167,6 +164,7 @@ impl Provisioner {
             relaunches,
             departures,
             _pod_watch: pod_watch,
+            _departures_watch: departures_watch,
         }
     }
 
