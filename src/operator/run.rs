@@ -150,7 +150,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         server::bind(SocketAddr::from(([0, 0, 0, 0], settings.metrics_port))).await?;
     servers.spawn(server::serve(health_listener, server::health_router(readiness.clone()), stop.clone()));
     let decisions = crate::disruption::record::Decisions::default();
-    let metrics_routes = server::metrics_router(Arc::new(registry), decisions.clone());
+    let metrics_routes = server::metrics_router(Arc::new(registry), metrics.summaries.clone(), decisions.clone());
     servers.spawn(server::serve(metrics_listener, metrics_routes, stop.clone()));
     tracing::info!(health = %health_addr, metrics = %metrics_addr, "serving health probes and metrics");
 

@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::disruption::record::Decisions;
+use crate::metrics::summary::Summaries;
 
 /// Errors of the HTTP endpoints.
 #[derive(Debug, thiserror::Error)]
@@ -68,9 +69,9 @@ async fn readyz(State(readiness): State<Readiness>) -> impl IntoResponse {
     if readiness.get() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready") }
 }
 
-/// Routes of the metrics port: `/metrics`, and `/disruption`, the disruption controller's latest
-/// decision about each node as JSON.
-pub fn metrics_router(registry: Arc<Registry>, decisions: Decisions) -> Router {
+/// Routes of the metrics port: `/metrics` (`registry`, then the `summaries`), and `/disruption`,
+/// the disruption controller's latest decision about each node as JSON.
+pub fn metrics_router(registry: Arc<Registry>, summaries: Arc<Summaries>, decisions: Decisions) -> Router {
     Router::new()
         .route(
             "/disruption",
@@ -80,12 +81,12 @@ pub fn metrics_router(registry: Arc<Registry>, decisions: Decisions) -> Router {
             }),
         )
         .route("/metrics", get(metrics))
-        .with_state(registry)
+        .with_state((registry, summaries))
 }
 
-async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
+async fn metrics(State((registry, summaries)): State<(Arc<Registry>, Arc<Summaries>)>) -> impl IntoResponse {
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &registry) {
+    match crate::metrics::summary::encode(&registry, &summaries, &mut body) {
         Ok(()) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
@@ -170,7 +171,7 @@ mod tests {
         let (stop_tx, stop) = watch::channel(false);
         let decisions = Decisions::default();
         let server =
-            tokio::spawn(serve(listener, metrics_router(Arc::new(registry), decisions.clone()), stop));
+            tokio::spawn(serve(listener, metrics_router(Arc::new(registry), Arc::default(), decisions.clone()), stop));
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
         assert!(body.contains("karpenter_nodeclaims_created_total 1"), "{body}");

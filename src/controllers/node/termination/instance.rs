@@ -95,9 +95,8 @@ fn record_termination(ctx: &Context, term: &Termination, now: Timestamp) {
         observe(&ctx.metrics.nodes_lifetime_duration, vec![("nodepool", nodepool.clone())], lived);
     }
     let elapsed = now.duration_since(term.deleted_at);
-    observe(
-        &ctx.metrics.nodes_termination_duration,
-        vec![("nodepool", nodepool.clone())],
-        Duration::try_from(elapsed).unwrap_or_default(),
+    ctx.metrics.nodes_termination_duration.observe(
+        &vec![("nodepool", nodepool.clone())],
+        Duration::try_from(elapsed).unwrap_or_default().as_secs_f64(),
     );
 }
