@@ -11,6 +11,7 @@ pub mod kit;
 pub mod node;
 pub mod nodeclaim;
 pub mod nodepool;
+pub mod pod_metrics;
 pub mod provisioning;
 pub mod settings;
 pub mod snapshot;

@@ -845,6 +845,61 @@ pub fn exported_names() -> std::collections::BTreeSet<String> {
     out
 }
 
+/// A scheduling simulation under way, in `karpenter_scheduler_queue_depth` (the pods it was given,
+/// 0 once it ends) and `karpenter_scheduler_unfinished_work_seconds` (how long it has run,
+/// updated every 100 ms and removed once it ends), labelled with the controller and an id of
+/// the simulation. Ends when dropped.
+#[derive(Debug)]
+pub struct UnfinishedWork {
+    metrics: Arc<Metrics>,
+    labels: Labels,
+    ticker: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Ids of simulations, unique in this process.
+static SIMULATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl UnfinishedWork {
+    /// Starts following a simulation of `controller` over `pods` pods. Outside a Tokio runtime
+    /// the elapsed time is not updated.
+    pub fn start(metrics: &Arc<Metrics>, controller: &str, pods: usize) -> Self {
+        let id = SIMULATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let labels: Labels = vec![
+            ("controller", controller.to_string()),
+            ("scheduling_id", format!("{}-{id}", std::process::id())),
+        ];
+        // The previous simulations' depth series go, as upstream clears them at each start.
+        metrics.scheduler_queue_depth.clear();
+        metrics.scheduler_queue_depth.get_or_create(&labels).set(pods as f64);
+        metrics.scheduler_unfinished_work_seconds.get_or_create(&labels).set(0.0);
+        let ticker = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+            let (metrics, labels) = (metrics.clone(), labels.clone());
+            runtime.spawn(async move {
+                let started = tokio::time::Instant::now();
+                let mut every = tokio::time::interval(Duration::from_millis(100));
+                loop {
+                    every.tick().await;
+                    metrics
+                        .scheduler_unfinished_work_seconds
+                        .get_or_create(&labels)
+                        .set(started.elapsed().as_secs_f64());
+                }
+            })
+        });
+        UnfinishedWork { metrics: metrics.clone(), labels, ticker }
+    }
+}
+
+impl Drop for UnfinishedWork {
+    fn drop(&mut self) {
+        if let Some(ticker) = self.ticker.take() {
+            ticker.abort();
+        }
+        self.metrics.scheduler_unfinished_work_seconds.remove(&self.labels);
+        self.metrics.scheduler_queue_depth.get_or_create(&self.labels).set(0.0);
+    }
+}
+
 /// Observes `elapsed` in the histogram of `family` with `labels`.
 pub fn observe(family: &HistogramFamily, labels: Labels, elapsed: Duration) {
     family.get_or_create(&labels).observe(elapsed.as_secs_f64());
@@ -866,6 +921,11 @@ mod tests {
             if c == '"' {
                 i += 1;
                 while i < bytes.len() && bytes[i] != b'"' {
+                    i += 1;
+                }
+            } else if c == '#' {
+                // A comment, to the end of the line.
+                while i < bytes.len() && bytes[i] != b'\n' {
                     i += 1;
                 }
             } else if c == '[' {
@@ -927,19 +987,30 @@ mod tests {
         let exported = exported_names();
         assert!(exported.contains("karpenter_nodepools_cost_total"), "{exported:?}");
         assert!(exported.contains("karpenter_scheduler_scheduling_duration_seconds_bucket"));
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/karpenter/dashboards");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        // Ours, and upstream's (its getting-started guide's), which users already have.
         let mut files = 0;
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            files += 1;
-            for panel in dashboard["panels"].as_array().unwrap() {
-                for target in panel["targets"].as_array().unwrap() {
-                    let expr = target["expr"].as_str().unwrap();
-                    let names = metric_names(expr);
+        for dir in ["charts/karpenter/dashboards", "tests/fixtures/upstream/dashboards"] {
+            for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_none_or(|e| e != "json") {
+                    continue;
+                }
+                let dashboard: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                files += 1;
+                let mut exprs = Vec::new();
+                target_exprs(&dashboard, &mut exprs);
+                assert!(!exprs.is_empty(), "{}: no query", path.display());
+                for expr in exprs {
+                    let names = metric_names(&expr);
                     assert!(!names.is_empty(), "{}: no metric in {expr}", path.display());
                     for name in names {
+                        // node-exporter's, not ours.
+                        if name.starts_with("node_") {
+                            continue;
+                        }
                         assert!(
                             exported.contains(&name),
                             "{}: {name} is not exported ({expr})",
@@ -949,7 +1020,72 @@ mod tests {
                 }
             }
         }
-        assert_eq!(files, 4, "capacity, cost, disruption, performance");
+        assert_eq!(
+            files, 6,
+            "ours: capacity, cost, disruption, performance; upstream's: capacity, performance"
+        );
+    }
+
+    /// The `expr` of every panel target of a dashboard, nested rows included.
+    fn target_exprs(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(targets) = map.get("targets").and_then(|t| t.as_array()) {
+                    out.extend(targets.iter().filter_map(|t| t["expr"].as_str()).map(String::from));
+                }
+                for (key, v) in map {
+                    if key != "targets" {
+                        target_exprs(v, out);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| target_exprs(v, out)),
+            _ => {}
+        }
+    }
+
+    /// Families of upstream's metrics reference this controller does not export, and why.
+    const NOT_EXPORTED: [(&str, &str); 9] = [
+        ("aws_sdk_go_request_attempt_duration_seconds", "the Go SDK's; the Rust SDK has no such metrics"),
+        ("aws_sdk_go_request_attempt_total", "the Go SDK's"),
+        ("aws_sdk_go_request_duration_seconds", "the Go SDK's"),
+        ("aws_sdk_go_request_retry_count", "the Go SDK's"),
+        ("aws_sdk_go_request_total", "the Go SDK's"),
+        ("controller_runtime_conversion_webhook_panics_total", "no conversion webhook is served"),
+        ("leader_election_slowpath_total", "upstream defines it but never registers it either"),
+        ("karpenter_cloudprovider_batcher_batch_size", "EC2 calls are not batched over a time window"),
+        (
+            "karpenter_cloudprovider_batcher_batch_time_seconds",
+            "EC2 calls are not batched over a time window",
+        ),
+    ];
+
+    #[test]
+    fn every_family_of_upstreams_reference_is_exported() {
+        let exported = exported_names();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/upstream/metrics-v1.14.1.txt");
+        let reference: Vec<String> = std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(String::from)
+            .collect();
+        assert!(reference.len() > 100, "{}", reference.len());
+        let skipped: std::collections::BTreeMap<&str, &str> = NOT_EXPORTED.into_iter().collect();
+        let missing: Vec<&String> = reference
+            .iter()
+            .filter(|name| !skipped.contains_key(name.as_str()))
+            .filter(|name| {
+                // A histogram or summary is exported as its series.
+                !exported.contains(*name) && !exported.contains(&format!("{name}_count"))
+            })
+            .collect();
+        assert!(missing.is_empty(), "upstream families not exported: {missing:?}");
+        for name in skipped.keys() {
+            assert!(reference.iter().any(|r| r == name), "{name} is not in upstream's reference");
+            assert!(!exported.contains(*name), "{name} is exported: remove it from NOT_EXPORTED");
+        }
     }
 
     #[test]

@@ -150,7 +150,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         server::bind(SocketAddr::from(([0, 0, 0, 0], settings.metrics_port))).await?;
     servers.spawn(server::serve(health_listener, server::health_router(readiness.clone()), stop.clone()));
     let decisions = crate::disruption::record::Decisions::default();
-    let metrics_routes = server::metrics_router(Arc::new(registry), metrics.summaries.clone(), decisions.clone());
+    let metrics_routes =
+        server::metrics_router(Arc::new(registry), metrics.summaries.clone(), decisions.clone());
     servers.spawn(server::serve(metrics_listener, metrics_routes, stop.clone()));
     tracing::info!(health = %health_addr, metrics = %metrics_addr, "serving health probes and metrics");
 
@@ -362,14 +363,17 @@ fn start_controllers(
         controllers::nodepool::status::run(ctx.clone(), state.clone(), stop.clone()),
     );
     if settings.disable_cluster_state_observability {
-        tracing::info!(
-            controller = controllers::node::metrics::CONTROLLER,
-            "not started: DISABLE_CLUSTER_STATE_OBSERVABILITY is set"
-        );
+        for controller in [controllers::node::metrics::CONTROLLER, controllers::pod_metrics::CONTROLLER] {
+            tracing::info!(controller, "not started: DISABLE_CLUSTER_STATE_OBSERVABILITY is set");
+        }
     } else {
         tasks.spawn(
             controllers::node::metrics::CONTROLLER,
             controllers::node::metrics::run(ctx.clone(), state.clone(), stop.clone()),
+        );
+        tasks.spawn(
+            controllers::pod_metrics::CONTROLLER,
+            controllers::pod_metrics::run(ctx.clone(), state.clone(), stop.clone()),
         );
     }
     tasks.spawn(

@@ -170,8 +170,11 @@ mod tests {
         let (listener, addr) = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
         let (stop_tx, stop) = watch::channel(false);
         let decisions = Decisions::default();
-        let server =
-            tokio::spawn(serve(listener, metrics_router(Arc::new(registry), Arc::default(), decisions.clone()), stop));
+        let server = tokio::spawn(serve(
+            listener,
+            metrics_router(Arc::new(registry), Arc::default(), decisions.clone()),
+            stop,
+        ));
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
         assert!(body.contains("karpenter_nodeclaims_created_total 1"), "{body}");

@@ -51,6 +51,7 @@ pub mod taints;
 pub mod topology;
 pub mod values;
 pub mod volumes;
+pub mod zones;
 
 mod input;
 mod pools;

@@ -20,6 +20,7 @@ pub mod limitranges;
 pub mod marks;
 pub mod nodeclass;
 pub mod pods;
+pub mod podtimes;
 pub mod snapshot;
 pub mod statenode;
 pub mod usage;
@@ -198,6 +199,8 @@ pub struct ClusterState {
     pub index: Arc<index::Index>,
     /// Nominations and deletion decisions of this process.
     pub marks: Arc<Marks>,
+    /// When the provisioner first saw, decided about and placed each pending pod.
+    pub pod_times: Arc<podtimes::PodTimes>,
     feed: Arc<Feed>,
     subscribers: Arc<AllSubscribers>,
     synced: watch::Receiver<bool>,
@@ -537,6 +540,7 @@ impl ClusterState {
             limit_ranges,
             index,
             marks: Arc::new(Marks::default()),
+            pod_times: Arc::default(),
             feed,
             subscribers,
             synced,

@@ -144,9 +144,17 @@ impl Provisioner {
         let relaunches = Arc::new(Mutex::new(relaunch::Relaunches::default()));
         let (departures, departures_watch) = departures::follow(&state);
         let pod_watch = {
-            let relaunches = relaunches.clone();
+            let (relaunches, times) = (relaunches.clone(), state.pod_times.clone());
             state.on_pod(move |notice| {
                 let (Notice::Applied(pod) | Notice::Deleted(pod)) = notice else { return };
+                // When the pod was first seen provisionable, for the pod metrics.
+                match notice {
+                    Notice::Applied(_) if crate::state::pods::is_provisionable(pod) => {
+                        times.ack(&pod_key(pod), Timestamp::now())
+                    }
+                    Notice::Deleted(_) => times.forget(&pod_key(pod)),
+                    _ => {}
+                }
                 let Some(uid) = pod.metadata.uid.as_deref() else { return };
                 if relaunch::is_bounced(pod) {
                     let mut relaunches = relaunches.lock().unwrap_or_else(PoisonError::into_inner);
@@ -246,6 +254,8 @@ impl Provisioner {
             );
         }
         let sim_start = Instant::now();
+        let _unfinished =
+            crate::metrics::UnfinishedWork::start(&self.ctx.metrics, CONTROLLER, input.pods.len());
         let results = match tokio::task::spawn_blocking(move || {
             let results = schedule(&input);
             (input, results)
@@ -265,6 +275,8 @@ impl Provisioner {
         );
         let (input, results) = results;
         self.record_pod_counts(pod_counts(&results, pending_count));
+        self.record_decisions(&input, &results, pending_count);
+        self.record_effective_zones(&input, pending_count);
         if !results.new_node_claims.is_empty() {
             tracing::info!(
                 controller = CONTROLLER,
@@ -287,6 +299,46 @@ impl Provisioner {
             .get_or_create(&vec![("controller", CONTROLLER.to_string())])
             .set(counts.unschedulable as f64);
         metrics.scheduler_ignored_pods_count.get_or_create(&vec![]).set(counts.ignored as f64);
+    }
+
+    /// Notes the pass's decision about each pending pod (a place, or none) for the pod metrics,
+    /// and observes `karpenter_pods_scheduling_decision_duration_seconds` for the pods decided
+    /// about for the first time.
+    fn record_decisions(&self, input: &SchedulingInput, results: &SchedulingResults, pending_count: usize) {
+        let now = Timestamp::now();
+        let placed = results
+            .new_node_claims
+            .iter()
+            .flat_map(|c| c.pods.iter())
+            .chain(results.existing_placements.iter().flat_map(|p| p.pods.iter()))
+            .map(|p| (p.index, true));
+        let failed = results.errors.iter().map(|e| (e.pod.index, false));
+        for (index, ok) in placed.chain(failed) {
+            let Some(pod) = input.pods.get(index).filter(|_| index < pending_count) else { continue };
+            if let Some(took) = self.state.pod_times.decided(&pod_key(pod), ok, now) {
+                self.ctx
+                    .metrics
+                    .pods_scheduling_decision_duration
+                    .get_or_create(&vec![])
+                    .observe(took.as_secs_f64().max(0.0));
+            }
+        }
+    }
+
+    /// Sets `karpenter_scheduler_pending_pods_by_effective_zone_count{controller="provisioner"}`:
+    /// the pass's pending pods by the one zone they can go to.
+    fn record_effective_zones(&self, input: &SchedulingInput, pending_count: usize) {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in input.pods.iter().take(pending_count) {
+            *counts.entry(crate::scheduling::zones::effective_zone(pod, &input.volumes)).or_default() += 1;
+        }
+        let family = &self.ctx.metrics.scheduler_pending_pods_by_effective_zone;
+        family.clear();
+        for (zone, count) in counts {
+            family
+                .get_or_create(&vec![("controller", CONTROLLER.to_string()), ("zone", zone)])
+                .set(count as f64);
+        }
     }
 
     fn relaunches(&self) -> std::sync::MutexGuard<'_, relaunch::Relaunches> {
