@@ -79,6 +79,10 @@ pub struct Readings {
     pub utilization: BTreeMap<String, f64>,
     /// `karpenter_nodepools_cost_total`, by NodePool.
     pub nodepool_cost: BTreeMap<String, f64>,
+    /// NodeClaims (name, NodePool) with an offering (instance type, zone and capacity type) whose
+    /// price is unknown, so left out of their NodePool's cost: no NodePool's instance types have
+    /// that offering.
+    pub uncosted: Vec<(String, String)>,
 }
 
 /// `resource_type` as upstream spells it.
@@ -101,10 +105,17 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
     let mut used = Resources::default();
     let mut allocatable = Resources::default();
     for node in nodes {
-        if let (Some(pool), Some(price)) = (node.nodepool(), node.price)
-            && node.claim.is_some()
-        {
-            *out.nodepool_cost.entry(pool.to_string()).or_default() += price;
+        if let (Some(pool), Some(claim)) = (node.nodepool(), node.claim.as_deref()) {
+            match node.price {
+                Some(price) => *out.nodepool_cost.entry(pool.to_string()).or_default() += price,
+                None if [LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE, LABEL_CAPACITY_TYPE]
+                    .iter()
+                    .all(|k| node.labels.contains_key(*k)) =>
+                {
+                    out.uncosted.push((claim.metadata.name.clone().unwrap_or_default(), pool.to_string()));
+                }
+                None => {}
+            }
         }
         let Some(object) = node.node.as_deref() else { continue };
         used.add_assign(&node.pod_requests);
@@ -154,6 +165,9 @@ pub struct Published {
     nodes: Vec<HashSet<NodeSeries>>,
     /// Utilisation, then NodePool cost.
     cluster: Vec<HashSet<Labels>>,
+    /// NodeClaims counted in `karpenter_nodepools_cost_tracker_errors_total` while their cost is
+    /// unknown.
+    uncosted: HashSet<String>,
 }
 
 /// One pass over some gauge families: sets series, then retires those of the pass before that
@@ -237,6 +251,17 @@ pub fn record(m: &crate::metrics::Metrics, readings: &Readings, published: &mut 
         pass.set(1, vec![("nodepool", pool.clone())], *cost);
     }
     pass.retire(&mut published.cluster);
+
+    // A NodeClaim whose cost cannot be counted is one error, however many passes it lasts.
+    let mut uncosted = HashSet::new();
+    for (claim, pool) in &readings.uncosted {
+        if !published.uncosted.contains(claim) {
+            tracing::error!(controller = CONTROLLER, NodeClaim = %claim, NodePool = %pool, "failed to track the cost of the nodeclaim: its offering has no known price");
+            m.nodepools_cost_tracker_errors.get_or_create(&vec![("nodepool", pool.clone())]).inc();
+        }
+        uncosted.insert(claim.clone());
+    }
+    published.uncosted = uncosted;
 }
 
 /// Runs until `stop` turns true: a pass every [`PERIOD`].
@@ -285,6 +310,26 @@ mod tests {
         // 2 of 6 vCPU requested.
         assert!((r.utilization["cpu"] - 100.0 / 3.0).abs() < 1e-9, "{:?}", r.utilization);
         assert!((r.nodepool_cost["p"] - 0.50).abs() < 1e-9, "{:?}", r.nodepool_cost);
+    }
+
+    #[test]
+    fn a_claim_without_a_price_is_one_cost_tracking_error() {
+        let m = crate::metrics::Metrics::unregistered();
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        // No instance type has the offering of "b" (a capacity type the catalog lacks).
+        c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "large", "reserved", json!({}));
+        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap());
+        assert_eq!(r.uncosted.len(), 1, "{:?}", r.uncosted);
+        assert_eq!(r.uncosted[0], ("b".to_string(), "p".to_string()));
+        let errors =
+            || m.nodepools_cost_tracker_errors.get_or_create(&vec![("nodepool", "p".to_string())]).get();
+        let mut published = Published::default();
+        record(&m, &r, &mut published);
+        record(&m, &r, &mut published);
+        assert_eq!(errors(), 1, "counted once while it lasts");
+        record(&m, &Readings::default(), &mut published);
+        record(&m, &r, &mut published);
+        assert_eq!(errors(), 2, "and again when it comes back");
     }
 
     #[test]
