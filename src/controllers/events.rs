@@ -1,9 +1,9 @@
 //! Kubernetes events with upstream Karpenter's reasons.
 //!
-//! Events are written as `events.k8s.io/v1` Events, reported by the `karpenter` controller. The
-//! same event about the same object again within [`SERIES_WINDOW`] becomes a series: the first
-//! Event's count and last-observed time are updated instead of creating another object, as
-//! client-go's recorder does. Only what that needs (a hash of the event, the Event's name and the
+//! Events are written as core `v1` Events, as upstream's recorder writes them (so upstream's RBAC,
+//! which grants only those, is enough), from the `karpenter` component. The same event about the
+//! same object again within [`SERIES_WINDOW`] updates the first Event's count and last timestamp
+//! instead of creating another object, as client-go's recorder does. Only what that needs (a hash of the event, the Event's name and the
 //! count) is remembered, a few dozen bytes per event, so announcing a thousand pods costs next to
 //! no memory. Publishing never fails the caller: an event that cannot be written is logged and
 //! dropped.
@@ -14,9 +14,8 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::core::v1::{Event as K8sEvent, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
@@ -212,7 +211,7 @@ impl Events {
         let fresh = || self.new_event(reference.clone(), type_, reason, note, now);
         let result = match previous {
             Some(series) => {
-                let patch = json!({"series": {"count": series.count, "lastObservedTime": MicroTime(now)}});
+                let patch = json!({"count": series.count, "lastTimestamp": Time(now)});
                 match api.patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                     // The Event expired on the API server (after an hour by default): start anew.
                     Err(e) if is_not_found(&e) => self.create(&api, key, fresh()).await,
@@ -247,7 +246,7 @@ impl Events {
     /// Creates `event` and starts its series.
     async fn create(&self, api: &Api<K8sEvent>, key: u64, event: K8sEvent) -> Result<(), kube::Error> {
         api.create(&PostParams::default(), &event).await?;
-        let (Some(name), Some(MicroTime(last))) = (event.metadata.name, event.event_time) else {
+        let (Some(name), Some(Time(last))) = (event.metadata.name, event.last_timestamp) else {
             return Ok(());
         };
         let mut all = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -271,15 +270,16 @@ impl Events {
                 namespace: reference.namespace.clone(),
                 ..Default::default()
             },
-            action: Some(reason.to_string()),
             reason: Some(reason.to_string()),
-            note: Some(note),
+            message: Some(note),
             type_: Some(type_.as_str().to_string()),
-            event_time: Some(MicroTime(now)),
-            regarding: Some(reference),
-            reporting_controller: Some(CONTROLLER.to_string()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            involved_object: reference,
+            source: Some(EventSource { component: Some(CONTROLLER.to_string()), host: None }),
+            reporting_component: Some(CONTROLLER.to_string()),
             reporting_instance: Some(self.instance.clone()),
-            series: None::<EventSeries>,
             ..Default::default()
         }
     }

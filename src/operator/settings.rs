@@ -353,7 +353,7 @@ impl Settings {
     /// Logs one warning per setting that is accepted but not acted on yet.
     pub fn warn_unimplemented(&self) {
         for message in self.unimplemented() {
-            tracing::warn!(message = %message, "setting ignored");
+            tracing::warn!(setting = %message, "setting ignored");
         }
     }
 

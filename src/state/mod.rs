@@ -204,6 +204,9 @@ pub struct ClusterState {
     feed: Arc<Feed>,
     subscribers: Arc<AllSubscribers>,
     synced: watch::Receiver<bool>,
+    /// Whether this client may not list LimitRanges (upstream's chart does not grant it): their
+    /// cache then counts as synced, empty.
+    limit_ranges_refused: watch::Receiver<bool>,
 }
 
 impl Debug for ClusterState {
@@ -518,7 +521,7 @@ impl ClusterState {
             Source::Typed(Api::all(client.clone()), watches::trim::<VolumeAttachment>),
             |_: &Event<VolumeAttachment>| {},
         );
-        let (limit_ranges, limit_ranges_f) = watches::cache(
+        let (limit_ranges, limit_ranges_f, limit_ranges_refused) = watches::optional_cache(
             "limitranges",
             Source::Typed(Api::all(client.clone()), watches::trim::<LimitRange>),
             count_changes(&feed, |c| c.others += 1),
@@ -544,6 +547,7 @@ impl ClusterState {
             feed,
             subscribers,
             synced,
+            limit_ranges_refused,
         };
         // A store wakes only one task waiting for it to be ready, so one task waits for all of
         // them and announces it to everyone else.
@@ -613,7 +617,13 @@ impl ClusterState {
             ready("storageclasses", &self.storage_classes),
             ready("csinodes", &self.csi_nodes),
             ready("volumeattachments", &self.volume_attachments),
-            ready("limitranges", &self.limit_ranges),
+            async {
+                let mut refused = self.limit_ranges_refused.clone();
+                tokio::select! {
+                    () = ready("limitranges", &self.limit_ranges) => {}
+                    _ = refused.wait_for(|r| *r) => {}
+                }
+            },
         );
     }
 

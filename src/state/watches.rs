@@ -129,23 +129,67 @@ where
         Source::Typed(api, modify) => typed(api, modify).left_stream(),
         Source::Lenient(client) => lenient(client, store.clone()).right_stream(),
     };
-    (store, drive(kind, reflector::reflector(writer, events), on_event))
+    (store, drive(kind, reflector::reflector(writer, events), on_event, |_| false))
+}
+
+/// [`cache`] for a kind the controller can do without: when this client may not list it (a 403,
+/// as under upstream's chart, which grants fewer kinds), the returned flag turns true, the error
+/// is logged once (not at every retry), and the watch keeps trying in the background with the
+/// cache empty.
+pub fn optional_cache<K, F>(
+    kind: &'static str,
+    source: Source<K>,
+    on_event: F,
+) -> (Store<K>, BoxFuture<'static, ()>, tokio::sync::watch::Receiver<bool>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
+    F: FnMut(&Event<K>) + Send + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = match source {
+        Source::Typed(api, modify) => typed(api, modify).left_stream(),
+        Source::Lenient(client) => lenient(client, store.clone()).right_stream(),
+    };
+    let (forbidden_tx, forbidden) = tokio::sync::watch::channel(false);
+    let on_error = move |error: &watcher::Error| {
+        let refused = match error {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => crate::util::api::is_forbidden(e),
+            watcher::Error::WatchError(status) => status.code == 403,
+            watcher::Error::NoResourceVersion => false,
+        };
+        if refused && !forbidden_tx.send_replace(true) {
+            tracing::error!(kind, error = %error, "may not list the kind: running without it (grant list and watch on it to use it)");
+        }
+        refused
+    };
+    (store, drive(kind, reflector::reflector(writer, events), on_event, on_error), forbidden)
 }
 
 /// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
 /// (the watcher retries with backoff on its own). Boxed where it is made: a watch's future is
 /// large, and a dozen of them side by side outgrow a thread's stack in a debug build.
-fn drive<K, S, F>(kind: &'static str, stream: S, mut on_event: F) -> BoxFuture<'static, ()>
+fn drive<K, S, F, E>(
+    kind: &'static str,
+    stream: S,
+    mut on_event: F,
+    mut on_error: E,
+) -> BoxFuture<'static, ()>
 where
     K: 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
     F: FnMut(&Event<K>) + Send + 'static,
+    E: FnMut(&watcher::Error) -> bool + Send + 'static,
 {
     Box::pin(async move {
         let stream = stream.inspect_ok(|ev| on_event(ev));
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
-            if let Err(error) = item {
+            // An error `on_error` took care of is not logged again at every retry.
+            if let Err(error) = item
+                && !on_error(&error)
+            {
                 tracing::warn!(kind, error = %error, "watch failed, retrying");
             }
         }

@@ -455,7 +455,6 @@ def test_rbac_grants_what_the_controller_needs(defaults) -> None:
         ("", "pods"): {"get", "list", "watch"},
         ("", "pods/eviction"): {"create"},
         ("", "events"): {"create", "patch"},
-        ("events.k8s.io", "events"): {"create", "patch"},
         ("", "persistentvolumes"): {"get", "list", "watch"},
         ("", "persistentvolumeclaims"): {"get", "list", "watch"},
         ("", "namespaces"): {"get", "list", "watch"},

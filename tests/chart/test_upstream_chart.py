@@ -42,12 +42,6 @@ RBAC_EXTRAS = {
     ("cluster", "", "nodes", "*", "create"): (
         "the kwok provider creates the Node objects of its simulated instances"
     ),
-    ("cluster", "events.k8s.io", "events", "*", "create"): (
-        "the controller writes its events through events.k8s.io/v1, upstream's through core/v1"
-    ),
-    ("cluster", "events.k8s.io", "events", "*", "patch"): (
-        "the controller updates event series through events.k8s.io/v1"
-    ),
     ("cluster", "", "limitranges", "*", "list"): (
         "the LimitRange defaults of DaemonSet pods are counted on new nodes"
     ),

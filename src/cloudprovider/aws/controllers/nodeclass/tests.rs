@@ -387,9 +387,9 @@ async fn resolves_waits_for_nodeclaims_and_cleans_up() {
     assert!(held.metadata.deletion_timestamp.is_some());
     assert!(held.finalizers().iter().any(|f| f == FINALIZER_EC2NODECLASS_TERMINATION));
     assert!(profile_exists(&provider.clients().iam, &profile).await);
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), "default");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
     let waiting = eventually("the waiting event", Duration::from_secs(10), || async {
-        let params = ListParams::default().fields(&format!("regarding.name={good}"));
+        let params = ListParams::default().fields(&format!("involvedObject.name={good}"));
         let list = events.list(&params).await.unwrap();
         list.items
             .into_iter()
@@ -397,7 +397,7 @@ async fn resolves_waits_for_nodeclaims_and_cleans_up() {
     })
     .await;
     assert_eq!(waiting.type_.as_deref(), Some("Normal"));
-    assert_eq!(waiting.note, Some(format!("Waiting on NodeClaim termination for {claim_name}")));
+    assert_eq!(waiting.message, Some(format!("Waiting on NodeClaim termination for {claim_name}")));
 
     // Once the NodeClaim is gone, the class's AWS resources and then the class itself go.
     claims.delete(&claim_name, &DeleteParams::default()).await.unwrap();
