@@ -124,12 +124,27 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
     F: FnMut(&Event<K>) + Send + 'static,
 {
+    reflect(kind, source, on_event, |_| false)
+}
+
+/// The cache of `source` and the future that drives it (see [`drive`]).
+fn reflect<K, F, E>(
+    kind: &'static str,
+    source: Source<K>,
+    on_event: F,
+    on_error: E,
+) -> (Store<K>, BoxFuture<'static, ()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
+    F: FnMut(&Event<K>) + Send + 'static,
+    E: FnMut(&watcher::Error) -> bool + Send + 'static,
+{
     let (store, writer) = reflector::store();
     let events = match source {
         Source::Typed(api, modify) => typed(api, modify).left_stream(),
         Source::Lenient(client) => lenient(client, store.clone()).right_stream(),
     };
-    (store, drive(kind, reflector::reflector(writer, events), on_event, |_| false))
+    (store, drive(kind, reflector::reflector(writer, events), on_event, on_error))
 }
 
 /// [`cache`] for a kind the controller can do without: when this client may not list it (a 403,
@@ -145,11 +160,6 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
     F: FnMut(&Event<K>) + Send + 'static,
 {
-    let (store, writer) = reflector::store();
-    let events = match source {
-        Source::Typed(api, modify) => typed(api, modify).left_stream(),
-        Source::Lenient(client) => lenient(client, store.clone()).right_stream(),
-    };
     let (forbidden_tx, forbidden) = tokio::sync::watch::channel(false);
     let on_error = move |error: &watcher::Error| {
         let refused = match error {
@@ -164,7 +174,8 @@ where
         }
         refused
     };
-    (store, drive(kind, reflector::reflector(writer, events), on_event, on_error), forbidden)
+    let (store, driven) = reflect(kind, source, on_event, on_error);
+    (store, driven, forbidden)
 }
 
 /// Drives a reflector stream forever, reporting each event to `on_event` and logging errors
