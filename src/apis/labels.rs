@@ -63,6 +63,9 @@ pub const LABEL_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
 pub const LABEL_REGISTERED: &str = "karpenter.sh/registered";
 /// Set to `true` once the node is initialized (ready, startup taints gone, resources present).
 pub const LABEL_INITIALIZED: &str = "karpenter.sh/initialized";
+/// On a Node (from the kubelet's own labels), `true` keeps registration from copying the
+/// NodeClaim's taints and startup taints onto it: something else manages the node's taints.
+pub const LABEL_DO_NOT_SYNC_TAINTS: &str = "karpenter.sh/do-not-sync-taints";
 
 /// Capacity type value for spot instances.
 pub const CAPACITY_TYPE_SPOT: &str = "spot";

@@ -12,7 +12,7 @@ use kube::{Resource, ResourceExt};
 use crate::apis::common::{ConditionUpdate, condition, is_true, set_condition};
 use crate::apis::labels::{
     ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, FINALIZER_TERMINATION, LABEL_CAPACITY_TYPE,
-    LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_REGISTERED, LABEL_TOPOLOGY_ZONE,
+    LABEL_DO_NOT_SYNC_TAINTS, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_REGISTERED, LABEL_TOPOLOGY_ZONE,
     TAINT_EXTERNAL_CLOUD_PROVIDER, TAINT_NODE_NOT_READY, TAINT_NODE_UNREACHABLE, TAINT_UNREGISTERED,
     is_restricted_label,
 };
@@ -316,9 +316,11 @@ fn describe(t: &Taint) -> String {
 
 /// The Node `node` becomes once registered for `claim`: the termination finalizer, an owner
 /// reference to the claim, the claim's labels and annotations, `karpenter.sh/registered=true`,
-/// the claim's taints (and, at registration, its startup taints, which other agents remove later),
-/// and no `karpenter.sh/unregistered` taint.
+/// the claim's taints (and, at registration, its startup taints, which other agents remove later)
+/// unless the Node itself is labelled `karpenter.sh/do-not-sync-taints=true`, and no
+/// `karpenter.sh/unregistered` taint.
 pub fn registered_node(claim: &NodeClaim, node: &Node) -> Node {
+    let sync_taints = node.labels().get(LABEL_DO_NOT_SYNC_TAINTS).is_none_or(|v| v != "true");
     let mut out = node.clone();
     let meta = &mut out.metadata;
     let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
@@ -341,8 +343,8 @@ pub fn registered_node(claim: &NodeClaim, node: &Node) -> Node {
 
     let mut taints: Vec<NodeTaint> =
         node_taints(node).iter().filter(|t| t.key != TAINT_UNREGISTERED).cloned().collect();
-    let mut wanted: Vec<&Taint> = claim.spec.taints.iter().collect();
-    if !claim.is_true(REGISTERED) {
+    let mut wanted: Vec<&Taint> = if sync_taints { claim.spec.taints.iter().collect() } else { Vec::new() };
+    if sync_taints && !claim.is_true(REGISTERED) {
         wanted.extend(claim.spec.startup_taints.iter());
     }
     for t in wanted {

@@ -288,6 +288,24 @@ fn registration_syncs_the_claim_onto_its_node() {
 }
 
 #[test]
+fn a_node_labelled_do_not_sync_taints_keeps_its_own_taints() {
+    let claim = claim();
+    let mut before =
+        node(true, json!([{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}]), json!({}));
+    before.labels_mut().insert("karpenter.sh/do-not-sync-taints".into(), "true".into());
+    let after = registered_node(&claim, &before);
+    assert_eq!(
+        after.spec.clone().and_then(|s| s.taints),
+        Some(vec![]),
+        "neither the claim's taints nor its startup taints"
+    );
+    assert_eq!(after.labels().get(LABEL_REGISTERED).map(String::as_str), Some("true"), "labels still synced");
+    before.labels_mut().insert("karpenter.sh/do-not-sync-taints".into(), "false".into());
+    let synced = registered_node(&claim, &before);
+    assert_eq!(synced.spec.and_then(|s| s.taints).map(|t| t.len()), Some(2), "any other value syncs");
+}
+
+#[test]
 fn startup_taints_are_not_put_back_once_registered() {
     let claim = with_conditions(claim(), &[(REGISTERED, T, T0)]);
     let after = registered_node(&claim, &node(true, json!([]), json!({})));
