@@ -10,7 +10,11 @@
 //! delays a renewal; every call is bounded by [`Timing::call_timeout`]. A leader that has not
 //! renewed for the renew deadline steps down at that very moment, even while a call hangs, which
 //! is before the Lease can expire for the other replicas (renew deadline < lease duration).
+//!
+//! With metrics ([`LeaderElector::with_metrics`]), `leader_election_master_status{name}` shows
+//! whether this replica holds the Lease: 0 from the start of the election, 1 while leading.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -18,9 +22,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::metrics::Metrics;
 use crate::util::api::is_conflict;
 use crate::util::error_chain;
 
@@ -83,6 +89,8 @@ pub struct LeaderElector {
     timing: Timing,
     observed: Option<(Option<String>, Option<MicroTime>)>,
     observed_at: Instant,
+    /// `leader_election_master_status{name}` of this Lease, when metrics are kept.
+    status: Option<Gauge<f64, AtomicU64>>,
 }
 
 impl LeaderElector {
@@ -109,7 +117,25 @@ impl LeaderElector {
             timing,
             observed: None,
             observed_at: Instant::now(),
+            status: None,
         })
+    }
+
+    /// This elector, reporting in `metrics` whether it leads: `leader_election_master_status`
+    /// with the Lease's name, 0 from the start of [`LeaderElector::run`], 1 while it holds the
+    /// Lease.
+    pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
+        let labels = vec![("name", self.name.clone())];
+        self.status = Some(metrics.leader_election_master_status.get_or_create_owned(&labels));
+        self
+    }
+
+    /// Publishes whether this replica leads, on `leading` and in the status gauge.
+    fn publish(&self, leading: &watch::Sender<bool>, is_leading: bool) {
+        leading.send_replace(is_leading);
+        if let Some(status) = &self.status {
+            status.set(if is_leading { 1.0 } else { 0.0 });
+        }
     }
 
     /// This elector's identity.
@@ -121,6 +147,9 @@ impl LeaderElector {
     /// while leading, steps down when renewal fails past the deadline, and releases the Lease on
     /// stop so that a standby takes over at once.
     pub async fn run(mut self, leading: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+        if let Some(status) = &self.status {
+            status.set(0.0);
+        }
         let mut last_renewal = Instant::now();
         loop {
             if *stop.borrow() {
@@ -139,20 +168,20 @@ impl LeaderElector {
             match attempt {
                 None => {
                     tracing::error!(lease = %self.name, identity = %self.identity, "failed to renew lease within the deadline, stepping down");
-                    leading.send_replace(false);
+                    self.publish(&leading, false);
                     break;
                 }
                 Some(Ok(Ok(true))) => {
                     last_renewal = now;
                     if !is_leading {
                         tracing::info!(lease = %self.name, identity = %self.identity, "successfully acquired lease");
-                        leading.send_replace(true);
+                        self.publish(&leading, true);
                     }
                 }
                 Some(Ok(Ok(false))) => {
                     if is_leading {
                         tracing::error!(lease = %self.name, identity = %self.identity, "leader election lost");
-                        leading.send_replace(false);
+                        self.publish(&leading, false);
                         break;
                     }
                 }
@@ -165,7 +194,7 @@ impl LeaderElector {
             }
             if *leading.borrow() && now.duration_since(last_renewal) > self.timing.renew_deadline {
                 tracing::error!(lease = %self.name, identity = %self.identity, "failed to renew lease within the deadline, stepping down");
-                leading.send_replace(false);
+                self.publish(&leading, false);
                 break;
             }
             tokio::select! {
@@ -174,7 +203,7 @@ impl LeaderElector {
             }
         }
         if *leading.borrow() {
-            leading.send_replace(false);
+            self.publish(&leading, false);
             match tokio::time::timeout(self.timing.call_timeout().saturating_mul(2), self.release()).await {
                 Ok(Ok(())) => tracing::info!(lease = %self.name, identity = %self.identity, "released lease"),
                 Ok(Err(error)) => tracing::warn!(error = %error_chain(&error), "failed to release lease"),
@@ -271,5 +300,44 @@ impl LeaderElector {
 
     fn error(&self, action: &'static str, source: kube::Error) -> LeaderError {
         LeaderError::Api { namespace: self.namespace.clone(), name: self.name.clone(), action, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An elector whose API server nobody answers.
+    fn elector() -> LeaderElector {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        LeaderElector::new(&config, "kube-system", LEASE_NAME, "me", Timing::default()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_master_status_follows_leadership() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let labels = vec![("name", LEASE_NAME.to_string())];
+        let status = || metrics.leader_election_master_status.get(&labels).map(|g| g.get());
+        let (leading, _) = watch::channel(false);
+        // Without metrics, no series.
+        elector().publish(&leading, true);
+        assert_eq!(status(), None);
+
+        let elector = elector().with_metrics(&metrics);
+        assert_eq!(status(), Some(0.0));
+        elector.publish(&leading, true);
+        assert!(*leading.borrow());
+        assert_eq!(status(), Some(1.0));
+        elector.publish(&leading, false);
+        assert!(!*leading.borrow());
+        assert_eq!(status(), Some(0.0));
+
+        // A run starts from 0; stopped at once, it returns without touching the Lease.
+        elector.publish(&leading, true);
+        let (run_leading, _) = watch::channel(false);
+        let (_stop_tx, stop) = watch::channel(true);
+        tokio::time::timeout(Duration::from_secs(5), elector.run(run_leading, stop)).await.unwrap();
+        assert_eq!(status(), Some(0.0));
     }
 }

@@ -137,7 +137,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         config.clone(),
         settings.kube_client_qps,
         settings.kube_client_burst,
-        Some(metrics.rest_client_requests.clone()),
+        Some(metrics.clone()),
     )
     .map_err(RunError::Kube)?;
     let readiness = Readiness::default();
@@ -190,7 +190,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             &identity,
             Timing::default(),
         )
-        .map_err(RunError::Kube)?;
+        .map_err(RunError::Kube)?
+        .with_metrics(&metrics);
         tracing::info!(lease = %settings.leader_election_name, namespace = %settings.lease_namespace(), identity = %identity, "attempting to acquire leader lease");
         Some(tokio::spawn(elector.run(leading_tx, elector_stop)))
     };

@@ -560,6 +560,7 @@ async fn getting_started_with_aws() {
     set_capacity_types(&f, &["on-demand"]).await;
     let metrics = controller.metrics().await;
     assert!(metrics.contains("karpenter_nodeclaims_disrupted_total{reason=\"empty\""), "in /metrics");
+    upstream_families_are_served(&metrics);
     let instances = pool_instances(&ec2, &f.pool).await;
     assert_eq!(instances.len(), made, "{instances:?}");
     assert!(instances.iter().all(|i| i.state == "terminated"), "every instance terminated: {instances:?}");
@@ -1105,6 +1106,61 @@ fn eventbridge(detail_type: &str, instance_id: &str, mut detail: serde_json::Val
         "detail": detail,
     })
     .to_string()
+}
+
+/// Every family of upstream's metrics reference (tests/fixtures) is served, but those the
+/// controller does not export (`UPSTREAM_NOT_EXPORTED`, with why); and after a scale-up, drift,
+/// interruptions and emptiness, the families those feed have samples.
+fn upstream_families_are_served(metrics: &str) {
+    let reference =
+        std::fs::read_to_string(repo().join("tests/fixtures/upstream/metrics-v1.14.1.txt")).unwrap();
+    let served = served_families(metrics);
+    let skipped: Vec<&str> = karpenter::metrics::UPSTREAM_NOT_EXPORTED.iter().map(|(n, _)| *n).collect();
+    let missing: Vec<&str> = reference
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter(|name| !skipped.contains(name) && !served.contains(*name))
+        .collect();
+    assert!(missing.is_empty(), "upstream's families not served: {missing:?}");
+    for series in [
+        "karpenter_nodeclaims_created_total",
+        "karpenter_nodeclaims_launched_total",
+        "karpenter_nodeclaims_registered_total",
+        "karpenter_nodeclaims_initialized_total",
+        "karpenter_nodeclaims_terminated_total",
+        "karpenter_nodeclaims_disrupted_total",
+        "karpenter_nodeclaims_termination_duration_seconds_count",
+        "karpenter_nodeclaims_instance_termination_duration_seconds_count",
+        "karpenter_nodes_created_total",
+        "karpenter_nodes_terminated_total",
+        "karpenter_nodes_termination_duration_seconds_count",
+        "karpenter_nodes_lifetime_duration_seconds_count",
+        "karpenter_pods_bound_duration_seconds_count",
+        "karpenter_pods_startup_duration_seconds_count",
+        "karpenter_pods_scheduling_decision_duration_seconds_count",
+        "karpenter_pods_provisioning_bound_duration_seconds_count",
+        "karpenter_pods_provisioning_startup_duration_seconds_count",
+        "karpenter_pods_drained_total",
+        "karpenter_pods_eviction_requests_total",
+        "karpenter_interruption_received_messages_total",
+        "karpenter_interruption_deleted_messages_total",
+        "karpenter_interruption_message_queue_duration_seconds_count",
+        "karpenter_voluntary_disruption_decisions_total",
+        "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count",
+        "karpenter_scheduler_scheduling_duration_seconds_count",
+        "karpenter_cloudprovider_duration_seconds_count",
+        "karpenter_cloudprovider_instance_type_offering_price_estimate",
+        "controller_runtime_reconcile_total",
+        "controller_runtime_reconcile_time_seconds_count",
+        "operator_nodeclaim_status_condition_transitions_total",
+    ] {
+        assert!(sample_sum(metrics, series) > 0.0, "{series} has samples in /metrics");
+    }
+    // The startup summary's quantiles, which upstream's performance dashboard reads.
+    assert!(
+        metrics.contains("karpenter_pods_startup_duration_seconds{quantile=\"0.99\"}"),
+        "quantiles served"
+    );
 }
 
 /// Sets the capacity types the fixture's NodePool allows.

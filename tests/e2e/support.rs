@@ -1138,3 +1138,29 @@ async fn relay(
     }
     upstream.abort();
 }
+
+/// The families a `/metrics` text serves (its `# TYPE` lines), counters also under their `_total`
+/// name, as upstream's reference names them.
+pub fn served_families(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let mut words = line.strip_prefix("# TYPE ").unwrap_or_default().split_whitespace();
+        if let (Some(name), Some(kind)) = (words.next(), words.next()) {
+            if kind == "counter" {
+                out.insert(format!("{name}_total"));
+            }
+            out.insert(name.to_string());
+        }
+    }
+    out
+}
+
+/// The sum of the samples of `series` (a metric name as it appears in samples, `_count` or
+/// `_total` included) in a `/metrics` text.
+pub fn sample_sum(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
