@@ -10,24 +10,45 @@
 //!   by the cluster-state change feed or a timer.
 //!
 //! Both retry a failed reconcile after [`Backoff::delay`], both log failures the same way (the
-//! controller's name, the key, the error with its causes), and both count reconciles, errors and
-//! their durations under controller-runtime's names (`controller_runtime_reconcile_total`,
-//! `controller_runtime_reconcile_errors_total`, `controller_runtime_reconcile_time_seconds`). A key's
-//! bookkeeping (its failure count, its timer) is dropped with [`Queue::forget`] when its object
-//! goes, so nothing accumulates for objects that no longer exist.
+//! controller's name, the key, the error with its causes), and both treat a reconcile that panics
+//! as a failure (logged, counted, retried: the worker survives), as controller-runtime does with
+//! `RecoverPanic`. A key's bookkeeping (its failure count, its timer, its timestamps) is dropped
+//! with [`Queue::forget`] or when the key leaves the queue, so nothing accumulates for objects that
+//! no longer exist.
+//!
+//! Both feed controller-runtime's families, with its names and labels:
+//!
+//! * `controller_runtime_reconcile_total{controller,result}` (`result` is `success` after
+//!   [`Next::Wait`], `requeue_after` after [`Next::After`], `error` after a failure or a panic;
+//!   the `requeue` series exists at 0, as no reconcile asks for a plain requeue),
+//!   `controller_runtime_reconcile_errors_total`, `controller_runtime_reconcile_panics_total`,
+//!   `controller_runtime_reconcile_time_seconds`, `controller_runtime_active_workers` and
+//!   `controller_runtime_max_concurrent_reconciles`, all created when the controller starts;
+//! * `controller_runtime_terminal_reconcile_errors_total` and
+//!   `controller_runtime_reconcile_timeouts_total`, created at 0 and never counted: every failure
+//!   is retried and no reconcile is cut short by a timeout;
+//! * the `workqueue_*` families (`name` and `controller` both the controller's name; `depth` also
+//!   `priority="0"`): a keyed controller's [`Queue`] feeds all of them (see [`Queue::instrument`]);
+//!   a singleton, which has no queue, feeds `adds_total` (one per pass), `work_duration_seconds`
+//!   (each pass), `unfinished_work_seconds` and `longest_running_processor_seconds` (the age of
+//!   the pass under way, every 500 ms, 0 between passes) and a `depth` of 0; its
+//!   `queue_duration_seconds` and `retries_total` are not exported.
 
+use std::any::Any;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Display;
 use std::future::Future;
 use std::hash::Hash;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::apis::NodeClaim;
-use crate::metrics::Metrics;
+use crate::metrics::{Labels, Metrics};
 use crate::util::error_chain;
 
 /// What a successful reconcile asks for next.
@@ -76,6 +97,75 @@ impl Backoff {
     }
 }
 
+/// How often the `workqueue_unfinished_work_seconds` and
+/// `workqueue_longest_running_processor_seconds` gauges are updated, as controller-runtime does.
+const UNFINISHED_WORK_EVERY: Duration = Duration::from_millis(500);
+
+/// The `workqueue_*` series of one queue.
+#[derive(Debug)]
+struct QueueMetrics {
+    metrics: Arc<Metrics>,
+    /// `name` and `controller`.
+    labels: Labels,
+    /// `name`, `controller` and `priority` (always `0`), of `workqueue_depth`.
+    depth_labels: Labels,
+}
+
+impl QueueMetrics {
+    /// The series of the queue `name`, created (counters and histograms empty, gauges at 0) as
+    /// client-go creates them with a queue.
+    fn new(name: &str, metrics: Arc<Metrics>) -> Self {
+        let labels = workqueue_labels(name);
+        let mut depth_labels = labels.clone();
+        depth_labels.push(("priority", "0".to_string()));
+        let wq = &metrics.workqueue;
+        let _ = wq.adds.get_or_create(&labels);
+        let _ = wq.retries.get_or_create(&labels);
+        let _ = wq.queue_duration.get_or_create(&labels);
+        let _ = wq.work_duration.get_or_create(&labels);
+        wq.depth.get_or_create(&depth_labels).set(0.0);
+        wq.unfinished_work_seconds.get_or_create(&labels).set(0.0);
+        wq.longest_running_processor_seconds.get_or_create(&labels).set(0.0);
+        QueueMetrics { metrics, labels, depth_labels }
+    }
+
+    /// A key became ready.
+    fn added(&self) {
+        self.metrics.workqueue.adds.get_or_create(&self.labels).inc();
+    }
+
+    /// A key was added back after a delay.
+    fn retried(&self) {
+        self.metrics.workqueue.retries.get_or_create(&self.labels).inc();
+    }
+
+    /// `ready` keys wait for a worker.
+    fn depth(&self, ready: usize) {
+        self.metrics.workqueue.depth.get_or_create(&self.depth_labels).set(ready as f64);
+    }
+
+    /// A key waited `waited`, ready, before a worker took it.
+    fn waited(&self, waited: Duration) {
+        self.metrics.workqueue.queue_duration.get_or_create(&self.labels).observe(waited.as_secs_f64());
+    }
+
+    /// A worker held a key for `held`.
+    fn worked(&self, held: Duration) {
+        self.metrics.workqueue.work_duration.get_or_create(&self.labels).observe(held.as_secs_f64());
+    }
+
+    /// The keys held now have been held `total` seconds together, the longest `longest`.
+    fn unfinished(&self, total: f64, longest: f64) {
+        self.metrics.workqueue.unfinished_work_seconds.get_or_create(&self.labels).set(total);
+        self.metrics.workqueue.longest_running_processor_seconds.get_or_create(&self.labels).set(longest);
+    }
+}
+
+/// The `name` and `controller` labels of the `workqueue_*` series of controller `name`.
+fn workqueue_labels(name: &str) -> Labels {
+    vec![("name", name.to_string()), ("controller", name.to_string())]
+}
+
 /// A coalescing work queue of keys, with per-key timers and failure counts.
 ///
 /// * A key added while it waits is not added twice; a key added while a worker holds it is
@@ -84,6 +174,7 @@ impl Backoff {
 ///   [`Queue::add`] replaces the timer.
 /// * Failure counts live here, so the backoff of a key survives between reconciles and
 ///   [`Queue::forget`] drops everything about a key at once.
+/// * Once [instrumented](Queue::instrument), it feeds the `workqueue_*` families.
 pub struct Queue<K> {
     inner: Mutex<Inner<K>>,
     notify: Notify,
@@ -92,7 +183,11 @@ pub struct Queue<K> {
 struct Inner<K> {
     ready: VecDeque<K>,
     queued: HashSet<K>,
+    /// When each key of `ready` became ready.
+    ready_since: HashMap<K, Instant>,
     active: HashSet<K>,
+    /// When each key of `active` was handed out.
+    active_since: HashMap<K, Instant>,
     again: HashSet<K>,
     timers: BTreeSet<(Instant, u64)>,
     timer_keys: HashMap<u64, K>,
@@ -100,6 +195,7 @@ struct Inner<K> {
     next_timer: u64,
     failures: HashMap<K, u32>,
     closed: bool,
+    metrics: Option<QueueMetrics>,
 }
 
 impl<K> std::fmt::Debug for Queue<K> {
@@ -114,7 +210,9 @@ impl<K: Clone + Eq + Hash> Default for Queue<K> {
             inner: Mutex::new(Inner {
                 ready: VecDeque::new(),
                 queued: HashSet::new(),
+                ready_since: HashMap::new(),
                 active: HashSet::new(),
+                active_since: HashMap::new(),
                 again: HashSet::new(),
                 timers: BTreeSet::new(),
                 timer_keys: HashMap::new(),
@@ -122,6 +220,7 @@ impl<K: Clone + Eq + Hash> Default for Queue<K> {
                 next_timer: 0,
                 failures: HashMap::new(),
                 closed: false,
+                metrics: None,
             }),
             notify: Notify::new(),
         }
@@ -136,12 +235,24 @@ impl<K: Clone + Eq + Hash> Inner<K> {
         }
     }
 
-    fn push(&mut self, key: K) {
+    /// Puts `key` on the ready list, unless it is there already.
+    fn make_ready(&mut self, key: K, now: Instant) {
+        if self.queued.insert(key.clone()) {
+            self.ready_since.insert(key.clone(), now);
+            self.ready.push_back(key);
+            if let Some(m) = &self.metrics {
+                m.added();
+                m.depth(self.ready.len());
+            }
+        }
+    }
+
+    fn push(&mut self, key: K, now: Instant) {
         self.cancel_timer(&key);
         if self.active.contains(&key) {
             self.again.insert(key);
-        } else if self.queued.insert(key.clone()) {
-            self.ready.push_back(key);
+        } else {
+            self.make_ready(key, now);
         }
     }
 
@@ -173,8 +284,8 @@ impl<K: Clone + Eq + Hash> Inner<K> {
                 self.timer_of.remove(&key);
                 if self.active.contains(&key) {
                     self.again.insert(key);
-                } else if self.queued.insert(key.clone()) {
-                    self.ready.push_back(key);
+                } else {
+                    self.make_ready(key, now);
                 }
             }
         }
@@ -192,13 +303,55 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Feeds the `workqueue_*` families of `metrics` from now on, labelled `name` and
+    /// `controller` (both `name`; `workqueue_depth` also `priority="0"`), as controller-runtime's
+    /// queue of controller `name` does, and creates their series:
+    ///
+    /// * `workqueue_adds_total`: each time a key becomes ready (added, or its timer due), not when
+    ///   it was ready already;
+    /// * `workqueue_depth`: the keys ready and waiting for a worker;
+    /// * `workqueue_queue_duration_seconds`: from a key becoming ready to a worker taking it;
+    /// * `workqueue_work_duration_seconds`: from a worker taking a key to [`Queue::done`];
+    /// * `workqueue_retries_total`: each add with a delay ([`Queue::add_after`] with a delay,
+    ///   and [`Queue::done`] scheduling a requeue or a retry);
+    /// * `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds`:
+    ///   updated by [`run_keyed`] every 500 ms from the keys held.
+    ///
+    /// [`run_keyed`] calls it when given metrics; a queue of [`Queue::new`] feeds nothing.
+    pub fn instrument(&self, name: &str, metrics: Arc<Metrics>) {
+        let queue_metrics = QueueMetrics::new(name, metrics);
+        let mut inner = self.lock();
+        // Keys added before the controller started (its first list) count as adds too.
+        for _ in 0..inner.ready.len() {
+            queue_metrics.added();
+        }
+        queue_metrics.depth(inner.ready.len());
+        inner.metrics = Some(queue_metrics);
+    }
+
+    /// Sets `workqueue_unfinished_work_seconds` (the seconds the keys held now have been held,
+    /// summed) and `workqueue_longest_running_processor_seconds` (the longest of them), 0 when no
+    /// key is held; nothing if the queue is not instrumented.
+    fn update_unfinished_work(&self) {
+        let inner = self.lock();
+        let Some(m) = &inner.metrics else { return };
+        let now = Instant::now();
+        let (mut total, mut longest) = (0.0_f64, 0.0_f64);
+        for since in inner.active_since.values() {
+            let held = now.saturating_duration_since(*since).as_secs_f64();
+            total += held;
+            longest = longest.max(held);
+        }
+        m.unfinished(total, longest);
+    }
+
     /// Asks for `key` to be reconciled now.
     pub fn add(&self, key: K) {
         let mut inner = self.lock();
         if inner.closed {
             return;
         }
-        inner.push(key);
+        inner.push(key, Instant::now());
         drop(inner);
         self.notify.notify_waiters();
     }
@@ -211,6 +364,9 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         let mut inner = self.lock();
         if inner.closed {
             return;
+        }
+        if let Some(m) = &inner.metrics {
+            m.retried();
         }
         inner.schedule(key, Instant::now() + delay);
         drop(inner);
@@ -229,10 +385,19 @@ impl<K: Clone + Eq + Hash> Queue<K> {
                 if inner.closed {
                     return None;
                 }
-                let deadline = inner.fire_due(Instant::now());
+                let now = Instant::now();
+                let deadline = inner.fire_due(now);
                 if let Some(key) = inner.ready.pop_front() {
                     inner.queued.remove(&key);
+                    let since = inner.ready_since.remove(&key);
                     inner.active.insert(key.clone());
+                    inner.active_since.insert(key.clone(), now);
+                    if let Some(m) = &inner.metrics {
+                        if let Some(since) = since {
+                            m.waited(now.saturating_duration_since(since));
+                        }
+                        m.depth(inner.ready.len());
+                    }
                     return Some(key);
                 }
                 deadline
@@ -254,25 +419,38 @@ impl<K: Clone + Eq + Hash> Queue<K> {
     /// count (0 after a success).
     pub fn done(&self, key: &K, outcome: Result<Next, ()>, backoff: &Backoff) -> u32 {
         let mut inner = self.lock();
+        let now = Instant::now();
         inner.active.remove(key);
-        let failures = match outcome {
+        let held = inner.active_since.remove(key);
+        if let (Some(m), Some(since)) = (&inner.metrics, held) {
+            m.worked(now.saturating_duration_since(since));
+        }
+        let (failures, delay) = match outcome {
             Ok(next) => {
                 inner.failures.remove(key);
-                if let Next::After(delay) = next {
-                    inner.schedule(key.clone(), Instant::now() + delay);
+                match next {
+                    Next::After(delay) => (0, Some(delay)),
+                    Next::Wait => (0, None),
                 }
-                0
             }
             Err(()) => {
                 let n = inner.failures.entry(key.clone()).or_insert(0);
                 *n = n.saturating_add(1);
                 let n = *n;
-                inner.schedule(key.clone(), Instant::now() + backoff.delay(n));
-                n
+                (n, Some(backoff.delay(n)))
             }
         };
+        if let Some(delay) = delay {
+            if !delay.is_zero()
+                && !inner.closed
+                && let Some(m) = &inner.metrics
+            {
+                m.retried();
+            }
+            inner.schedule(key.clone(), now + delay);
+        }
         if inner.again.remove(key) && !inner.closed {
-            inner.push(key.clone());
+            inner.push(key.clone(), now);
         }
         drop(inner);
         self.notify.notify_waiters();
@@ -296,7 +474,9 @@ impl<K: Clone + Eq + Hash> Queue<K> {
     pub fn tracked(&self) -> usize {
         let inner = self.lock();
         let mut keys: HashSet<&K> = inner.queued.iter().collect();
+        keys.extend(inner.ready_since.keys());
         keys.extend(inner.active.iter());
+        keys.extend(inner.active_since.keys());
         keys.extend(inner.timer_of.keys());
         keys.extend(inner.failures.keys());
         keys.len()
@@ -369,17 +549,105 @@ pub async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Reports the end of one reconcile, which took `took`, in the log and the metrics; returns
-/// nothing.
+/// The `controller` label of controller `name`.
+fn controller_labels(name: &str) -> Labels {
+    vec![("controller", name.to_string())]
+}
+
+/// Creates the controller-runtime series of controller `name`, which runs `workers` reconciles at
+/// once, as controller-runtime does when a controller starts:
+/// `controller_runtime_max_concurrent_reconciles` set to `workers`,
+/// `controller_runtime_active_workers` to 0, and the four `controller_runtime_reconcile_total`
+/// series (`error`, `requeue_after`, `requeue`, `success`),
+/// `controller_runtime_reconcile_errors_total`, `controller_runtime_reconcile_panics_total`,
+/// `controller_runtime_terminal_reconcile_errors_total` and
+/// `controller_runtime_reconcile_timeouts_total` at 0. The last two stay at 0: every failure is
+/// retried (none is terminal) and no reconcile is cut short by a timeout.
+fn start_metrics(metrics: &Metrics, name: &str, workers: usize) {
+    let controller = controller_labels(name);
+    metrics.controller_max_concurrent_reconciles.get_or_create(&controller).set(workers as f64);
+    metrics.controller_active_workers.get_or_create(&controller).set(0.0);
+    for result in ["error", "requeue_after", "requeue", "success"] {
+        let _ = metrics
+            .controller_reconcile
+            .get_or_create(&vec![("controller", name.to_string()), ("result", result.to_string())]);
+    }
+    for family in [
+        &metrics.controller_reconcile_errors,
+        &metrics.controller_terminal_reconcile_errors,
+        &metrics.controller_reconcile_panics,
+        &metrics.controller_reconcile_timeouts,
+    ] {
+        let _ = family.get_or_create(&controller);
+    }
+}
+
+/// One reconcile under way, counted in `controller_runtime_active_workers` until dropped.
+struct ActiveWorker<'a> {
+    metrics: &'a Metrics,
+    labels: Labels,
+}
+
+impl<'a> ActiveWorker<'a> {
+    /// Counts a reconcile of controller `name` starting.
+    fn start(metrics: &'a Metrics, name: &str) -> Self {
+        let labels = controller_labels(name);
+        metrics.controller_active_workers.get_or_create(&labels).inc();
+        ActiveWorker { metrics, labels }
+    }
+}
+
+impl Drop for ActiveWorker<'_> {
+    fn drop(&mut self) {
+        self.metrics.controller_active_workers.get_or_create(&self.labels).dec();
+    }
+}
+
+/// A reconcile that panicked, as controller-runtime reports it once recovered.
+#[derive(Debug, thiserror::Error)]
+#[error("panic: {0} [recovered]")]
+struct Panicked(String);
+
+/// The message of a panic's payload.
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(message) = payload.downcast_ref::<&'static str>() {
+        (*message).to_string()
+    } else if let Some(message) = payload.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// Reports that a reconcile of `key` by controller `name` panicked with `payload`: logs it and
+/// counts it in `controller_runtime_reconcile_panics_total`. Returns the error the reconcile is
+/// then treated as failing with.
+fn panicked(
+    name: &'static str,
+    key: &dyn Display,
+    payload: &(dyn Any + Send),
+    metrics: Option<&Metrics>,
+) -> Panicked {
+    let message = panic_message(payload);
+    tracing::error!(controller = name, key = %key, panic = %message, "Observed a panic in reconciler");
+    if let Some(m) = metrics {
+        m.controller_reconcile_panics.get_or_create(&controller_labels(name)).inc();
+    }
+    Panicked(message)
+}
+
+/// Reports the end of one reconcile, which took `took`, in the log and the metrics: a success
+/// with what it asked for next, or a failure with its error and when it is retried.
 fn report(
     name: &'static str,
     key: &dyn Display,
     took: Duration,
-    result: Result<(), (&(dyn std::error::Error + 'static), Duration)>,
+    result: Result<Next, (&(dyn std::error::Error + 'static), Duration)>,
     metrics: Option<&Metrics>,
 ) {
     let outcome = match result {
-        Ok(()) => "success",
+        Ok(Next::Wait) => "success",
+        Ok(Next::After(_)) => "requeue_after",
         Err((error, retry_in)) => {
             if is_conflict(error) {
                 tracing::debug!(controller = name, key = %key, error = %error_chain(error), retry_in = ?retry_in, "conflict, retrying");
@@ -387,7 +655,7 @@ fn report(
                 tracing::error!(controller = name, key = %key, error = %error_chain(error), retry_in = ?retry_in, "Reconciler error");
             }
             if let Some(m) = metrics {
-                m.controller_reconcile_errors.get_or_create(&vec![("controller", name.to_string())]).inc();
+                m.controller_reconcile_errors.get_or_create(&controller_labels(name)).inc();
             }
             "error"
         }
@@ -396,14 +664,18 @@ fn report(
         m.controller_reconcile
             .get_or_create(&vec![("controller", name.to_string()), ("result", outcome.to_string())])
             .inc();
-        m.controller_reconcile_time
-            .get_or_create(&vec![("controller", name.to_string())])
-            .observe(took.as_secs_f64());
+        m.controller_reconcile_time.get_or_create(&controller_labels(name)).observe(took.as_secs_f64());
     }
 }
 
 /// Runs a keyed controller: `options.workers` tasks take keys from `queue` and reconcile them
 /// until `stop` turns true, when the queue is closed and the reconciles under way finish.
+///
+/// A reconcile that panics is logged (`Observed a panic in reconciler`), counted in
+/// `controller_runtime_reconcile_panics_total` and treated as a failure: its key is retried after
+/// the backoff and the worker goes on. With `metrics`, the controller's controller-runtime series
+/// are created at start (see the module's documentation), `queue` is
+/// [instrumented](Queue::instrument), and its unfinished-work gauges are updated every 500 ms.
 pub async fn run_keyed<R: Reconcile>(
     reconciler: Arc<R>,
     queue: Arc<Queue<R::Key>>,
@@ -412,21 +684,37 @@ pub async fn run_keyed<R: Reconcile>(
     mut stop: watch::Receiver<bool>,
 ) {
     tracing::info!(controller = options.name, "starting controller");
+    if let Some(m) = &metrics {
+        start_metrics(m, options.name, options.workers);
+        queue.instrument(options.name, m.clone());
+    }
     let workers = (0..options.workers).map(|_| {
         let (reconciler, queue, options, metrics) =
             (reconciler.clone(), queue.clone(), options.clone(), metrics.clone());
         async move {
             while let Some(key) = queue.next().await {
-                // Boxed: a reconcile's future can be large, and a worker is polled deep in others.
                 let started = tokio::time::Instant::now();
-                let result = Box::pin(reconciler.reconcile(&key)).await;
+                let active = metrics.as_deref().map(|m| ActiveWorker::start(m, options.name));
+                // Boxed: a reconcile's future can be large, and a worker is polled deep in others.
+                // The reconcile is created inside the guarded future, so that a panic while
+                // creating it is caught too.
+                let result =
+                    Box::pin(AssertUnwindSafe(async { reconciler.reconcile(&key).await }).catch_unwind())
+                        .await;
+                drop(active);
                 let took = started.elapsed();
                 match result {
-                    Ok(next) => {
+                    Ok(Ok(next)) => {
                         queue.done(&key, Ok(next), &options.backoff);
-                        report(options.name, &key, took, Ok(()), metrics.as_deref());
+                        report(options.name, &key, took, Ok(next), metrics.as_deref());
                     }
-                    Err(error) => {
+                    Ok(Err(error)) => {
+                        let failures = queue.done(&key, Err(()), &options.backoff);
+                        let retry_in = options.backoff.delay(failures);
+                        report(options.name, &key, took, Err((&error, retry_in)), metrics.as_deref());
+                    }
+                    Err(payload) => {
+                        let error = panicked(options.name, &key, &*payload, metrics.as_deref());
                         let failures = queue.done(&key, Err(()), &options.backoff);
                         let retry_in = options.backoff.delay(failures);
                         report(options.name, &key, took, Err((&error, retry_in)), metrics.as_deref());
@@ -437,13 +725,28 @@ pub async fn run_keyed<R: Reconcile>(
     });
     let workers = futures::future::join_all(workers);
     tokio::pin!(workers);
+    // controller-runtime's queue updates its unfinished-work gauges every 500 ms.
+    let unfinished_work = async {
+        if metrics.is_some() {
+            let mut every = tokio::time::interval(UNFINISHED_WORK_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                every.tick().await;
+                queue.update_unfinished_work();
+            }
+        }
+        std::future::pending::<()>().await
+    };
     tokio::select! {
         _ = &mut workers => {}
+        _ = unfinished_work => {}
         _ = stopped(&mut stop) => {
             queue.close();
             workers.await;
         }
     }
+    // Nothing is held any more: the gauges go back to 0.
+    queue.update_unfinished_work();
     tracing::info!(controller = options.name, "stopped controller");
 }
 
@@ -490,6 +793,14 @@ impl Wake for Timer {
 /// Runs a singleton controller until `stop` turns true: `pass` runs once at start, then whenever
 /// `wake` reports a change, when the delay it asked for is up, or, after a failure, when the
 /// backoff is up.
+///
+/// A pass that panics is logged (`Observed a panic in reconciler`), counted in
+/// `controller_runtime_reconcile_panics_total` and treated as a failure (retried after the
+/// backoff). With `metrics`, the controller's controller-runtime series are created at start
+/// (one worker), and the `workqueue_*` series this singleton feeds are those the module's
+/// documentation lists: `adds_total` +1 at each pass start, `work_duration_seconds` of each
+/// finished pass, `unfinished_work_seconds` and `longest_running_processor_seconds` the age of the
+/// pass under way (updated every 500 ms, 0 between passes) and `depth` 0.
 pub async fn run_singleton<F, Fut, E, W>(
     options: Options,
     metrics: Option<Arc<Metrics>>,
@@ -503,27 +814,70 @@ pub async fn run_singleton<F, Fut, E, W>(
     W: Wake,
 {
     tracing::info!(controller = options.name, "starting controller");
+    let queue_labels = workqueue_labels(options.name);
+    if let Some(m) = &metrics {
+        start_metrics(m, options.name, 1);
+        let wq = &m.workqueue;
+        let _ = wq.adds.get_or_create(&queue_labels);
+        let _ = wq.work_duration.get_or_create(&queue_labels);
+        let mut depth_labels = queue_labels.clone();
+        depth_labels.push(("priority", "0".to_string()));
+        wq.depth.get_or_create(&depth_labels).set(0.0);
+        set_unfinished_work(m, &queue_labels, Duration::ZERO);
+    }
     let mut failures: u32 = 0;
     loop {
         if *stop.borrow() {
             break;
         }
         let started = tokio::time::Instant::now();
-        let result = tokio::select! {
-            r = pass() => r,
-            _ = stopped(&mut stop) => break,
+        if let Some(m) = &metrics {
+            m.workqueue.adds.get_or_create(&queue_labels).inc();
+        }
+        let active = metrics.as_deref().map(|m| ActiveWorker::start(m, options.name));
+        // The pass is created inside the guarded future, so that a panic while creating it is
+        // caught too.
+        let run = AssertUnwindSafe(async { pass().await }).catch_unwind();
+        tokio::pin!(run);
+        let mut every = tokio::time::interval(UNFINISHED_WORK_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let result = loop {
+            tokio::select! {
+                r = &mut run => break Some(r),
+                _ = every.tick(), if metrics.is_some() => {
+                    if let Some(m) = &metrics {
+                        set_unfinished_work(m, &queue_labels, started.elapsed());
+                    }
+                }
+                _ = stopped(&mut stop) => break None,
+            }
         };
+        drop(active);
         let took = started.elapsed();
+        if let Some(m) = &metrics {
+            set_unfinished_work(m, &queue_labels, Duration::ZERO);
+            if result.is_some() {
+                m.workqueue.work_duration.get_or_create(&queue_labels).observe(took.as_secs_f64());
+            }
+        }
+        let Some(result) = result else { break };
         let (delay, woken_by_changes) = match result {
-            Ok(next) => {
+            Ok(Ok(next)) => {
                 failures = 0;
-                report(options.name, &"", took, Ok(()), metrics.as_deref());
+                report(options.name, &"", took, Ok(next), metrics.as_deref());
                 match next {
                     Next::Wait => (None, true),
                     Next::After(d) => (Some(d), true),
                 }
             }
-            Err(error) => {
+            Ok(Err(error)) => {
+                failures = failures.saturating_add(1);
+                let retry_in = options.backoff.delay(failures);
+                report(options.name, &"", took, Err((&error, retry_in)), metrics.as_deref());
+                (Some(retry_in), false)
+            }
+            Err(payload) => {
+                let error = panicked(options.name, &"", &*payload, metrics.as_deref());
                 failures = failures.saturating_add(1);
                 let retry_in = options.backoff.delay(failures);
                 report(options.name, &"", took, Err((&error, retry_in)), metrics.as_deref());
@@ -545,6 +899,15 @@ pub async fn run_singleton<F, Fut, E, W>(
         }
     }
     tracing::info!(controller = options.name, "stopped controller");
+}
+
+/// Sets a singleton's `workqueue_unfinished_work_seconds` and
+/// `workqueue_longest_running_processor_seconds` (labelled `labels`) to the age of its pass under
+/// way, `age` (zero between passes).
+fn set_unfinished_work(metrics: &Metrics, labels: &Labels, age: Duration) {
+    let seconds = age.as_secs_f64();
+    metrics.workqueue.unfinished_work_seconds.get_or_create(labels).set(seconds);
+    metrics.workqueue.longest_running_processor_seconds.get_or_create(labels).set(seconds);
 }
 
 /// Counts `claim` in `karpenter_nodeclaims_disrupted_total{reason,nodepool,capacity_type}`.
@@ -736,6 +1099,285 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 2, "once per change");
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 3, "and on its timer");
+        stop_tx.send_replace(true);
+        task.await.unwrap();
+    }
+
+    fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+        pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+    }
+
+    fn reconciles(m: &Metrics, controller: &str, result: &str) -> u64 {
+        m.controller_reconcile.get_or_create(&labels(&[("controller", controller), ("result", result)])).get()
+    }
+
+    fn counter(family: &crate::metrics::CounterFamily, l: &Labels) -> u64 {
+        family.get_or_create(l).get()
+    }
+
+    fn gauge(family: &crate::metrics::GaugeFamily, l: &Labels) -> f64 {
+        family.get_or_create(l).get()
+    }
+
+    /// The value of `series` (name and labels, as encoded) in `registry`'s text encoding.
+    fn sample(registry: &prometheus_client::registry::Registry, series: &str) -> Option<f64> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Succeeds, requeues or fails by key; `bomb` panics at its first reconcile.
+    struct ByKey {
+        bombs: AtomicU32,
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl ByKey {
+        fn new() -> Self {
+            ByKey { bombs: AtomicU32::new(0), calls: Mutex::new(Vec::new()) }
+        }
+
+        fn calls(&self, key: &str) -> usize {
+            self.calls.lock().unwrap().iter().filter(|k| k.as_str() == key).count()
+        }
+    }
+
+    impl Reconcile for ByKey {
+        type Key = String;
+        type Error = Boom;
+
+        async fn reconcile(&self, key: &String) -> Result<Next, Boom> {
+            self.calls.lock().unwrap().push(key.clone());
+            match key.as_str() {
+                "after" => Ok(Next::After(Duration::from_secs(3600))),
+                "fail" => Err(Boom),
+                "bomb" if self.bombs.fetch_add(1, Ordering::SeqCst) == 0 => panic!("bomb went off"),
+                _ => Ok(Next::Wait),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keyed_controller_counts_reconciles_by_result() {
+        let metrics = Arc::new(Metrics::unregistered());
+        let r = Arc::new(ByKey::new());
+        let q = Arc::new(Queue::new());
+        let (stop_tx, stop) = watch::channel(false);
+        for key in ["wait", "after", "fail"] {
+            q.add(key.to_string());
+        }
+        let options = Options::new("test").workers(2);
+        let task = tokio::spawn(run_keyed(r.clone(), q.clone(), options, Some(metrics.clone()), stop));
+        // Before the failure's 1 s retry.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let m = &*metrics;
+        assert_eq!(reconciles(m, "test", "success"), 1);
+        assert_eq!(reconciles(m, "test", "requeue_after"), 1);
+        assert_eq!(reconciles(m, "test", "error"), 1);
+        let controller = labels(&[("controller", "test")]);
+        assert_eq!(counter(&m.controller_reconcile_errors, &controller), 1);
+        // Created at start, never counted.
+        assert!(
+            m.controller_reconcile.get(&labels(&[("controller", "test"), ("result", "requeue")])).is_some()
+        );
+        assert_eq!(reconciles(m, "test", "requeue"), 0);
+        for family in [
+            &m.controller_reconcile_panics,
+            &m.controller_reconcile_timeouts,
+            &m.controller_terminal_reconcile_errors,
+        ] {
+            assert!(family.get(&controller).is_some());
+            assert_eq!(counter(family, &controller), 0);
+        }
+        assert_eq!(gauge(&m.controller_max_concurrent_reconciles, &controller), 2.0);
+        assert_eq!(gauge(&m.controller_active_workers, &controller), 0.0);
+        let queue = labels(&[("name", "test"), ("controller", "test")]);
+        assert_eq!(counter(&m.workqueue.adds, &queue), 3);
+        assert_eq!(counter(&m.workqueue.retries, &queue), 2, "the requeue and the retry");
+        assert_eq!(
+            gauge(
+                &m.workqueue.depth,
+                &labels(&[("name", "test"), ("controller", "test"), ("priority", "0")])
+            ),
+            0.0
+        );
+        stop_tx.send_replace(true);
+        task.await.unwrap();
+        assert_eq!(gauge(&m.workqueue.unfinished_work_seconds, &queue), 0.0);
+        assert_eq!(gauge(&m.workqueue.longest_running_processor_seconds, &queue), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_reconcile_is_counted_and_retried_and_the_worker_goes_on() {
+        let metrics = Arc::new(Metrics::unregistered());
+        let r = Arc::new(ByKey::new());
+        let q = Arc::new(Queue::new());
+        let (stop_tx, stop) = watch::channel(false);
+        q.add("bomb".to_string());
+        q.add("wait".to_string());
+        let task =
+            tokio::spawn(run_keyed(r.clone(), q.clone(), Options::new("test"), Some(metrics.clone()), stop));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(r.calls("bomb"), 2, "retried after the panic");
+        assert_eq!(r.calls("wait"), 1, "the one worker survived the panic");
+        assert_eq!(q.failures(&"bomb".to_string()), 0);
+        let m = &*metrics;
+        let controller = labels(&[("controller", "test")]);
+        assert_eq!(counter(&m.controller_reconcile_panics, &controller), 1);
+        assert_eq!(counter(&m.controller_reconcile_errors, &controller), 1);
+        assert_eq!(reconciles(m, "test", "error"), 1);
+        assert_eq!(reconciles(m, "test", "success"), 2);
+        assert_eq!(gauge(&m.controller_active_workers, &controller), 0.0);
+        assert_eq!(gauge(&m.controller_max_concurrent_reconciles, &controller), 1.0);
+        assert!(!task.is_finished());
+        stop_tx.send_replace(true);
+        task.await.unwrap();
+        assert_eq!(q.tracked(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_instrumented_queue_counts_adds_retries_depth_and_durations() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        let m = &*metrics;
+        let q: Queue<&str> = Queue::new();
+        q.instrument("q", metrics.clone());
+        let queue = labels(&[("name", "q"), ("controller", "q")]);
+        let depth_labels = labels(&[("name", "q"), ("controller", "q"), ("priority", "0")]);
+        let adds = || counter(&m.workqueue.adds, &queue);
+        let retries = || counter(&m.workqueue.retries, &queue);
+        let depth = || gauge(&m.workqueue.depth, &depth_labels);
+        assert_eq!((adds(), retries(), depth()), (0, 0, 0.0), "created empty");
+
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!((adds(), depth()), (2, 2.0), "a ready key is not added again");
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(depth(), 1.0);
+        q.add("a");
+        assert_eq!(adds(), 2, "held: ready again only once released");
+        q.done(&"a", Ok(Next::Wait), &Backoff::DEFAULT);
+        assert_eq!((adds(), depth()), (3, 2.0));
+        assert_eq!(q.next().await, Some("b"));
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(depth(), 0.0);
+
+        q.done(&"b", Ok(Next::After(Duration::from_secs(10))), &Backoff::DEFAULT);
+        q.done(&"a", Err(()), &Backoff::DEFAULT);
+        q.add_after("c", Duration::ZERO);
+        q.add_after("d", Duration::from_secs(5));
+        assert_eq!(retries(), 3, "the requeue, the retry and the delayed add");
+        assert_eq!(adds(), 4, "the immediate add");
+        for expected in ["c", "a", "d", "b"] {
+            assert_eq!(q.next().await, Some(expected));
+            q.done(&expected, Ok(Next::Wait), &Backoff::DEFAULT);
+        }
+        assert_eq!((adds(), retries(), depth()), (7, 3, 0.0), "each due timer is an add");
+        assert_eq!(q.tracked(), 0, "no timestamps left behind");
+        let handed_out =
+            sample(&registry, "workqueue_queue_duration_seconds_count{name=\"q\",controller=\"q\"}");
+        assert_eq!(handed_out, Some(7.0));
+        let worked = sample(&registry, "workqueue_work_duration_seconds_count{name=\"q\",controller=\"q\"}");
+        assert_eq!(worked, Some(7.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_unfinished_work_is_the_age_of_the_keys_held() {
+        let metrics = Arc::new(Metrics::unregistered());
+        let q: Queue<&str> = Queue::new();
+        q.instrument("q", metrics.clone());
+        let queue = labels(&[("name", "q"), ("controller", "q")]);
+        let read = || {
+            (
+                gauge(&metrics.workqueue.unfinished_work_seconds, &queue),
+                gauge(&metrics.workqueue.longest_running_processor_seconds, &queue),
+            )
+        };
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.next().await, Some("a"));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(q.next().await, Some("b"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        q.update_unfinished_work();
+        assert_eq!(read(), (6.0, 5.0));
+        q.done(&"a", Ok(Next::Wait), &Backoff::DEFAULT);
+        q.done(&"b", Ok(Next::Wait), &Backoff::DEFAULT);
+        q.update_unfinished_work();
+        assert_eq!(read(), (0.0, 0.0));
+    }
+
+    #[tokio::test]
+    async fn an_uninstrumented_queue_keeps_no_timestamps_behind() {
+        let q: Queue<&str> = Queue::new();
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.next().await, Some("a"));
+        q.update_unfinished_work();
+        q.done(&"a", Ok(Next::Wait), &Backoff::DEFAULT);
+        assert_eq!(q.tracked(), 1, "b waits");
+        q.forget(&"b");
+        assert_eq!(q.next().await, Some("b"), "a waiting reconcile still runs");
+        q.done(&"b", Ok(Next::Wait), &Backoff::DEFAULT);
+        assert_eq!(q.tracked(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_singleton_counts_passes_survives_a_panic_and_feeds_its_queue_series() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut registry));
+        let calls = Arc::new(AtomicU32::new(0));
+        let (_tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop_tx, stop) = watch::channel(false);
+        let c = calls.clone();
+        let task = tokio::spawn(run_singleton(
+            Options::new("single"),
+            Some(metrics.clone()),
+            Manual(rx),
+            stop,
+            move || {
+                let c = c.clone();
+                async move {
+                    if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                        panic!("first pass blew up");
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    Ok::<_, Boom>(Next::After(Duration::from_secs(60)))
+                }
+            },
+        ));
+        // The panic at start, then the retry 1 s later, under way for 1 s of its 2.
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        let m = &*metrics;
+        let controller = labels(&[("controller", "single")]);
+        let queue = labels(&[("name", "single"), ("controller", "single")]);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(gauge(&m.controller_active_workers, &controller), 1.0, "the retry is under way");
+        let unfinished = gauge(&m.workqueue.unfinished_work_seconds, &queue);
+        assert!((0.5..=1.1).contains(&unfinished), "{unfinished}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(counter(&m.controller_reconcile_panics, &controller), 1);
+        assert_eq!(reconciles(m, "single", "error"), 1);
+        assert_eq!(reconciles(m, "single", "requeue_after"), 1);
+        assert_eq!(reconciles(m, "single", "success"), 0);
+        assert_eq!(gauge(&m.controller_max_concurrent_reconciles, &controller), 1.0);
+        assert_eq!(gauge(&m.controller_active_workers, &controller), 0.0);
+        assert_eq!(counter(&m.workqueue.adds, &queue), 2, "one per pass");
+        assert_eq!(gauge(&m.workqueue.unfinished_work_seconds, &queue), 0.0);
+        assert_eq!(gauge(&m.workqueue.longest_running_processor_seconds, &queue), 0.0);
+        assert_eq!(
+            gauge(
+                &m.workqueue.depth,
+                &labels(&[("name", "single"), ("controller", "single"), ("priority", "0")])
+            ),
+            0.0
+        );
+        let passes =
+            sample(&registry, "workqueue_work_duration_seconds_count{name=\"single\",controller=\"single\"}");
+        assert_eq!(passes, Some(2.0));
         stop_tx.send_replace(true);
         task.await.unwrap();
     }
