@@ -1,8 +1,10 @@
 //! Node, utilisation and cost metrics, from the cluster state every few seconds (upstream's
 //! `metrics.node` controller, plus cost).
 //!
-//! - Per node, labelled `node_name`, `nodepool`, `zone`, `region`, `instance_type`, `arch`, `os`,
-//!   `capacity_type`, `managed` (upstream's core labels) and `resource_type`:
+//! - Per node, labelled as upstream labels them: `node_name`, `phase`, `managed`, one label per
+//!   well-known node label (`nodepool`, `zone`, `region`, `instance_type`, `arch`, `os`,
+//!   `capacity_type`, `instance_category`, `instance_cpu`, ...: the key's name after the `/`,
+//!   `-` as `_`; empty when the node lacks it) and `resource_type`:
 //!   `karpenter_nodes_allocatable`, `karpenter_nodes_total_pod_requests` and
 //!   `karpenter_nodes_total_pod_limits` (every pod bound to the node, DaemonSet pods included),
 //!   `karpenter_nodes_total_daemon_requests`, `karpenter_nodes_total_daemon_limits`,
@@ -30,9 +32,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use crate::apis::labels::{
-    LABEL_ARCH, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_OS, LABEL_TOPOLOGY_ZONE,
-};
+use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE, WELL_KNOWN_LABELS};
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
 use crate::metrics::{Labels, NodeSeries};
@@ -44,8 +44,6 @@ use crate::state::{ClusterState, StateNode};
 pub const CONTROLLER: &str = "metrics.node";
 /// How often the metrics are recomputed (upstream's period).
 const PERIOD: Duration = Duration::from_secs(5);
-/// `topology.kubernetes.io/region`.
-const LABEL_REGION: &str = "topology.kubernetes.io/region";
 
 /// One node's readings.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,6 +88,23 @@ pub fn resource_type(name: &str) -> String {
     name.to_lowercase().replace('-', "_")
 }
 
+/// The metric label of each well-known node label, as upstream names them: the part after the
+/// `/`, lowercased, `-` as `_` (`node.kubernetes.io/instance-type` is `instance_type`).
+fn metric_labels() -> &'static [(&'static str, &'static str)] {
+    static NAMES: std::sync::LazyLock<Vec<(&'static str, &'static str)>> = std::sync::LazyLock::new(|| {
+        WELL_KNOWN_LABELS
+            .iter()
+            .filter_map(|key| {
+                let (_, name) = key.split_once('/')?;
+                // Made once per process: the label names live as long as the metrics.
+                let name: &'static str = Box::leak(name.to_lowercase().replace('-', "_").into_boxed_str());
+                Some((*key, name))
+            })
+            .collect()
+    });
+    &NAMES
+}
+
 /// A quantity as the metrics report it: cores for CPU, the plain number otherwise.
 pub fn metric_value(resource: &str, v: i64) -> f64 {
     if resource == "cpu" { v as f64 / 1000.0 } else { v as f64 }
@@ -121,17 +136,10 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
         used.add_assign(&node.pod_requests);
         allocatable.add_assign(&node.allocatable);
         let label = |k: &str| node.labels.get(k).cloned().unwrap_or_default();
-        let labels: Labels = vec![
-            ("node_name", node.name.clone()),
-            ("nodepool", label(LABEL_NODEPOOL)),
-            ("zone", label(LABEL_TOPOLOGY_ZONE)),
-            ("region", label(LABEL_REGION)),
-            ("instance_type", label(LABEL_INSTANCE_TYPE)),
-            ("arch", label(LABEL_ARCH)),
-            ("os", label(LABEL_OS)),
-            ("capacity_type", label(LABEL_CAPACITY_TYPE)),
-            ("managed", node.managed.to_string()),
-        ];
+        let phase = object.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        let mut labels: Labels =
+            vec![("node_name", node.name.clone()), ("phase", phase), ("managed", node.managed.to_string())];
+        labels.extend(metric_labels().iter().map(|(key, name)| (*name, label(key))));
         let lifetime = object
             .metadata
             .creation_timestamp
@@ -304,6 +312,11 @@ mod tests {
         assert!(a.labels.contains(&("node_name", "a".to_string())));
         assert!(a.labels.contains(&("instance_type", "large".to_string())));
         assert!(a.labels.contains(&("managed", "true".to_string())));
+        // Upstream's label set: one per well-known label, empty when the node lacks it.
+        assert_eq!(a.labels.len(), 3 + WELL_KNOWN_LABELS.len());
+        assert!(a.labels.contains(&("zone", "z1".to_string())));
+        assert!(a.labels.contains(&("instance_category", String::new())));
+        assert!(a.labels.iter().any(|(k, _)| *k == "capacity_reservation_interruptible"));
         assert!(a.allocatable.contains(&("cpu".to_string(), 4.0)), "{:?}", a.allocatable);
         assert!(a.pod_requests.contains(&("cpu".to_string(), 1.0)), "{:?}", a.pod_requests);
         assert_eq!(a.price_per_hour, Some(0.40));
