@@ -25,7 +25,7 @@ use tokio::sync::watch;
 
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
-use crate::metrics::{Labels, Metrics};
+use crate::metrics::{GaugeFamily, Labels, Metrics};
 use crate::state::podtimes::{PodTimes, Times};
 use crate::state::{ClusterState, Notice, pods};
 
@@ -53,12 +53,20 @@ fn seconds(d: SignedDuration) -> f64 {
     d.as_secs_f64().max(0.0)
 }
 
-impl Tracker {
-    /// How many pods wait to be observed.
-    pub fn len(&self) -> usize {
-        self.unstarted.len().max(self.unbound.len())
+/// Sets the series `labels` of `family` to the seconds from `since` to `now`, or removes it
+/// without `since`.
+fn set_since(family: &GaugeFamily, labels: &Labels, since: Option<Timestamp>, now: Timestamp) {
+    match since {
+        Some(since) => {
+            family.get_or_create(labels).set(seconds(now.duration_since(since)));
+        }
+        None => {
+            family.remove(labels);
+        }
     }
+}
 
+impl Tracker {
     /// Whether no pod waits to be observed.
     pub fn is_empty(&self) -> bool {
         self.unstarted.is_empty() && self.unbound.is_empty()
@@ -80,8 +88,8 @@ impl Tracker {
         let undecided = &metrics.pods_provisioning_scheduling_undecided_time;
         if t.decided.is_some() || scheduled_true {
             undecided.remove(&labels);
-        } else if let Some(acked) = t.acked {
-            undecided.get_or_create(&labels).set(seconds(now.duration_since(acked)));
+        } else if t.acked.is_some() {
+            set_since(undecided, &labels, t.acked, now);
         }
         let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
         self.update_startup(metrics, times, pod, &key, &labels, t, created, now);
@@ -101,20 +109,8 @@ impl Tracker {
         now: Timestamp,
     ) {
         let waiting = |metrics: &Metrics| {
-            if let Some(created) = created {
-                metrics.pods_unstarted_time.get_or_create(labels).set(seconds(now.duration_since(created)));
-            }
-            match t.placed {
-                Some(placed) => {
-                    metrics
-                        .pods_provisioning_unstarted_time
-                        .get_or_create(labels)
-                        .set(seconds(now.duration_since(placed)));
-                }
-                None => {
-                    metrics.pods_provisioning_unstarted_time.remove(labels);
-                }
-            }
+            set_since(&metrics.pods_unstarted_time, labels, created, now);
+            set_since(&metrics.pods_provisioning_unstarted_time, labels, t.placed, now);
         };
         if is_pending(pod) {
             waiting(metrics);
@@ -163,20 +159,8 @@ impl Tracker {
         };
         if is_pending(pod) {
             if scheduled_at.is_none() {
-                if let Some(created) = created {
-                    metrics.pods_unbound_time.get_or_create(labels).set(seconds(now.duration_since(created)));
-                }
-                match t.placed {
-                    Some(placed) => {
-                        metrics
-                            .pods_provisioning_unbound_time
-                            .get_or_create(labels)
-                            .set(seconds(now.duration_since(placed)));
-                    }
-                    None => {
-                        metrics.pods_provisioning_unbound_time.remove(labels);
-                    }
-                }
+                set_since(&metrics.pods_unbound_time, labels, created, now);
+                set_since(&metrics.pods_provisioning_unbound_time, labels, t.placed, now);
             }
             self.unbound.insert(key.to_string());
             return;
@@ -306,12 +290,7 @@ mod tests {
 
     fn gauge(family: &crate::metrics::GaugeFamily) -> Option<f64> {
         let labels: Labels = vec![("name", "web".into()), ("namespace", "shop".into())];
-        let mut text = String::new();
-        // A gauge family has no lookup without creating: check through its encoding.
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register("g", "", family.clone());
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        text.contains("name=\"web\"").then(|| family.get_or_create(&labels).get())
+        family.get(&labels).map(|g| g.get())
     }
 
     fn histogram_count(family: &crate::metrics::HistogramFamily) -> (f64, u64) {
@@ -362,8 +341,6 @@ mod tests {
         assert_eq!(gauge(&metrics.pods_unstarted_time), None);
         assert!(tracker.is_empty());
         assert!(times.is_empty(), "the times go once the pod is Ready");
-        let mut summaries = crate::metrics::summary::Summaries::default();
-        let _ = &mut summaries;
         let mut text = String::new();
         crate::metrics::summary::encode(
             &prometheus_client::registry::Registry::default(),
