@@ -309,74 +309,84 @@ class Model:
         if tags:
             auth.add("ec2:CreateTags", resource, request_tags=tags, **{"ec2:CreateAction": "CreateLaunchTemplate"})
 
-    def _ec2_CreateFleet(self, auth, action, params) -> None:
+    def _launch_uses(self, ref: dict[str, str], subnets: set[str], images: set[str],
+                     used: dict[str, tuple[dict[str, str], bool | None]],
+                     template_specs: dict[str, dict[str, str]], profiles: set[str]) -> None:
+        """What a launch from the launch template `ref` (LaunchTemplateId or LaunchTemplateName,
+        and Version), with the request's own `subnets` and `images`, uses: into `used` (arn ->
+        resource tags, found), the template's tag specifications into `template_specs`, its
+        instance profile into `profiles`."""
         backend = self.ec2()
-        spot = params.get("TargetCapacitySpecification.DefaultTargetCapacityType", "").lower() == "spot"
-        request_specs = tag_specifications(params)
-        # What the launch uses: (arn, resource tags, found).
-        used: dict[str, tuple[dict[str, str], bool | None]] = {}
-        template_specs: dict[str, dict[str, str]] = {}
-        profiles: set[str] = set()
 
         def use(rid: str) -> None:
             arn = self.ec2_id_arn(rid)
             if arn not in used:
                 used[arn] = (self.ec2_tags(rid), self.ec2_exists(rid))
 
+        template = None
+        try:
+            if ref.get("LaunchTemplateId"):
+                template = backend.get_launch_template(ref["LaunchTemplateId"])
+            elif ref.get("LaunchTemplateName"):
+                template = backend.get_launch_template_by_name(ref["LaunchTemplateName"])
+        except Exception:
+            template = None
+        data: dict = {}
+        if template is None:
+            missing = ref.get("LaunchTemplateId") or ref.get("LaunchTemplateName") or "?"
+            used[self.ec2_arn("launch-template", missing)] = ({}, False)
+        else:
+            use(template.id)
+            try:
+                data = template.get_version(ref.get("Version") or "$Default").data or {}
+            except Exception:
+                data = template.latest_version().data or {}
+        for rtype, tags in _data_tag_specifications(data).items():
+            template_specs.setdefault(rtype, {}).update(tags)
+        groups = list(_list(data.get("SecurityGroupIds")))
+        for nic in _list(data.get("NetworkInterfaces")):
+            groups += _list(nic.get("Groups") or nic.get("SecurityGroupIds"))
+        for group in groups:
+            use(group)
+        profile = data.get("IamInstanceProfile") or {}
+        if profile.get("Name"):
+            profiles.add(profile["Name"])
+        elif profile.get("Arn"):
+            profiles.add(profile["Arn"].rsplit("/", 1)[-1])
+        images = set(images) | ({data["ImageId"]} if data.get("ImageId") else set())
+        subnets = set(subnets)
+        for nic in _list(data.get("NetworkInterfaces")):
+            if nic.get("SubnetId"):
+                subnets.add(nic["SubnetId"])
+        for subnet in sorted(subnets):
+            use(subnet)
+        for image in sorted(images):
+            use(image)
+            ami = backend.amis.get(image)
+            snapshot = getattr(getattr(ami, "ebs_snapshot", None), "id", None)
+            if snapshot:
+                used.setdefault(self.ec2_arn("snapshot", snapshot, False), (self.ec2_tags(snapshot), True))
+        for mapping in _list(data.get("BlockDeviceMappings")):
+            snapshot = (mapping.get("Ebs") or {}).get("SnapshotId")
+            if snapshot:
+                used.setdefault(self.ec2_arn("snapshot", snapshot, False), (self.ec2_tags(snapshot), None))
+
+    def _ec2_CreateFleet(self, auth, action, params) -> None:
+        spot = params.get("TargetCapacitySpecification.DefaultTargetCapacityType", "").lower() == "spot"
+        request_specs = tag_specifications(params)
+        # What the launch uses: arn -> (resource tags, found).
+        used: dict[str, tuple[dict[str, str], bool | None]] = {}
+        template_specs: dict[str, dict[str, str]] = {}
+        profiles: set[str] = set()
         for config in indexed(params, "LaunchTemplateConfigs"):
             ref = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("LaunchTemplateSpecification.")}
-            template = None
-            try:
-                if ref.get("LaunchTemplateId"):
-                    template = backend.get_launch_template(ref["LaunchTemplateId"])
-                elif ref.get("LaunchTemplateName"):
-                    template = backend.get_launch_template_by_name(ref["LaunchTemplateName"])
-            except Exception:
-                template = None
-            data: dict = {}
-            if template is None:
-                missing = ref.get("LaunchTemplateId") or ref.get("LaunchTemplateName") or "?"
-                used[self.ec2_arn("launch-template", missing)] = ({}, False)
-            else:
-                use(template.id)
-                try:
-                    data = template.get_version(ref.get("Version") or "$Default").data or {}
-                except Exception:
-                    data = template.latest_version().data or {}
-            for rtype, tags in _data_tag_specifications(data).items():
-                template_specs.setdefault(rtype, {}).update(tags)
-            groups = list(_list(data.get("SecurityGroupIds")))
-            for nic in _list(data.get("NetworkInterfaces")):
-                groups += _list(nic.get("Groups") or nic.get("SecurityGroupIds"))
-            for group in groups:
-                use(group)
-            profile = data.get("IamInstanceProfile") or {}
-            if profile.get("Name"):
-                profiles.add(profile["Name"])
-            elif profile.get("Arn"):
-                profiles.add(profile["Arn"].rsplit("/", 1)[-1])
-            images = {data["ImageId"]} if data.get("ImageId") else set()
-            subnets = set()
+            images, subnets = set(), set()
             for override in indexed(config, "Overrides"):
                 if override.get("ImageId"):
                     images.add(override["ImageId"])
                 if override.get("SubnetId"):
                     subnets.add(override["SubnetId"])
-            for nic in _list(data.get("NetworkInterfaces")):
-                if nic.get("SubnetId"):
-                    subnets.add(nic["SubnetId"])
-            for subnet in sorted(subnets):
-                use(subnet)
-            for image in sorted(images):
-                use(image)
-                ami = backend.amis.get(image)
-                snapshot = getattr(getattr(ami, "ebs_snapshot", None), "id", None)
-                if snapshot:
-                    used.setdefault(self.ec2_arn("snapshot", snapshot, False), (self.ec2_tags(snapshot), True))
-            for mapping in _list(data.get("BlockDeviceMappings")):
-                snapshot = (mapping.get("Ebs") or {}).get("SnapshotId")
-                if snapshot:
-                    used.setdefault(self.ec2_arn("snapshot", snapshot, False), (self.ec2_tags(snapshot), None))
+            self._launch_uses(ref, subnets, images, used, template_specs, profiles)
 
         created = list(_LAUNCHED) + (["spot-instances-request"] if spot else [])
         tags_of: dict[str, dict[str, str] | None] = {}
@@ -403,6 +413,41 @@ class Model:
                     request_tags=tags_of[rtype],
                     **{"ec2:CreateAction": "CreateFleet"},
                 )
+        for name in sorted(profiles):
+            self._pass_role(auth, name)
+
+    def _ec2_RunInstances(self, auth, action, params) -> None:
+        """RunInstances (the controller's are dry runs validating an EC2NodeClass; IAM
+        authorises a dry run as the call itself)."""
+        request_specs = tag_specifications(params)
+        used: dict[str, tuple[dict[str, str], bool | None]] = {}
+        template_specs: dict[str, dict[str, str]] = {}
+        profiles: set[str] = set()
+        subnets = {params["SubnetId"]} if params.get("SubnetId") else set()
+        for nic in indexed(params, "NetworkInterface"):
+            if nic.get("SubnetId"):
+                subnets.add(nic["SubnetId"])
+            for group in indexed(nic, "SecurityGroupId"):
+                if group.get(""):
+                    used.setdefault(self.ec2_id_arn(group[""]), (self.ec2_tags(group[""]), self.ec2_exists(group[""])))
+        for group in indexed(params, "SecurityGroupId"):
+            if group.get(""):
+                used.setdefault(self.ec2_id_arn(group[""]), (self.ec2_tags(group[""]), self.ec2_exists(group[""])))
+        images = {params["ImageId"]} if params.get("ImageId") else set()
+        ref = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("LaunchTemplate.")}
+        if ref:
+            self._launch_uses(ref, subnets, images, used, template_specs, profiles)
+        if params.get("IamInstanceProfile.Name"):
+            profiles.add(params["IamInstanceProfile.Name"])
+        tags_of = {rtype: request_specs.get(rtype, template_specs.get(rtype)) for rtype in _LAUNCHED}
+        for rtype in _LAUNCHED:
+            auth.add(action, self.ec2_arn(rtype, "*"), request_tags=tags_of[rtype] or {})
+        for arn, (tags, found) in used.items():
+            auth.add(action, arn, resource_tags=tags, resource_found=found)
+        for rtype in _LAUNCHED:
+            if tags_of[rtype]:
+                auth.add("ec2:CreateTags", self.ec2_arn(rtype, "*"), request_tags=tags_of[rtype],
+                         **{"ec2:CreateAction": "RunInstances"})
         for name in sorted(profiles):
             self._pass_role(auth, name)
 
@@ -586,6 +631,10 @@ def authorisations(environ: dict, body: bytes) -> list[dict[str, Any]]:
         auth.add(operation, "*", modelled=False)
     else:
         auth.add(f"{service}:?", "*", modelled=False)
+    # A dry run is authorised as the call itself; the record says it was one.
+    if str(payload.get("DryRun", "")).lower() == "true":
+        for item in auth.items:
+            item["dry_run"] = True
     return auth.items
 
 

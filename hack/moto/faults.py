@@ -46,6 +46,10 @@ caller. Only EC2 (the query protocol, the service named by the request's signatu
 faulted. Several faults of one action are used in the order they were armed; a fault is
 gone once its `count` calls were answered.
 
+A dry run (`DryRun=true`, as the controller's validation of an EC2NodeClass makes) is
+throttled, failed and stalled like any call, but never out of capacity: an
+InsufficientInstanceCapacity fault passes it by and waits for a real launch.
+
 GET /_karpenter-rs/faults tells the faults still armed ("pending") and those injected so
 far ("injected", the latest 1000, and "counts" by "<Action> <error>"); DELETE disarms every
 pending fault. Faulted calls never reach the call log (except those with "after": true,
@@ -280,9 +284,12 @@ class FaultInjector:
 
     # -- the middleware -------------------------------------------------------
 
-    def _take(self, service: str, action: str, controller: bool) -> Fault | None:
+    def _take(self, service: str, action: str, controller: bool, dry_run: bool) -> Fault | None:
         with self.lock:
             for fault in self.pending:
+                # EC2 answers a dry run without looking for capacity.
+                if dry_run and fault.error == "InsufficientInstanceCapacity":
+                    continue
                 if fault.action == action and fault.service == service and (controller or fault.any_client):
                     fault.left -= 1
                     if fault.left <= 0:
@@ -303,8 +310,10 @@ class FaultInjector:
         if service != "ec2":
             return self.app(environ, start_response)
         body = call_log.read_body(environ)
-        action = call_log.query_params(environ, body).get("Action", "")
-        fault = self._take(service, action, call_log.is_controller(environ))
+        params = call_log.query_params(environ, body)
+        action = params.get("Action", "")
+        dry_run = params.get("DryRun", "").lower() == "true"
+        fault = self._take(service, action, call_log.is_controller(environ), dry_run)
         if fault is None:
             return self.app(environ, start_response)
 

@@ -129,6 +129,8 @@ def imitate_controller(endpoint: str, cluster: str, pool: str = "default", subne
             TagSpecifications=[{"ResourceType": "launch-template", "Tags": as_list(lt_tags)}],
         )
         templates.append(name)
+        if capacity == "on-demand":
+            validate_node_class(ec2, name, subnet, {**tags, "karpenter.sh/nodepool": ""})
         instance_tags = {**tags, "karpenter.sh/nodeclaim": f"{pool or 'solo'}-{capacity}"}
         fleet = ec2.create_fleet(
             Type="instant",
@@ -157,6 +159,34 @@ def imitate_controller(endpoint: str, cluster: str, pool: str = "default", subne
     iam.remove_role_from_instance_profile(InstanceProfileName=profile, RoleName=role)
     iam.delete_instance_profile(InstanceProfileName=profile)
     return {"instances": launched, "templates": templates, "profile": profile, "image": image}
+
+
+def validate_node_class(ec2, template: str, subnet: str, tags: dict[str, str]) -> None:
+    """The controller's validation of an EC2NodeClass: CreateFleet and RunInstances dry runs
+    from the class's template, tagged as a launch of no NodePool."""
+    from botocore.exceptions import ClientError
+
+    as_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+    spec = {"LaunchTemplateName": template, "Version": "$Latest"}
+    calls = [
+        lambda: ec2.create_fleet(
+            DryRun=True, Type="instant",
+            TargetCapacitySpecification={"TotalTargetCapacity": 1, "DefaultTargetCapacityType": "on-demand"},
+            LaunchTemplateConfigs=[{"LaunchTemplateSpecification": spec,
+                                    "Overrides": [{"InstanceType": "m5.large", "SubnetId": subnet}]}],
+            TagSpecifications=[{"ResourceType": t, "Tags": as_list} for t in ("instance", "volume", "fleet")],
+        ),
+        lambda: ec2.run_instances(
+            DryRun=True, MinCount=1, MaxCount=1, LaunchTemplate=spec, InstanceType="m5.large",
+            NetworkInterfaces=[{"DeviceIndex": 0, "SubnetId": subnet}],
+            TagSpecifications=[{"ResourceType": t, "Tags": as_list}
+                               for t in ("instance", "volume", "network-interface")],
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(ClientError) as answer:
+            call()
+        assert answer.value.response["Error"]["Code"] == "DryRunOperation"
 
 
 # -- the in-process emulator ---------------------------------------------------
@@ -264,7 +294,7 @@ def test_every_operation_is_recorded_and_modelled(journey) -> None:
 
 def test_create_fleet_authorises_what_the_launch_uses(journey) -> None:
     cluster = journey["cluster"]
-    fleets = by_operation(journey["records"], "ec2:CreateFleet")
+    fleets = [r for r in by_operation(journey["records"], "ec2:CreateFleet") if not r.get("dry_run")]
     spot_seq = max(r["seq"] for r in fleets)
     spot = [r for r in fleets if r["seq"] == spot_seq]
     pairs = {(r["action"], r["resource"].split(":", 5)[5].split("/")[0]) for r in spot}
@@ -295,6 +325,32 @@ def test_create_fleet_authorises_what_the_launch_uses(journey) -> None:
     for seq in {r["seq"] for r in fleets}:
         spot_requests[seq] = any("spot-instances-request" in r["resource"] for r in fleets if r["seq"] == seq)
     assert sorted(spot_requests.values()) == [False, False, True, True]
+
+
+def test_dry_runs_authorise_what_the_launch_would_use(journey) -> None:
+    cluster = journey["cluster"]
+    records = journey["records"]
+    dry = [r for r in records if r.get("dry_run")]
+    assert {r["operation"] for r in dry} == {"ec2:CreateFleet", "ec2:RunInstances"}
+    assert all(r["modelled"] for r in dry)
+    run = by_operation(records, "ec2:RunInstances")
+    assert run and all(r.get("dry_run") for r in run), "the controller runs instances only as dry runs"
+    last = max(r["seq"] for r in run)
+    one = [r for r in run if r["seq"] == last]
+    types = {(r["action"], r["resource"].split(":", 5)[5].split("/")[0]) for r in one}
+    assert {t for a, t in types if a == "ec2:RunInstances"} == {
+        "instance", "volume", "network-interface", "launch-template", "subnet", "security-group", "image", "snapshot"}
+    by = {(r["action"], r["resource"]): r for r in one}
+    eni = by[("ec2:RunInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:network-interface/*")]["context"]
+    assert eni[f"aws:RequestTag/kubernetes.io/cluster/{cluster}"] == "owned"
+    assert eni["aws:RequestTag/karpenter.sh/nodepool"] == ""
+    subnet = [r for r in one if ":subnet/" in r["resource"]][0]
+    assert subnet["resource"].endswith(journey["subnet"]) and subnet["resource_found"] is True
+    tagging = {r["resource"].rsplit(":", 1)[1]: r["context"] for r in one if r["action"] == "ec2:CreateTags"}
+    assert set(tagging) == {"instance/*", "volume/*", "network-interface/*"}
+    assert all(c["ec2:CreateAction"] == "RunInstances" for c in tagging.values())
+    assert [r["resource"] for r in one if r["action"] == "iam:PassRole"] == [
+        f"arn:aws:iam::{ACCOUNT}:role/KarpenterNodeRole-{cluster}"]
 
 
 def test_resource_tags_are_looked_up_when_the_request_arrives(journey) -> None:

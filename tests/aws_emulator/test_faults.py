@@ -154,6 +154,29 @@ def test_create_fleet_without_capacity_answers_like_ec2(emulator, launch) -> Non
     assert state["counts"] == {"CreateFleet InsufficientInstanceCapacity": 2}
 
 
+def test_a_dry_run_is_never_out_of_capacity_but_is_throttled(emulator, launch) -> None:
+    from botocore.exceptions import ClientError
+
+    client = ec2(emulator)
+    arm(emulator, action="CreateFleet", error="InsufficientInstanceCapacity", count=1)
+    arm(emulator, action="RunInstances", error="RequestLimitExceeded", count=1)
+    dry = dict(DryRun=True, Type="instant",
+               LaunchTemplateConfigs=[{
+                   "LaunchTemplateSpecification": {"LaunchTemplateId": launch["template"], "Version": "$Latest"},
+                   "Overrides": [{"InstanceType": "m5.large", "SubnetId": launch["subnet"]}]}],
+               TargetCapacitySpecification={"TotalTargetCapacity": 1, "DefaultTargetCapacityType": "on-demand"})
+    with pytest.raises(ClientError) as answer:
+        client.create_fleet(**dry)
+    assert answer.value.response["Error"]["Code"] == "DryRunOperation"
+    with pytest.raises(ClientError) as answer:
+        client.run_instances(DryRun=True, ImageId=launch["image"], InstanceType="m5.large", MinCount=1,
+                             MaxCount=1, SubnetId=launch["subnet"])
+    assert answer.value.response["Error"]["Code"] == "RequestLimitExceeded"
+    # The capacity fault waited for the launch.
+    assert create_fleet(client, launch)["Errors"][0]["ErrorCode"] == "InsufficientInstanceCapacity"
+    assert call(emulator, "GET")[1]["pending"] == []
+
+
 def test_create_fleet_can_name_only_the_first_overrides(emulator, launch) -> None:
     client = ec2(emulator)
     arm(emulator, action="CreateFleet", error="InsufficientInstanceCapacity", overrides=1)
