@@ -131,8 +131,21 @@ async fn provider_with_faults(prefix: &str) -> (AwsCloudProvider, String, FaultI
 }
 
 /// A provider for `cluster` (seeded already) whose caches `clock` times, with a fault injector
-/// on EC2 and the resolved, ready `default` node class.
+/// on EC2 and the resolved, ready `default` node class. Its classes are not validated with dry
+/// runs (`node_class_validation_dry_runs_the_launch_calls` tests that), so that the launch tests
+/// see only their own calls and launch templates.
 async fn provider_for(cluster: &str, clock: Arc<dyn Clock>) -> (AwsCloudProvider, FaultInjector) {
+    let mut options = Options::new(cluster);
+    options.disable_dry_run = true;
+    let (p, faults) = provider_with_options(options, clock).await;
+    let mut class = node_class(cluster, "al2023@latest");
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    p.node_classes().upsert(class);
+    (p, faults)
+}
+
+/// A provider of `options` whose caches `clock` times, with a fault injector on EC2.
+async fn provider_with_options(options: Options, clock: Arc<dyn Clock>) -> (AwsCloudProvider, FaultInjector) {
     let config = karpenter::cloudprovider::aws::config_loader()
         .endpoint_url(endpoint())
         .region(aws_config::Region::new(region()))
@@ -144,10 +157,7 @@ async fn provider_for(cluster: &str, clock: Arc<dyn Clock>) -> (AwsCloudProvider
     clients.ec2 = aws_sdk_ec2::Client::from_conf(
         aws_sdk_ec2::config::Builder::from(&config).interceptor(faults.clone()).build(),
     );
-    let p = AwsCloudProvider::with_clock(clients, Options::new(cluster), clock).await.unwrap();
-    let mut class = node_class(cluster, "al2023@latest");
-    class.status = Some(p.resolve_node_class(&class).await.unwrap());
-    p.node_classes().upsert(class);
+    let p = AwsCloudProvider::with_clock(clients, options, clock).await.unwrap();
     (p, faults)
 }
 
@@ -243,7 +253,7 @@ async fn node_class_resolves_to_a_ready_status() {
     seed(&cluster);
     let p = AwsCloudProvider::new(clients().await, Options::new(&cluster)).await.unwrap();
     let class = node_class(&cluster, "al2023@latest");
-    let status = p.resolve_node_class(&class).await.unwrap();
+    let status = p.resolve_node_class(&class, &[]).await.unwrap().status;
     assert_eq!(status.subnets.len(), 3);
     let zones: BTreeSet<&str> = status.subnets.iter().map(|s| s.zone.as_str()).collect();
     assert_eq!(zones, BTreeSet::from(["us-west-2a", "us-west-2b", "us-west-2c"]));
@@ -261,10 +271,10 @@ async fn node_class_resolves_to_a_ready_status() {
     assert_eq!(format!("{:?}", ready.status), "True", "{ready:?}");
 
     // Resolving again reuses the profile.
-    assert_eq!(p.resolve_node_class(&class).await.unwrap().instance_profile, Some(profile));
+    assert_eq!(p.resolve_node_class(&class, &[]).await.unwrap().status.instance_profile, Some(profile));
 
     // Pinned Bottlerocket alias.
-    let br = p.resolve_node_class(&node_class(&cluster, "bottlerocket@v1.49.0")).await.unwrap();
+    let br = p.resolve_node_class(&node_class(&cluster, "bottlerocket@v1.49.0"), &[]).await.unwrap().status;
     assert_eq!(br.amis.len(), 4);
     assert!(br.amis.iter().all(|a| a.name.as_deref().is_some_and(|n| n.contains("1.49.0"))), "{:?}", br.amis);
 
@@ -272,14 +282,18 @@ async fn node_class_resolves_to_a_ready_status() {
     let mut bad = node_class(&cluster, "al2023@v19990101");
     bad.spec.subnet_selector_terms[0].tags =
         Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
-    let status = p.resolve_node_class(&bad).await.unwrap();
+    let status = p.resolve_node_class(&bad, &[]).await.unwrap().status;
     let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
     assert_eq!(get(conditions::SUBNETS_READY).reason, "SubnetsNotFound");
     assert!(get(conditions::SUBNETS_READY).message.contains("nobody"));
     assert_eq!(get(conditions::AMIS_READY).reason, "AMINotFound");
     assert!(get(conditions::AMIS_READY).message.contains("al2023@v19990101"));
     assert_eq!(get(conditions::SECURITY_GROUPS_READY).reason, "SecurityGroupsReady");
-    assert_eq!(get(conditions::READY).message, "SubnetsReady=False, AMIsReady=False");
+    assert_eq!(
+        get(conditions::READY).message,
+        "SubnetsReady=False, AMIsReady=False, ValidationSucceeded=False"
+    );
+    assert_eq!(get(conditions::VALIDATION_SUCCEEDED).reason, "DependenciesNotReady");
 
     // AMIs by name and owner; security groups by name.
     let mut by_name = node_class(&cluster, "al2023@latest");
@@ -292,7 +306,7 @@ async fn node_class_resolves_to_a_ready_status() {
     ];
     by_name.spec.security_group_selector_terms =
         vec![serde_json::from_value(json!({"name": format!("{cluster}-node")})).unwrap()];
-    let status = p.resolve_node_class(&by_name).await.unwrap();
+    let status = p.resolve_node_class(&by_name, &[]).await.unwrap().status;
     // Both releases match; only the newer one is kept for the architecture.
     assert_eq!(status.amis.len(), 1, "{:?}", status.amis);
     assert_eq!(
@@ -306,7 +320,7 @@ async fn node_class_resolves_to_a_ready_status() {
     // A pattern matching both architectures keeps the newest image of each.
     by_name.spec.ami_selector_terms =
         vec![serde_json::from_value(json!({"name": "amazon-eks-node-al2023-*-standard-1.33-*"})).unwrap()];
-    let status = p.resolve_node_class(&by_name).await.unwrap();
+    let status = p.resolve_node_class(&by_name, &[]).await.unwrap().status;
     let mut names: Vec<&str> = status.amis.iter().filter_map(|a| a.name.as_deref()).collect();
     names.sort();
     assert_eq!(
@@ -343,7 +357,7 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
     class.spec.ami_family = Some(karpenter::apis::ec2nodeclass::AmiFamily::AL2023);
     class.spec.ami_selector_terms =
         vec![serde_json::from_value(json!({"name": format!("{cluster}-node-*")})).unwrap()];
-    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
     assert_eq!(
         class.status.as_ref().unwrap().amis.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
         [first.as_str()]
@@ -367,7 +381,7 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
     // sorts first, so only its creation date (a second later) can make it win.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let second = copy_image(&p, source, &format!("{cluster}-node-0")).await;
-    let status = p.resolve_node_class(&class).await.unwrap();
+    let status = p.resolve_node_class(&class, &[]).await.unwrap().status;
     assert_eq!(status.amis.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), [second.as_str()]);
     class.status = Some(status);
     p.node_classes().upsert(class);
@@ -645,6 +659,108 @@ async fn spot_launches_the_cheapest_offering_and_skips_exhausted_ones() {
 
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
+async fn node_class_validation_dry_runs_the_launch_calls() {
+    let cluster = unique_cluster("validate");
+    seed(&cluster);
+    let (p, faults) = provider_with_options(Options::new(&cluster), Arc::new(SystemClock)).await;
+    let validation = |status: &karpenter::apis::EC2NodeClassStatus| {
+        let c = status.conditions.iter().find(|c| c.type_ == conditions::VALIDATION_SUCCEEDED).unwrap();
+        (format!("{:?}", c.status), c.reason.clone(), c.message.clone())
+    };
+    let ready = |status: &karpenter::apis::EC2NodeClassStatus| {
+        let c = status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap();
+        format!("{:?}", c.status)
+    };
+    let calls = |faults: &FaultInjector| {
+        ["CreateLaunchTemplate", "CreateFleet", "RunInstances"].map(|action| faults.attempts(action))
+    };
+    // The NodePool's requirements choose the type validated.
+    let pool: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+        "spec": {"template": {"spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+            "requirements": [{"key": LABEL_INSTANCE_TYPE, "operator": "In", "values": ["c5.large"]}],
+        }}},
+    }))
+    .unwrap();
+
+    // A launch template is created; CreateFleet and RunInstances are dry runs that EC2 allows.
+    let mut class = node_class(&cluster, "al2023@latest");
+    let resolved = p.resolve_node_class(&class, &[&pool]).await.unwrap();
+    assert!(resolved.undecided.is_none(), "{:?}", resolved.undecided);
+    assert_eq!(validation(&resolved.status), ("True".into(), "ValidationSucceeded".into(), String::new()));
+    assert_eq!(ready(&resolved.status), "True");
+    assert_eq!(calls(&faults), [1, 1, 1]);
+    assert!(faults.create_fleet_requests().is_empty(), "a dry run is not a launch");
+    let templates = p
+        .clients()
+        .ec2
+        .describe_launch_templates()
+        .filters(Filter::builder().name("tag:eks:eks-cluster-name").values(&cluster).build())
+        .send()
+        .await
+        .unwrap();
+    let template = &templates.launch_templates()[0];
+    let tag = |key: &str| template.tags().iter().find(|t| t.key() == Some(key)).and_then(|t| t.value());
+    assert_eq!((tag(LABEL_NODEPOOL), tag("karpenter.k8s.aws/ec2nodeclass")), (Some(""), Some("default")));
+    assert!(p.list().await.unwrap().is_empty(), "nothing was launched");
+
+    // The verdict is kept while the class stays the same.
+    p.resolve_node_class(&class, &[&pool]).await.unwrap();
+    assert_eq!(calls(&faults), [1, 1, 1]);
+
+    // A changed class is validated again. One subnet that may launch is enough.
+    class.spec.tags.insert("round".into(), "2".into());
+    faults.fail("RunInstances", "UnauthorizedOperation", 403, 1);
+    let resolved = p.resolve_node_class(&class, &[&pool]).await.unwrap();
+    assert_eq!(validation(&resolved.status).0, "True");
+    assert_eq!(calls(&faults)[1..], [2, 3]);
+
+    // The controller may not launch in any subnet: the class is not ready, and says why.
+    class.spec.tags.insert("round".into(), "3".into());
+    faults.fail("RunInstances", "UnauthorizedOperation", 403, 3);
+    let resolved = p.resolve_node_class(&class, &[&pool]).await.unwrap();
+    assert_eq!(
+        validation(&resolved.status),
+        (
+            "False".into(),
+            "RunInstancesAuthCheckFailed".into(),
+            "Controller isn't authorized to call ec2:RunInstances: User is not authorized to perform this operation because no identity-based policy allows it".into()
+        )
+    );
+    assert_eq!(ready(&resolved.status), "False");
+    class.status = Some(resolved.status);
+    p.node_classes().upsert(class.clone());
+    let err = p.create(&node_claim("denied", &["c5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap_err();
+    assert!(err.to_string().contains("ValidationSucceeded=False"), "{err}");
+
+    class.spec.tags.insert("round".into(), "4".into());
+    faults.fail("CreateFleet", "UnauthorizedOperation", 403, 1);
+    let resolved = p.resolve_node_class(&class, &[&pool]).await.unwrap();
+    assert_eq!(validation(&resolved.status).1, "CreateFleetAuthCheckFailed");
+
+    // Throttled: nothing decided, the last condition stays, and the controller asks again soon.
+    class.status = Some(resolved.status);
+    class.spec.tags.insert("round".into(), "5".into());
+    faults.throttle("CreateFleet", 1);
+    let resolved = p.resolve_node_class(&class, &[&pool]).await.unwrap();
+    assert!(matches!(resolved.undecided, Some((_, true))), "{:?}", resolved.undecided);
+    assert_eq!(validation(&resolved.status).1, "CreateFleetAuthCheckFailed");
+    // Allowed again: True.
+    let resolved = p.resolve_node_class(&class, &[&pool]).await.unwrap();
+    assert_eq!(validation(&resolved.status).0, "True");
+
+    // With DISABLE_DRY_RUN, no call is made.
+    let mut options = Options::new(&cluster);
+    options.disable_dry_run = true;
+    let (quiet, quiet_faults) = provider_with_options(options, Arc::new(SystemClock)).await;
+    let resolved = quiet.resolve_node_class(&node_class(&cluster, "al2023@latest"), &[]).await.unwrap();
+    assert_eq!(validation(&resolved.status).0, "True");
+    assert_eq!(calls(&quiet_faults), [0, 0, 0]);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
 async fn create_needs_a_ready_node_class() {
     let cluster = unique_cluster("notready");
     seed(&cluster);
@@ -654,7 +770,7 @@ async fn create_needs_a_ready_node_class() {
     let mut class = node_class(&cluster, "al2023@latest");
     class.spec.subnet_selector_terms[0].tags =
         Some([("karpenter.sh/discovery".to_string(), "nobody".to_string())].into());
-    class.status = Some(p.resolve_node_class(&class).await.unwrap());
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
     p.node_classes().upsert(class);
     let err = p.create(&claim).await.unwrap_err();
     assert!(err.to_string().contains("SubnetsReady=False"), "{err}");
@@ -1115,7 +1231,7 @@ async fn the_instance_profile_follows_the_role() {
     let other_arn = created.role().unwrap().arn().to_string();
 
     let mut class = node_class(&cluster, "al2023@latest");
-    let status = p.resolve_node_class(&class).await.unwrap();
+    let status = p.resolve_node_class(&class, &[]).await.unwrap().status;
     let name = status.instance_profile.clone().unwrap();
     let profile = |name: String| async move {
         iam.get_instance_profile().instance_profile_name(name).send().await.unwrap().instance_profile.unwrap()
@@ -1136,7 +1252,7 @@ async fn the_instance_profile_follows_the_role() {
 
     // The class now names another role, by ARN: the same profile carries that role alone.
     class.spec.role = Some(other_arn);
-    let status = p.resolve_node_class(&class).await.unwrap();
+    let status = p.resolve_node_class(&class, &[]).await.unwrap().status;
     assert_eq!(status.instance_profile.as_deref(), Some(name.as_str()));
     let second = profile(name.clone()).await;
     let roles: Vec<&str> = second.roles().iter().map(|r| r.role_name()).collect();

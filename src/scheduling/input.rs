@@ -155,6 +155,15 @@ pub struct NodePoolInput {
     pub remaining_limits: Option<BTreeMap<String, i64>>,
 }
 
+/// The requirements of a NodePool's template: its requirements and one per template label.
+pub fn template_requirements(np: &NodePool) -> Result<Requirements, RequirementError> {
+    let mut reqs = Requirements::from_nodepool(&np.spec.template.spec.requirements)?;
+    if let Some(meta) = &np.spec.template.metadata {
+        reqs.add_all(&Requirements::from_labels(&meta.labels));
+    }
+    Ok(reqs)
+}
+
 impl NodePoolInput {
     /// A NodePool without requirements, taints or limits.
     pub fn new(name: impl Into<String>, instance_types: Vec<Arc<InstanceType>>) -> Self {
@@ -192,10 +201,9 @@ impl NodePoolInput {
         let name = np.metadata.name.clone().unwrap_or_default();
         let spec = &np.spec.template.spec;
         let labels = np.spec.template.metadata.as_ref().map(|m| m.labels.clone()).unwrap_or_default();
-        let mut input = NodePoolInput::new(name.clone(), instance_types)
-            .with_requirements(&spec.requirements)
+        let mut input = NodePoolInput::new(name.clone(), instance_types);
+        input.requirements = template_requirements(np)
             .map_err(|source| SchedulingError::Requirement { nodepool: name.clone(), source })?;
-        input.requirements.add_all(&Requirements::from_labels(&labels));
         // As upstream: the claims carry their node class's name, and pods may select it.
         let class = &spec.node_class_ref;
         input.requirements.add(

@@ -56,6 +56,7 @@ pub mod zones;
 mod input;
 mod pools;
 
+pub use input::template_requirements;
 pub use instancetypes::{InstanceType, Offering, Overhead};
 pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;

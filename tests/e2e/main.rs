@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use karpenter::apis::NodeClaim;
+use karpenter::apis::{EC2NodeClass, NodeClaim};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -507,6 +507,11 @@ async fn getting_started_with_aws() {
     let controller = Controller::start("aws", &env_refs(&env));
     f.apply_class_and_pool(100).await;
     f.wait_class_ready(Duration::from_secs(60), &controller).await;
+    // Ready only once the dry runs of the launch calls passed (the policy test judges them).
+    let class = Api::<EC2NodeClass>::all(f.client.clone()).get(&f.class).await.unwrap();
+    let validation =
+        class.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == "ValidationSucceeded");
+    assert_eq!(validation.map(|c| c.reason.as_str()), Some("ValidationSucceeded"), "{validation:?}");
     standalone_nodeclaim(&f, &controller).await;
     f.apply_inflate().await;
 
@@ -1230,7 +1235,7 @@ async fn publish_eks_release(release: &str) {
 }
 
 async fn set_ami_alias(f: &Fixture, alias: &str) {
-    Api::<karpenter::apis::EC2NodeClass>::all(f.client.clone())
+    Api::<EC2NodeClass>::all(f.client.clone())
         .patch(
             &f.class,
             &PatchParams::default(),
@@ -1250,7 +1255,7 @@ async fn roll_to_images(
     what: &str,
     accept: impl Fn(&str) -> bool,
 ) -> std::collections::BTreeSet<String> {
-    let classes = Api::<karpenter::apis::EC2NodeClass>::all(f.client.clone());
+    let classes = Api::<EC2NodeClass>::all(f.client.clone());
     let amis = || async { classes.get(&f.class).await.unwrap().status.map(|s| s.amis).unwrap_or_default() };
     let started = Instant::now();
     let before = f.claims().await;

@@ -1025,7 +1025,7 @@ impl Drop for Standin {
 
 /// A TCP relay in front of the AWS emulator that crashes the controller at the worst moment of
 /// a launch: once armed with the controller's pid, the answer to the next CreateFleet request
-/// that passes through is held back, the controller is killed with SIGKILL and the answer is
+/// that passes through (a dry run's aside) is held back, the controller is killed with SIGKILL and the answer is
 /// dropped. The instance exists in EC2, but the controller never learned its id and wrote
 /// nothing to the NodeClaim.
 pub struct CreateFleetTrap {
@@ -1123,7 +1123,10 @@ async fn relay(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if create_fleet.swap(false, Ordering::SeqCst) {
+        // The answer to a dry run (an EC2NodeClass's validation) launched nothing: let it pass.
+        // EC2 answers one with 412 (DryRunOperation), and the status line comes first.
+        let dry_run = buf[..n].starts_with(b"HTTP/1.1 412");
+        if create_fleet.swap(false, Ordering::SeqCst) && !dry_run {
             let target = pid.swap(0, Ordering::SeqCst);
             if target != 0 {
                 let status = Command::new("kill").args(["-KILL", &target.to_string()]).status().unwrap();

@@ -10,7 +10,7 @@
 //! - The answer of the next call of an action is lost: EC2 acts on the request, and the caller
 //!   gets `500 InternalError` instead of the answer.
 //!
-//! Every CreateFleet request is recorded, so tests can check what was asked for.
+//! Every CreateFleet request is recorded (but dry runs), so tests can check what was asked for.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -95,19 +95,18 @@ impl FaultInjector {
     /// Answers the next `times` calls of `action` (`DescribeSubnets`, `CreateFleet`, ...) with
     /// `503 RequestLimitExceeded`, without sending them.
     pub fn throttle(&self, action: &str, times: usize) {
-        let error = InjectedError {
-            action: action.to_string(),
-            code: "RequestLimitExceeded",
-            status: 503,
-            left: times,
-        };
-        self.lock().errors.push(error);
+        self.fail(action, "RequestLimitExceeded", 503, times);
     }
 
     /// Answers the next `times` calls of `action` with `500 InternalError`, without sending them.
     pub fn fail_with_server_error(&self, action: &str, times: usize) {
-        let error =
-            InjectedError { action: action.to_string(), code: "InternalError", status: 500, left: times };
+        self.fail(action, "InternalError", 500, times);
+    }
+
+    /// Answers the next `times` calls of `action` with the error `code` and HTTP `status`
+    /// (`UnauthorizedOperation`, 403, ...), without sending them.
+    pub fn fail(&self, action: &str, code: &'static str, status: u16, times: usize) {
+        let error = InjectedError { action: action.to_string(), code, status, left: times };
         self.lock().errors.push(error);
     }
 
@@ -270,7 +269,8 @@ impl Intercept for FaultInjector {
             }
             return Ok(());
         }
-        if action != "CreateFleet" {
+        // A dry run launches nothing, so it is not recorded and never out of capacity.
+        if action != "CreateFleet" || body.split('&').any(|p| p == "DryRun=true") {
             return Ok(());
         }
         let overrides = requested_overrides(&body);

@@ -62,6 +62,33 @@ struct LaunchTemplateConfigs {
     tried: Vec<OfferingKey>,
 }
 
+/// What a launch template takes from the NodeClaim it launches: the node's labels and taints
+/// (startup taints included), and its NodePool for the tags.
+pub(super) struct NodeOfClaim {
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) taints: Vec<Taint>,
+    pub(super) node_pool: String,
+}
+
+impl NodeOfClaim {
+    /// The node `node_claim` asks for.
+    fn of(node_claim: &NodeClaim) -> Self {
+        let mut taints: Vec<Taint> = node_claim.spec.taints.clone();
+        taints.extend(node_claim.spec.startup_taints.iter().cloned());
+        NodeOfClaim {
+            labels: node_claim.metadata.labels.clone().unwrap_or_default(),
+            taints,
+            node_pool: node_pool_tag(node_claim),
+        }
+    }
+
+    /// The node a validation launches from (see [`super::validation`]): of no NodePool, with
+    /// no labels or taints of its own, as upstream's validation NodeClaim.
+    pub(super) fn validation() -> Self {
+        NodeOfClaim { labels: BTreeMap::new(), taints: Vec::new(), node_pool: String::new() }
+    }
+}
+
 /// The value of the `karpenter.sh/nodepool` tag of what is launched for `node_claim`: its NodePool,
 /// or empty for a standalone NodeClaim (as upstream tags it), so that IAM policies requiring the
 /// tag (`StringLike` `*`, docs/install.md) cover standalone NodeClaims too.
@@ -162,8 +189,14 @@ impl AwsCloudProvider {
         for o in overrides {
             let Some(it) = candidates.iter().find(|it| it.name == o.instance_type) else { continue };
             let Some(ami) = fleet::select_ami(&status.amis, it) else { continue };
-            let template =
-                self.launch_template(node_claim, class, status, &ami.id, capacity_type, it.capacity.pods)?;
+            let template = self.launch_template(
+                &NodeOfClaim::of(node_claim),
+                class,
+                status,
+                &ami.id,
+                capacity_type,
+                it.capacity.pods,
+            )?;
             match groups.iter_mut().find(|g| g.template == template) {
                 Some(group) => group.overrides.push(o),
                 None => groups.push(TemplateGroup { template, overrides: vec![o] }),
@@ -216,7 +249,8 @@ impl AwsCloudProvider {
         capacity_type: &str,
         configs: Vec<ec2::FleetLaunchTemplateConfigRequest>,
     ) -> Result<CreateFleetOutput> {
-        let request = self.fleet_request(claim, capacity_type, configs);
+        let tags = self.instance_tags(claim.node_claim, &claim.class);
+        let request = self.fleet_request(&tags, capacity_type, configs);
         // Not retried by the SDK: when an answer is lost (a timeout, a dropped connection, a 5xx
         // after EC2 acted), a blind retry could launch a second instance. The error goes back to
         // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
@@ -246,14 +280,13 @@ impl AwsCloudProvider {
     }
 
     /// The CreateFleet request of an instant fleet of one instance of `capacity_type` from
-    /// `configs`, tagged for the claim.
-    fn fleet_request(
+    /// `configs`, whose instance, volumes and fleet get `tags`.
+    pub(super) fn fleet_request(
         &self,
-        claim: &Claim<'_>,
+        tags: &BTreeMap<String, String>,
         capacity_type: &str,
         configs: Vec<ec2::FleetLaunchTemplateConfigRequest>,
     ) -> CreateFleetFluentBuilder {
-        let tags = self.instance_tags(claim.node_claim, &claim.class);
         let target = ec2::TargetCapacitySpecificationRequest::builder()
             .total_target_capacity(1)
             .default_target_capacity_type(ec2::DefaultTargetCapacityType::from(capacity_type))
@@ -270,7 +303,7 @@ impl AwsCloudProvider {
             request = request.tag_specifications(
                 ec2::TagSpecification::builder()
                     .resource_type(resource)
-                    .set_tags(Some(ec2_tags(&tags)))
+                    .set_tags(Some(ec2_tags(tags)))
                     .build(),
             );
         }
@@ -344,19 +377,26 @@ impl AwsCloudProvider {
 
     /// The tags of the instance launched for `node_claim` (and of its volumes and fleet).
     fn instance_tags(&self, node_claim: &NodeClaim, class: &EC2NodeClass) -> BTreeMap<String, String> {
-        let mut tags = class.spec.tags.clone();
-        tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
-        tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
+        let mut tags = self.launch_tags(class, &node_pool_tag(node_claim));
         tags.insert(TAG_NODECLAIM.to_string(), node_claim.metadata.name.clone().unwrap_or_default());
-        tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
-        tags.insert(LABEL_NODEPOOL.to_string(), node_pool_tag(node_claim));
         tags
     }
 
-    /// The launch template of `node_claim` for instances booting `ami` with `max_pods` pods.
-    fn launch_template(
+    /// The tags of what is launched from `class` for the NodePool `node_pool` (empty for none):
+    /// the class's own tags and the cluster's, class's and pool's, as upstream's `GetTags`.
+    pub(super) fn launch_tags(&self, class: &EC2NodeClass, node_pool: &str) -> BTreeMap<String, String> {
+        let mut tags = class.spec.tags.clone();
+        tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
+        tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
+        tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
+        tags.insert(LABEL_NODEPOOL.to_string(), node_pool.to_string());
+        tags
+    }
+
+    /// The launch template for instances of `node` booting `ami` with `max_pods` pods.
+    pub(super) fn launch_template(
         &self,
-        node_claim: &NodeClaim,
+        node: &NodeOfClaim,
         class: &EC2NodeClass,
         status: &EC2NodeClassStatus,
         ami: &str,
@@ -365,10 +405,9 @@ impl AwsCloudProvider {
     ) -> Result<LaunchTemplate> {
         let spec = &class.spec;
         let family = amifamily::family_of(spec);
-        let mut labels: BTreeMap<String, String> = node_claim.metadata.labels.clone().unwrap_or_default();
+        let mut labels = node.labels.clone();
         labels.insert(LABEL_CAPACITY_TYPE.to_string(), capacity_type.to_string());
-        let mut taints: Vec<Taint> = node_claim.spec.taints.clone();
-        taints.extend(node_claim.spec.startup_taints.iter().cloned());
+        let mut taints = node.taints.clone();
         if !taints.iter().any(|t| t.key == TAINT_UNREGISTERED) {
             taints.push(Taint::new(TAINT_UNREGISTERED, TaintEffect::NoExecute));
         }
@@ -385,12 +424,8 @@ impl AwsCloudProvider {
         .map_err(|e| CloudProviderError::Config(format!("user data of EC2NodeClass: {e}")))?;
         // Tagged like the instances, so that IAM policies scoped to the cluster's and a
         // NodePool's resources let the controller launch from the template.
-        let mut tags = spec.tags.clone();
+        let mut tags = self.launch_tags(class, &node.node_pool);
         tags.insert(CLUSTER_TAG.to_string(), self.cluster.name.clone());
-        tags.insert(cluster_tag(&self.cluster.name), "owned".to_string());
-        tags.insert(TAG_EKS_CLUSTER_NAME.to_string(), self.cluster.name.clone());
-        tags.insert(LABEL_EC2NODECLASS.to_string(), class.metadata.name.clone().unwrap_or_default());
-        tags.insert(LABEL_NODEPOOL.to_string(), node_pool_tag(node_claim));
         let mut sgs: Vec<String> = status.security_groups.iter().map(|g| g.id.clone()).collect();
         sgs.sort();
         Ok(LaunchTemplate {

@@ -19,6 +19,7 @@ pub mod pricing;
 pub mod provider;
 pub mod sqs;
 pub mod userdata;
+pub mod validation;
 
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::amifamily::{self, alias_queries, arch_requirements, parse_alias};
 use super::sdk_error;
+use super::validation::ValidationState;
 use crate::apis::ec2nodeclass::{
     AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassStatus, SecurityGroupSelectorTerm,
     SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
@@ -458,6 +459,16 @@ pub struct Resolution {
     pub instance_profile: Option<String>,
 }
 
+impl Resolution {
+    /// Whether subnets, security groups, AMIs and the instance profile were all found.
+    pub fn is_complete(&self) -> bool {
+        !self.subnets.is_empty()
+            && !self.security_groups.is_empty()
+            && !self.amis.is_empty()
+            && self.instance_profile.is_some()
+    }
+}
+
 fn condition(
     type_: &str,
     ok: bool,
@@ -479,11 +490,12 @@ fn terms_json<T: serde::Serialize>(terms: &[T]) -> String {
     serde_json::to_string(terms).unwrap_or_default()
 }
 
-/// The status a class gets from `resolution`. Transition times of conditions whose status did
-/// not change are kept from `previous`; new ones get `now`.
+/// The status a class gets from `resolution` and the state of its validation. Transition times
+/// of conditions whose status did not change are kept from `previous`; new ones get `now`.
 pub fn status(
     class: &EC2NodeClass,
     resolution: &Resolution,
+    validation: &ValidationState,
     previous: Option<&EC2NodeClassStatus>,
     now: &str,
 ) -> EC2NodeClassStatus {
@@ -527,7 +539,10 @@ pub fn status(
             profile_message,
             generation,
         ),
-        condition(VALIDATION_SUCCEEDED, true, "", String::new(), generation),
+        validation.condition(
+            previous.and_then(|p| p.conditions.iter().find(|c| c.type_ == VALIDATION_SUCCEEDED)),
+            generation,
+        ),
     ];
     let unhealthy: Vec<String> = conds
         .iter()
@@ -578,6 +593,7 @@ pub use amifamily::family_of;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloudprovider::aws::validation::Verdict;
 
     fn subnet(id: &str, zone: &str, ips: i64) -> Subnet {
         Subnet { id: id.into(), zone: zone.into(), zone_id: None, available_ips: ips }
@@ -714,7 +730,7 @@ mod tests {
             instance_profile: Some("p".into()),
             ..Default::default()
         };
-        let st = status(&class, &res, None, "t1");
+        let st = status(&class, &res, &ValidationState::DependenciesNotReady, None, "t1");
         let get =
             |s: &EC2NodeClassStatus, t: &str| s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap();
         let subnets = get(&st, conditions::SUBNETS_READY);
@@ -724,16 +740,38 @@ mod tests {
         assert_eq!(subnets.observed_generation, Some(3));
         let ready = get(&st, conditions::READY);
         assert_eq!((ready.status, ready.reason.as_str()), (ConditionStatus::False, "UnhealthyDependents"));
-        assert_eq!(ready.message, "SubnetsReady=False");
+        assert_eq!(ready.message, "SubnetsReady=False, ValidationSucceeded=False");
+        let validation = get(&st, conditions::VALIDATION_SUCCEEDED);
+        assert_eq!(validation.reason, "DependenciesNotReady");
+        assert_eq!(
+            validation.message,
+            "Awaiting AMI, Instance Profile, Security Group, and Subnet resolution"
+        );
         assert!(is_ready(Some(&st)).is_err());
         assert_eq!(get(&st, conditions::AMIS_READY).reason, "AMIsReady");
 
         let fixed = Resolution { subnets: vec![subnet("s", "z", 1)], ..res };
-        let st2 = status(&class, &fixed, Some(&st), "t2");
+        let st2 = status(&class, &fixed, &ValidationState::Decided(Verdict::Succeeded), Some(&st), "t2");
         assert_eq!(get(&st2, conditions::READY).status, ConditionStatus::True);
         assert_eq!(get(&st2, conditions::READY).last_transition_time, "t2");
         assert_eq!(get(&st2, conditions::AMIS_READY).last_transition_time, "t1");
         assert!(is_ready(Some(&st2)).is_ok());
         assert_eq!(st2.subnets[0].id, "s");
+
+        // Nothing decided: the condition keeps its last value, and its transition time.
+        let st3 = status(&class, &fixed, &ValidationState::Undecided, Some(&st2), "t3");
+        assert_eq!(get(&st3, conditions::VALIDATION_SUCCEEDED), get(&st2, conditions::VALIDATION_SUCCEEDED));
+        let fresh = status(&class, &fixed, &ValidationState::Undecided, None, "t3");
+        let unknown = get(&fresh, conditions::VALIDATION_SUCCEEDED);
+        assert_eq!(
+            (unknown.status, unknown.reason.as_str()),
+            (ConditionStatus::Unknown, "AwaitingReconciliation")
+        );
+        assert!(is_ready(Some(&fresh)).is_err());
+        // A failed validation makes the class not ready.
+        let denied = Verdict::Failed { reason: "CreateFleetAuthCheckFailed", message: "no".into() };
+        let st4 = status(&class, &fixed, &ValidationState::Decided(denied), Some(&st2), "t4");
+        assert_eq!(get(&st4, conditions::READY).message, "ValidationSucceeded=False");
+        assert_eq!(get(&st4, conditions::VALIDATION_SUCCEEDED).last_transition_time, "t4");
     }
 }

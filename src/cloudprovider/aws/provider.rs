@@ -15,6 +15,7 @@ use super::nodeclass::{self, Resolution};
 use super::pricing::Pricing;
 use super::sdk_error;
 use super::userdata::ClusterInfo;
+use super::validation::{Outcome, VALIDATION_TTL, ValidationState, Verdict};
 use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
 use crate::apis::labels::*;
@@ -118,6 +119,9 @@ pub struct Options {
     pub node_class_refresh: Duration,
     /// Cluster IP of the `kube-system/kube-dns` Service (see [`kube_dns_ip`]).
     pub kube_dns_ip: Option<String>,
+    /// No dry-run validation of EC2NodeClasses (`DISABLE_DRY_RUN`): their `ValidationSucceeded`
+    /// is True without a call (see [`super::validation`]).
+    pub disable_dry_run: bool,
 }
 
 impl Options {
@@ -133,6 +137,7 @@ impl Options {
             catalog_refresh: super::catalog::REFRESH_INTERVAL,
             node_class_refresh: NODE_CLASS_REFRESH,
             kube_dns_ip: None,
+            disable_dry_run: false,
         }
     }
 }
@@ -257,17 +262,29 @@ impl NodeClassStore {
     }
 }
 
+/// A class resolved: the status it should get, and why its validation decided nothing this
+/// time (the error, and whether it is transient), if it did not.
+#[derive(Debug)]
+pub struct Resolved {
+    /// The class's status.
+    pub status: EC2NodeClassStatus,
+    /// Why `ValidationSucceeded` kept its last value, if it did.
+    pub undecided: Option<(CloudProviderError, bool)>,
+}
+
 /// The EC2 cloud provider.
 #[derive(Debug)]
 pub struct AwsCloudProvider {
     pub(super) clients: AwsClients,
-    options: Options,
+    pub(super) options: Options,
     pub(super) cluster: ClusterInfo,
     node_classes: NodeClassStore,
     catalog: Catalog,
     pricing: Pricing,
     pub(super) unavailable: TtlCache<OfferingKey, ()>,
     pub(super) launch_templates: LaunchTemplates,
+    /// Each class's last validation verdict, with the key of what it was made from.
+    pub(super) validations: TtlCache<String, (String, Verdict)>,
 }
 
 impl AwsCloudProvider {
@@ -283,7 +300,8 @@ impl AwsCloudProvider {
         Ok(AwsCloudProvider {
             catalog: Catalog::new(clients.ec2.clone(), options.catalog_refresh, clock.clone()),
             launch_templates: LaunchTemplates::new(clients.ec2.clone(), &options.cluster_name, clock.clone()),
-            unavailable: TtlCache::new(UNAVAILABLE_OFFERING_TTL, clock),
+            unavailable: TtlCache::new(UNAVAILABLE_OFFERING_TTL, clock.clone()),
+            validations: TtlCache::new(VALIDATION_TTL, clock),
             pricing: Pricing::default(),
             node_classes: NodeClassStore::default(),
             clients,
@@ -329,9 +347,10 @@ impl AwsCloudProvider {
         &self.clients
     }
 
-    /// Resolves a class's selectors and returns the status it should get (the node-class
-    /// controller writes it and then [`NodeClassStore::upsert`]s the class).
-    pub async fn resolve_node_class(&self, class: &EC2NodeClass) -> Result<EC2NodeClassStatus> {
+    /// Resolves a class's selectors and validates that the controller may launch from it (for
+    /// the NodePools `pools` that use it), and returns the status it should get: the node-class
+    /// controller writes it and then [`NodeClassStore::upsert`]s the class.
+    pub async fn resolve_node_class(&self, class: &EC2NodeClass, pools: &[&NodePool]) -> Result<Resolved> {
         let spec = &class.spec;
         let ec2 = &self.clients.ec2;
         let resolution = Resolution {
@@ -353,8 +372,20 @@ impl AwsCloudProvider {
             )
             .await?,
         };
+        let previous = class.status.as_ref();
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        Ok(nodeclass::status(class, &resolution, class.status.as_ref(), &now))
+        if !resolution.is_complete() {
+            let status =
+                nodeclass::status(class, &resolution, &ValidationState::DependenciesNotReady, previous, &now);
+            return Ok(Resolved { status, undecided: None });
+        }
+        let resolved = nodeclass::status(class, &resolution, &ValidationState::Undecided, previous, &now);
+        let (state, undecided) = match self.validate_node_class(class, &resolved, pools).await {
+            Outcome::Decided(verdict) => (ValidationState::Decided(verdict), None),
+            Outcome::Undecided { error, transient } => (ValidationState::Undecided, Some((error, transient))),
+        };
+        let status = nodeclass::status(class, &resolution, &state, previous, &now);
+        Ok(Resolved { status, undecided })
     }
 
     /// Deletes the launch templates created for the class named `class_name` (and forgets them),
@@ -412,8 +443,17 @@ impl AwsCloudProvider {
         let name = class.metadata.name.clone().unwrap_or_default();
         let status = nodeclass::is_ready(class.status.as_ref())
             .map_err(|reason| CloudProviderError::NodeClassNotReady { name, reason })?;
+        self.instance_types_for_status(&class.spec, status).await
+    }
+
+    /// The instance types of a class with `spec` whose resources are resolved in `status`.
+    pub(super) async fn instance_types_for_status(
+        &self,
+        spec: &EC2NodeClassSpec,
+        status: &EC2NodeClassStatus,
+    ) -> Result<Vec<InstanceType>> {
         let catalog = self.catalog.get().await?;
-        let settings = self.settings(&class.spec);
+        let settings = self.settings(spec);
         let subnet_zones: BTreeSet<String> = status.subnets.iter().map(|s| s.zone.clone()).collect();
         let ami_reqs: Vec<Requirements> = status
             .amis

@@ -3,7 +3,8 @@
 //! [`NodeClassStore`](crate::cloudprovider::aws::NodeClassStore), and cleans up on deletion.
 //!
 //! * A class that is not being deleted gets the `karpenter.k8s.aws/termination` finalizer, is
-//!   resolved with [`AwsCloudProvider::resolve_node_class`], and its status is written through
+//!   resolved and validated (see [`validation`]) with [`AwsCloudProvider::resolve_node_class`],
+//!   and its status is written through
 //!   the status subresource only when it changed (so the controller's own write does not start a
 //!   loop). It is resolved again every [`crate::cloudprovider::aws::provider::NODE_CLASS_REFRESH`] (the shorter of `AMI_REFRESH_INTERVAL` and
 //!   `SUBNET_REFRESH_INTERVAL`),
@@ -37,9 +38,10 @@ use crate::apis::labels::{
     ANNOTATION_EC2NODECLASS_HASH, ANNOTATION_EC2NODECLASS_HASH_VERSION, FINALIZER_EC2NODECLASS_TERMINATION,
 };
 use crate::apis::nodeclaim::conditions::DRIFTED;
-use crate::apis::{EC2NodeClass, EC2NodeClassStatus, NodeClaim};
+use crate::apis::{EC2NodeClass, EC2NodeClassStatus, NodeClaim, NodePool};
 use crate::cloudprovider::CloudProviderError;
-use crate::cloudprovider::aws::AwsCloudProvider;
+use crate::cloudprovider::aws::provider::Resolved;
+use crate::cloudprovider::aws::{AwsCloudProvider, validation};
 use crate::controllers::Events;
 use crate::controllers::kit::{Backoff, Next, Options, Queue, Reconcile, run_keyed};
 use crate::state::{ClusterState, Notice};
@@ -72,6 +74,15 @@ pub enum Error {
     /// Resolving the class's selectors against AWS failed.
     #[error("failed to resolve ec2nodeclass {name}")]
     Resolve {
+        /// The class.
+        name: String,
+        /// The provider's error.
+        #[source]
+        source: CloudProviderError,
+    },
+    /// Validating the class against EC2 failed in a way that says nothing about the class.
+    #[error("failed to validate ec2nodeclass {name}")]
+    Validate {
         /// The class.
         name: String,
         /// The provider's error.
@@ -356,8 +367,10 @@ async fn add_finalizer(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<
 async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, Error> {
     let name = class.name_any();
     let provider = &reconciler.provider;
-    let status = match provider.resolve_node_class(class).await {
-        Ok(status) => status,
+    let pools = reconciler.cluster.nodepools.state();
+    let pools: Vec<&NodePool> = pools.iter().map(AsRef::as_ref).filter(|np| uses_class(np, &name)).collect();
+    let Resolved { status, undecided } = match provider.resolve_node_class(class, &pools).await {
+        Ok(resolved) => resolved,
         Err(source) => {
             // Keep launching from what was resolved last.
             provider.node_classes().upsert(class.clone());
@@ -387,7 +400,20 @@ async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, 
     resolved.status = Some(status);
     provider.node_classes().upsert(resolved);
     restamp_claims(class, reconciler).await;
-    Ok(Next::After(reconciler.provider.node_class_refresh()))
+    match undecided {
+        None => Ok(Next::After(reconciler.provider.node_class_refresh())),
+        Some((error, true)) => {
+            tracing::debug!(ec2nodeclass = %name, error = %error_chain(&error), "validation asked again shortly");
+            Ok(Next::After(validation::RETRY_AFTER))
+        }
+        Some((source, false)) => Err(Error::Validate { name, source }),
+    }
+}
+
+/// Whether the NodePool `np` launches from the EC2NodeClass `class`.
+fn uses_class(np: &NodePool, class: &str) -> bool {
+    let r = &np.spec.template.spec.node_class_ref;
+    r.group == NODE_CLASS_GROUP && r.name == class
 }
 
 /// The annotations that bring a launched `claim` of a class whose current hash is `class_hash`
@@ -482,6 +508,7 @@ async fn finalize(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next,
         return Err(error);
     }
     provider.node_classes().remove(&name);
+    provider.forget_validation(&name);
     if let Some(finalizers) = without_finalizer(class.finalizers())
         && patch_finalizers(class, finalizers, reconciler, "remove the finalizer").await?
     {

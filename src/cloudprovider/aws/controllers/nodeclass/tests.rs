@@ -344,6 +344,11 @@ async fn resolves_waits_for_nodeclaims_and_cleans_up() {
     assert!(not_ready.message.contains(&nothing), "{}", not_ready.message);
     let bad_ready = condition(&classes.get(&bad).await.unwrap(), conditions::READY).unwrap();
     assert_eq!(bad_ready.status, ConditionStatus::False);
+    // Validated only once resolved; the good class passed its dry runs.
+    let waiting = condition(&classes.get(&bad).await.unwrap(), conditions::VALIDATION_SUCCEEDED).unwrap();
+    assert_eq!((waiting.status, waiting.reason.as_str()), (ConditionStatus::False, "DependenciesNotReady"));
+    let valid = condition(&ready, conditions::VALIDATION_SUCCEEDED).unwrap();
+    assert_eq!((valid.status, valid.reason.as_str()), (ConditionStatus::True, "ValidationSucceeded"));
 
     // A launch template created for the class, as the provider tags them.
     let ec2 = &provider.clients().ec2;
@@ -373,7 +378,10 @@ async fn resolves_waits_for_nodeclaims_and_cleans_up() {
         .send()
         .await
         .unwrap();
-    assert_eq!(templates_of(ec2, &cluster, &good).await, vec![template_name.clone()]);
+    // With the one its validation created (a CreateLaunchTemplate among its dry runs).
+    let templates = templates_of(ec2, &cluster, &good).await;
+    assert_eq!(templates.len(), 2, "{templates:?}");
+    assert!(templates.contains(&template_name), "{templates:?}");
 
     // A NodeClaim using the class holds its deletion back.
     let claims: Api<NodeClaim> = Api::all(client.clone());
