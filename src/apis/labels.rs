@@ -180,12 +180,19 @@ pub const ANNOTATION_EC2NODECLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-h
 /// Version of the EC2NodeClass hashing scheme.
 pub const ANNOTATION_EC2NODECLASS_HASH_VERSION: &str = "karpenter.k8s.aws/ec2nodeclass-hash-version";
 
+/// Set on a NodeClaim whose instance has the tags added after registration (`Name`, ...).
+pub const ANNOTATION_INSTANCE_TAGGED: &str = "karpenter.k8s.aws/tagged";
+/// Upstream's older annotation for the same, set with it.
+pub const ANNOTATION_CLUSTER_NAME_TAGGED: &str = "compatibility.karpenter.k8s.aws/cluster-name-tagged";
+
 // --- EC2 tags ---------------------------------------------------------------------------------
 
 /// Tag naming the NodeClaim an instance was launched for.
 pub const TAG_NODECLAIM: &str = "karpenter.sh/nodeclaim";
 /// Tag naming the EKS cluster an instance belongs to.
 pub const TAG_EKS_CLUSTER_NAME: &str = "eks:eks-cluster-name";
+/// The tag EC2 shows as an instance's name.
+pub const TAG_NAME: &str = "Name";
 
 // --- extended resources -------------------------------------------------------------------------
 

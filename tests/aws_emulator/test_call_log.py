@@ -145,6 +145,9 @@ def imitate_controller(endpoint: str, cluster: str, pool: str = "default", subne
         launched += [i for group_ in fleet.get("Instances", []) for i in group_["InstanceIds"]]
     ec2.describe_instances(InstanceIds=launched)
     ec2.describe_instance_status(IncludeAllInstances=True)
+    # Registered: each instance is named after its Node (the tagging controller).
+    for number, instance in enumerate(launched):
+        ec2.create_tags(Resources=[instance], Tags=[{"Key": "Name", "Value": f"ip-10-0-0-{number}.ec2.internal"}])
 
     # Interruption queue.
     queue = sqs.get_queue_url(QueueName=cluster)["QueueUrl"]
@@ -351,6 +354,14 @@ def test_dry_runs_authorise_what_the_launch_would_use(journey) -> None:
     assert all(c["ec2:CreateAction"] == "RunInstances" for c in tagging.values())
     assert [r["resource"] for r in one if r["action"] == "iam:PassRole"] == [
         f"arn:aws:iam::{ACCOUNT}:role/KarpenterNodeRole-{cluster}"]
+
+
+def test_tags_added_after_registration_are_judged_on_the_instance(journey) -> None:
+    tagging = [r for r in by_operation(journey["records"], "ec2:CreateTags")]
+    assert tagging and all(r["resource"].split(":")[-1].startswith("instance/i-") for r in tagging)
+    assert all(r["context"]["aws:TagKeys"] == ["Name"] for r in tagging)
+    assert all(r["context"][f"aws:ResourceTag/kubernetes.io/cluster/{journey['cluster']}"] == "owned"
+               for r in tagging)
 
 
 def test_resource_tags_are_looked_up_when_the_request_arrives(journey) -> None:

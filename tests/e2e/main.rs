@@ -541,6 +541,21 @@ async fn getting_started_with_aws() {
         assert_eq!(instance.claim.as_deref(), Some(name.as_str()), "the instance is tagged for its claim");
         assert_eq!(instance.image_id, image_id);
     }
+    // Once registered, each instance is named after its Node, and its claim says so.
+    wait_for("every NodeClaim annotated as tagged", Duration::from_secs(30), &controller, || async {
+        f.claims()
+            .await
+            .iter()
+            .all(|c| c.annotations().get("karpenter.k8s.aws/tagged").is_some_and(|v| v == "true"))
+    })
+    .await;
+    let instances = pool_instances(&ec2, &f.pool).await;
+    for claim in f.claims().await {
+        let node = claim.status.as_ref().and_then(|s| s.node_name.clone());
+        let instance =
+            instances.iter().find(|i| i.claim.as_deref() == claim.metadata.name.as_deref()).unwrap();
+        assert_eq!(instance.name, node, "the Name tag of {}", instance.id);
+    }
 
     unschedulable_pod_gets_no_claim(&f, &controller).await;
     disruption_budget_holds_a_node(&f, &controller).await;

@@ -918,6 +918,8 @@ pub struct Ec2Instance {
     pub image_id: String,
     /// The `karpenter.sh/nodeclaim` tag.
     pub claim: Option<String>,
+    /// The `Name` tag.
+    pub name: Option<String>,
 }
 
 impl Ec2Instance {
@@ -952,6 +954,10 @@ pub async fn ec2() -> aws_sdk_ec2::Client {
 }
 
 /// Every instance (in any state) of the cluster tagged for `pool`.
+fn tag(instance: &aws_sdk_ec2::types::Instance, key: &str) -> Option<String> {
+    instance.tags().iter().find(|t| t.key() == Some(key)).and_then(|t| t.value()).map(str::to_string)
+}
+
 pub async fn pool_instances(ec2: &aws_sdk_ec2::Client, pool: &str) -> Vec<Ec2Instance> {
     use aws_sdk_ec2::types::Filter;
     let out = ec2
@@ -973,12 +979,8 @@ pub async fn pool_instances(ec2: &aws_sdk_ec2::Client, pool: &str) -> Vec<Ec2Ins
             id: i.instance_id().unwrap_or_default().to_string(),
             state: i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default(),
             image_id: i.image_id().unwrap_or_default().to_string(),
-            claim: i
-                .tags()
-                .iter()
-                .find(|t| t.key() == Some("karpenter.sh/nodeclaim"))
-                .and_then(|t| t.value())
-                .map(str::to_string),
+            claim: tag(i, "karpenter.sh/nodeclaim"),
+            name: tag(i, "Name"),
         })
         .collect()
 }

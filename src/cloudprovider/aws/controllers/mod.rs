@@ -1,11 +1,12 @@
 //! Controllers only the AWS provider has: the EC2NodeClass status, the refresh of instance
-//! types, prices and launch templates, interruption (the SQS queue and EC2 status checks), and
-//! the instance-type metrics. [`Controllers`] starts them for the operator.
+//! types, prices and launch templates, interruption (the SQS queue and EC2 status checks), the
+//! instance tags added after registration, and the instance-type metrics. [`Controllers`] starts them for the operator.
 
 pub mod interruption;
 pub mod metrics;
 pub mod nodeclass;
 pub mod refresh;
+pub mod tagging;
 
 use std::sync::Arc;
 
@@ -78,6 +79,10 @@ impl ProviderControllers for Controllers {
                 ctx.events.clone(),
                 stop.clone(),
             )),
+        ));
+        tasks.push((
+            tagging::CONTROLLER,
+            Box::pin(tagging::run(ctx.client.clone(), state.clone(), aws.clone(), stop.clone())),
         ));
         (tasks, Some(fetched))
     }
