@@ -761,6 +761,47 @@ async fn node_class_validation_dry_runs_the_launch_calls() {
 
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
+async fn a_claim_that_requires_dedicated_tenancy_launches_dedicated() {
+    let (p, _cluster) = provider("tenancy").await;
+    let mut claim = node_claim("dedicated", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    claim.spec.requirements.push(
+        serde_json::from_value(
+            json!({"key": LABEL_INSTANCE_TENANCY, "operator": "In", "values": ["dedicated"]}),
+        )
+        .unwrap(),
+    );
+    let dedicated = p.create(&claim).await.unwrap();
+    assert_eq!(dedicated.labels.get(LABEL_INSTANCE_TENANCY).map(String::as_str), Some("dedicated"));
+    let shared = p.create(&node_claim("shared", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(shared.labels.get(LABEL_INSTANCE_TENANCY).map(String::as_str), Some("default"));
+    // Each from its own launch template: the dedicated one asks EC2 for dedicated tenancy.
+    let templates = p
+        .clients()
+        .ec2
+        .describe_launch_templates()
+        .filters(Filter::builder().name("tag:eks:eks-cluster-name").values(&p.cluster().name).build())
+        .send()
+        .await
+        .unwrap();
+    let mut tenancies = Vec::new();
+    for t in templates.launch_templates() {
+        let versions = p
+            .clients()
+            .ec2
+            .describe_launch_template_versions()
+            .launch_template_id(t.launch_template_id().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let data = versions.launch_template_versions()[0].launch_template_data().unwrap();
+        tenancies.push(data.placement().and_then(|p| p.tenancy()).map(|t| t.as_str().to_string()));
+    }
+    tenancies.sort();
+    assert_eq!(tenancies, vec![None, Some("dedicated".to_string())]);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
 async fn create_needs_a_ready_node_class() {
     let cluster = unique_cluster("notready");
     seed(&cluster);

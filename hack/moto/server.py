@@ -603,7 +603,8 @@ class App:
 
 
 def _fleets_use_launch_template_security_groups() -> None:
-    """Make CreateFleet give its instances the launch template's security groups.
+    """Make CreateFleet give its instances the launch template's security groups (and its
+    tenancy, which moto ignores: every instance would be `default`).
 
     EC2 launches a fleet's instances with the SecurityGroupIds of their launch
     template; moto 5.2.5 (moto/ec2/models/fleets.py) only reads a "GroupSet" key
@@ -614,21 +615,35 @@ def _fleets_use_launch_template_security_groups() -> None:
     """
     from moto.ec2.models import fleets
 
+    def template_data(fleet, spec) -> dict:
+        ref = getattr(spec, "launch_template_spec", None) or {}
+        if "LaunchTemplateId" not in ref:
+            return {}
+        template = fleet.ec2_backend.get_launch_template(ref["LaunchTemplateId"])
+        version = template.get_version(ref.get("Version") or template.default_version_number)
+        return version.data or {}
+
     def fill(fleet) -> None:
         for spec in fleet.launch_specs:
-            ref = getattr(spec, "launch_template_spec", None) or {}
-            if spec.group_set or "LaunchTemplateId" not in ref:
-                continue
-            template = fleet.ec2_backend.get_launch_template(ref["LaunchTemplateId"])
-            version = template.get_version(ref.get("Version") or template.default_version_number)
-            spec.group_set = list(version.data.get("SecurityGroupIds") or [])
+            if not spec.group_set:
+                spec.group_set = list(template_data(fleet, spec).get("SecurityGroupIds") or [])
+
+    def place(fleet, launched: list[dict]) -> None:
+        """The template's Placement.Tenancy on the instances launched from it."""
+        for item in launched:
+            tenancy = (template_data(fleet, item["launch_spec"]).get("Placement") or {}).get("Tenancy")
+            if tenancy:
+                item["instance"].placement.tenancy = tenancy
 
     for name in ("create_on_demand_requests", "create_spot_requests"):
         original = getattr(fleets.Fleet, name)
 
         def patched(self, weight, _original=original):
             fill(self)
-            return _original(self, weight)
+            before = len(self.on_demand_instances)
+            out = _original(self, weight)
+            place(self, self.on_demand_instances[before:])
+            return out
 
         setattr(fleets.Fleet, name, patched)
 

@@ -163,10 +163,14 @@ pub const LABEL_INSTANCE_ACCELERATOR_MANUFACTURER: &str =
     "karpenter.k8s.aws/instance-accelerator-manufacturer";
 /// Number of accelerators.
 pub const LABEL_INSTANCE_ACCELERATOR_COUNT: &str = "karpenter.k8s.aws/instance-accelerator-count";
-/// Whether the instance type can run flex (burstable CPU capability) workloads.
+/// Whether the instance type is a flex type (`c7i-flex.large`, `m7i-flex.xlarge`, ...).
 pub const LABEL_INSTANCE_CAPABILITY_FLEX: &str = "karpenter.k8s.aws/instance-capability-flex";
 /// Instance tenancy (`default`, `dedicated`).
 pub const LABEL_INSTANCE_TENANCY: &str = "karpenter.k8s.aws/instance-tenancy";
+/// The tenancy an instance launches with when nothing asks for another.
+pub const TENANCY_DEFAULT: &str = "default";
+/// Dedicated tenancy (`karpenter.k8s.aws/instance-tenancy: dedicated`).
+pub const TENANCY_DEDICATED: &str = "dedicated";
 /// Whether the capacity reservation may be interrupted.
 pub const LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE: &str =
     "karpenter.k8s.aws/capacity-reservation-interruptible";

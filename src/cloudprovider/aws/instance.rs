@@ -7,7 +7,7 @@ use aws_sdk_ec2::Client as Ec2Client;
 use aws_sdk_ec2::types as ec2;
 
 use super::sdk_error;
-use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, LABEL_NODEPOOL};
+use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, LABEL_NODEPOOL, TENANCY_DEFAULT};
 use crate::cloudprovider::{CloudProviderError, Result};
 
 pub use crate::apis::labels::{TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM};
@@ -43,6 +43,8 @@ pub struct Ec2Instance {
     pub launch_time: Option<String>,
     /// Tags.
     pub tags: BTreeMap<String, String>,
+    /// Tenancy (`default`, `dedicated`, `host`).
+    pub tenancy: String,
 }
 
 impl Ec2Instance {
@@ -67,6 +69,11 @@ impl Ec2Instance {
             launch_time: i
                 .launch_time()
                 .and_then(|t| t.fmt(aws_smithy_types::date_time::Format::DateTime).ok()),
+            tenancy: i
+                .placement()
+                .and_then(|p| p.tenancy())
+                .map_or(TENANCY_DEFAULT, |t| t.as_str())
+                .to_string(),
             tags: i
                 .tags()
                 .iter()

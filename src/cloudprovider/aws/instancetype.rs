@@ -505,6 +505,9 @@ pub fn requirements(info: &TypeInfo, region: &str) -> Requirements {
     }
     single(&mut r, LABEL_INSTANCE_MEMORY, info.memory_mib.to_string());
     single(&mut r, LABEL_INSTANCE_HYPERVISOR, info.hypervisor.clone());
+    single(&mut r, LABEL_INSTANCE_CAPABILITY_FLEX, family.contains("-flex").to_string());
+    // Every type launches with default or dedicated tenancy, as the NodeClaim asks.
+    r.add(LABEL_INSTANCE_TENANCY, Requirement::in_values([TENANCY_DEFAULT, TENANCY_DEDICATED]));
     single(&mut r, LABEL_INSTANCE_ENCRYPTION_IN_TRANSIT_SUPPORTED, info.encryption_in_transit.to_string());
     optional(&mut r, LABEL_INSTANCE_NETWORK_BANDWIDTH, info.network_bandwidth_mbps);
     optional(&mut r, LABEL_INSTANCE_EBS_BANDWIDTH, info.ebs_bandwidth_mbps);
@@ -773,6 +776,19 @@ pub(crate) mod tests {
         }
         let reqs = requirements(&m5_large(), "us-west-2");
         assert!(!reqs.allows(LABEL_INSTANCE_GPU_COUNT, "1"));
+        assert_eq!(m5[LABEL_INSTANCE_CAPABILITY_FLEX], "false");
+        // Either tenancy: the NodeClaim's requirements choose, so no single label.
+        assert!(
+            reqs.allows(LABEL_INSTANCE_TENANCY, "default")
+                && reqs.allows(LABEL_INSTANCE_TENANCY, "dedicated")
+        );
+        assert!(!reqs.allows(LABEL_INSTANCE_TENANCY, "host"));
+        assert!(!m5.contains_key(LABEL_INSTANCE_TENANCY));
+        let flex = TypeInfo { name: "c7i-flex.large".into(), ..m5_large() };
+        assert_eq!(
+            requirements(&flex, "us-west-2").single_valued_labels()[LABEL_INSTANCE_CAPABILITY_FLEX],
+            "true"
+        );
         assert!(!m5.contains_key(LABEL_INSTANCE_LOCAL_NVME));
         let c6g = requirements(&c6g_xlarge(), "us-west-2").single_valued_labels();
         assert_eq!(c6g[LABEL_ARCH], "arm64");

@@ -17,7 +17,8 @@ use super::userdata::{self, Bootstrap};
 use super::{amifamily, sdk_error};
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassStatus, InstanceStorePolicy};
 use crate::apis::labels::{
-    CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE, LABEL_EC2NODECLASS, LABEL_NODEPOOL, TAINT_UNREGISTERED,
+    CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE, LABEL_EC2NODECLASS, LABEL_INSTANCE_TENANCY, LABEL_NODEPOOL,
+    TAINT_UNREGISTERED, TENANCY_DEDICATED, TENANCY_DEFAULT,
 };
 use crate::apis::{NodeClaim, Taint, TaintEffect};
 use crate::cloudprovider::{CloudProviderError, Instance, OfferingKey, Result};
@@ -68,6 +69,8 @@ pub(super) struct NodeOfClaim {
     pub(super) labels: BTreeMap<String, String>,
     pub(super) taints: Vec<Taint>,
     pub(super) node_pool: String,
+    /// Dedicated tenancy, rather than default.
+    pub(super) dedicated: bool,
 }
 
 impl NodeOfClaim {
@@ -75,17 +78,22 @@ impl NodeOfClaim {
     fn of(node_claim: &NodeClaim) -> Self {
         let mut taints: Vec<Taint> = node_claim.spec.taints.clone();
         taints.extend(node_claim.spec.startup_taints.iter().cloned());
+        // Default tenancy unless the claim does not allow it, as upstream.
+        let dedicated = Requirements::from_nodepool(&node_claim.spec.requirements)
+            .is_ok_and(|reqs| !reqs.allows(LABEL_INSTANCE_TENANCY, TENANCY_DEFAULT));
         NodeOfClaim {
             labels: node_claim.metadata.labels.clone().unwrap_or_default(),
             taints,
             node_pool: node_pool_tag(node_claim),
+            dedicated,
         }
     }
 
     /// The node a validation launches from (see [`super::validation`]): of no NodePool, with
-    /// no labels or taints of its own, as upstream's validation NodeClaim.
-    pub(super) fn validation() -> Self {
-        NodeOfClaim { labels: BTreeMap::new(), taints: Vec::new(), node_pool: String::new() }
+    /// no labels or taints of its own, as upstream's validation NodeClaim; dedicated when one of
+    /// the class's NodePools may launch dedicated instances.
+    pub(super) fn validation(dedicated: bool) -> Self {
+        NodeOfClaim { labels: BTreeMap::new(), taints: Vec::new(), node_pool: String::new(), dedicated }
     }
 }
 
@@ -439,6 +447,7 @@ impl AwsCloudProvider {
             tags,
             spot: capacity_type == CAPACITY_TYPE_SPOT,
             user_data,
+            tenancy: node.dedicated.then(|| TENANCY_DEDICATED.to_string()),
         })
     }
 }

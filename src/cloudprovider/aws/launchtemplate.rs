@@ -51,6 +51,10 @@ pub struct LaunchTemplate {
     pub spot: bool,
     /// User data (plain text; encoded when the template is created).
     pub user_data: String,
+    /// `dedicated` for dedicated instances; default tenancy otherwise (left out of the name's
+    /// hash then, so that the templates of earlier versions are still used).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenancy: Option<String>,
 }
 
 impl LaunchTemplate {
@@ -124,6 +128,13 @@ impl LaunchTemplate {
         }
         for m in &self.block_device_mappings {
             data = data.block_device_mappings(block_device(m)?);
+        }
+        if let Some(tenancy) = &self.tenancy {
+            data = data.placement(
+                ec2::LaunchTemplatePlacementRequest::builder()
+                    .tenancy(ec2::Tenancy::from(tenancy.as_str()))
+                    .build(),
+            );
         }
         Ok(data.build())
     }
@@ -408,6 +419,7 @@ mod tests {
             tags: BTreeMap::new(),
             spot: false,
             user_data: "#!/bin/sh".into(),
+            tenancy: None,
         }
     }
 
@@ -421,6 +433,7 @@ mod tests {
             LaunchTemplate { user_data: "x".into(), ..template() },
             LaunchTemplate { security_group_ids: vec!["sg-2".into()], ..template() },
             LaunchTemplate { detailed_monitoring: true, ..template() },
+            LaunchTemplate { tenancy: Some("dedicated".into()), ..template() },
             LaunchTemplate {
                 metadata_options: MetadataOptions { http_tokens: "optional".into(), ..Default::default() },
                 ..template()
@@ -428,6 +441,8 @@ mod tests {
         ] {
             assert_ne!(changed.name(), a.name());
         }
+        // Default tenancy is not part of the hash: templates made before tenancy keep their name.
+        assert!(serde_json::to_value(&a).unwrap().get("tenancy").is_none());
     }
 
     #[test]
@@ -452,6 +467,10 @@ mod tests {
             LaunchTemplate { associate_public_ip_address: Some(false), ..template() }.request_data().unwrap();
         assert!(public.security_group_ids().is_empty());
         assert_eq!(public.network_interfaces()[0].groups(), ["sg-1".to_string()]);
+        assert!(data.placement().is_none(), "default tenancy");
+        let dedicated =
+            LaunchTemplate { tenancy: Some("dedicated".into()), ..template() }.request_data().unwrap();
+        assert_eq!(dedicated.placement().and_then(|p| p.tenancy()), Some(&ec2::Tenancy::Dedicated));
     }
 
     #[test]

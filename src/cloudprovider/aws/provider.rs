@@ -552,6 +552,7 @@ impl AwsCloudProvider {
         out.labels.insert(LABEL_TOPOLOGY_ZONE.to_string(), i.zone.clone());
         out.labels.insert(LABEL_CAPACITY_TYPE.to_string(), i.capacity_type.clone());
         out.labels.insert(LABEL_TOPOLOGY_REGION.to_string(), self.clients.region.clone());
+        out.labels.insert(LABEL_INSTANCE_TENANCY.to_string(), i.tenancy.clone());
         out
     }
 

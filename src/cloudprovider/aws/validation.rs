@@ -33,6 +33,7 @@ use super::sdk_error;
 use crate::apis::ec2nodeclass::{AmiStatus, EC2NodeClass, EC2NodeClassStatus};
 use crate::apis::labels::{
     CAPACITY_TYPE_ON_DEMAND, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT,
+    LABEL_INSTANCE_TENANCY, TENANCY_DEDICATED,
 };
 use crate::apis::{Condition, ConditionStatus, NodePool};
 use crate::cloudprovider::CloudProviderError;
@@ -311,6 +312,13 @@ pub fn pick_instance_type<'a>(
     usable.into_iter().next()
 }
 
+/// Whether the NodePool `np` asks for dedicated instances among others (upstream validates such a
+/// class's launches as dedicated).
+pub fn may_be_dedicated(np: &NodePool) -> bool {
+    template_requirements(np)
+        .is_ok_and(|reqs| reqs.get(LABEL_INSTANCE_TENANCY).is_some_and(|r| r.has(TENANCY_DEDICATED)))
+}
+
 /// Upstream's log line when a validation fails for `reason`.
 fn log_message(reason: &str) -> &'static str {
     match reason {
@@ -391,7 +399,7 @@ impl AwsCloudProvider {
                 "no instance type of the class can boot one of its AMIs".to_string(),
             ));
         };
-        let node = NodeOfClaim::validation();
+        let node = NodeOfClaim::validation(pools.iter().any(|np| may_be_dedicated(np)));
         let template = match self.launch_template(
             &node,
             class,

@@ -209,3 +209,14 @@ fn the_condition_follows_the_state() {
         (ConditionStatus::True, "ValidationSucceeded", "")
     );
 }
+
+#[test]
+fn a_class_whose_pools_may_launch_dedicated_instances_is_validated_dedicated() {
+    let tenancy = |op: &str, values: &[&str]| {
+        pool(serde_json::json!([{"key": LABEL_INSTANCE_TENANCY, "operator": op, "values": values}]))
+    };
+    assert!(!may_be_dedicated(&pool(serde_json::json!([]))));
+    assert!(!may_be_dedicated(&tenancy("In", &["default"])));
+    assert!(may_be_dedicated(&tenancy("In", &["default", "dedicated"])));
+    assert!(may_be_dedicated(&tenancy("NotIn", &["default"])));
+}
