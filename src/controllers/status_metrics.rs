@@ -1,7 +1,8 @@
 //! Upstream's `operator_*` status-condition metrics: for NodeClaims, NodePools, Nodes and
 //! EC2NodeClasses, which conditions each object has and for how long, how often conditions
 //! change status and how long they kept the previous one, how long objects take to terminate; and
-//! a `Status condition transitioned` event on the object at each change.
+//! a `Status condition transitioned` event on the object at each change, and a `Finalized` event
+//! for each finalizer removed from it (also once it is gone).
 //!
 //! As upstream, transitions are what this process observes: it remembers each object's conditions
 //! from one look to the next (every [`PERIOD`]), a condition it never saw counts as `Unknown`
@@ -98,6 +99,10 @@ pub struct Object {
     pub extra: Vec<String>,
     /// Its deletion timestamp.
     pub deleting_since: Option<Timestamp>,
+    /// Its finalizers.
+    pub finalizers: Vec<String>,
+    /// Its UID, for events about it once it is gone.
+    pub uid: String,
 }
 
 impl Object {
@@ -116,6 +121,8 @@ impl Object {
                 .map(|(key, _)| labels.and_then(|l| l.get(*key)).cloned().unwrap_or_default())
                 .collect(),
             deleting_since: meta.deletion_timestamp.as_ref().map(|t| t.0),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
         }
     }
 
@@ -158,13 +165,34 @@ impl Object {
     }
 }
 
-/// A transition seen between two looks at an object, told in an event on it.
+/// A transition seen between two looks at an object, told in an event on it: a condition that
+/// changed status, or a finalizer that was removed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transition {
-    /// The event's reason: the condition's type.
+    /// The event's reason: the condition's type, or `Finalized`.
     pub reason: String,
     /// The event's message.
     pub message: String,
+    /// The object's UID (the event still names it once the object is gone).
+    pub uid: String,
+}
+
+/// Reason of the event about a removed finalizer.
+pub const FINALIZED: &str = "Finalized";
+
+/// The events about the finalizers `before` had and `now` lacks, as upstream's
+/// `Finalized <finalizer>`.
+fn finalized(before: &Object, now: &[String]) -> Vec<Transition> {
+    before
+        .finalizers
+        .iter()
+        .filter(|f| !now.contains(f))
+        .map(|f| Transition {
+            reason: FINALIZED.to_string(),
+            message: format!("Finalized {f}"),
+            uid: before.uid.clone(),
+        })
+        .collect()
 }
 
 /// What the metrics remember of one kind's objects between looks.
@@ -189,12 +217,14 @@ impl Recorder {
         let deprecated = kind.deprecated.then_some(&metrics.deprecated);
         let names: BTreeSet<String> = objects.iter().map(|o| o.name.clone()).collect();
         let gone: Vec<String> = self.seen.keys().filter(|name| !names.contains(*name)).cloned().collect();
+        let mut transitions = Vec::new();
         for name in gone {
             if let Some(object) = self.seen.remove(&name) {
                 forget(kind, families, deprecated, &object, now);
+                // Its finalizers were removed for it to go.
+                transitions.extend(finalized(&object, &[]).into_iter().map(|t| (name.clone(), t)));
             }
         }
-        let mut transitions = Vec::new();
         for object in objects {
             let before = self.seen.remove(&object.name);
             transitions.extend(
@@ -297,7 +327,7 @@ fn record(
             d.termination_current_time_seconds.get_or_create(&dep).set(age);
         }
     }
-    let mut transitions = Vec::new();
+    let mut transitions = before.map(|b| finalized(b, &object.finalizers)).unwrap_or_default();
     for c in &object.conditions {
         let old = before.and_then(|b| b.conditions.iter().find(|o| o.type_ == c.type_));
         let old_status = old.map_or("Unknown", |o| o.status.as_str());
@@ -342,6 +372,7 @@ fn record(
                 "Status condition transitioned, Type: {}, Status: {} -> {}, Reason: {}{message}",
                 c.type_, old.status, c.status, c.reason
             ),
+            uid: object.uid.clone(),
         });
     }
     transitions
@@ -411,22 +442,32 @@ async fn pass(ctx: &Context, state: &ClusterState, cluster_state: bool, recorder
     let objects =
         classes.iter().map(|c| Object::karpenter(&EC2NODECLASS, c.meta(), class_conditions(c))).collect();
     let seen = recorders.nodeclasses.look(&EC2NODECLASS, status, &status.ec2nodeclass, objects, now);
-    tell(ctx, &seen, |name| classes.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))).await;
+    tell(ctx, &EC2NODECLASS, &seen, |name| {
+        classes.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))
+    })
+    .await;
     if !cluster_state {
         return;
     }
     let claims: Vec<std::sync::Arc<NodeClaim>> = state.nodeclaims.state();
     let objects = claims.iter().map(|c| Object::karpenter(&NODECLAIM, c.meta(), c.conditions())).collect();
     let seen = recorders.nodeclaims.look(&NODECLAIM, status, &status.nodeclaim, objects, now);
-    tell(ctx, &seen, |name| claims.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))).await;
+    tell(ctx, &NODECLAIM, &seen, |name| {
+        claims.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))
+    })
+    .await;
     let pools: Vec<std::sync::Arc<NodePool>> = state.nodepools.state();
     let objects = pools.iter().map(|p| Object::karpenter(&NODEPOOL, p.meta(), pool_conditions(p))).collect();
     let seen = recorders.nodepools.look(&NODEPOOL, status, &status.nodepool, objects, now);
-    tell(ctx, &seen, |name| pools.iter().find(|p| p.name_any() == name).map(|p| p.object_ref(&()))).await;
+    tell(ctx, &NODEPOOL, &seen, |name| {
+        pools.iter().find(|p| p.name_any() == name).map(|p| p.object_ref(&()))
+    })
+    .await;
     let nodes: Vec<std::sync::Arc<Node>> = state.nodes.state();
     let objects = nodes.iter().map(|n| Object::node(n)).collect();
     let seen = recorders.nodes.look(&NODE, status, &status.node, objects, now);
-    tell(ctx, &seen, |name| nodes.iter().find(|n| n.name_any() == name).map(|n| n.object_ref(&()))).await;
+    tell(ctx, &NODE, &seen, |name| nodes.iter().find(|n| n.name_any() == name).map(|n| n.object_ref(&())))
+        .await;
 }
 
 fn class_conditions(class: &EC2NodeClass) -> &[Condition] {
@@ -437,15 +478,33 @@ fn pool_conditions(pool: &NodePool) -> &[Condition] {
     pool.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
 }
 
-/// Sends a Normal event about each transition to its object.
+/// Sends a Normal event about each transition to its object (named from `kind` and what was
+/// last seen of it when it is gone).
 async fn tell(
     ctx: &Context,
+    kind: &Kind,
     transitions: &[(String, Transition)],
     object: impl Fn(&str) -> Option<k8s_openapi::api::core::v1::ObjectReference>,
 ) {
     for (name, t) in transitions {
-        if let Some(reference) = object(name) {
-            ctx.events.publish(reference, EventType::Normal, &t.reason, t.message.clone()).await;
+        let reference = object(name).unwrap_or_else(|| kind.reference(name, &t.uid));
+        ctx.events.publish(reference, EventType::Normal, &t.reason, t.message.clone()).await;
+    }
+}
+
+impl Kind {
+    /// A reference to the object `name` of this kind with `uid`.
+    fn reference(&self, name: &str, uid: &str) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(if self.group.is_empty() {
+                "v1".to_string()
+            } else {
+                format!("{}/v1", self.group)
+            }),
+            kind: Some(self.kind.to_string()),
+            name: Some(name.to_string()),
+            uid: (!uid.is_empty()).then(|| uid.to_string()),
+            ..Default::default()
         }
     }
 }
@@ -477,6 +536,8 @@ mod tests {
             conditions,
             extra: vec!["default".into(), "general".into()],
             deleting_since: deleting.map(at),
+            finalizers: vec!["karpenter.sh/termination".into()],
+            uid: "u1".into(),
         }
     }
 
@@ -541,12 +602,42 @@ mod tests {
         // An Unknown condition seen first is no transition.
         assert!(!out.contains("transitions_total{type=\"Ready\",status=\"Unknown\""), "{out}");
 
-        // Gone: every series of the object goes, and its termination took 90 s.
-        assert!(
-            recorder
-                .look(&NODECLAIM, status, &status.nodeclaim, vec![], at("2026-01-01T00:02:30Z"))
-                .is_empty()
+        // A finalizer removed: a Finalized event.
+        let mut fewer = claim(
+            vec![seen("Launched", "True", "Launched", "2026-01-01T00:00:00Z")],
+            Some("2026-01-01T00:01:00Z"),
         );
+        fewer.finalizers = vec![];
+        let mut more = fewer.clone();
+        more.finalizers = vec!["karpenter.sh/termination".into(), "example.com/hold".into()];
+        look(&mut recorder, more, "2026-01-01T00:01:20Z");
+        let mut held = fewer.clone();
+        held.finalizers = vec!["example.com/hold".into()];
+        let told = look(&mut recorder, held, "2026-01-01T00:01:30Z");
+        let finalized: Vec<&str> =
+            told.iter().filter(|(_, t)| t.reason == "Finalized").map(|(_, t)| t.message.as_str()).collect();
+        assert_eq!(finalized, ["Finalized karpenter.sh/termination"]);
+
+        // Gone: every series of the object goes, its termination took 90 s, and its last
+        // finalizer is told, on the object as last seen.
+        let told = recorder.look(&NODECLAIM, status, &status.nodeclaim, vec![], at("2026-01-01T00:02:30Z"));
+        assert_eq!(
+            told,
+            [(
+                "c1".to_string(),
+                Transition {
+                    reason: "Finalized".into(),
+                    message: "Finalized example.com/hold".into(),
+                    uid: "u1".into()
+                }
+            )]
+        );
+        let reference = NODECLAIM.reference("c1", "u1");
+        assert_eq!(
+            (reference.api_version.as_deref(), reference.kind.as_deref(), reference.uid.as_deref()),
+            (Some("karpenter.sh/v1"), Some("NodeClaim"), Some("u1"))
+        );
+        assert_eq!(NODE.reference("n", "").api_version.as_deref(), Some("v1"));
         let out = text(&registry);
         assert!(!out.contains("name=\"c1\""), "{out}");
         assert!(out.contains("operator_nodeclaim_termination_duration_seconds_sum{karpenter_k8s_aws_ec2nodeclass=\"default\",karpenter_sh_nodepool=\"general\"} 90"), "{out}");
