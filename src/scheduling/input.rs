@@ -202,8 +202,9 @@ impl NodePoolInput {
         let spec = &np.spec.template.spec;
         let labels = np.spec.template.metadata.as_ref().map(|m| m.labels.clone()).unwrap_or_default();
         let mut input = NodePoolInput::new(name.clone(), instance_types);
-        input.requirements = template_requirements(np)
+        let template = template_requirements(np)
             .map_err(|source| SchedulingError::Requirement { nodepool: name.clone(), source })?;
+        input.requirements.add_all(&template);
         // As upstream: the claims carry their node class's name, and pods may select it.
         let class = &spec.node_class_ref;
         input.requirements.add(

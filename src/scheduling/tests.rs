@@ -824,6 +824,9 @@ fn nodepool_from_the_api_object_with_extended_resource_limits() {
     let class = &np.spec.template.spec.node_class_ref.name;
     assert!(input_pool.requirements.allows("karpenter.k8s.aws/ec2nodeclass", class));
     assert!(!input_pool.requirements.allows("karpenter.k8s.aws/ec2nodeclass", "another"));
+    // And the pool's own name.
+    let name = np.metadata.name.clone().unwrap_or_default();
+    assert_eq!(input_pool.requirements.get(LABEL_NODEPOOL).and_then(|r| r.single()), Some(name.as_str()));
 
     let gpu_pod = |name: &str| {
         let mut p = with_toleration(pod(name, "1", "1Gi"), RESOURCE_NVIDIA_GPU);
