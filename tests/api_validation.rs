@@ -365,6 +365,46 @@ async fn restricted_tags_are_rejected() {
 
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
+async fn the_v1_14_networking_fields_are_validated_as_upstream() {
+    let api: Api<EC2NodeClass> = Api::all(client().await);
+    let with = |patch: serde_json::Value| -> EC2NodeClass {
+        let mut value = serde_json::to_value(example::<EC2NodeClass>("ec2nodeclass.yaml")).unwrap();
+        value["spec"].as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+        serde_json::from_value(value).unwrap()
+    };
+    let message = rejection(&api, &with(serde_json::json!({"connectionTracking": {}}))).await;
+    assert_mentions(
+        &message,
+        &[
+            "spec.connectionTracking",
+            "at least one of tcpEstablishedTimeout, udpStreamTimeout, or udpTimeout must be set",
+        ],
+    );
+    let message = rejection(&api, &with(serde_json::json!({"connectionTracking": {"udpTimeout": 61}}))).await;
+    assert_mentions(&message, &["spec.connectionTracking.udpTimeout", "60"]);
+    let message = rejection(&api, &with(serde_json::json!({"ipPrefixCount": -1}))).await;
+    assert_mentions(&message, &["spec.ipPrefixCount", "0"]);
+    let unrestored = serde_json::json!({"blockDeviceMappings": [{"deviceName": "/dev/xvda",
+        "ebs": {"volumeSize": "20Gi", "volumeInitializationRate": 200}}]});
+    let message = rejection(&api, &with(unrestored)).await;
+    assert_mentions(&message, &["snapshotID must be set when volumeInitializationRate is set"]);
+    // All of them, well formed, are accepted.
+    let mut class = with(serde_json::json!({
+        "ipPrefixCount": 2,
+        "context": "cr-0123456789abcdef0",
+        "connectionTracking": {"tcpEstablishedTimeout": 3600, "udpStreamTimeout": 120, "udpTimeout": 45},
+        "blockDeviceMappings": [{"deviceName": "/dev/xvda", "rootVolume": true,
+            "ebs": {"snapshotID": "snap-0123456789abcdef0", "volumeInitializationRate": 200, "volumeSize": "20Gi"}}],
+    }));
+    class.metadata.name = Some(format!("v114-fields-{}", std::process::id()));
+    let created = api.create(&kube::api::PostParams::default(), &class).await.unwrap();
+    assert_eq!(created.spec.ip_prefix_count, Some(2));
+    assert_eq!(created.spec.connection_tracking.as_ref().and_then(|c| c.udp_stream_timeout), Some(120));
+    api.delete(&class.metadata.name.clone().unwrap(), &Default::default()).await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
 async fn subnet_selector_terms_cannot_be_empty() {
     let api: Api<EC2NodeClass> = Api::all(client().await);
     let mut class: EC2NodeClass = example("ec2nodeclass.yaml");

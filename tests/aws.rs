@@ -761,6 +761,66 @@ async fn node_class_validation_dry_runs_the_launch_calls() {
 
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
+async fn the_v1_14_networking_fields_reach_the_launch() {
+    let (p, _cluster, faults) = provider_with_faults("netfields").await;
+    let mut class = (*p.node_classes().get("default").unwrap()).clone();
+    class.spec.ip_prefix_count = Some(2);
+    class.spec.connection_tracking =
+        Some(serde_json::from_value(json!({"tcpEstablishedTimeout": 3600, "udpTimeout": 45})).unwrap());
+    class.spec.context = Some("cr-0123456789abcdef0".into());
+    class.spec.block_device_mappings = vec![serde_json::from_value(json!({
+        "deviceName": "/dev/xvda", "rootVolume": true,
+        "ebs": {"snapshotID": "snap-0123456789abcdef0", "volumeInitializationRate": 200, "volumeSize": "40Gi", "volumeType": "gp3"},
+    }))
+    .unwrap()];
+    p.node_classes().upsert(class.clone());
+    let launched = p.create(&node_claim("netfields", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+
+    // The fleet request carries the context.
+    let requests = faults.create_fleet_requests();
+    assert!(requests.last().unwrap().contains("Context=cr-0123456789abcdef0"), "{requests:?}");
+    // The template's primary interface has the prefixes, the timeouts and the security groups.
+    let ec2 = &p.clients().ec2;
+    let id = launched.provider_id.rsplit('/').next().unwrap().to_string();
+    let described = ec2.describe_instances().instance_ids(&id).send().await.unwrap();
+    let inst = &described.reservations()[0].instances()[0];
+    let template =
+        inst.tags().iter().find(|t| t.key() == Some("aws:ec2launchtemplate:id")).and_then(|t| t.value());
+    let versions = match template {
+        Some(id) => ec2.describe_launch_template_versions().launch_template_id(id),
+        None => {
+            let name = faults
+                .create_fleet_requests()
+                .last()
+                .map(|b| requested_overrides(b)[0].launch_template.clone())
+                .unwrap();
+            ec2.describe_launch_template_versions().launch_template_name(name)
+        }
+    }
+    .send()
+    .await
+    .unwrap();
+    let data = versions.launch_template_versions()[0].launch_template_data().unwrap();
+    let nic = &data.network_interfaces()[0];
+    assert_eq!((nic.device_index(), nic.ipv4_prefix_count()), (Some(0), Some(2)));
+    let tracking = nic.connection_tracking_specification().unwrap();
+    assert_eq!((tracking.tcp_established_timeout(), tracking.udp_timeout()), (Some(3600), Some(45)));
+    let class_groups: Vec<String> =
+        class.status.as_ref().unwrap().security_groups.iter().map(|g| g.id.clone()).collect();
+    assert_eq!(nic.groups(), class_groups.as_slice());
+    let ebs = data.block_device_mappings()[0].ebs().unwrap();
+    assert_eq!(
+        (ebs.volume_initialization_rate(), ebs.snapshot_id()),
+        (Some(200), Some("snap-0123456789abcdef0"))
+    );
+    // The instance is in the class's security groups, so it is not drifted.
+    let groups: Vec<String> =
+        inst.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)).collect();
+    assert_eq!(groups, class_groups);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
 async fn a_claim_that_requires_dedicated_tenancy_launches_dedicated() {
     let (p, _cluster) = provider("tenancy").await;
     let mut claim = node_claim("dedicated", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);

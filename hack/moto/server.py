@@ -626,7 +626,13 @@ def _fleets_use_launch_template_security_groups() -> None:
     def fill(fleet) -> None:
         for spec in fleet.launch_specs:
             if not spec.group_set:
-                spec.group_set = list(template_data(fleet, spec).get("SecurityGroupIds") or [])
+                data = template_data(fleet, spec)
+                groups = list(data.get("SecurityGroupIds") or [])
+                # Or those of the primary interface, when the template spells it out.
+                for nic in data.get("NetworkInterfaces") or data.get("NetworkInterface") or []:
+                    if str(nic.get("DeviceIndex", "0")) == "0":
+                        groups += list(nic.get("Groups") or nic.get("SecurityGroupId") or [])
+                spec.group_set = groups
 
     def place(fleet, launched: list[dict]) -> None:
         """The template's Placement.Tenancy on the instances launched from it."""

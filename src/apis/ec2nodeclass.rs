@@ -117,10 +117,40 @@ pub struct EC2NodeClassSpec {
     /// Whether instances get a public IPv4 address (subnet default when unset).
     #[serde(default, rename = "associatePublicIPAddress", skip_serializing_if = "Option::is_none")]
     pub associate_public_ip_address: Option<bool>,
+    /// IPv4 prefixes assigned to the primary network interface of each instance.
+    #[serde(default, rename = "ipPrefixCount", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ip_prefix_count: Option<i32>,
+    /// Idle connection-tracking timeouts of the network interfaces of the launch template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_tracking: Option<ConnectionTracking>,
+    /// EC2's reserved `Context` field, passed on CreateFleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
     /// Instance metadata service options.
     #[serde(default = "default_metadata_options")]
     #[schemars(extend("default" = {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled", "httpPutResponseHopLimit": 1, "httpTokens": "required"}))]
     pub metadata_options: MetadataOptions,
+}
+
+/// Idle connection-tracking timeouts, in seconds, of the network interfaces a launch template
+/// defines (EC2's defaults when unset).
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.tcpEstablishedTimeout) || has(self.udpStreamTimeout) || has(self.udpTimeout)").message("at least one of tcpEstablishedTimeout, udpStreamTimeout, or udpTimeout must be set"))]
+pub struct ConnectionTracking {
+    /// Idle established TCP connections (60 to 432,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 432000))]
+    pub tcp_established_timeout: Option<i32>,
+    /// Idle UDP flows that saw more than one request-response transaction (60 to 180).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 180))]
+    pub udp_stream_timeout: Option<i32>,
+    /// Other idle UDP flows (30 to 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 60))]
+    pub udp_timeout: Option<i32>,
 }
 
 /// Selects subnets by tags or id.
@@ -429,6 +459,7 @@ pub struct BlockDeviceMapping {
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.snapshotID) || has(self.volumeSize)").message("snapshotID or volumeSize must be defined"))]
+#[x_kube(validation = Rule::new("!has(self.volumeInitializationRate) || (has(self.snapshotID) && self.snapshotID != '')").message("snapshotID must be set when volumeInitializationRate is set"))]
 pub struct BlockDevice {
     /// Delete the volume when the instance terminates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -448,6 +479,11 @@ pub struct BlockDevice {
     /// Throughput in MiB/s (gp3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput: Option<i64>,
+    /// Rate in MiB/s at which the snapshot's blocks are loaded into the new volume (100 to 300;
+    /// only with `snapshotID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 100, max = 300))]
+    pub volume_initialization_rate: Option<i32>,
     /// Volume size, e.g. `20Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(
@@ -604,6 +640,9 @@ pub struct CapacityReservationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "date-time"))]
     pub end_time: Option<String>,
+    /// Whether the reservation may be interrupted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interruptible: Option<bool>,
 }
 
 /// A resolved AMI.

@@ -27,8 +27,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::common::{NodeClassReference, Taint};
 use super::ec2nodeclass::{
-    AmiFamily, BlockDevice, BlockDeviceMapping, EC2NodeClassSpec, InstanceStorePolicy, KubeletConfiguration,
-    MetadataOptions, VolumeType,
+    AmiFamily, BlockDevice, BlockDeviceMapping, ConnectionTracking, EC2NodeClassSpec, InstanceStorePolicy,
+    KubeletConfiguration, MetadataOptions, VolumeType,
 };
 use super::hashstructure::{self as hs, Struct, Value, if_true, non_empty};
 use super::nodepool::{NodeClaimTemplate, NodePool};
@@ -127,7 +127,7 @@ pub fn ec2nodeclass_value(spec: &EC2NodeClassSpec, ca_bundle: &str) -> Value {
 fn ec2nodeclass_spec_value(spec: &EC2NodeClassSpec) -> Value {
     // SubnetSelectorTerms, SecurityGroupSelectorTerms, CapacityReservationSelectorTerms,
     // IPPrefixCount, AMISelectorTerms and AMIFamily: hash:"ignore". PlacementGroupSelector,
-    // NetworkInterfaces, ConnectionTracking, Context and CPUOptions: not in this crate's type.
+    // NetworkInterfaces and CPUOptions: not in this crate's type.
     Struct::new("EC2NodeClassSpec")
         .field("AssociatePublicIPAddress", spec.associate_public_ip_address.map(Value::Bool))
         .field("UserData", spec.user_data.as_deref().map(Value::string))
@@ -142,6 +142,17 @@ fn ec2nodeclass_spec_value(spec: &EC2NodeClassSpec) -> Value {
         )
         .field("DetailedMonitoring", spec.detailed_monitoring.map(Value::Bool))
         .field("MetadataOptions", Some(metadata_options(&spec.metadata_options)))
+        .field("ConnectionTracking", spec.connection_tracking.as_ref().map(connection_tracking))
+        .field("Context", spec.context.as_deref().map(Value::string))
+        .into()
+}
+
+/// `v1.ConnectionTracking`.
+fn connection_tracking(c: &ConnectionTracking) -> Value {
+    Struct::new("ConnectionTracking")
+        .field("TCPEstablishedTimeout", c.tcp_established_timeout.map(Value::int32))
+        .field("UDPStreamTimeout", c.udp_stream_timeout.map(Value::int32))
+        .field("UDPTimeout", c.udp_timeout.map(Value::int32))
         .into()
 }
 
@@ -225,7 +236,7 @@ fn block_device(d: &BlockDevice) -> Value {
         .field("KMSKeyID", d.kms_key_id.as_deref().map(Value::string))
         .field("SnapshotID", d.snapshot_id.as_deref().map(Value::string))
         .field("Throughput", d.throughput.map(Value::int64))
-        // VolumeInitializationRate: not in this crate's type.
+        .field("VolumeInitializationRate", d.volume_initialization_rate.map(Value::int32))
         .field("VolumeSize", d.volume_size.as_deref().map(|q| Value::string(hs::quantity_string(q))))
         .field("VolumeType", d.volume_type.map(|t| Value::string(volume_type(t))))
         .into()
@@ -421,7 +432,7 @@ mod tests {
     fn ec2nodeclass_hashes_are_upstreams() {
         let expected = expected();
         let classes: Vec<EC2NodeClass> = documents(CLASSES);
-        assert_eq!(classes.len(), 7);
+        assert_eq!(classes.len(), 9);
         let bundles = expected["caBundles"].as_object().unwrap();
         assert_eq!(bundles.len(), 2);
         for class in &classes {
@@ -436,6 +447,10 @@ mod tests {
         let hash = |name: &str| expected["ec2nodeclasses"][name]["none"].as_str().unwrap().to_string();
         assert_eq!(hash("al2023"), hash("al2023-pinned"));
         assert_eq!(hash("bottlerocket"), hash("bottlerocket-reordered"));
+        // ipPrefixCount is not hashed either; connection tracking, context and the volume
+        // initialization rate are (the networking class differs from plain al2023).
+        assert_eq!(hash("al2023-networking"), hash("al2023-networking-no-prefixes"));
+        assert_ne!(hash("al2023-networking"), hash("al2023"));
     }
 
     #[test]

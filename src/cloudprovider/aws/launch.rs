@@ -258,7 +258,8 @@ impl AwsCloudProvider {
         configs: Vec<ec2::FleetLaunchTemplateConfigRequest>,
     ) -> Result<CreateFleetOutput> {
         let tags = self.instance_tags(claim.node_claim, &claim.class);
-        let request = self.fleet_request(&tags, capacity_type, configs);
+        let request =
+            self.fleet_request(&tags, capacity_type, configs).set_context(claim.class.spec.context.clone());
         // Not retried by the SDK: when an answer is lost (a timeout, a dropped connection, a 5xx
         // after EC2 acted), a blind retry could launch a second instance. The error goes back to
         // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
@@ -448,6 +449,8 @@ impl AwsCloudProvider {
             spot: capacity_type == CAPACITY_TYPE_SPOT,
             user_data,
             tenancy: node.dedicated.then(|| TENANCY_DEDICATED.to_string()),
+            ip_prefix_count: spec.ip_prefix_count,
+            connection_tracking: spec.connection_tracking.clone(),
         })
     }
 }

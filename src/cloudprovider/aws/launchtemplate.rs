@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use super::cache::{Clock, TtlCache};
 use super::sdk_error;
-use crate::apis::ec2nodeclass::{BlockDeviceMapping, MetadataOptions};
+use crate::apis::ec2nodeclass::{BlockDeviceMapping, ConnectionTracking, MetadataOptions};
 use crate::apis::labels::LABEL_EC2NODECLASS;
 use crate::cloudprovider::{CloudProviderError, Result};
 use crate::scheduling::resources::parse_quantity;
@@ -55,6 +55,13 @@ pub struct LaunchTemplate {
     /// hash then, so that the templates of earlier versions are still used).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenancy: Option<String>,
+    /// IPv4 prefixes of the primary network interface (left out of the hash when unset, as are
+    /// the connection tracking timeouts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip_prefix_count: Option<i32>,
+    /// Idle connection-tracking timeouts of the primary network interface.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection_tracking: Option<ConnectionTracking>,
 }
 
 impl LaunchTemplate {
@@ -114,17 +121,30 @@ impl LaunchTemplate {
                     .build(),
             );
         }
-        match self.associate_public_ip_address {
-            Some(public) => {
-                data = data.network_interfaces(
-                    ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
-                        .device_index(0)
-                        .associate_public_ip_address(public)
-                        .set_groups(Some(self.security_group_ids.clone()))
-                        .build(),
-                );
-            }
-            None => data = data.set_security_group_ids(Some(self.security_group_ids.clone())),
+        // The primary interface is spelled out when something of it is set (then its security
+        // groups go with it, as EC2 wants), as upstream's.
+        if self.associate_public_ip_address.is_some()
+            || self.ip_prefix_count.is_some()
+            || self.connection_tracking.is_some()
+        {
+            let tracking = self.connection_tracking.as_ref().map(|c| {
+                ec2::ConnectionTrackingSpecificationRequest::builder()
+                    .set_tcp_established_timeout(c.tcp_established_timeout)
+                    .set_udp_stream_timeout(c.udp_stream_timeout)
+                    .set_udp_timeout(c.udp_timeout)
+                    .build()
+            });
+            data = data.network_interfaces(
+                ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
+                    .device_index(0)
+                    .set_associate_public_ip_address(self.associate_public_ip_address)
+                    .set_ipv4_prefix_count(self.ip_prefix_count)
+                    .set_connection_tracking_specification(tracking)
+                    .set_groups(Some(self.security_group_ids.clone()))
+                    .build(),
+            );
+        } else {
+            data = data.set_security_group_ids(Some(self.security_group_ids.clone()));
         }
         for m in &self.block_device_mappings {
             data = data.block_device_mappings(block_device(m)?);
@@ -170,6 +190,7 @@ fn block_device(m: &BlockDeviceMapping) -> Result<ec2::LaunchTemplateBlockDevice
                 .set_kms_key_id(e.kms_key_id.clone())
                 .set_snapshot_id(e.snapshot_id.clone())
                 .set_throughput(e.throughput.and_then(|v| i32::try_from(v).ok()))
+                .set_volume_initialization_rate(e.volume_initialization_rate)
                 .set_volume_size(size)
                 .set_volume_type(volume_type)
                 .build(),
@@ -420,6 +441,8 @@ mod tests {
             spot: false,
             user_data: "#!/bin/sh".into(),
             tenancy: None,
+            ip_prefix_count: None,
+            connection_tracking: None,
         }
     }
 
@@ -468,6 +491,38 @@ mod tests {
         assert!(public.security_group_ids().is_empty());
         assert_eq!(public.network_interfaces()[0].groups(), ["sg-1".to_string()]);
         assert!(data.placement().is_none(), "default tenancy");
+        assert!(data.network_interfaces().is_empty(), "nothing of the primary interface is set");
+        let networking = LaunchTemplate {
+            ip_prefix_count: Some(2),
+            connection_tracking: Some(ConnectionTracking {
+                tcp_established_timeout: Some(3600),
+                udp_stream_timeout: None,
+                udp_timeout: Some(45),
+            }),
+            ..template()
+        };
+        assert_ne!(networking.name(), template().name());
+        let data = networking.request_data().unwrap();
+        assert!(data.security_group_ids().is_empty());
+        let nic = &data.network_interfaces()[0];
+        assert_eq!(
+            (nic.device_index(), nic.ipv4_prefix_count(), nic.groups()),
+            (Some(0), Some(2), &["sg-1".to_string()][..])
+        );
+        assert_eq!(nic.associate_public_ip_address(), None);
+        let tracking = nic.connection_tracking_specification().unwrap();
+        assert_eq!(
+            (tracking.tcp_established_timeout(), tracking.udp_stream_timeout(), tracking.udp_timeout()),
+            (Some(3600), None, Some(45))
+        );
+        let mut restored = template();
+        restored.block_device_mappings[0].ebs.as_mut().unwrap().snapshot_id = Some("snap-1".into());
+        restored.block_device_mappings[0].ebs.as_mut().unwrap().volume_initialization_rate = Some(200);
+        let data = restored.request_data().unwrap();
+        assert_eq!(
+            data.block_device_mappings()[0].ebs().and_then(|e| e.volume_initialization_rate()),
+            Some(200)
+        );
         let dedicated =
             LaunchTemplate { tenancy: Some("dedicated".into()), ..template() }.request_data().unwrap();
         assert_eq!(dedicated.placement().and_then(|p| p.tenancy()), Some(&ec2::Tenancy::Dedicated));

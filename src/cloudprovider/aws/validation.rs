@@ -416,9 +416,10 @@ impl AwsCloudProvider {
         if let Some(outcome) = settle(Call::CreateLaunchTemplate, created.map(|_| ())) {
             return outcome;
         }
-        if let Some(outcome) =
-            settle(Call::CreateFleet, self.dry_run_fleet(status, it, &template_name, tags).await)
-        {
+        if let Some(outcome) = settle(
+            Call::CreateFleet,
+            self.dry_run_fleet(class.spec.context.as_deref(), status, it, &template_name, tags).await,
+        ) {
             return outcome;
         }
         // One subnet that passes is enough; otherwise the first subnet's answer decides.
@@ -442,6 +443,7 @@ impl AwsCloudProvider {
     /// CreateFleet with `DryRun` for `it` in every subnet of the class, from the template.
     async fn dry_run_fleet(
         &self,
+        context: Option<&str>,
         status: &EC2NodeClassStatus,
         it: &InstanceType,
         template: &str,
@@ -462,6 +464,7 @@ impl AwsCloudProvider {
             );
         }
         self.fleet_request(tags, CAPACITY_TYPE_ON_DEMAND, vec![config.build()])
+            .set_context(context.map(str::to_string))
             .dry_run(true)
             .customize()
             .config_override(no_retries())
