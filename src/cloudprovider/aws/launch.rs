@@ -266,10 +266,7 @@ impl AwsCloudProvider {
         // claim (see `previous_launch`) and adopts it.
         let sent = request
             .customize()
-            .config_override(
-                aws_sdk_ec2::config::Builder::default()
-                    .retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled()),
-            )
+            .config_override(super::no_retries())
             .send()
             .await
             .map_err(|e| sdk_error("CreateFleet", e));

@@ -40,6 +40,13 @@ pub fn https_client() -> aws_sdk_ec2::config::SharedHttpClient {
     aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
 }
 
+/// An EC2 client configuration with the SDK's retries off, for calls sent once: a CreateFleet
+/// whose answer may be lost after EC2 acted, and the validation's dry runs (asked again by the
+/// EC2NodeClass controller).
+pub(crate) fn no_retries() -> aws_sdk_ec2::config::Builder {
+    aws_sdk_ec2::config::Builder::default().retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled())
+}
+
 /// Converts an SDK error into [`CloudProviderError::Api`], keeping the error code.
 pub(crate) fn sdk_error<E, R>(operation: &'static str, err: SdkError<E, R>) -> CloudProviderError
 where

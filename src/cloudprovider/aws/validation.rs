@@ -331,18 +331,13 @@ fn log_message(reason: &str) -> &'static str {
 
 /// Maps the answer of a call to the outcome that ends a validation, or `None` to go on.
 fn settle(call: Call, answer: Result<(), CloudProviderError>) -> Option<Outcome> {
-    match (judge(call, answer.as_ref().map(|_| ())), answer) {
-        (Judgement::Pass, _) => None,
-        (Judgement::Fail(verdict), _) => Some(Outcome::Decided(verdict)),
-        (Judgement::Retry, Err(error)) => Some(Outcome::Undecided { error, transient: true }),
-        (_, Err(error)) => Some(Outcome::Undecided { error, transient: false }),
-        (_, Ok(())) => None,
+    let error = answer.err()?;
+    match judge(call, Err(&error)) {
+        Judgement::Pass => None,
+        Judgement::Fail(verdict) => Some(Outcome::Decided(verdict)),
+        Judgement::Retry => Some(Outcome::Undecided { error, transient: true }),
+        Judgement::Unexpected => Some(Outcome::Undecided { error, transient: false }),
     }
-}
-
-/// The SDK's retries off: a throttled validation is asked again by the controller.
-fn no_retries() -> aws_sdk_ec2::config::Builder {
-    aws_sdk_ec2::config::Builder::default().retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled())
 }
 
 impl AwsCloudProvider {
@@ -467,7 +462,7 @@ impl AwsCloudProvider {
             .set_context(context.map(str::to_string))
             .dry_run(true)
             .customize()
-            .config_override(no_retries())
+            .config_override(super::no_retries())
             .send()
             .await
             .map(|_| ())
@@ -514,7 +509,7 @@ impl AwsCloudProvider {
         }
         request
             .customize()
-            .config_override(no_retries())
+            .config_override(super::no_retries())
             .send()
             .await
             .map(|_| ())
