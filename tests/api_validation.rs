@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool, crds};
+use karpenter::apis::{EC2NodeClass, NodeClaim, NodeOverlay, NodePool, crds};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
@@ -401,6 +401,61 @@ async fn the_v1_14_networking_fields_are_validated_as_upstream() {
     assert_eq!(created.spec.ip_prefix_count, Some(2));
     assert_eq!(created.spec.connection_tracking.as_ref().and_then(|c| c.udp_stream_timeout), Some(120));
     api.delete(&class.metadata.name.clone().unwrap(), &Default::default()).await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn nodeoverlays_are_validated_as_upstream() {
+    let api: Api<NodeOverlay> = Api::all(client().await);
+    let with = |spec: serde_json::Value| -> NodeOverlay {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+            "metadata": {"name": format!("overlay-test-{}", std::process::id())},
+            "spec": spec,
+        }))
+        .unwrap()
+    };
+    let family =
+        serde_json::json!([{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5"]}]);
+    let cases = [
+        (
+            serde_json::json!({"requirements": family, "price": "1", "priceAdjustment": "+1"}),
+            "cannot set both 'price' and 'priceAdjustment'",
+        ),
+        (
+            serde_json::json!({"requirements": family, "capacity": {"cpu": "4"}}),
+            "invalid resource restricted",
+        ),
+        (serde_json::json!({"requirements": family, "priceAdjustment": "-150%"}), "spec.priceAdjustment"),
+        (serde_json::json!({"requirements": family, "price": "-1"}), "spec.price"),
+        (serde_json::json!({"requirements": family, "weight": 0}), "spec.weight"),
+        (
+            serde_json::json!({"requirements": [{"key": "team", "operator": "NotIn"}]}),
+            "requirements with operator 'NotIn' must have a value defined",
+        ),
+        (
+            serde_json::json!({"requirements": [{"key": "karpenter.k8s.aws/instance-cpu", "operator": "Gt", "values": ["1", "2"]}]}),
+            "must have a single positive integer value",
+        ),
+        (
+            serde_json::json!({"requirements": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}),
+            r#"label "kubernetes.io/hostname" is restricted"#,
+        ),
+        (
+            serde_json::json!({"requirements": [{"key": "karpenter.sh/unknown", "operator": "Exists"}]}),
+            r#"label domain "karpenter.sh" is restricted"#,
+        ),
+    ];
+    for (spec, expected) in cases {
+        let message = rejection(&api, &with(spec.clone())).await;
+        assert_mentions(&message, &[expected]);
+    }
+    for spec in [
+        serde_json::json!({"requirements": [], "priceAdjustment": "-100%", "weight": 10000}),
+        serde_json::json!({"requirements": family, "capacity": {"smarter-devices/fuse": 4, "hugepages-2Mi": "100Mi"}}),
+    ] {
+        api.create(&dry_run(), &with(spec)).await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -36,13 +36,19 @@ fn crds_have_upstream_names_columns_and_categories() {
     let names: Vec<_> = all.iter().map(|c| c.metadata.name.clone().unwrap_or_default()).collect();
     assert_eq!(
         names,
-        ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"]
+        [
+            "nodepools.karpenter.sh",
+            "nodeclaims.karpenter.sh",
+            "ec2nodeclasses.karpenter.k8s.aws",
+            "nodeoverlays.karpenter.sh"
+        ]
     );
     for crd in &all {
         assert_eq!(crd.spec.scope, "Cluster");
         assert_eq!(crd.spec.names.categories.as_deref(), Some(&["karpenter".to_string()][..]));
         let version = &crd.spec.versions[0];
-        assert_eq!(version.name, "v1");
+        let expected = if crd.spec.names.kind == "NodeOverlay" { "v1alpha1" } else { "v1" };
+        assert_eq!(version.name, expected);
         assert!(version.served && version.storage);
         assert!(
             version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
@@ -78,6 +84,9 @@ fn crds_have_upstream_names_columns_and_categories() {
             "DRIFTED"
         ]
     );
+    assert_eq!(columns(3, false), ["READY", "AGE"]);
+    assert_eq!(columns(3, true), ["READY", "AGE", "WEIGHT"]);
+    assert_eq!(all[3].spec.names.short_names.as_deref(), Some(&["overlays".to_string()][..]));
     assert_eq!(columns(2, false), ["READY", "AGE"]);
     assert_eq!(columns(2, true), ["READY", "AGE", "ROLE"]);
     assert_eq!(

@@ -90,6 +90,10 @@ pub const ANNOTATION_NODEPOOL_HASH_VERSION: &str = "karpenter.sh/nodepool-hash-v
 pub const ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP: &str = "karpenter.sh/nodeclaim-termination-timestamp";
 /// Set on a NodeClaim whose `minValues` were relaxed under the BestEffort policy.
 pub const ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED: &str = "karpenter.sh/nodeclaim-min-values-relaxed";
+/// On a NodeClaim: a NodeOverlay changed the price of one of the instance types it may launch.
+pub const ANNOTATION_PRICE_OVERLAY_APPLIED: &str = "karpenter.sh/price-overlay-applied";
+/// On a NodeClaim: a NodeOverlay added capacity to one of the instance types it may launch.
+pub const ANNOTATION_CAPACITY_OVERLAY_APPLIED: &str = "karpenter.sh/capacity-overlay-applied";
 
 // --- taints and finalizers ---------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-//! The Karpenter v1 APIs: `NodePool` and `NodeClaim` (karpenter.sh/v1) and `EC2NodeClass`
-//! (karpenter.k8s.aws/v1), with the schema, CEL validation rules and printer columns of upstream's
+//! The Karpenter APIs: `NodePool` and `NodeClaim` (karpenter.sh/v1), `EC2NodeClass`
+//! (karpenter.k8s.aws/v1) and `NodeOverlay` (karpenter.sh/v1alpha1), with the schema, CEL validation rules and printer columns of upstream's
 //! CRDs, and the well-known names in [`labels`].
 
 // Repeated `printcolumn(...)` arguments of the CustomResource derive are distinct columns, not
@@ -13,6 +13,7 @@ pub mod hash;
 pub mod hashstructure;
 pub mod labels;
 pub mod nodeclaim;
+pub mod nodeoverlay;
 pub mod nodepool;
 
 pub use common::{
@@ -21,4 +22,5 @@ pub use common::{
 };
 pub use ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
 pub use nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
+pub use nodeoverlay::{NodeOverlay, NodeOverlaySpec, NodeOverlayStatus};
 pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus};

@@ -74,6 +74,7 @@ fn error_kind(error: &CloudProviderError) -> &'static str {
         CloudProviderError::UnexpectedResponse { .. } => "UnexpectedResponse",
         CloudProviderError::Config(_) => "Config",
         CloudProviderError::InvalidNodeClaim { .. } => "InvalidNodeClaim",
+        CloudProviderError::AwaitingOverlayEvaluation(_) => "UnevaluatedNodePool",
     }
 }
 

@@ -7,6 +7,7 @@ pub mod aws;
 pub mod catalog;
 pub mod kwok;
 pub mod metered;
+pub mod overlay;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -244,6 +245,10 @@ pub enum CloudProviderError {
     /// The provider's configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The NodeOverlays have not been evaluated against the NodePool's instance types yet (it is
+    /// new, or the overlay controller has not run since start): the NodePool waits.
+    #[error("applying nodeoverlays")]
+    AwaitingOverlayEvaluation(#[from] crate::scheduling::overlay::AwaitingEvaluation),
 }
 
 impl CloudProviderError {

@@ -10,6 +10,7 @@ pub mod events;
 pub mod kit;
 pub mod node;
 pub mod nodeclaim;
+pub mod nodeoverlay;
 pub mod nodepool;
 pub mod pod_metrics;
 pub mod provisioning;

@@ -32,6 +32,11 @@ pub async fn with_instance_types_of_pools(
             Ok(found) => {
                 types.insert(name, found);
             }
+            Err(error @ crate::cloudprovider::CloudProviderError::AwaitingOverlayEvaluation(_)) => {
+                // The overlay controller evaluates a new NodePool within moments.
+                tracing::debug!(controller, NodePool = %name, "skipping, awaiting nodeoverlay evaluation");
+                errors.insert(name, error_chain(&error));
+            }
             Err(error) => {
                 tracing::error!(
                     controller,

@@ -16,6 +16,7 @@ use super::server::{self, Readiness};
 use super::settings::{CloudProviderKind, Settings};
 use crate::cloudprovider::aws::provider::{AwsClients, AwsCloudProvider, Options};
 use crate::cloudprovider::metered::Metered;
+use crate::cloudprovider::overlay::{Overlaid, Overlays};
 use crate::cloudprovider::{CloudProvider, ProviderControllers};
 use crate::controllers::{self, Context, Events};
 use crate::metrics::Metrics;
@@ -160,8 +161,18 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         tokio::spawn(super::memory::run(limit, stop.clone()));
     }
 
-    let (cloud, provider_controllers) = cloud_provider(&settings, &client).await?;
+    let overlays = settings.feature_gates.node_overlay.then(Overlays::new);
+    let (cloud, provider_controllers) = cloud_provider(&settings, &client, overlays.as_ref()).await?;
     let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
+    // With the NodeOverlay gate, every decision sees the overlays; their controller alone reads
+    // the provider's own figures.
+    let (cloud, overlays) = match overlays {
+        Some(overlays) => {
+            let overlaid: Arc<dyn CloudProvider> = Arc::new(Overlaid::new(cloud.clone(), overlays.clone()));
+            (overlaid, Some(OverlaySource { cloud, overlays }))
+        }
+        None => (cloud, None),
+    };
     let identity = identity();
     let events = Events::new(client.clone(), Some(identity.clone()));
     let ctx = Context {
@@ -238,7 +249,8 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             tracing::info!("cluster state synced");
         }
         outcome = if synced {
-            lead(&ctx, &settings, &state, provider_controllers.as_ref(), watches, &stop, &mut leading).await
+            let parts = Parts { provider: provider_controllers.as_ref(), overlays: overlays.as_ref() };
+            lead(&ctx, &settings, &state, parts, watches, &stop, &mut leading).await
         } else if *leading.borrow() {
             Ok(()) // stopped while syncing
         } else {
@@ -264,14 +276,14 @@ async fn lead(
     ctx: &Context,
     settings: &Settings,
     state: &ClusterState,
-    provider: &dyn ProviderControllers,
+    parts: Parts<'_>,
     watches: &mut tokio::task::JoinHandle<()>,
     stop: &watch::Receiver<bool>,
     leading: &mut watch::Receiver<bool>,
 ) -> Result<(), RunError> {
     tracing::info!("starting controllers");
     let (ctrl_stop_tx, ctrl_stop) = watch::channel(false);
-    let mut controllers = start_controllers(ctx, settings, state, provider, &ctrl_stop);
+    let mut controllers = start_controllers(ctx, settings, state, parts, &ctrl_stop);
     let mut stopping = stop.clone();
     let why = supervise(&mut controllers, watches, &mut stopping, leading).await;
     let outcome = match why {
@@ -315,17 +327,32 @@ async fn lead(
     outcome
 }
 
+/// What the controllers run with besides the context: the cloud provider's own controllers, and
+/// with the NodeOverlay gate, what the overlay controller reads and writes.
+#[derive(Clone, Copy)]
+struct Parts<'a> {
+    provider: &'a dyn ProviderControllers,
+    overlays: Option<&'a OverlaySource>,
+}
+
+/// The NodeOverlay controller's inputs: the provider without overlays, and the evaluation it
+/// keeps current for the decorated one.
+struct OverlaySource {
+    cloud: Arc<dyn CloudProvider>,
+    overlays: Arc<Overlays>,
+}
+
 /// Starts every controller, each stopping when `stop` turns true: the cloud provider's own, then
 /// the others.
 fn start_controllers(
     ctx: &Context,
     settings: &Settings,
     state: &ClusterState,
-    provider: &dyn ProviderControllers,
+    parts: Parts<'_>,
     stop: &watch::Receiver<bool>,
 ) -> Controllers {
     let mut tasks = Controllers::default();
-    let (provider_tasks, first_refresh) = provider.start(ctx, state, stop);
+    let (provider_tasks, first_refresh) = parts.provider.start(ctx, state, stop);
     for (name, task) in provider_tasks {
         tasks.spawn(name, task);
     }
@@ -398,6 +425,18 @@ fn start_controllers(
         controllers::disruption::CONTROLLER,
         controllers::disruption::run(ctx.clone(), state.clone(), stop.clone()),
     );
+    if let Some(source) = parts.overlays {
+        tasks.spawn(
+            controllers::nodeoverlay::CONTROLLER,
+            controllers::nodeoverlay::run(
+                ctx.clone(),
+                source.cloud.clone(),
+                source.overlays.clone(),
+                state.clone(),
+                stop.clone(),
+            ),
+        );
+    }
     if controllers::node::health::enabled(ctx) {
         tasks.spawn(
             controllers::node::health::CONTROLLER,
@@ -449,6 +488,7 @@ async fn signals(stop: watch::Sender<bool>) {
 fn kwok_provider(
     client: kube::Client,
     settings: &Settings,
+    overlays: Option<&Arc<Overlays>>,
 ) -> Result<crate::cloudprovider::kwok::KwokCloudProvider, crate::cloudprovider::kwok::KwokError> {
     let types = match &settings.kwok_instance_types {
         crate::cloudprovider::catalog::Catalog::Aws => {
@@ -462,17 +502,23 @@ fn kwok_provider(
         }
         other => other.load().map_err(crate::cloudprovider::kwok::KwokError::Catalog)?,
     };
-    Ok(crate::cloudprovider::kwok::KwokCloudProvider::new(client, types, settings.kwok_registration_delay))
+    let provider =
+        crate::cloudprovider::kwok::KwokCloudProvider::new(client, types, settings.kwok_registration_delay);
+    Ok(match overlays {
+        Some(overlays) => provider.with_overlays(overlays.clone()),
+        None => provider,
+    })
 }
 
 /// The cloud provider the settings ask for, and its own controllers.
 async fn cloud_provider(
     settings: &Settings,
     client: &kube::Client,
+    overlays: Option<&Arc<Overlays>>,
 ) -> Result<(Arc<dyn CloudProvider>, Box<dyn ProviderControllers>), RunError> {
     match settings.cloud_provider {
         CloudProviderKind::Kwok => {
-            let provider = kwok_provider(client.clone(), settings)
+            let provider = kwok_provider(client.clone(), settings, overlays)
                 .map_err(|e| RunError::CloudProvider { provider: "kwok", source: Box::new(e) })?;
             Ok((Arc::new(provider), Box::new(crate::cloudprovider::kwok::controllers::Controllers)))
         }
@@ -506,6 +552,7 @@ async fn cloud_provider(
             options.reserved_enis = i64::from(settings.reserved_enis);
             options.vm_memory_overhead_percent = settings.vm_memory_overhead_percent;
             options.kube_dns_ip = crate::cloudprovider::aws::provider::kube_dns_ip(client).await;
+            options.overlays = overlays.cloned();
             let provider = Arc::new(AwsCloudProvider::new(clients, options).await.map_err(fail)?);
             let controllers = crate::cloudprovider::aws::controllers::Controllers {
                 provider: provider.clone(),

@@ -1,6 +1,8 @@
 //! Instance types and their offerings, as the scheduler sees them.
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::apis::labels::{
     LABEL_CAPACITY_TYPE, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT, LABEL_INSTANCE_SIZE,
@@ -63,7 +65,20 @@ pub struct InstanceType {
     pub overhead: Overhead,
     /// How it can be bought.
     pub offerings: Vec<Offering>,
+    /// The NodeOverlays that changed it, in the NodePool it was resolved for; `None` for the
+    /// cloud provider's own figures.
+    pub overlays: Option<Arc<OverlayMarks>>,
     allocatable: Resources,
+}
+
+/// Which NodeOverlays changed an instance type: those that set one of its offerings' price, and
+/// those that added capacity (each list sorted, without repeats).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OverlayMarks {
+    /// Overlays that set or adjusted the price of at least one offering.
+    pub price: Vec<String>,
+    /// Overlays that added extended resources.
+    pub capacity: Vec<String>,
 }
 
 impl InstanceType {
@@ -87,7 +102,42 @@ impl InstanceType {
         requirements.shrink_to_fit();
         offerings.shrink_to_fit();
         let allocatable = capacity.sub(&overhead.total());
-        InstanceType { name, requirements, capacity, overhead, offerings, allocatable }
+        InstanceType { name, requirements, capacity, overhead, offerings, overlays: None, allocatable }
+    }
+
+    /// This type as NodeOverlays change it: `offerings` in place of its own (same zones and
+    /// capacity types, other prices), `extra` resources set on top of its capacity, and `marks`
+    /// naming the overlays. The labels and overhead are its own.
+    pub fn overlaid(
+        &self,
+        offerings: Vec<Offering>,
+        extra: &BTreeMap<String, i64>,
+        marks: OverlayMarks,
+    ) -> Self {
+        let mut capacity = self.capacity.clone();
+        for (name, value) in extra {
+            capacity.set(name, *value);
+        }
+        let allocatable = capacity.sub(&self.overhead.total());
+        InstanceType {
+            name: self.name.clone(),
+            requirements: self.requirements.clone(),
+            capacity,
+            overhead: self.overhead.clone(),
+            offerings,
+            overlays: Some(Arc::new(marks)),
+            allocatable,
+        }
+    }
+
+    /// Whether a NodeOverlay set the price of one of its offerings.
+    pub fn price_overlaid(&self) -> bool {
+        self.overlays.as_ref().is_some_and(|m| !m.price.is_empty())
+    }
+
+    /// Whether a NodeOverlay added capacity to it.
+    pub fn capacity_overlaid(&self) -> bool {
+        self.overlays.as_ref().is_some_and(|m| !m.capacity.is_empty())
     }
 
     /// Capacity minus overhead: what pods can use.

@@ -44,6 +44,7 @@ pub mod cost;
 pub mod daemonsets;
 pub mod hostports;
 pub mod instancetypes;
+pub mod overlay;
 pub mod requirements;
 pub mod resources;
 pub mod scheduler;
@@ -57,7 +58,7 @@ mod input;
 mod pools;
 
 pub use input::template_requirements;
-pub use instancetypes::{InstanceType, Offering, Overhead};
+pub use instancetypes::{InstanceType, Offering, Overhead, OverlayMarks};
 pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;
 pub use scheduler::{

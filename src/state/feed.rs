@@ -30,6 +30,8 @@ pub struct Changes {
     pub nodeclasses: u64,
     /// A DaemonSet, PodDisruptionBudget, Namespace or storage object changed.
     pub others: u64,
+    /// What the NodeOverlays change was evaluated anew, with another result.
+    pub overlays: u64,
 }
 
 /// Which kinds of change a consumer follows.
@@ -53,6 +55,8 @@ pub struct Interest {
     pub nodeclasses: bool,
     /// [`Changes::others`].
     pub others: bool,
+    /// [`Changes::overlays`].
+    pub overlays: bool,
 }
 
 impl Interest {
@@ -67,6 +71,7 @@ impl Interest {
         nodepools: true,
         nodeclasses: true,
         others: true,
+        overlays: true,
     };
 
     /// Whether `after` differs from `before` in a kind this interest follows.
@@ -80,6 +85,7 @@ impl Interest {
             || (self.nodepools && before.nodepools != after.nodepools)
             || (self.nodeclasses && before.nodeclasses != after.nodeclasses)
             || (self.others && before.others != after.others)
+            || (self.overlays && before.overlays != after.overlays)
     }
 }
 

@@ -55,8 +55,11 @@ pub struct Snapshot {
     /// The instance types each NodePool may launch (by NodePool name), when resolved; a NodePool
     /// missing here launches nothing.
     pub pool_types: BTreeMap<String, Vec<Arc<InstanceType>>>,
-    /// Every instance type of `pool_types`, by name.
+    /// Every instance type of `pool_types`, by name, as the cloud provider offers it (a type a
+    /// NodeOverlay changed in one NodePool is in `pool_overlaid`).
     pub types_by_name: TypesByName,
+    /// Per NodePool, the instance types a NodeOverlay changed there, by name.
+    pub pool_overlaid: BTreeMap<String, TypesByName>,
     /// Why a live NodePool has no entry in `pool_types`, when that is known (its node class is
     /// not ready, say).
     pub pool_errors: BTreeMap<String, String>,
@@ -66,11 +69,29 @@ impl Snapshot {
     /// With the instance types of each NodePool.
     pub fn with_instance_types(mut self, pool_types: BTreeMap<String, Vec<Arc<InstanceType>>>) -> Self {
         self.types_by_name.clear();
-        for t in pool_types.values().flatten() {
+        self.pool_overlaid.clear();
+        for (pool, types) in &pool_types {
+            for t in types {
+                if t.overlays.is_some() {
+                    self.pool_overlaid.entry(pool.clone()).or_default().insert(t.name.clone(), Arc::clone(t));
+                } else {
+                    self.types_by_name.insert(t.name.clone(), Arc::clone(t));
+                }
+            }
+        }
+        // A type every NodePool has overlaid still needs a name entry (its capacity is its own).
+        for t in self.pool_overlaid.values().flat_map(|m| m.values()) {
             self.types_by_name.entry(t.name.clone()).or_insert_with(|| Arc::clone(t));
         }
         self.pool_types = pool_types;
         self
+    }
+
+    /// The instance type `name` as NodePool `pool` sees it: with its NodeOverlays there, if any.
+    pub fn instance_type(&self, pool: Option<&str>, name: &str) -> Option<&Arc<InstanceType>> {
+        pool.and_then(|p| self.pool_overlaid.get(p))
+            .and_then(|types| types.get(name))
+            .or_else(|| self.types_by_name.get(name))
     }
 
     /// The node class `np` references, when the snapshot has it.

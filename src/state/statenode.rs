@@ -21,7 +21,7 @@ use crate::scheduling::resources::{pod_limits, pod_requests};
 use crate::scheduling::{Requirements, Resources};
 
 use super::pods;
-use super::snapshot::{Snapshot, TypesByName};
+use super::snapshot::Snapshot;
 
 /// A node, launched or coming.
 #[derive(Clone, Debug, Default)]
@@ -174,14 +174,15 @@ fn resources(list: Option<&crate::apis::ResourceList>) -> Option<Resources> {
 }
 
 /// The largest capacity among the instance types a NodeClaim's requirements name, or `None`.
-fn largest_allowed(claim: &NodeClaim, types: &TypesByName) -> Option<Resources> {
+fn largest_allowed(claim: &NodeClaim, snapshot: &Snapshot) -> Option<Resources> {
+    let pool = claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL)).map(String::as_str);
     let req = claim
         .spec
         .requirements
         .iter()
         .find(|r| r.key == LABEL_INSTANCE_TYPE && r.operator == Operator::In)?;
     let mut max: Option<Resources> = None;
-    for it in req.values.iter().filter_map(|name| types.get(name)) {
+    for it in req.values.iter().filter_map(|name| snapshot.instance_type(pool, name)) {
         max = Some(match max {
             Some(m) => m.max(&it.capacity),
             None => it.capacity.clone(),
@@ -194,9 +195,11 @@ fn claim_requests(claim: &NodeClaim) -> Option<Resources> {
     resources(claim.spec.resources.as_ref().and_then(|r| r.requests.as_ref()))
 }
 
-/// The hourly price of the offering `labels` describe, from `types`.
-pub fn offering_price(labels: &BTreeMap<String, String>, types: &TypesByName) -> Option<f64> {
-    let it = types.get(labels.get(LABEL_INSTANCE_TYPE)?)?;
+/// The hourly price of the offering `labels` describe (in the NodePool they name, with its
+/// NodeOverlays), from `snapshot`'s instance types.
+pub fn offering_price(labels: &BTreeMap<String, String>, snapshot: &Snapshot) -> Option<f64> {
+    let pool = labels.get(LABEL_NODEPOOL).map(String::as_str);
+    let it = snapshot.instance_type(pool, labels.get(LABEL_INSTANCE_TYPE)?)?;
     let zone = labels.get(LABEL_TOPOLOGY_ZONE)?;
     let capacity_type = labels.get(LABEL_CAPACITY_TYPE)?;
     it.offerings.iter().find(|o| &o.zone == zone && &o.capacity_type == capacity_type).map(|o| o.price)
@@ -232,7 +235,6 @@ fn bound(pods: Vec<Arc<Pod>>) -> Built {
 /// and one per NodeClaim without a Node. Prices and the capacity of unlaunched NodeClaims come from
 /// `snapshot.instance_types`.
 pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
-    let types = &snapshot.types_by_name;
     let mut claims_by_pid: HashMap<&str, &Arc<NodeClaim>> = HashMap::new();
     for claim in &snapshot.nodeclaims {
         if let Some(pid) = provider_id_of_claim(claim) {
@@ -286,7 +288,7 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
                 .and_then(|c| c.metadata.name.as_ref())
                 .is_some_and(|n| snapshot.nominated.contains(n));
         out.push(StateNode {
-            price: offering_price(&labels, types),
+            price: offering_price(&labels, snapshot),
             name,
             provider_id: pid.map(str::to_string),
             taints: taints_of(node.spec.as_ref().and_then(|s| s.taints.as_ref())),
@@ -322,14 +324,14 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
         let status = claim.status.as_ref();
         let launched = provider_id_of_claim(claim).is_some() || claim.is_true(LAUNCHED);
         let capacity = if launched { resources(status.and_then(|s| s.capacity.as_ref())) } else { None }
-            .or_else(|| largest_allowed(claim, types))
+            .or_else(|| largest_allowed(claim, snapshot))
             .or_else(|| claim_requests(claim))
             .unwrap_or_default();
         let allocatable = resources(status.and_then(|s| s.allocatable.as_ref()))
             .or_else(|| claim_requests(claim))
             .unwrap_or_default();
         out.push(StateNode {
-            price: offering_price(&labels, types),
+            price: offering_price(&labels, snapshot),
             nominated: snapshot.nominated.contains(&name),
             marked_for_deletion: claim_deleting(claim, snapshot),
             name,
@@ -433,7 +435,7 @@ mod tests {
         )
     }
 
-    fn types() -> TypesByName {
+    fn types() -> crate::state::snapshot::TypesByName {
         let t = |name: &str, cpu: i64, price: f64| {
             Arc::new(InstanceType::new(
                 name,
@@ -444,6 +446,37 @@ mod tests {
             ))
         };
         [("small".to_string(), t("small", 2, 0.05)), ("big".to_string(), t("big", 8, 0.2))].into()
+    }
+
+    #[test]
+    fn a_node_is_priced_as_its_own_nodepool_overlays_price_its_type() {
+        let base = types();
+        let big = &base["big"];
+        let mut cheap = big.offerings.clone();
+        cheap[0].price = 0.01;
+        let marks = crate::scheduling::OverlayMarks { price: vec!["discount".into()], capacity: vec![] };
+        let overlaid = Arc::new(big.overlaid(cheap, &Default::default(), marks));
+        let pool_types = [
+            ("discounted".to_string(), vec![overlaid, base["small"].clone()]),
+            ("plain".to_string(), vec![big.clone(), base["small"].clone()]),
+        ]
+        .into();
+        let labels = |pool: &str| {
+            json!({"karpenter.sh/nodepool": pool, "karpenter.sh/initialized": "true",
+                "node.kubernetes.io/instance-type": "big", "topology.kubernetes.io/zone": "z1",
+                "karpenter.sh/capacity-type": "spot"})
+        };
+        let snapshot = Snapshot {
+            nodes: vec![node("d", "kwok://d", labels("discounted")), node("p", "kwok://p", labels("plain"))],
+            ..Default::default()
+        }
+        .with_instance_types(pool_types);
+        let nodes = state_nodes(&snapshot);
+        assert_eq!(
+            nodes.iter().map(|n| (n.name.as_str(), n.price)).collect::<Vec<_>>(),
+            [("d", Some(0.01)), ("p", Some(0.2))]
+        );
+        assert!(snapshot.types_by_name["big"].overlays.is_none(), "by name: the provider's own figures");
     }
 
     #[test]

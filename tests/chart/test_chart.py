@@ -447,6 +447,8 @@ def test_rbac_grants_what_the_controller_needs(defaults) -> None:
     need = {
         ("karpenter.sh", "nodepools"): {"get", "list", "watch"},
         ("karpenter.sh", "nodepools/status"): {"patch", "update"},
+        ("karpenter.sh", "nodeoverlays"): {"get", "list", "watch"},
+        ("karpenter.sh", "nodeoverlays/status"): {"patch", "update"},
         ("karpenter.sh", "nodeclaims"): {"get", "list", "watch", "create", "patch", "update", "delete"},
         ("karpenter.sh", "nodeclaims/status"): {"patch", "update"},
         ("karpenter.k8s.aws", "ec2nodeclasses"): {"get", "list", "watch", "patch"},

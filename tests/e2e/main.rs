@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use karpenter::apis::{EC2NodeClass, NodeClaim};
+use karpenter::apis::{EC2NodeClass, NodeClaim, NodeOverlay};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -1398,6 +1398,104 @@ async fn upstream_behaviours_with_kwok() {
     do_not_disrupt_holds_until_the_grace_period(&f, &controller).await;
     an_expired_node_is_replaced_once(&f, &controller).await;
 
+    f.cleanup().await;
+    controller.release();
+}
+
+/// NodeOverlays on kwok (the shared controller runs with the `NodeOverlay` gate): an overlay that
+/// makes the dearer of a NodePool's two types the cheapest wins the launch (and the NodeClaim says
+/// a price overlay applied); raising that price makes consolidation replace the node with the
+/// other type; a second overlay of the same weight on the same type is reported in conflict.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn node_overlays_with_kwok() {
+    let f = Fixture::new("overlay").await;
+    let controller = Shared::kwok().await;
+    f.apply_class_and_pool(100).await;
+    f.patch_pool(json!({"spec": {
+        "template": {"spec": {"requirements": [
+            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["c6i.large", "m6i.large"]}]}},
+        "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}}}))
+    .await;
+    f.wait_class_ready(Duration::from_secs(30), &controller).await;
+    let overlays: Api<NodeOverlay> = Api::all(f.client.clone());
+    let overlay = |name: &str, price: &str| -> NodeOverlay {
+        serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay", "metadata": {"name": name},
+            "spec": {"price": price, "requirements": [
+                {"key": "karpenter.sh/nodepool", "operator": "In", "values": [f.pool]},
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m6i.large"]}]}}))
+        .unwrap()
+    };
+    let condition = |o: &NodeOverlay, type_: &str| -> Option<(String, String)> {
+        let c = o.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
+        Some((
+            serde_json::to_value(c.status).unwrap().as_str().unwrap_or_default().to_string(),
+            c.reason.clone(),
+        ))
+    };
+    let main = format!("{}-b", f.pool);
+    let rival = format!("{}-a", f.pool);
+    overlays.create(&PostParams::default(), &overlay(&main, "0.001")).await.unwrap();
+    wait_for("the overlay Ready", Duration::from_secs(30), &controller, || async {
+        let o = overlays.get(&main).await.unwrap();
+        condition(&o, "Ready") == Some(("True".into(), "Ready".into()))
+    })
+    .await;
+
+    // m6i.large lists above c6i.large; at 0.001 it is the cheapest.
+    kubectl_apply(&one_pod_deployment(&f, "priced"));
+    f.wait_running(1, Duration::from_secs(60), &controller).await;
+    let type_of = |n: &Node| n.labels().get("node.kubernetes.io/instance-type").cloned().unwrap_or_default();
+    let nodes = f.nodes().await;
+    assert_eq!(nodes.iter().map(type_of).collect::<Vec<_>>(), ["m6i.large"], "{}", controller.log_tail());
+    let claim = &f.claims().await[0];
+    assert_eq!(
+        claim.annotations().get("karpenter.sh/price-overlay-applied").map(String::as_str),
+        Some("true")
+    );
+
+    // At 10 per hour it is the dearest: consolidation replaces it with c6i.large.
+    overlays
+        .patch(&main, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"price": "10"}})))
+        .await
+        .unwrap();
+    wait_for(
+        "the node replaced by c6i.large, the pod on it",
+        Duration::from_secs(120),
+        &controller,
+        || async {
+            let nodes = f.nodes().await;
+            nodes.len() == 1
+                && type_of(&nodes[0]) == "c6i.large"
+                && f.pods().await.iter().any(|p| {
+                    is_running(p)
+                        && p.spec.as_ref().and_then(|s| s.node_name.as_ref())
+                            == nodes[0].metadata.name.as_ref()
+                })
+        },
+    )
+    .await;
+
+    // Same weight, same offerings: the later name wins, the other is in conflict.
+    overlays.create(&PostParams::default(), &overlay(&rival, "0.002")).await.unwrap();
+    wait_for("the rival overlay in conflict", Duration::from_secs(30), &controller, || async {
+        let o = overlays.get(&rival).await.unwrap();
+        condition(&o, "ValidationSucceeded") == Some(("False".into(), "Conflict".into()))
+            && condition(&o, "Ready").is_some_and(|(s, _)| s == "False")
+    })
+    .await;
+    let o = overlays.get(&main).await.unwrap();
+    assert_eq!(condition(&o, "Ready"), Some(("True".into(), "Ready".into())));
+    assert!(!f.cluster_events("NodeOverlay", &rival, "FailedValidation").await.is_empty());
+
+    let dp = DeleteParams::default();
+    for name in [&main, &rival] {
+        overlays.delete(name, &dp).await.unwrap();
+    }
+    kubectl_delete(&format!("deployment/priced -n {}", f.ns));
     f.cleanup().await;
     controller.release();
 }

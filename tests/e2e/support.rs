@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use karpenter::apis::{EC2NodeClass, NodeClaim, NodePool, crds};
+use karpenter::apis::{EC2NodeClass, NodeClaim, NodeOverlay, NodePool, crds};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -91,14 +91,15 @@ static SHARED_KWOK: StdMutex<Weak<Controller>> = StdMutex::new(Weak::new());
 
 /// A journey's use of the shared kwok controller (started by the first journey that needs it,
 /// stopped and checked by the last one to finish). Its settings are the defaults plus the
-/// `NodeRepair` gate, which acts only on nodes whose conditions turn unhealthy.
+/// `NodeRepair` gate, which acts only on nodes whose conditions turn unhealthy, and the
+/// `NodeOverlay` gate, whose overlays act only on the NodePools they select.
 pub struct Shared {
     controller: Option<Arc<Controller>>,
     _sharing: Sharing,
 }
 
 impl Shared {
-    pub const ENV: &[(&str, &str)] = &[("FEATURE_GATES", "NodeRepair=true")];
+    pub const ENV: &[(&str, &str)] = &[("FEATURE_GATES", "NodeRepair=true,NodeOverlay=true")];
 
     pub async fn kwok() -> Shared {
         let sharing = share().await;
@@ -394,6 +395,12 @@ async fn sweep_leftovers(client: &Client) {
     for p in pools.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
         if stale(&p.name_any()) {
             let _ = pools.delete(&p.name_any(), &dp).await;
+        }
+    }
+    let overlays = Api::<NodeOverlay>::all(client.clone());
+    for o in overlays.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+        if stale(&o.name_any()) {
+            let _ = overlays.delete(&o.name_any(), &dp).await;
         }
     }
     let classes = Api::<EC2NodeClass>::all(client.clone());

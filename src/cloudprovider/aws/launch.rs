@@ -140,7 +140,16 @@ impl AwsCloudProvider {
     /// The claim's requirements and requests, and the instance types of its node class.
     async fn claim_instance_types(&self, claim: &Claim<'_>) -> Result<Wanted> {
         let (reqs, requests) = crate::cloudprovider::claim_requirements(claim.node_claim, &claim.name)?;
-        let types = self.instance_types_for_class(&claim.class).await?;
+        let mut types = self.instance_types_for_class(&claim.class).await?;
+        if let Some(overlays) = &self.options.overlays {
+            let pool = claim.node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL));
+            let shared: Vec<Arc<InstanceType>> = types.into_iter().map(Arc::new).collect();
+            types = overlays
+                .for_launch(pool.map(String::as_str), &shared)
+                .into_iter()
+                .map(Arc::unwrap_or_clone)
+                .collect();
+        }
         Ok(Wanted { reqs, requests, types })
     }
 

@@ -122,6 +122,9 @@ pub struct Options {
     /// No dry-run validation of EC2NodeClasses (`DISABLE_DRY_RUN`): their `ValidationSucceeded`
     /// is True without a call (see [`super::validation`]).
     pub disable_dry_run: bool,
+    /// The NodeOverlays (`NodeOverlay` gate): a launch weighs its claim's instance types as the
+    /// overlays of its NodePool price them, as the decision that planned it did.
+    pub overlays: Option<Arc<crate::cloudprovider::overlay::Overlays>>,
 }
 
 impl Options {
@@ -138,6 +141,7 @@ impl Options {
             node_class_refresh: NODE_CLASS_REFRESH,
             kube_dns_ip: None,
             disable_dry_run: false,
+            overlays: None,
         }
     }
 }

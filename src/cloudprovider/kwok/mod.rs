@@ -88,6 +88,7 @@ pub struct KwokCloudProvider {
     instance_types: Arc<Vec<Arc<InstanceType>>>,
     registration_delay: Duration,
     pending: Pending,
+    overlays: Option<Arc<crate::cloudprovider::overlay::Overlays>>,
 }
 
 impl std::fmt::Debug for KwokCloudProvider {
@@ -108,7 +109,15 @@ impl KwokCloudProvider {
             instance_types: Arc::new(instance_types),
             registration_delay,
             pending: Arc::default(),
+            overlays: None,
         }
+    }
+
+    /// Launches weigh a claim's instance types as the NodeOverlays of its NodePool price them
+    /// (`NodeOverlay` gate), as the decision that planned the claim did.
+    pub fn with_overlays(mut self, overlays: Arc<crate::cloudprovider::overlay::Overlays>) -> Self {
+        self.overlays = Some(overlays);
+        self
     }
 
     /// The catalog.
@@ -153,7 +162,16 @@ impl KwokCloudProvider {
         }
 
         let (reqs, requests) = claim_requirements(node_claim, &claim_name)?;
-        let (it, offering) = select_offering(&self.instance_types, &claim_name, &reqs, &requests)?;
+        let overlaid;
+        let types: &[Arc<InstanceType>] = match &self.overlays {
+            Some(overlays) => {
+                let pool = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL));
+                overlaid = overlays.for_launch(pool.map(String::as_str), &self.instance_types);
+                &overlaid
+            }
+            None => &self.instance_types,
+        };
+        let (it, offering) = select_offering(types, &claim_name, &reqs, &requests)?;
         let node = build_node(node_claim, &claim_name, it, offering)?;
         let instance = node_instance(&node);
 

@@ -96,9 +96,15 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     let c = controller.clone();
     let mut stop_pass = stop.clone();
     // Besides its timer, a pass follows nodes and NodeClaims going away (budget freed) and
-    // NodePool edits, once a burst of them has settled.
-    let interest =
-        Interest { node_deletions: true, nodeclaim_deletions: true, nodepools: true, ..Interest::default() };
+    // NodePool edits and NodeOverlay re-evaluations (prices changed), once a burst of them has
+    // settled.
+    let interest = Interest {
+        node_deletions: true,
+        nodeclaim_deletions: true,
+        nodepools: true,
+        overlays: true,
+        ..Interest::default()
+    };
     let wake = Coalesced { changes: controller.state.feed().subscribe(interest), settle: SETTLE };
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, move || {
         let c = c.clone();

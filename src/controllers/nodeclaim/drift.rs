@@ -237,6 +237,7 @@ pub async fn round(
             if !types.contains_key(&name) {
                 let answer = match cloud.instance_types(pool).await {
                     Ok(t) => Some(t),
+                    Err(crate::cloudprovider::CloudProviderError::AwaitingOverlayEvaluation(_)) => None,
                     Err(e) => {
                         tracing::warn!(NodePool = %name, error = %error_chain(&e), "listing instance types to check nodeclaims for drift");
                         None

@@ -48,7 +48,8 @@ const EVENT_CONCURRENCY: usize = 32;
 const CREATE_CONCURRENCY: usize = 16;
 
 /// The changes that open a batch: a provisionable pod, a node or NodeClaim going away (its pods
-/// need a place), a NodeClaim changing (a launch frees room under a limit), a NodePool changing.
+/// need a place), a NodeClaim changing (a launch frees room under a limit), a NodePool changing,
+/// the NodeOverlays evaluated anew (a NodePool that awaited them can launch).
 fn interest() -> Interest {
     Interest {
         provisionable_pods: true,
@@ -57,6 +58,7 @@ fn interest() -> Interest {
         node_deletions: true,
         nodepools: true,
         nodeclasses: true,
+        overlays: true,
         ..Interest::default()
     }
 }

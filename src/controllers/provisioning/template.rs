@@ -6,8 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 
 use crate::apis::labels::{
-    ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED, ANNOTATION_NODEPOOL_HASH, ANNOTATION_NODEPOOL_HASH_VERSION,
-    FINALIZER_TERMINATION, LABEL_NODEPOOL, node_class_label_key,
+    ANNOTATION_CAPACITY_OVERLAY_APPLIED, ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED, ANNOTATION_NODEPOOL_HASH,
+    ANNOTATION_NODEPOOL_HASH_VERSION, ANNOTATION_PRICE_OVERLAY_APPLIED, FINALIZER_TERMINATION,
+    LABEL_NODEPOOL, node_class_label_key,
 };
 use crate::apis::nodeclaim::ResourceRequirements;
 use crate::apis::nodepool::NODEPOOL_HASH_VERSION;
@@ -32,6 +33,12 @@ pub fn build(new: &NewNodeClaim, nodepool: &NodePool) -> NodeClaim {
     annotations.insert(ANNOTATION_NODEPOOL_HASH_VERSION.to_string(), NODEPOOL_HASH_VERSION.to_string());
     if new.min_values_relaxed {
         annotations.insert(ANNOTATION_NODECLAIM_MIN_VALUES_RELAXED.to_string(), "true".to_string());
+    }
+    if new.instance_type_options.iter().any(|it| it.price_overlaid()) {
+        annotations.insert(ANNOTATION_PRICE_OVERLAY_APPLIED.to_string(), "true".to_string());
+    }
+    if new.instance_type_options.iter().any(|it| it.capacity_overlaid()) {
+        annotations.insert(ANNOTATION_CAPACITY_OVERLAY_APPLIED.to_string(), "true".to_string());
     }
 
     let owner = nodepool.metadata.uid.clone().map(|uid| OwnerReference {
@@ -145,6 +152,25 @@ spec:
         assert_eq!(requests["cpu"].0, "1500m");
         let parsed = Requirements::from_nodepool(&claim.spec.requirements).unwrap();
         assert!(parsed.allows(LABEL_NODEPOOL, "general"));
+        assert!(
+            !ann.contains_key(ANNOTATION_PRICE_OVERLAY_APPLIED)
+                && !ann.contains_key(ANNOTATION_CAPACITY_OVERLAY_APPLIED)
+        );
+
+        // A type a NodeOverlay priced: the claim says so, as upstream's.
+        let plain = crate::scheduling::InstanceType::new(
+            "m5.large",
+            Requirements::new(),
+            Resources::default(),
+            Default::default(),
+            vec![],
+        );
+        let marks = crate::scheduling::OverlayMarks { price: vec!["discount".into()], capacity: vec![] };
+        let overlaid = plain.overlaid(vec![], &Default::default(), marks);
+        let new = NewNodeClaim { instance_type_options: vec![Arc::new(plain), Arc::new(overlaid)], ..new };
+        let ann = build(&new, &np).metadata.annotations.unwrap();
+        assert_eq!(ann[ANNOTATION_PRICE_OVERLAY_APPLIED], "true");
+        assert!(!ann.contains_key(ANNOTATION_CAPACITY_OVERLAY_APPLIED));
     }
 
     #[test]
