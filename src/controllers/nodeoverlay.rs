@@ -24,7 +24,7 @@ use crate::cloudprovider::overlay::Overlays;
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::scheduling::overlay::{
-    CONFLICT_MESSAGE, PoolTypes, REASON_CONFLICT, REASON_RUNTIME_VALIDATION, Verdict, evaluate,
+    CONFLICT_MESSAGE, REASON_CONFLICT, REASON_RUNTIME_VALIDATION, Verdict, evaluate_nodepools,
 };
 use crate::state::watches::{self, Source};
 use crate::state::{ClusterState, Interest, Subscription};
@@ -121,22 +121,18 @@ async fn reconcile(
             continue;
         }
         match cloud.instance_types(np).await {
-            Ok(types) => {
-                resolved.push((name, np.spec.template.metadata.as_ref().map(|m| m.labels.clone()), types))
-            }
+            Ok(types) => resolved.push((np, types)),
             Err(error) => {
                 tracing::error!(controller = CONTROLLER, NodePool = %name, error = %error_chain(&error), "listing instance types for nodepool");
                 failed.push(name);
             }
         }
     }
-    let no_labels = Default::default();
-    let pools: Vec<PoolTypes<'_>> = resolved
-        .iter()
-        .map(|(name, labels, types)| PoolTypes { name, labels: labels.as_ref().unwrap_or(&no_labels), types })
-        .collect();
     let all = cache.state();
-    let evaluation = evaluate(all.iter().map(AsRef::as_ref), &pools);
+    let evaluation = evaluate_nodepools(
+        all.iter().map(AsRef::as_ref),
+        resolved.iter().map(|(np, types)| (np.as_ref(), types.as_slice())),
+    );
     if *overlays.current() != evaluation.store {
         overlays.replace(evaluation.store);
         // Decisions priced with the old figures are out of date.
@@ -144,7 +140,7 @@ async fn reconcile(
         tracing::info!(
             controller = CONTROLLER,
             nodeoverlays = all.len(),
-            nodepools = pools.len(),
+            nodepools = resolved.len(),
             "applied nodeoverlays"
         );
     }

@@ -17,9 +17,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::apis::NodeOverlay;
 use crate::apis::labels::LABEL_NODEPOOL;
 use crate::apis::nodeoverlay::RESTRICTED_CAPACITY;
+use crate::apis::{NodeOverlay, NodePool};
 
 use super::instancetypes::{InstanceType, Offering, OverlayMarks};
 use super::requirements::{Requirement, Requirements};
@@ -312,6 +312,23 @@ pub fn order<'a>(overlays: impl IntoIterator<Item = &'a NodeOverlay>) -> Vec<&'a
     let mut ordered: Vec<&NodeOverlay> = overlays.into_iter().collect();
     ordered.sort_by(|a, b| b.weight().cmp(&a.weight()).then_with(|| b.metadata.name.cmp(&a.metadata.name)));
     ordered
+}
+
+/// [`evaluate`] over NodePools and the instance types each resolves to.
+pub fn evaluate_nodepools<'a, 'p>(
+    overlays: impl IntoIterator<Item = &'a NodeOverlay>,
+    pools: impl IntoIterator<Item = (&'p NodePool, &'p [Arc<InstanceType>])>,
+) -> Evaluation {
+    let no_labels = BTreeMap::new();
+    let views: Vec<PoolTypes<'_>> = pools
+        .into_iter()
+        .map(|(np, types)| PoolTypes {
+            name: np.metadata.name.as_deref().unwrap_or_default(),
+            labels: np.spec.template.metadata.as_ref().map_or(&no_labels, |m| &m.labels),
+            types,
+        })
+        .collect();
+    evaluate(overlays, &views)
 }
 
 /// Evaluates every overlay (those being deleted left out) against every NodePool of `pools`.

@@ -75,7 +75,7 @@ impl Snapshot {
                 if t.overlays.is_some() {
                     self.pool_overlaid.entry(pool.clone()).or_default().insert(t.name.clone(), Arc::clone(t));
                 } else {
-                    self.types_by_name.insert(t.name.clone(), Arc::clone(t));
+                    self.types_by_name.entry(t.name.clone()).or_insert_with(|| Arc::clone(t));
                 }
             }
         }

@@ -22,15 +22,20 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::Store;
 use thiserror::Error;
 
+use crate::apis::NodeOverlay;
 use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE};
 use crate::cloudprovider::catalog::{Catalog, CatalogError};
 use crate::scheduling::{InstanceType, Offering};
+use crate::state::watches::{self, Source};
 use crate::state::{ClusterState, Snapshot};
 
 /// How long the caches may take to list every kind once.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the first list of NodeOverlays is waited for, once the rest is listed.
+const OVERLAYS_WAIT: Duration = Duration::from_secs(5);
 
 /// Errors of the live commands.
 #[derive(Debug, Error)]
@@ -124,31 +129,44 @@ pub struct Live {
     state: ClusterState,
     watches: tokio::task::JoinHandle<()>,
     types: Vec<Arc<InstanceType>>,
+    overlays: Store<NodeOverlay>,
+    overlay_watch: tokio::task::JoinHandle<()>,
 }
 
 impl Live {
     /// Starts the watches and waits until every kind is listed.
     pub async fn start(client: Client, types: Vec<Arc<InstanceType>>) -> Result<Self, ToolError> {
+        // NodeOverlays when the cluster has them (the CRD installed, the tool allowed to list
+        // them); without, the catalog's figures.
+        let (overlays, overlay_driver, _) =
+            watches::optional_cache("nodeoverlays", Source::Lenient(client.clone()), |_: &_| {});
+        let overlay_watch = tokio::spawn(overlay_driver);
         let (state, driver) = ClusterState::start(client);
         let watches = tokio::spawn(driver);
         if tokio::time::timeout(SYNC_TIMEOUT, state.wait_synced()).await.is_err() {
             watches.abort();
+            overlay_watch.abort();
             return Err(ToolError::NotSynced(SYNC_TIMEOUT));
         }
-        Ok(Live { state, watches, types })
+        // A moment for the overlays' first list; a cluster without them answers at once.
+        let _ = tokio::time::timeout(OVERLAYS_WAIT, overlays.wait_until_ready()).await;
+        Ok(Live { state, watches, types, overlays, overlay_watch })
     }
 
-    /// The cluster now, with the catalog's types (in the cluster's zones) for every NodePool.
+    /// The cluster now, with the catalog's types (in the cluster's zones) for every NodePool, as
+    /// the cluster's NodeOverlays change them.
     pub fn snapshot(&self) -> Snapshot {
         let snapshot = self.state.snapshot();
         let zones = cluster_zones(&snapshot);
-        with_catalog(snapshot, &in_zones(&self.types, &zones))
+        let snapshot = with_catalog(snapshot, &in_zones(&self.types, &zones));
+        with_overlays(snapshot, &self.overlays.state())
     }
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
         self.watches.abort();
+        self.overlay_watch.abort();
     }
 }
 
@@ -247,6 +265,42 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
     snapshot
 }
 
+/// `snapshot` with its NodePools' instance types changed by `overlays`: those the controller has
+/// evaluated and applies (`Ready=True`; the controller writes no condition without its
+/// `NodeOverlay` gate, so a cluster that does not use them is priced with the catalog).
+pub fn with_overlays(snapshot: Snapshot, overlays: &[Arc<NodeOverlay>]) -> Snapshot {
+    let applied: Vec<&NodeOverlay> = overlays
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|o| o.status.as_ref().is_some_and(|s| crate::apis::common::is_true(&s.conditions, "Ready")))
+        .collect();
+    if applied.is_empty() {
+        return snapshot;
+    }
+    let evaluation = crate::scheduling::overlay::evaluate_nodepools(
+        applied,
+        snapshot.nodepools.iter().filter_map(|np| {
+            let types = snapshot.pool_types.get(np.metadata.name.as_deref().unwrap_or_default())?;
+            Some((np.as_ref(), types.as_slice()))
+        }),
+    );
+    let pool_types: BTreeMap<String, Vec<Arc<InstanceType>>> = snapshot
+        .pool_types
+        .iter()
+        .map(|(pool, types)| {
+            let overlaid = evaluation.store.apply(pool, types.clone()).unwrap_or_else(|_| types.clone());
+            (pool.clone(), overlaid)
+        })
+        .collect();
+    let by_name = snapshot.types_by_name.clone();
+    let mut snapshot = snapshot.with_instance_types(pool_types);
+    // Prices of nodes whatever NodePools exist, as `with_catalog` keeps them.
+    for (name, t) in by_name {
+        snapshot.types_by_name.entry(name).or_insert(t);
+    }
+    snapshot
+}
+
 /// Renders `value` as JSON or YAML.
 pub fn render_data<T: serde::Serialize>(
     value: &T,
@@ -287,5 +341,36 @@ mod tests {
         let zone_req = small.requirements.get(LABEL_TOPOLOGY_ZONE).unwrap();
         assert!(zone_req.has("us-west-2a") && !zone_req.has("z1"));
         assert!(small.requirements.get(LABEL_INSTANCE_TYPE).unwrap().has("small"));
+    }
+
+    #[test]
+    fn the_tools_price_with_the_overlays_the_controller_applies() {
+        let pool: crate::apis::NodePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+            "spec": {"template": {"spec": {"requirements": [],
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"}}}}}))
+        .unwrap();
+        let overlay = |name: &str, ready: &str| -> Arc<NodeOverlay> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay", "metadata": {"name": name},
+                    "spec": {"requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["small"]}],
+                        "price": if ready == "True" { "0.01" } else { "9" }},
+                    "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "R", "message": "",
+                        "lastTransitionTime": "2026-11-27T00:00:00Z"}]}}))
+                .unwrap(),
+            )
+        };
+        let snapshot = Snapshot { nodepools: vec![Arc::new(pool)], ..Snapshot::default() }
+            .with_instance_types([("default".to_string(), catalog())].into());
+        let priced = |s: &Snapshot| {
+            s.pool_types["default"].iter().find(|t| t.name == "small").unwrap().offerings[0].price
+        };
+        let before = priced(&snapshot);
+        let ignored = with_overlays(snapshot.clone(), &[overlay("pending", "False")]);
+        assert_eq!(priced(&ignored), before, "an overlay the controller does not apply is left out");
+        let applied = with_overlays(snapshot, &[overlay("applied", "True"), overlay("pending", "False")]);
+        assert_eq!(priced(&applied), 0.01);
+        assert!(applied.types_by_name.contains_key("small"));
     }
 }

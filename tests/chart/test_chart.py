@@ -129,7 +129,12 @@ def test_crd_chart_renders_exactly_the_crds() -> None:
 def test_main_chart_installs_the_crds_with_include_crds() -> None:
     out = helm(*template_args(sets=MINIMAL), "--include-crds").stdout
     names = {d["metadata"]["name"] for d in yaml.safe_load_all(out) if d and d["kind"] == "CustomResourceDefinition"}
-    assert names == {"nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "ec2nodeclasses.karpenter.k8s.aws"}
+    assert names == {
+        "nodepools.karpenter.sh",
+        "nodeclaims.karpenter.sh",
+        "ec2nodeclasses.karpenter.k8s.aws",
+        "nodeoverlays.karpenter.sh",
+    }
 
 
 # --- required values ---------------------------------------------------------------------------
