@@ -405,6 +405,38 @@ async fn the_v1_14_networking_fields_are_validated_as_upstream() {
 
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
+async fn static_nodepools_are_validated_as_upstream() {
+    let api: Api<NodePool> = Api::all(client().await);
+    let with = |replicas: i64, limits: Option<serde_json::Value>, weight: Option<i32>| -> NodePool {
+        let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+        pool.spec.replicas = Some(replicas);
+        pool.spec.limits = limits.map(|l| serde_json::from_value(l).unwrap());
+        pool.spec.weight = weight;
+        pool
+    };
+    let message = rejection(&api, &with(2, Some(serde_json::json!({"cpu": "10"})), None)).await;
+    assert_mentions(&message, &["only 'limits.nodes' is supported on static NodePools"]);
+    let message = rejection(&api, &with(2, None, Some(10))).await;
+    assert_mentions(&message, &["'weight' is not supported on static NodePools"]);
+    let message = rejection(&api, &with(-1, None, None)).await;
+    assert_mentions(&message, &["spec.replicas"]);
+    api.create(&dry_run(), &with(0, Some(serde_json::json!({"nodes": "5"})), None)).await.unwrap();
+    // A dynamic NodePool cannot become static.
+    let mut pool: NodePool = example("nodepool-general-purpose.yaml");
+    pool.spec.limits = None;
+    let name = pool.metadata.name.clone().unwrap();
+    api.create(&PostParams::default(), &pool).await.unwrap();
+    let patch = serde_json::json!({"spec": {"replicas": 2}});
+    let refused = api.patch(&name, &Default::default(), &kube::api::Patch::Merge(&patch)).await.unwrap_err();
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    assert_mentions(
+        &refused.to_string(),
+        &["Cannot transition NodePool between static (replicas set) and dynamic"],
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
 async fn nodeoverlays_are_validated_as_upstream() {
     let api: Api<NodeOverlay> = Api::all(client().await);
     let with = |spec: serde_json::Value| -> NodeOverlay {

@@ -31,8 +31,12 @@ use super::common::*;
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Weight", type_ = "integer", json_path = ".spec.weight", priority = "1"),
     printcolumn(name = "CPU", type_ = "string", json_path = ".status.resources.cpu", priority = "1"),
-    printcolumn(name = "Memory", type_ = "string", json_path = ".status.resources.memory", priority = "1")
+    printcolumn(name = "Memory", type_ = "string", json_path = ".status.resources.memory", priority = "1"),
+    scale(spec_replicas_path = ".spec.replicas", status_replicas_path = ".status.nodes")
 )]
+#[x_kube(validation = Rule::new("has(self.replicas) == has(oldSelf.replicas)").message("Cannot transition NodePool between static (replicas set) and dynamic (replicas unset) provisioning modes"))]
+#[x_kube(validation = Rule::new("!has(self.replicas) || (!has(self.limits) || size(self.limits) == 0 || (size(self.limits) == 1 && 'nodes' in self.limits))").message("only 'limits.nodes' is supported on static NodePools"))]
+#[x_kube(validation = Rule::new("!has(self.replicas) || !has(self.weight)").message("'weight' is not supported on static NodePools"))]
 #[serde(rename_all = "camelCase")]
 pub struct NodePoolSpec {
     /// Template for the NodeClaims this pool creates.
@@ -53,6 +57,12 @@ pub struct NodePoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub weight: Option<i32>,
+    /// A static NodePool (`StaticCapacity` gate): this many nodes, whatever the pods. Its nodes
+    /// are neither consolidated nor emptied, only `limits.nodes` applies, and weight is not
+    /// supported; a drifted node is replaced one for one within the budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub replicas: Option<i64>,
 }
 
 /// Template for NodeClaims: metadata and spec.
@@ -288,5 +298,11 @@ impl NodePool {
     /// The pool's weight, 0 when unset.
     pub fn weight(&self) -> i32 {
         self.spec.weight.unwrap_or(0)
+    }
+
+    /// Whether the pool keeps a fixed number of nodes (`spec.replicas`) rather than following
+    /// the pods.
+    pub fn is_static(&self) -> bool {
+        self.spec.replicas.is_some()
     }
 }

@@ -211,7 +211,9 @@ pub fn candidates<'a>(
 /// One pass: the first method that finds a command wins.
 pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     let mut pass = Pass::default();
-    let candidates = candidates(world, in_flight, &mut pass);
+    // A static NodePool's nodes are neither emptied nor consolidated: its count is `replicas`.
+    let candidates: Vec<&StateNode> =
+        candidates(world, in_flight, &mut pass).into_iter().filter(|n| !of_static_pool(world, n)).collect();
 
     // Emptiness.
     let mut empty_budget = remaining(world, DisruptionReason::Empty, &mut pass);
@@ -317,6 +319,31 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     pass
 }
 
+/// Whether `node` belongs to a static NodePool (`spec.replicas`).
+fn of_static_pool(world: &World<'_>, node: &StateNode) -> bool {
+    node.nodepool().and_then(|p| world.pools.get(p)).is_some_and(|p| p.is_static())
+}
+
+/// What replaces a drifted node of the static NodePool `pool` (upstream's `StaticDrift`): one
+/// NodeClaim of its template, whatever the pods, unless the pool has more claims than replicas
+/// (a scale-down is under way) or `limits.nodes` allows no other. Why not, otherwise.
+fn static_replacement(world: &World<'_>, pool: &NodePool) -> Result<Vec<NewNodeClaim>, Why> {
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    let none = BTreeSet::new();
+    let unseen = super::static_capacity::Unseen { created: &none, deleted: &none };
+    let counts = super::static_capacity::counts(name, world.nodes, &unseen);
+    if counts.active > pool.spec.replicas.unwrap_or(0) {
+        return Err(Why::new(Code::NotReached, "static NodePool is scaling down"));
+    }
+    if super::static_capacity::node_limit(pool).is_some_and(|limit| counts.active >= limit) {
+        return Err(Why::new(Code::Budget, "static NodePool has reached its node limit"));
+    }
+    let types = world.snapshot.pool_types.get(name).cloned().unwrap_or_default();
+    let input = crate::scheduling::NodePoolInput::from_nodepool(pool, types, &Default::default())
+        .map_err(|e| Why::new(Code::NotReached, crate::util::error_chain(&e)))?;
+    Ok(vec![input.static_claim()])
+}
+
 /// Drift: of the drifted nodes that may be disrupted (a NodeClaim with a `terminationGracePeriod`
 /// is not held by its pods: the grace period bounds the wait), empty ones first, then by how
 /// long they have been drifted, the first whose NodePool's `Drifted` budget allows one more and
@@ -364,9 +391,13 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
             continue;
         }
         let moving_off = !node.claim.as_deref().is_some_and(|c| c.is_true(DRIFTED));
-        let simulated = consolidation::simulate_all(world, &[node]).and_then(|replacements| {
-            if moving_off { without_offering_of(node, replacements) } else { Ok(replacements) }
-        });
+        let static_pool = world.pools.get(pool).filter(|p| p.is_static());
+        let simulated = match static_pool {
+            Some(p) => static_replacement(world, p),
+            None => consolidation::simulate_all(world, &[node]).and_then(|replacements| {
+                if moving_off { without_offering_of(node, replacements) } else { Ok(replacements) }
+            }),
+        };
         match simulated {
             Ok(replacements) => {
                 let price = node.price.unwrap_or(0.0);

@@ -4,7 +4,7 @@
 //! make a node a candidate or say why it is not ([`candidates`]); which nodes emptiness removes
 //! ([`emptiness`]); whether nodes can be consolidated and how ([`consolidation`]); and one pass
 //! over the cluster that picks the first command ([`decide`]); and the per-node record of why
-//! ([`record`]). The disruption controller
+//! ([`record`]); how static NodePools keep their replicas ([`static_capacity`]). The disruption controller
 //! (`controllers::disruption`) acts on them. Node repair ([`repair`]) is forceful and outside the
 //! loop: `controllers::node::health` acts on it.
 
@@ -16,6 +16,7 @@ pub mod decide;
 pub mod emptiness;
 pub mod record;
 pub mod repair;
+pub mod static_capacity;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -768,3 +768,43 @@ fn a_rebalance_replacement_never_goes_back_to_the_recommended_spot_offering() {
     c.drifted("warned", "2026-11-24T11:59:30Z", None);
     assert_eq!(c.decide().command.expect("drift").plan.replacement_types(), ["large"]);
 }
+
+/// A static NodePool's nodes are neither emptied nor consolidated; its drifted node is replaced by
+/// one NodeClaim of its template, even when its pods would fit elsewhere, unless the pool is
+/// above its replicas.
+#[test]
+fn static_pools_are_left_to_replicas_and_their_drift_is_replaced_one_for_one() {
+    let static_pool = |replicas: i64| {
+        let p = pool("fixed", consolidating("100%"), &["on-demand"]);
+        let mut p = (*p).clone();
+        p.spec.replicas = Some(replicas);
+        Arc::new(p)
+    };
+    let mut c = Cluster::new(vec![static_pool(2), pool("dyn", consolidating("100%"), &["on-demand"])]);
+    c.node("empty", "fixed", "small", "on-demand", json!({}))
+        .node("busy", "fixed", "large", "on-demand", json!({}))
+        .pod("w", "busy", "100m", json!({}))
+        .node("room", "dyn", "large", "on-demand", json!({}))
+        .pod("x", "room", "100m", json!({}));
+    let pass = c.decide();
+    assert!(
+        !candidates(&pass).iter().any(|n| n == "empty" || n == "busy"),
+        "static nodes are not consolidated: {:?}",
+        pass.command.as_ref().map(|c| &c.plan)
+    );
+
+    c.drifted("busy", "2026-11-24T11:30:00Z", None);
+    let pass = c.decide();
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!((command.method, candidates(&pass)), (Method::Drift, vec!["busy".to_string()]));
+    assert_eq!(command.plan.decision, Decision::Replace, "replaced, though its pod would fit on `room`");
+    let replacement = &command.plan.replacements[0];
+    assert_eq!(replacement.nodepool, "fixed");
+    assert!(replacement.pods.is_empty() && replacement.instance_type_names.is_empty());
+
+    // Above its replicas (a scale-down is under way): the drifted node waits.
+    c.pools[0] = static_pool(1);
+    let pass = c.decide();
+    assert!(!candidates(&pass).contains(&"busy".to_string()), "{:?}", pass.command.as_ref().map(|c| &c.plan));
+    assert!(pass.blocked["busy"].message.contains("scaling down"), "{:?}", pass.blocked);
+}

@@ -303,7 +303,6 @@ impl Settings {
         }
         let gates = &self.feature_gates;
         for (name, on, explicit_only) in [
-            ("StaticCapacity", gates.static_capacity, false),
             ("CapacityBuffer", gates.capacity_buffer, false),
             // On by default upstream: only worth a word when asked for.
             ("ReservedCapacity", gates.reserved_capacity, true),

@@ -165,6 +165,27 @@ pub fn template_requirements(np: &NodePool) -> Result<Requirements, RequirementE
 }
 
 impl NodePoolInput {
+    /// The NodeClaim a static NodePool makes (for `replicas`, or in place of a drifted node): its
+    /// template, for no pod, with no instance type named, so that the launch takes the cheapest
+    /// the template allows, as upstream's static NodeClaims do.
+    pub fn static_claim(&self) -> NewNodeClaim {
+        let mut labels = self.labels.clone();
+        labels.extend(self.requirements.single_valued_labels());
+        NewNodeClaim {
+            nodepool: self.name.clone(),
+            requirements: self.requirements.clone(),
+            instance_type_names: Vec::new(),
+            labels,
+            taints: self.taints.clone(),
+            startup_taints: self.startup_taints.clone(),
+            requests: Resources::default(),
+            daemonset_requests: Resources::default(),
+            pods: Vec::new(),
+            instance_type_options: Vec::new(),
+            min_values_relaxed: false,
+        }
+    }
+
     /// A NodePool without requirements, taints or limits.
     pub fn new(name: impl Into<String>, instance_types: Vec<Arc<InstanceType>>) -> Self {
         let name = name.into();

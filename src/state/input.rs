@@ -87,6 +87,9 @@ pub struct Base<'a> {
     pending_count: usize,
 }
 
+/// Why a static NodePool launches nothing for pending pods.
+pub const STATIC_POOL: &str = "it is a static NodePool: its node count is spec.replicas, whatever the pods";
+
 impl<'a> Base<'a> {
     /// Builds the base of `snapshot`, its `nodes` ([`super::statenode::state_nodes`] of it) and
     /// the `pending` pods.
@@ -101,6 +104,11 @@ impl<'a> Base<'a> {
         let mut nodepools = Vec::new();
         for np in snapshot.live_nodepools() {
             let name = np.metadata.name.clone().unwrap_or_default();
+            if np.is_static() {
+                // Its nodes follow `replicas`, not pods (as upstream, whatever the gate).
+                skipped_pools.push((name, STATIC_POOL.to_string()));
+                continue;
+            }
             let Some(types) = snapshot.pool_types.get(&name) else {
                 let why = snapshot.pool_errors.get(&name).cloned();
                 skipped_pools

@@ -1500,6 +1500,104 @@ async fn node_overlays_with_kwok() {
     controller.release();
 }
 
+/// Static NodePools on kwok (the shared controller runs with the `StaticCapacity` gate): a pool
+/// with `replicas: 3` gets three nodes with no pod asking; `kubectl scale nodepool` to 5 adds
+/// two, to 2 removes three (the empty ones; never below two); a template change drifts both,
+/// and they are replaced one at a time, never more than one extra claim at once.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn static_nodepools_with_kwok() {
+    let f = Fixture::new("static").await;
+    let controller = Shared::kwok().await;
+    f.apply_class_and_pool(100).await;
+    // A NodePool cannot turn static: the fixture's dynamic one makes way for a static one.
+    let pools: Api<karpenter::apis::NodePool> = Api::all(f.client.clone());
+    pools.delete(&f.pool, &DeleteParams::default()).await.unwrap();
+    wait_for("the dynamic pool gone", Duration::from_secs(30), &controller, || async {
+        pools.get_opt(&f.pool).await.unwrap().is_none()
+    })
+    .await;
+    kubectl_apply(&format!(
+        r#"apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: {pool}}}
+spec:
+  replicas: 3
+  limits: {{nodes: 6}}
+  disruption: {{budgets: [{{nodes: "1"}}]}}
+  template:
+    spec:
+      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class}}}
+      requirements:
+        - {{key: node.kubernetes.io/instance-type, operator: In, values: [c6i.large]}}
+        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
+"#,
+        pool = f.pool,
+        class = f.class
+    ));
+    f.wait_class_ready(Duration::from_secs(30), &controller).await;
+    let live = || async {
+        f.claims().await.into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()).collect::<Vec<_>>()
+    };
+    let settle_at = |n: usize, what: &'static str| {
+        let f = &f;
+        let controller = &controller;
+        async move {
+            wait_for(what, Duration::from_secs(90), controller, || async {
+                live().await.len() == n && f.claims().await.len() == n && f.nodes().await.len() == n
+            })
+            .await;
+        }
+    };
+    settle_at(3, "three static nodes").await;
+    let scale = |n: u32| {
+        let out = std::process::Command::new("kubectl")
+            .args(["scale", "nodepool", &f.pool, &format!("--replicas={n}")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "kubectl scale: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    scale(5);
+    settle_at(5, "five static nodes").await;
+    // A pod on one of them: the empty ones go first.
+    kubectl_apply(&one_pod_deployment(&f, "resident"));
+    f.wait_running(1, Duration::from_secs(60), &controller).await;
+    let resident = f.pods().await.iter().find_map(|p| p.spec.as_ref()?.node_name.clone()).unwrap();
+    scale(2);
+    settle_at(2, "two static nodes").await;
+    assert!(f.node_exists(&resident).await, "the node with a pod stays: {}", controller.log_tail());
+    wait_for(
+        "the NODES column (the scale subresource's status) at 2",
+        Duration::from_secs(30),
+        &controller,
+        || async { f.nodepool_nodes().await == 2 },
+    )
+    .await;
+
+    // Drift: a template label changes the NodePool's hash.
+    let before: Vec<String> = f.claim_names().await;
+    f.patch_pool(json!({"spec": {"template": {"metadata": {"labels": {"rollout": "two"}}}}})).await;
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    wait_for("both drifted nodes replaced", Duration::from_secs(180), &controller, || async {
+        let claims = live().await;
+        most.fetch_max(claims.len(), std::sync::atomic::Ordering::SeqCst);
+        let names: Vec<String> = claims.iter().map(|c| c.name_any()).collect();
+        names.len() == 2 && names.iter().all(|n| !before.contains(n)) && f.nodes().await.len() == 2
+    })
+    .await;
+    let most = most.into_inner();
+    assert!(most <= 3, "one replacement at a time under `nodes: 1`, saw {most} claims");
+    for claim in live().await {
+        assert_eq!(claim.labels().get("rollout").map(String::as_str), Some("two"));
+    }
+    kubectl_delete(&format!("deployment/resident -n {}", f.ns));
+    // A static pool keeps its nodes until it goes: scale it to nothing before the cleanup.
+    scale(0);
+    settle_at(0, "no static node").await;
+    f.cleanup().await;
+    controller.release();
+}
+
 /// Drift replacement, expiration and node repair on kwok: a NodePool template change drifts every
 /// claim, and they are replaced one at a time under a `nodes: 1` budget with the pods kept
 /// running; a NodeClaim with a short `expireAfter` is deleted when it runs out, and its pod under

@@ -243,7 +243,7 @@ impl Provisioner {
         let Built { input, skipped_pools, displaced_pods } =
             scheduling_input(&snapshot, &nodes, pending, &scenario);
         for (pool, why) in &skipped_pools {
-            if snapshot.pool_types.contains_key(pool) {
+            if snapshot.pool_types.contains_key(pool) && why != crate::state::input::STATIC_POOL {
                 tracing::error!(controller = CONTROLLER, NodePool = %pool, error = %why, "skipping, invalid nodepool");
             }
         }
