@@ -160,9 +160,13 @@ pub const NO_BUDGET: &str = "No allowed disruptions due to blocking budget";
 pub const NOT_CONSOLIDATABLE_YET: &str = "Node is not consolidatable yet (consolidateAfter has not passed)";
 
 /// Whether a reason becomes an `Unconsolidatable` event (upstream reports neither emptiness, nor
-/// a pending `consolidateAfter`, nor a budget that allows nothing more that way).
+/// a pending `consolidateAfter`, nor a budget that allows nothing more that way, nor a node of a
+/// static NodePool).
 pub fn is_reported(why: &Why) -> bool {
-    !matches!(why.code, Code::Empty | Code::ConsolidateAfter | Code::Budget | Code::NotReached)
+    !matches!(
+        why.code,
+        Code::Empty | Code::ConsolidateAfter | Code::Budget | Code::NotReached | Code::StaticNodePool
+    )
 }
 
 /// Why a candidate cannot be consolidated by a non-empty method whatever the simulation says

@@ -212,8 +212,11 @@ pub fn candidates<'a>(
 pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     let mut pass = Pass::default();
     // A static NodePool's nodes are neither emptied nor consolidated: its count is `replicas`.
-    let candidates: Vec<&StateNode> =
-        candidates(world, in_flight, &mut pass).into_iter().filter(|n| !of_static_pool(world, n)).collect();
+    let (fixed, candidates): (Vec<&StateNode>, Vec<&StateNode>) =
+        candidates(world, in_flight, &mut pass).into_iter().partition(|n| of_static_pool(world, n));
+    for node in fixed {
+        pass.unconsolidatable.insert(node.name.clone(), static_pool_why());
+    }
 
     // Emptiness.
     let mut empty_budget = remaining(world, DisruptionReason::Empty, &mut pass);
@@ -324,10 +327,15 @@ fn of_static_pool(world: &World<'_>, node: &StateNode) -> bool {
     node.nodepool().and_then(|p| world.pools.get(p)).is_some_and(|p| p.is_static())
 }
 
+/// Why a node of a static NodePool is not consolidated.
+pub fn static_pool_why() -> Why {
+    Why::new(Code::StaticNodePool, "Node belongs to a static NodePool: spec.replicas sets its node count")
+}
+
 /// What replaces a drifted node of the static NodePool `pool` (upstream's `StaticDrift`): one
 /// NodeClaim of its template, whatever the pods, unless the pool has more claims than replicas
 /// (a scale-down is under way) or `limits.nodes` allows no other. Why not, otherwise.
-fn static_replacement(world: &World<'_>, pool: &NodePool) -> Result<Vec<NewNodeClaim>, Why> {
+pub fn static_replacement(world: &World<'_>, pool: &NodePool) -> Result<Vec<NewNodeClaim>, Why> {
     let name = pool.metadata.name.as_deref().unwrap_or_default();
     let none = BTreeSet::new();
     let unseen = super::static_capacity::Unseen { created: &none, deleted: &none };

@@ -70,6 +70,8 @@ pub enum Code {
     Budget,
     /// A candidate the pass did not reach (another command came first).
     NotReached,
+    /// The node belongs to a static NodePool: only drift replaces it, and `replicas` counts it.
+    StaticNodePool,
     // Acting.
     /// Part of the command this pass chose.
     Disrupting,

@@ -793,6 +793,7 @@ fn static_pools_are_left_to_replicas_and_their_drift_is_replaced_one_for_one() {
         pass.command.as_ref().map(|c| &c.plan)
     );
 
+    assert_eq!(pass.unconsolidatable["empty"].code, Code::StaticNodePool, "the record says why");
     c.drifted("busy", "2026-11-24T11:30:00Z", None);
     let pass = c.decide();
     let command = pass.command.as_ref().unwrap();

@@ -254,12 +254,13 @@ impl PodExplanation {
             Placement::Bound { node } => format!("running on node {node}"),
             Placement::ExistingNode { node } => format!("fits on existing node {node}"),
             Placement::NewNodeClaim { node_claim: c } => format!(
-                "a new NodeClaim of NodePool {}: {} ({}, {}) at {}",
+                "a new NodeClaim of NodePool {}: {} ({}, {}) at {}{}",
                 c.node_pool,
                 c.instance_type,
                 c.capacity_type,
                 c.zone,
-                price(Some(c.price_per_hour))
+                price(Some(c.price_per_hour)),
+                overlaid_by(&c.price_overlays)
             ),
             Placement::Unschedulable { reasons } if reasons.is_empty() => "fits nowhere".to_string(),
             // The NodePools' own verdicts below say why, unless one could launch for the pod
@@ -361,6 +362,15 @@ pub struct ExpiryReport {
     /// Why the above could not be computed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// ` (priced by NodeOverlay a, b)` when overlays set a price; nothing otherwise.
+fn overlaid_by(overlays: &[String]) -> String {
+    if overlays.is_empty() {
+        String::new()
+    } else {
+        format!(" (priced by NodeOverlay {})", overlays.join(", "))
+    }
 }
 
 /// `karpenter explain node` / `nodeclaim`.
@@ -510,7 +520,17 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
         (Some(blocked), _) => Err(blocked),
         (None, None) => Err(Why::new(Code::NodePoolNotFound, "NodePool not found")),
         (None, Some(pool)) => {
-            let decided = if drift.drifted {
+            let decided = if drift.drifted && pool.is_static() {
+                decide::static_replacement(&world, pool).map(|replacements| consolidation::Plan {
+                    candidates: vec![target.name.clone()],
+                    decision: Decision::Replace,
+                    replacements,
+                    candidate_price: target.price.unwrap_or(0.0),
+                    savings: 0.0,
+                })
+            } else if pool.is_static() {
+                Err(decide::static_pool_why())
+            } else if drift.drifted {
                 consolidation::simulate_all(&world, &[target]).map(|replacements| {
                     let decision = if replacements.is_empty() { Decision::Delete } else { Decision::Replace };
                     consolidation::Plan {

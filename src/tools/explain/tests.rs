@@ -202,3 +202,29 @@ fn a_running_pod_does_not_count_against_itself() {
     let e = explain_pod(&snapshot, &pod, &SchedulerOptions::default());
     assert!(e.nodepools[0].fits, "{:?}", e.nodepools[0]);
 }
+
+#[test]
+fn overlays_that_price_a_replacement_are_named_and_static_nodes_say_why_they_stay() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("n1", "p", "large", "on-demand", json!({})).pod("w", "n1", "500m", json!({}));
+    let overlay: Arc<crate::apis::NodeOverlay> = obj(json!({
+        "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay", "metadata": {"name": "discount"},
+        "spec": {"requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["small"]}],
+            "price": "0.01"},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+            "lastTransitionTime": "2026-11-27T00:00:00Z"}]}}));
+    let e =
+        explain(&c, "n1", |s| *s = crate::tools::with_overlays(s.clone(), std::slice::from_ref(&overlay)));
+    let plan = e.plan.as_ref().expect("a plan");
+    assert_eq!(plan.replacements[0].instance_type, "small");
+    assert_eq!(plan.replacements[0].price_overlays, ["discount"]);
+    assert!((plan.replacement_price_per_hour - 0.01).abs() < 1e-9);
+
+    let mut fixed = (*pool("f", consolidating("100%"), &["on-demand"])).clone();
+    fixed.spec.replicas = Some(1);
+    let mut c = Cluster::new(vec![Arc::new(fixed)]);
+    c.node("n1", "f", "large", "on-demand", json!({})).pod("w", "n1", "500m", json!({}));
+    let e = explain(&c, "n1", |_| {});
+    assert_eq!(e.code, Code::StaticNodePool, "{}", e.message);
+    assert!(!e.candidate);
+}

@@ -66,6 +66,9 @@ pub struct NodeClaimReport {
     pub capacity_type: String,
     /// Price of the cheapest offering, per hour.
     pub price_per_hour: f64,
+    /// The NodeOverlays that set that price, if any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub price_overlays: Vec<String>,
     /// Its pods, as `namespace/name`.
     pub pods: Vec<String>,
 }
@@ -98,7 +101,8 @@ pub fn round_price(p: f64) -> f64 {
 
 /// A NodeClaim to launch, at its cheapest offering.
 pub fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
-    let cheapest = claim.instance_type_options.first().and_then(|it| {
+    let first = claim.instance_type_options.first();
+    let cheapest = first.and_then(|it| {
         it.compatible_offerings(&claim.requirements)
             .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
             .map(|o| (it.name.clone(), o.zone.clone(), o.capacity_type.clone(), o.price))
@@ -111,6 +115,10 @@ pub fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
         zone,
         capacity_type,
         price_per_hour: round_price(price),
+        price_overlays: first
+            .and_then(|it| it.overlays.as_ref())
+            .map(|m| m.price.clone())
+            .unwrap_or_default(),
         pods: claim.pods.iter().map(ToString::to_string).collect(),
     }
 }
