@@ -153,5 +153,5 @@ install_crds() {
   kubectl apply --server-side --force-conflicts -f "$REPO_ROOT/crds/" >&2
   kubectl wait --for condition=established --timeout=60s \
     crd/nodepools.karpenter.sh crd/nodeclaims.karpenter.sh crd/ec2nodeclasses.karpenter.k8s.aws \
-    crd/nodeoverlays.karpenter.sh >&2
+    crd/nodeoverlays.karpenter.sh crd/capacitybuffers.autoscaling.x-k8s.io >&2
 }

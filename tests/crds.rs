@@ -40,15 +40,21 @@ fn crds_have_upstream_names_columns_and_categories() {
             "nodepools.karpenter.sh",
             "nodeclaims.karpenter.sh",
             "ec2nodeclasses.karpenter.k8s.aws",
-            "nodeoverlays.karpenter.sh"
+            "nodeoverlays.karpenter.sh",
+            "capacitybuffers.autoscaling.x-k8s.io"
         ]
     );
     for crd in &all {
-        assert_eq!(crd.spec.scope, "Cluster");
-        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["karpenter".to_string()][..]));
-        let version = &crd.spec.versions[0];
-        let expected = if crd.spec.names.kind == "NodeOverlay" { "v1alpha1" } else { "v1" };
-        assert_eq!(version.name, expected);
+        let (scope, category, version) = match crd.spec.names.kind.as_str() {
+            "NodeOverlay" => ("Cluster", "karpenter", "v1alpha1"),
+            "CapacityBuffer" => ("Namespaced", "autoscaling", "v1beta1"),
+            _ => ("Cluster", "karpenter", "v1"),
+        };
+        assert_eq!(crd.spec.scope, scope);
+        assert_eq!(crd.spec.names.categories.as_deref(), Some(&[category.to_string()][..]));
+        let version_of = &crd.spec.versions[0];
+        assert_eq!(version_of.name, version);
+        let version = version_of;
         assert!(version.served && version.storage);
         assert!(
             version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
@@ -84,6 +90,19 @@ fn crds_have_upstream_names_columns_and_categories() {
             "DRIFTED"
         ]
     );
+    assert_eq!(
+        columns(4, false),
+        [
+            "STRATEGY",
+            "PODTEMPLATE",
+            "REPLICAS",
+            "CONDITIONSTYPE",
+            "CONDITIONSSTATUS",
+            "CONDITIONSREASON",
+            "AGE"
+        ]
+    );
+    assert_eq!(all[4].spec.names.short_names.as_deref(), Some(&["cb".to_string()][..]));
     assert_eq!(columns(3, false), ["READY", "AGE"]);
     assert_eq!(columns(3, true), ["READY", "AGE", "WEIGHT"]);
     assert_eq!(all[3].spec.names.short_names.as_deref(), Some(&["overlays".to_string()][..]));

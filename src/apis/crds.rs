@@ -6,7 +6,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use super::{EC2NodeClass, NodeClaim, NodeOverlay, NodePool};
+use super::{CapacityBuffer, EC2NodeClass, NodeClaim, NodeOverlay, NodePool};
 
 /// Errors while rendering CRDs.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +75,7 @@ pub struct RenderedCrd {
 
 /// The CRDs of every kind this project serves, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![NodePool::crd(), NodeClaim::crd(), EC2NodeClass::crd(), NodeOverlay::crd()]
+    vec![NodePool::crd(), NodeClaim::crd(), EC2NodeClass::crd(), NodeOverlay::crd(), CapacityBuffer::crd()]
 }
 
 /// Renders every CRD as YAML with its file name.

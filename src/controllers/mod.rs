@@ -4,6 +4,7 @@
 //! Every controller receives the shared [`Context`]: the Kubernetes client, the one
 //! [`CloudProvider`], the settings, the metrics and the event recorder.
 
+pub mod capacitybuffer;
 pub mod departures;
 pub mod disruption;
 pub mod events;

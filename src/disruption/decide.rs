@@ -82,6 +82,8 @@ impl Inputs {
                 pending: {
                     let mut pending = self.snapshot.provisionable_pods();
                     pending.extend(self.stand_ins.iter().cloned());
+                    // CapacityBuffers' headroom is kept as for pending pods.
+                    pending.extend(self.snapshot.virtual_pods.iter().cloned());
                     pending
                 },
                 options: self.options.clone(),
@@ -220,7 +222,20 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
 
     // Emptiness.
     let mut empty_budget = remaining(world, DisruptionReason::Empty, &mut pass);
-    let empty: Vec<&StateNode> = candidates.iter().copied().filter(|n| emptiness::is_empty(n)).collect();
+    let hosts_buffer = |n: &StateNode| {
+        let hosts = &world.snapshot.buffer_hosts;
+        hosts.contains(&n.name) || n.claim_name().is_some_and(|c| hosts.contains(c))
+    };
+    let mut empty: Vec<&StateNode> = Vec::new();
+    for node in candidates.iter().copied().filter(|n| emptiness::is_empty(n)) {
+        if hosts_buffer(node) {
+            // The provisioner keeps a CapacityBuffer's headroom there, as upstream.
+            let why = Why::new(Code::BufferPods, format!("Node {:?} has buffer pods", node.name));
+            pass.unconsolidatable.insert(node.name.clone(), why);
+        } else {
+            empty.push(node);
+        }
+    }
     pass.eligible.insert("empty", empty.len());
     // Budgets are counts, or usize::MAX when unlimited: asked whether any is left, never summed.
     let budget_left = empty_budget.values().any(|left| *left > 0);

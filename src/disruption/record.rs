@@ -72,6 +72,8 @@ pub enum Code {
     NotReached,
     /// The node belongs to a static NodePool: only drift replaces it, and `replicas` counts it.
     StaticNodePool,
+    /// The node is empty but holds a CapacityBuffer's headroom.
+    BufferPods,
     // Acting.
     /// Part of the command this pass chose.
     Disrupting,

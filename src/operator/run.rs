@@ -425,6 +425,12 @@ fn start_controllers(
         controllers::disruption::CONTROLLER,
         controllers::disruption::run(ctx.clone(), state.clone(), stop.clone()),
     );
+    if settings.feature_gates.capacity_buffer {
+        tasks.spawn(
+            controllers::capacitybuffer::CONTROLLER,
+            controllers::capacitybuffer::run(ctx.clone(), state.clone(), stop.clone()),
+        );
+    }
     if settings.feature_gates.static_capacity {
         tasks.spawn(
             controllers::nodepool::static_capacity::CONTROLLER,

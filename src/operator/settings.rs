@@ -303,7 +303,6 @@ impl Settings {
         }
         let gates = &self.feature_gates;
         for (name, on, explicit_only) in [
-            ("CapacityBuffer", gates.capacity_buffer, false),
             // On by default upstream: only worth a word when asked for.
             ("ReservedCapacity", gates.reserved_capacity, true),
         ] {
@@ -530,8 +529,17 @@ mod tests {
         let gates = "ReservedCapacity=true,SpotToSpotConsolidation=false,NodeRepair=false,NodeOverlay=false,StaticCapacity=false,CapacityBuffer=false";
         let s = parse(&[&format!("--feature-gates={gates}")]).unwrap();
         assert!(!s.feature_gates.capacity_buffer);
-        let s = parse(&["--feature-gates=CapacityBuffer=true"]).unwrap();
-        assert!(s.unimplemented().iter().any(|m| m.starts_with("feature gate CapacityBuffer is enabled")));
+        assert!(
+            s.unimplemented().iter().any(|m| m.starts_with("feature gate ReservedCapacity is enabled")),
+            "named explicitly, as the chart does"
+        );
+        let s = parse(&["--feature-gates=CapacityBuffer=true,NodeOverlay=true,StaticCapacity=true"]).unwrap();
+        assert!(
+            s.feature_gates.capacity_buffer
+                && s.feature_gates.node_overlay
+                && s.feature_gates.static_capacity
+        );
+        assert!(!s.unimplemented().iter().any(|m| m.starts_with("feature gate")), "{:?}", s.unimplemented());
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub struct Changes {
     pub others: u64,
     /// What the NodeOverlays change was evaluated anew, with another result.
     pub overlays: u64,
+    /// The placeholder pods of CapacityBuffers changed.
+    pub buffers: u64,
 }
 
 /// Which kinds of change a consumer follows.
@@ -57,6 +59,8 @@ pub struct Interest {
     pub others: bool,
     /// [`Changes::overlays`].
     pub overlays: bool,
+    /// [`Changes::buffers`].
+    pub buffers: bool,
 }
 
 impl Interest {
@@ -72,6 +76,7 @@ impl Interest {
         nodeclasses: true,
         others: true,
         overlays: true,
+        buffers: true,
     };
 
     /// Whether `after` differs from `before` in a kind this interest follows.
@@ -86,6 +91,7 @@ impl Interest {
             || (self.nodeclasses && before.nodeclasses != after.nodeclasses)
             || (self.others && before.others != after.others)
             || (self.overlays && before.overlays != after.overlays)
+            || (self.buffers && before.buffers != after.buffers)
     }
 }
 

@@ -13,6 +13,7 @@
 //! - **Snapshots** ([`snapshot`]) and what the pure parts make of them: the [`statenode`] join,
 //!   the scheduler's input ([`input`]), NodePool usage ([`usage`]).
 
+pub mod buffers;
 pub mod feed;
 pub mod index;
 pub mod input;
@@ -26,7 +27,7 @@ pub mod statenode;
 pub mod usage;
 pub mod watches;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -201,6 +202,10 @@ pub struct ClusterState {
     pub marks: Arc<Marks>,
     /// When the provisioner first saw, decided about and placed each pending pod.
     pub pod_times: Arc<podtimes::PodTimes>,
+    /// The placeholder pods of each CapacityBuffer (`namespace/name`), kept by their controller.
+    virtual_pods: Arc<std::sync::RwLock<BTreeMap<String, Vec<Arc<Pod>>>>>,
+    /// The nodes and NodeClaims the provisioner's last pass placed placeholder pods on.
+    buffer_hosts: Arc<std::sync::RwLock<HashSet<String>>>,
     feed: Arc<Feed>,
     subscribers: Arc<AllSubscribers>,
     synced: watch::Receiver<bool>,
@@ -544,6 +549,8 @@ impl ClusterState {
             index,
             marks: Arc::new(Marks::default()),
             pod_times: Arc::default(),
+            virtual_pods: Arc::default(),
+            buffer_hosts: Arc::default(),
             feed,
             subscribers,
             synced,
@@ -788,8 +795,56 @@ impl ClusterState {
             limit_ranges: self.limit_ranges.state(),
             nominated: self.marks.nominated(),
             marked_for_deletion,
+            virtual_pods: self
+                .virtual_pods
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .flatten()
+                .cloned()
+                .collect(),
+            buffer_hosts: self.buffer_hosts.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
             ..Default::default()
         }
+    }
+
+    /// Records the nodes and NodeClaims (by name) the provisioner placed placeholder pods on; a
+    /// change wakes the decisions that leave them alone (or no longer do).
+    pub fn set_buffer_hosts(&self, hosts: HashSet<String>) {
+        let changed = {
+            let mut current = self.buffer_hosts.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let changed = *current != hosts;
+            *current = hosts;
+            changed
+        };
+        if changed {
+            self.feed.bump(|c| c.buffers += 1);
+        }
+    }
+
+    /// Sets the placeholder pods of the CapacityBuffer `key` (`namespace/name`; none removes
+    /// it) and, when they changed, tells the decisions that keep room for them.
+    pub fn set_virtual_pods(&self, key: &str, pods: Vec<Arc<Pod>>) {
+        let changed = {
+            let mut all = self.virtual_pods.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let before = all.get(key).map(|p| p.iter().map(|p| p.metadata.uid.clone()).collect::<Vec<_>>());
+            let after =
+                (!pods.is_empty()).then(|| pods.iter().map(|p| p.metadata.uid.clone()).collect::<Vec<_>>());
+            if pods.is_empty() {
+                all.remove(key);
+            } else {
+                all.insert(key.to_string(), pods);
+            }
+            before != after
+        };
+        if changed {
+            self.feed.bump(|c| c.buffers += 1);
+        }
+    }
+
+    /// The CapacityBuffers (`namespace/name`) with placeholder pods.
+    pub fn buffers_with_virtual_pods(&self) -> Vec<String> {
+        self.virtual_pods.read().unwrap_or_else(std::sync::PoisonError::into_inner).keys().cloned().collect()
     }
 }
 

@@ -63,6 +63,12 @@ pub struct Snapshot {
     /// Why a live NodePool has no entry in `pool_types`, when that is known (its node class is
     /// not ready, say).
     pub pool_errors: BTreeMap<String, String>,
+    /// Placeholder pods of CapacityBuffers: capacity is kept for them as for pending pods, and
+    /// they never exist in the cluster.
+    pub virtual_pods: Vec<Arc<Pod>>,
+    /// The nodes and NodeClaims (by name) the provisioner's last pass placed placeholder pods on:
+    /// emptiness leaves them, as upstream.
+    pub buffer_hosts: HashSet<String>,
 }
 
 impl Snapshot {

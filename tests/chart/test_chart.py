@@ -134,6 +134,7 @@ def test_main_chart_installs_the_crds_with_include_crds() -> None:
         "nodeclaims.karpenter.sh",
         "ec2nodeclasses.karpenter.k8s.aws",
         "nodeoverlays.karpenter.sh",
+        "capacitybuffers.autoscaling.x-k8s.io",
     }
 
 
@@ -454,6 +455,9 @@ def test_rbac_grants_what_the_controller_needs(defaults) -> None:
         ("karpenter.sh", "nodepools/status"): {"patch", "update"},
         ("karpenter.sh", "nodeoverlays"): {"get", "list", "watch"},
         ("karpenter.sh", "nodeoverlays/status"): {"patch", "update"},
+        ("autoscaling.x-k8s.io", "capacitybuffers"): {"get", "list", "watch"},
+        ("autoscaling.x-k8s.io", "capacitybuffers/status"): {"patch", "update"},
+        ("", "podtemplates"): {"get", "list", "watch"},
         ("karpenter.sh", "nodeclaims"): {"get", "list", "watch", "create", "patch", "update", "delete"},
         ("karpenter.sh", "nodeclaims/status"): {"patch", "update"},
         ("karpenter.k8s.aws", "ec2nodeclasses"): {"get", "list", "watch", "patch"},

@@ -86,7 +86,7 @@ def test_crd_chart_dry_run_server(kubeconfig) -> None:
     assert "STATUS: pending-install" in proc.stdout, proc.stdout
     manifests = helm("template", "karpenter-crd", str(CRD_CHART), "--namespace", NAMESPACE).stdout
     out = kubectl("apply", "--dry-run=server", "-f", "-", input=manifests).stdout
-    assert out.count("customresourcedefinition.apiextensions.k8s.io/") == 4, out
+    assert out.count("customresourcedefinition.apiextensions.k8s.io/") == 5, out
 
 
 def test_real_install_and_uninstall(kubeconfig) -> None:

@@ -1402,6 +1402,17 @@ async fn upstream_behaviours_with_kwok() {
     controller.release();
 }
 
+/// The fixture's NodePool limited to on-demand `types`, consolidated as soon as it can be.
+async fn pin_pool_types(f: &Fixture, types: &[&str]) {
+    f.patch_pool(json!({"spec": {
+        "template": {"spec": {"requirements": [
+            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": types}]}},
+        "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}}}))
+        .await;
+}
+
 /// NodeOverlays on kwok (the shared controller runs with the `NodeOverlay` gate): an overlay that
 /// makes the dearer of a NodePool's two types the cheapest wins the launch (and the NodeClaim says
 /// a price overlay applied); raising that price makes consolidation replace the node with the
@@ -1412,13 +1423,7 @@ async fn node_overlays_with_kwok() {
     let f = Fixture::new("overlay").await;
     let controller = Shared::kwok().await;
     f.apply_class_and_pool(100).await;
-    f.patch_pool(json!({"spec": {
-        "template": {"spec": {"requirements": [
-            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
-            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["c6i.large", "m6i.large"]}]}},
-        "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}}}))
-    .await;
+    pin_pool_types(&f, &["c6i.large", "m6i.large"]).await;
     f.wait_class_ready(Duration::from_secs(30), &controller).await;
     let overlays: Api<NodeOverlay> = Api::all(f.client.clone());
     let overlay = |name: &str, price: &str| -> NodeOverlay {
@@ -1594,6 +1599,90 @@ spec:
     // A static pool keeps its nodes until it goes: scale it to nothing before the cleanup.
     scale(0);
     settle_at(0, "no static node").await;
+    f.cleanup().await;
+    controller.release();
+}
+
+/// CapacityBuffers on kwok (the shared controller runs with the `CapacityBuffer` gate): a buffer of
+/// one chunk of a Deployment's pod keeps a spare node ready; when the Deployment scales into it,
+/// another spare node comes; the spare node is not emptied while the buffer holds it, and goes
+/// once the buffer is deleted.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn capacity_buffers_with_kwok() {
+    let f = Fixture::new("buffer").await;
+    let controller = Shared::kwok().await;
+    f.apply_class_and_pool(100).await;
+    pin_pool_types(&f, &["c6i.large"]).await;
+    f.wait_class_ready(Duration::from_secs(30), &controller).await;
+    // One pod of 1 CPU per c6i.large.
+    let web = |replicas: i32| {
+        format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: "1"}}}}}}]
+"#,
+            ns = f.ns,
+            pool = f.pool
+        )
+    };
+    kubectl_apply(&web(1));
+    f.wait_running(1, Duration::from_secs(60), &controller).await;
+    assert_eq!(f.nodes().await.len(), 1);
+
+    kubectl_apply(&format!(
+        r#"apiVersion: autoscaling.x-k8s.io/v1beta1
+kind: CapacityBuffer
+metadata: {{name: spare, namespace: {ns}}}
+spec:
+  scalableRef: {{apiGroup: apps, kind: Deployment, name: web}}
+  replicas: 1
+"#,
+        ns = f.ns
+    ));
+    let buffers: Api<karpenter::apis::CapacityBuffer> = Api::namespaced(f.client.clone(), &f.ns);
+    wait_for("the buffer ready with one chunk", Duration::from_secs(30), &controller, || async {
+        let b = buffers.get("spare").await.unwrap();
+        b.status.as_ref().is_some_and(|s| {
+            s.replicas == Some(1)
+                && s.conditions.iter().any(|c| c.type_ == "ReadyForProvisioning" && c.reason == "Resolved")
+        })
+    })
+    .await;
+    wait_for("a spare node for the buffer", Duration::from_secs(60), &controller, || async {
+        f.nodes().await.len() == 2
+    })
+    .await;
+    assert_eq!(f.pods().await.len(), 1, "the buffer's placeholder is no pod");
+
+    // The Deployment grows into the spare node; the buffer asks for another.
+    kubectl_apply(&web(2));
+    f.wait_running(2, Duration::from_secs(60), &controller).await;
+    wait_for("a new spare node", Duration::from_secs(60), &controller, || async {
+        f.nodes().await.len() == 3
+    })
+    .await;
+    // Empty, consolidatable at once, yet kept while the buffer holds it.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(f.nodes().await.len(), 3, "the spare node stays: {}", controller.log_tail());
+
+    buffers.delete("spare", &DeleteParams::default()).await.unwrap();
+    wait_for("the spare node released", Duration::from_secs(90), &controller, || async {
+        f.nodes().await.len() == 2 && f.claims().await.len() == 2
+    })
+    .await;
+    f.wait_running(2, Duration::from_secs(30), &controller).await;
+
+    kubectl_delete(&format!("deployment/web -n {}", f.ns));
     f.cleanup().await;
     controller.release();
 }

@@ -92,8 +92,9 @@ static SHARED_KWOK: StdMutex<Weak<Controller>> = StdMutex::new(Weak::new());
 /// A journey's use of the shared kwok controller (started by the first journey that needs it,
 /// stopped and checked by the last one to finish). Its settings are the defaults plus the
 /// `NodeRepair` gate, which acts only on nodes whose conditions turn unhealthy, the
-/// `NodeOverlay` gate, whose overlays act only on the NodePools they select, and the
-/// `StaticCapacity` gate, which acts only on NodePools with `replicas`.
+/// `NodeOverlay` gate, whose overlays act only on the NodePools they select, the
+/// `StaticCapacity` gate, which acts only on NodePools with `replicas`, and the `CapacityBuffer`
+/// gate, whose buffers keep room only where their pods may go.
 pub struct Shared {
     controller: Option<Arc<Controller>>,
     _sharing: Sharing,
@@ -101,7 +102,7 @@ pub struct Shared {
 
 impl Shared {
     pub const ENV: &[(&str, &str)] =
-        &[("FEATURE_GATES", "NodeRepair=true,NodeOverlay=true,StaticCapacity=true")];
+        &[("FEATURE_GATES", "NodeRepair=true,NodeOverlay=true,StaticCapacity=true,CapacityBuffer=true")];
 
     pub async fn kwok() -> Shared {
         let sharing = share().await;

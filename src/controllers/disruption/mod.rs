@@ -96,13 +96,14 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     let c = controller.clone();
     let mut stop_pass = stop.clone();
     // Besides its timer, a pass follows nodes and NodeClaims going away (budget freed) and
-    // NodePool edits and NodeOverlay re-evaluations (prices changed), once a burst of them has
-    // settled.
+    // NodePool edits, NodeOverlay re-evaluations (prices changed) and CapacityBuffer changes
+    // (headroom kept or released), once a burst of them has settled.
     let interest = Interest {
         node_deletions: true,
         nodeclaim_deletions: true,
         nodepools: true,
         overlays: true,
+        buffers: true,
         ..Interest::default()
     };
     let wake = Coalesced { changes: controller.state.feed().subscribe(interest), settle: SETTLE };

@@ -28,6 +28,7 @@ use crate::controllers::events::reasons;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::metrics::observe;
 use crate::scheduling::{SchedulerOptions, SchedulingInput, SchedulingResults, schedule};
+use crate::state::buffers::is_virtual;
 use crate::state::input::{Built, Scenario, scheduling_input};
 use crate::state::marks::nomination_window;
 use crate::state::pods::key as pod_key;
@@ -49,7 +50,8 @@ const CREATE_CONCURRENCY: usize = 16;
 
 /// The changes that open a batch: a provisionable pod, a node or NodeClaim going away (its pods
 /// need a place), a NodeClaim changing (a launch frees room under a limit), a NodePool changing,
-/// the NodeOverlays evaluated anew (a NodePool that awaited them can launch).
+/// the NodeOverlays evaluated anew (a NodePool that awaited them can launch), a CapacityBuffer's
+/// placeholders changing.
 fn interest() -> Interest {
     Interest {
         provisionable_pods: true,
@@ -59,6 +61,7 @@ fn interest() -> Interest {
         nodepools: true,
         nodeclasses: true,
         overlays: true,
+        buffers: true,
         ..Interest::default()
     }
 }
@@ -191,7 +194,7 @@ impl Provisioner {
         let start = Instant::now();
         let mut snapshot = self.state.snapshot();
         let pending = self.hold_back_bouncing_pods(&snapshot, snapshot.provisionable_pods()).await;
-        let stand_ins = {
+        let mut stand_ins = {
             let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
             if departures.is_empty() {
                 Vec::new()
@@ -199,9 +202,13 @@ impl Provisioner {
                 departures.stand_ins(&state_nodes(&snapshot), &snapshot.pods, Timestamp::now())
             }
         };
+        // CapacityBuffers' placeholders are placed last, as the stand-ins: capacity is launched
+        // for them, and nothing about them reaches a pod.
+        stand_ins.extend(snapshot.virtual_pods.iter().cloned());
         if !Self::has_work(&snapshot, &pending, &stand_ins) {
-            // Nothing pending: nothing ignored, nothing unschedulable.
+            // Nothing pending: nothing ignored, nothing unschedulable, no placeholder anywhere.
             self.record_pod_counts(PodCounts::default());
+            self.state.set_buffer_hosts(HashSet::new());
             return;
         }
         if !pending.is_empty() {
@@ -434,11 +441,15 @@ impl Provisioner {
             .buffered(CREATE_CONCURRENCY)
             .collect()
             .await;
+        let mut buffer_claims: Vec<String> = Vec::new();
         for (i, result) in created {
             let Some(new) = results.new_node_claims.get(i) else { continue };
             match result {
                 Ok(claim) => {
                     let name = claim.metadata.name.clone().unwrap_or_default();
+                    if new.pods.iter().any(|p| input.pods.get(p.index).is_some_and(|pod| is_virtual(pod))) {
+                        buffer_claims.push(name.clone());
+                    }
                     tracing::info!(
                         controller = CONTROLLER,
                         NodePool = %new.nodepool,
@@ -478,6 +489,19 @@ impl Provisioner {
             }
         }
 
+        // Where the CapacityBuffers' placeholders went: emptiness leaves those nodes.
+        let virtual_at = |pods: &[crate::scheduling::PodRef]| {
+            pods.iter().any(|p| input.pods.get(p.index).is_some_and(|pod| is_virtual(pod)))
+        };
+        let mut hosts: HashSet<String> = results
+            .existing_placements
+            .iter()
+            .filter(|p| virtual_at(&p.pods))
+            .map(|p| p.node.clone())
+            .collect();
+        hosts.extend(buffer_claims);
+        self.state.set_buffer_hosts(hosts);
+
         // Pods placed on existing capacity: the node is nominated (not to be disrupted while
         // they come), and pods headed for capacity still coming up are told where they go.
         let claims: HashSet<&str> =
@@ -485,6 +509,10 @@ impl Provisioner {
         let uninitialized: HashSet<&str> =
             input.existing_nodes.iter().filter(|n| !n.initialized).map(|n| n.name.as_str()).collect();
         for placement in &results.existing_placements {
+            // A node that only a CapacityBuffer's placeholders would use is not held for them.
+            if placement.pods.iter().all(|p| input.pods.get(p.index).is_some_and(|pod| is_virtual(pod))) {
+                continue;
+            }
             self.state.marks.nominate(&placement.node, window);
             if !uninitialized.contains(placement.node.as_str()) {
                 continue;
@@ -511,6 +539,10 @@ impl Provisioner {
         }
         for error in &results.errors {
             let Some(pod) = input.pods.get(error.pod.index) else { continue };
+            if is_virtual(pod) {
+                tracing::debug!(controller = CONTROLLER, Pod = %error.pod, error = %error, "no room for a capacity buffer's placeholder");
+                continue;
+            }
             tracing::error!(controller = CONTROLLER, Pod = %error.pod, error = %error, "could not schedule pod");
             if error.pod.index < pending_count {
                 events.push((
