@@ -18,8 +18,8 @@ use kube::{Api, ResourceExt};
 use tokio::sync::{Notify, watch};
 
 use crate::apis::capacitybuffer::{ACTIVE_CAPACITY, LocalObjectRef, ScalableRef};
-use crate::apis::common::{ConditionUpdate, set_condition};
-use crate::apis::{CapacityBuffer, CapacityBufferStatus};
+use crate::apis::common::{ConditionUpdate, condition, set_condition};
+use crate::apis::{CapacityBuffer, CapacityBufferStatus, ConditionStatus};
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::state::ClusterState;
@@ -117,6 +117,14 @@ async fn reconcile(
         let (status, pods) = outcome(&buffer, resolved, now);
         if buffer.status.as_ref() != Some(&status) {
             write_status(ctx, &buffer, &status).await;
+            // Told once, when the buffer turns unresolvable.
+            let was = buffer.status.as_ref().and_then(|s| condition(&s.conditions, READY_FOR_PROVISIONING));
+            if let Some(now_false) = condition(&status.conditions, READY_FOR_PROVISIONING)
+                .filter(|c| c.status == ConditionStatus::False)
+                && was.is_none_or(|w| w.status != ConditionStatus::False || w.reason != now_false.reason)
+            {
+                ctx.events.warning(buffer.as_ref(), &now_false.reason, now_false.message.clone()).await;
+            }
         }
         state.set_virtual_pods(&key, pods);
     }
@@ -269,7 +277,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::apis::ConditionStatus;
 
     fn buffer(spec: serde_json::Value) -> CapacityBuffer {
         serde_json::from_value(json!({"apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer",

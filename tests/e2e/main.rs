@@ -1682,6 +1682,29 @@ spec:
     .await;
     f.wait_running(2, Duration::from_secs(30), &controller).await;
 
+    // A buffer of a workload that does not exist says so, and keeps no room.
+    kubectl_apply(&format!(
+        "apiVersion: autoscaling.x-k8s.io/v1beta1\nkind: CapacityBuffer\nmetadata: {{name: orphan, namespace: {ns}}}\nspec: {{scalableRef: {{kind: Deployment, name: missing}}, replicas: 1}}\n",
+        ns = f.ns
+    ));
+    wait_for("the orphan buffer's condition and event", Duration::from_secs(30), &controller, || async {
+        let b = buffers.get("orphan").await.unwrap();
+        let not_found = b.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "ReadyForProvisioning" && c.reason == "ScalableRefNotFound")
+        });
+        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(f.client.clone(), &f.ns)
+            .list(&ListParams::default().fields("involvedObject.name=orphan,reason=ScalableRefNotFound"))
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0);
+        not_found && events > 0
+    })
+    .await;
+    assert_eq!(f.nodes().await.len(), 2, "no room kept for it");
+    buffers.delete("orphan", &DeleteParams::default()).await.unwrap();
+
     kubectl_delete(&format!("deployment/web -n {}", f.ns));
     f.cleanup().await;
     controller.release();

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use crate::apis::common::is_true;
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
+use crate::controllers::events::EventType;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::controllers::provisioning::template;
 use crate::disruption::static_capacity::{Action, Unseen, counts, plan};
@@ -36,6 +37,8 @@ const PERIOD: Duration = Duration::from_secs(60);
 const SETTLE: Duration = Duration::from_millis(500);
 /// How long a claim this controller wrote is counted as it will be, if the cache never shows it.
 const UNSEEN_FOR: Duration = Duration::from_secs(120);
+/// How often a static NodePool whose replicas exceed its node limit is told so.
+const LIMIT_EVENT_EVERY: k8s_openapi::jiff::SignedDuration = k8s_openapi::jiff::SignedDuration::from_hours(1);
 
 /// Claims written by this controller that the cache may not show yet.
 #[derive(Default)]
@@ -101,6 +104,18 @@ async fn reconcile(ctx: &Context, state: &ClusterState, written: &mut Written) {
             Action::Create(_) | Action::LimitReached if !is_ready(pool) => {}
             Action::LimitReached => {
                 tracing::info!(controller = CONTROLLER, NodePool = %name, "nodepool node limit reached");
+                let message =
+                    format!("replicas ({desired}) is above what limits.nodes allows; {current} running");
+                ctx.events
+                    .deduped(
+                        pool.as_ref(),
+                        EventType::Warning,
+                        "NodeLimitReached",
+                        "",
+                        LIMIT_EVENT_EVERY,
+                        message,
+                    )
+                    .await;
             }
             Action::Create(count) => {
                 tracing::info!(controller = CONTROLLER, NodePool = %name, current, desired, "provision-count" = count, "provisioning nodeclaims to satisfy replica count");
