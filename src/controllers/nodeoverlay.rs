@@ -6,6 +6,8 @@
 //!
 //! Until its first pass, NodePools await evaluation and launch nothing, as upstream; a NodePool
 //! whose instance types cannot be resolved stays unevaluated and the pass is retried with backoff.
+//! If the overlays cannot be listed (the CRD not installed, no right to list it), the NodePools are
+//! evaluated without them after [`FIRST_LIST_WAIT`], and again once they can be.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +38,8 @@ pub const CONTROLLER: &str = "nodeoverlay.controller";
 const PERIOD: Duration = Duration::from_secs(300);
 /// Changes within this time of each other are handled in one pass.
 const SETTLE: Duration = Duration::from_millis(200);
+/// How long the first list of NodeOverlays is waited for before NodePools are evaluated without.
+const FIRST_LIST_WAIT: Duration = Duration::from_secs(30);
 /// How often an overlay that selects no instance type is told so.
 const NOTHING_SELECTED_EVERY: SignedDuration = SignedDuration::from_hours(1);
 
@@ -93,6 +97,11 @@ pub async fn run(
     tokio::select! {
         r = cache.wait_until_ready() => if r.is_err() { driver.abort(); return },
         _ = ready.wait_for(|s| *s) => { driver.abort(); return }
+        // Without the CRD (or the right to list it), NodePools would wait for an evaluation
+        // forever: they are evaluated without overlays until the overlays can be listed.
+        _ = tokio::time::sleep(FIRST_LIST_WAIT) => {
+            tracing::error!(controller = CONTROLLER, "nodeoverlays could not be listed; evaluating nodepools without them until they can be");
+        }
     }
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, || {
         reconcile(&ctx, cloud.as_ref(), &overlays, &state, &cache)
