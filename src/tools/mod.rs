@@ -272,7 +272,11 @@ pub fn with_overlays(snapshot: Snapshot, overlays: &[Arc<NodeOverlay>]) -> Snaps
     let applied: Vec<&NodeOverlay> = overlays
         .iter()
         .map(AsRef::as_ref)
-        .filter(|o| o.status.as_ref().is_some_and(|s| crate::apis::common::is_true(&s.conditions, "Ready")))
+        .filter(|o| {
+            o.status.as_ref().is_some_and(|s| {
+                crate::apis::common::is_true(&s.conditions, crate::controllers::nodeoverlay::READY)
+            })
+        })
         .collect();
     if applied.is_empty() {
         return snapshot;

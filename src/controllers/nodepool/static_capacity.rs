@@ -136,7 +136,7 @@ async fn reconcile(ctx: &Context, state: &ClusterState, written: &mut Written) {
 }
 
 fn is_ready(pool: &NodePool) -> bool {
-    pool.status.as_ref().is_some_and(|s| is_true(&s.conditions, "Ready"))
+    pool.status.as_ref().is_some_and(|s| is_true(&s.conditions, super::status::READY))
 }
 
 /// Creates `count` NodeClaims of `pool`'s template; the names of those created.

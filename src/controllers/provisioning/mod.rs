@@ -250,7 +250,10 @@ impl Provisioner {
         let Built { input, skipped_pools, displaced_pods } =
             scheduling_input(&snapshot, &nodes, pending, &scenario);
         for (pool, why) in &skipped_pools {
-            if snapshot.pool_types.contains_key(pool) && why != crate::state::input::STATIC_POOL {
+            // A static pool is left out by design, not for a fault.
+            let is_static =
+                snapshot.nodepools.iter().any(|np| np.metadata.name.as_ref() == Some(pool) && np.is_static());
+            if snapshot.pool_types.contains_key(pool) && !is_static {
                 tracing::error!(controller = CONTROLLER, NodePool = %pool, error = %why, "skipping, invalid nodepool");
             }
         }
