@@ -455,6 +455,53 @@ async fn scenario(client: Client, names: Names) {
     assert_eq!(open["nodes"].as_array().map(Vec::len), Some(2), "{data:#}");
     top_in_a_terminal(&client, names).await;
 
+    // A CapacityBuffer the controller resolved (its status as the controller writes it) keeps
+    // room on the idle node: explain, top and simulate --from-cluster name it.
+    let _: k8s_openapi::api::core::v1::PodTemplate = create(
+        &client,
+        Some(ns),
+        json!({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "spare"},
+            "template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": names.pool("idle")},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "500m"}}}]}}}),
+    )
+    .await;
+    let _: karpenter::apis::CapacityBuffer = create(
+        &client,
+        Some(ns),
+        json!({"apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer", "metadata": {"name": "spare"},
+            "spec": {"podTemplateRef": {"name": "spare"}, "replicas": 1}}),
+    )
+    .await;
+    let status = json!({"status": {"replicas": 1, "podTemplateRef": {"name": "spare"},
+        "conditions": [{"type": "ReadyForProvisioning", "status": "True", "reason": "Resolved",
+            "message": "Pod template resolved successfully", "lastTransitionTime": "2026-11-24T00:00:00Z"}]}});
+    Api::<karpenter::apis::CapacityBuffer>::namespaced(client.clone(), ns)
+        .patch_status("spare", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let buffer = format!("{ns}/spare");
+    let e = json_of(&["explain", "node", &names.pool("idle")]);
+    assert_eq!(
+        (e["code"].as_str(), e["buffers"][0][0].as_str()),
+        (Some("BufferPods"), Some(buffer.as_str())),
+        "{e:#}"
+    );
+    let data = json_of(&["top", "--once"]);
+    let frozen = data["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["nodepool"] == names.pool("frozen").as_str())
+        .unwrap_or_else(|| panic!("{data:#}"));
+    assert_eq!(
+        (frozen["buffers"][0]["buffer"].as_str(), frozen["buffers"][0]["cpu"].as_f64()),
+        (Some(buffer.as_str()), Some(0.5)),
+        "{data:#}"
+    );
+    let r = json_of(&["simulate", "--from-cluster"]);
+    let report = r["buffers"].as_array().unwrap().iter().find(|b| b["buffer"] == buffer.as_str()).cloned();
+    assert_eq!(report.map(|b| b["onExisting"][names.pool("idle")].clone()), Some(json!(1)), "{r:#}");
+
     // Bad input: one line, exit 1.
     fails(&["explain", "pod", &format!("{ns}/nope")], &format!("pod \"{ns}/nope\" not found"), &[]);
     fails(&["explain", "node", "no-such-node"], "node \"no-such-node\" not found", &[]);

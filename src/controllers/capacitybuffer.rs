@@ -21,10 +21,10 @@ use crate::apis::capacitybuffer::{ACTIVE_CAPACITY, LocalObjectRef, ScalableRef};
 use crate::apis::common::{ConditionUpdate, condition, set_condition};
 use crate::apis::{CapacityBuffer, CapacityBufferStatus, ConditionStatus};
 use crate::controllers::Context;
-use crate::controllers::kit::{Next, Options, Wake, run_singleton};
-use crate::state::ClusterState;
-use crate::state::buffers::{chunk_requests, replicas, virtual_pods};
+use crate::controllers::kit::{Next, Options, WatchedOrFed, run_singleton};
+use crate::state::buffers::{BufferPlacement, chunk_requests, replicas, virtual_pods};
 use crate::state::watches::{self, Source};
+use crate::state::{ClusterState, Interest};
 
 /// Name of the controller, in logs and metrics.
 pub const CONTROLLER: &str = "capacitybuffer";
@@ -35,7 +35,10 @@ const SETTLE: Duration = Duration::from_millis(200);
 
 /// The condition saying whether the buffer's chunk was resolved.
 pub const READY_FOR_PROVISIONING: &str = "ReadyForProvisioning";
-/// Reasons of [`READY_FOR_PROVISIONING`], upstream's.
+/// The condition saying whether the buffer's placeholders fit on existing capacity (written from
+/// the provisioner's last pass).
+pub const PROVISIONING: &str = "Provisioning";
+/// Reasons of [`READY_FOR_PROVISIONING`] and [`PROVISIONING`], upstream's.
 pub mod reasons {
     /// The chunk was resolved.
     pub const RESOLVED: &str = "Resolved";
@@ -45,16 +48,16 @@ pub mod reasons {
     pub const POD_TEMPLATE_NOT_FOUND: &str = "PodTemplateNotFound";
     /// Anything else that keeps the chunk from being resolved.
     pub const RESOLUTION_FAILED: &str = "ResolutionFailed";
-}
-
-/// Wakes at a change of a CapacityBuffer or a PodTemplate, once a burst has settled.
-struct Changes(Arc<Notify>);
-
-impl Wake for Changes {
-    async fn changed(&mut self) {
-        self.0.notified().await;
-        tokio::time::sleep(SETTLE).await;
-    }
+    /// Every placeholder fits on existing capacity.
+    pub const FITS_EXISTING_CAPACITY: &str = "FitsExistingCapacity";
+    /// Some placeholders needed new NodeClaims, or fit nowhere.
+    pub const REQUIRES_NEW_CAPACITY: &str = "RequiresNewCapacity";
+    /// The chunk is not resolved.
+    pub const NOT_READY_FOR_PROVISIONING: &str = "NotReadyForProvisioning";
+    /// The buffer holds no chunk.
+    pub const BUFFER_EMPTY: &str = "BufferEmpty";
+    /// The warning event of a buffer whose placeholders fit nowhere (beyond upstream).
+    pub const FAILED_SCHEDULING: &str = "FailedScheduling";
 }
 
 /// Runs until `stop` turns true.
@@ -89,7 +92,10 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
         _ = stopping.wait_for(|s| *s) => {}
     }
     if !*stop.borrow() {
-        run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Changes(notify), stop, || {
+        // Its watches, and the provisioner placing the placeholders, wake it.
+        let placed = state.feed().subscribe(Interest { buffers: true, ..Interest::default() });
+        let wake = WatchedOrFed { watched: notify, fed: placed, settle: SETTLE };
+        run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, || {
             reconcile(&ctx, &state, &buffers, &templates)
         })
         .await;
@@ -107,30 +113,24 @@ async fn reconcile(
 ) -> Result<Next, std::convert::Infallible> {
     let mut live = BTreeSet::new();
     let now = Timestamp::now();
+    let placements = state.buffers_placed().placements;
     for buffer in buffers.state() {
         let key = format!("{}/{}", buffer.namespace().unwrap_or_default(), buffer.name_any());
         if buffer.metadata.deletion_timestamp.is_some() {
             continue;
         }
         live.insert(key.clone());
-        let resolved = resolve(ctx, &buffer, templates).await;
-        let (status, pods) = outcome(&buffer, resolved, now);
+        let resolved = resolve(&ctx.client, &buffer, Some(templates)).await;
+        let (status, pods) = outcome(&buffer, resolved, placements.get(&key), now);
         if buffer.status.as_ref() != Some(&status) {
             write_status(ctx, &buffer, &status).await;
-            // Told once, when the buffer turns unresolvable.
-            let was = buffer.status.as_ref().and_then(|s| condition(&s.conditions, READY_FOR_PROVISIONING));
-            if let Some(now_false) = condition(&status.conditions, READY_FOR_PROVISIONING)
-                .filter(|c| c.status == ConditionStatus::False)
-                && was.is_none_or(|w| w.status != ConditionStatus::False || w.reason != now_false.reason)
-            {
-                ctx.events.warning(buffer.as_ref(), &now_false.reason, now_false.message.clone()).await;
+            if let Some((reason, message)) = warning(buffer.status.as_ref(), &status, placements.get(&key)) {
+                ctx.events.warning(buffer.as_ref(), &reason, message).await;
             }
         }
         state.set_virtual_pods(&key, pods);
     }
-    for gone in state.buffers_with_virtual_pods().into_iter().filter(|k| !live.contains(k)) {
-        state.set_virtual_pods(&gone, Vec::new());
-    }
+    state.retain_virtual_pods(&live);
     Ok(Next::After(PERIOD))
 }
 
@@ -147,15 +147,20 @@ pub struct Chunk {
 /// Why a buffer's chunk could not be resolved: a condition reason and message.
 pub type Unresolved = (&'static str, String);
 
+/// Resolves `buffer`'s chunk; its PodTemplate from `templates` when given (the controller's
+/// cache), else listed by name.
 async fn resolve(
-    ctx: &Context,
+    client: &kube::Client,
     buffer: &CapacityBuffer,
-    templates: &Store<PodTemplate>,
+    templates: Option<&Store<PodTemplate>>,
 ) -> Result<Chunk, Unresolved> {
     let namespace = buffer.namespace().unwrap_or_default();
     match (&buffer.spec.pod_template_ref, &buffer.spec.scalable_ref) {
         (Some(LocalObjectRef { name }), _) => {
-            let found = templates.get(&ObjectRef::new(name).within(&namespace));
+            let found = match templates {
+                Some(templates) => templates.get(&ObjectRef::new(name).within(&namespace)),
+                None => named::<PodTemplate>(client, &namespace, name).await?.map(Arc::new),
+            };
             let pt = found.ok_or_else(|| {
                 (reasons::POD_TEMPLATE_NOT_FOUND, format!("podtemplates {name:?} not found"))
             })?;
@@ -165,22 +170,43 @@ async fn resolve(
                 scalable_replicas: None,
             })
         }
-        (None, Some(scalable)) => resolve_scalable(ctx, &namespace, scalable).await,
+        (None, Some(scalable)) => resolve_scalable(client, &namespace, scalable).await,
         (None, None) => {
             Err((reasons::RESOLUTION_FAILED, "Neither podTemplateRef nor scalableRef is set".to_string()))
         }
     }
 }
 
+/// The placeholder pods of `buffer` as the controller keeps them, for a tool that looks at the
+/// cluster from outside: none unless the controller resolved the buffer (`ReadyForProvisioning`
+/// True, so the gate is on), its chunk resolved again here.
+pub async fn applied_placeholders(
+    client: &kube::Client,
+    buffer: &CapacityBuffer,
+) -> Vec<Arc<k8s_openapi::api::core::v1::Pod>> {
+    let applied = buffer
+        .status
+        .as_ref()
+        .is_some_and(|s| crate::apis::common::is_true(&s.conditions, READY_FOR_PROVISIONING));
+    if !applied || buffer.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    let resolved = resolve(client, buffer, None).await;
+    outcome(buffer, resolved, None, Timestamp::now()).1
+}
+
 /// The pod template and replicas of a Deployment, StatefulSet or ReplicaSet (group `apps`).
-async fn resolve_scalable(ctx: &Context, namespace: &str, r: &ScalableRef) -> Result<Chunk, Unresolved> {
+async fn resolve_scalable(
+    client: &kube::Client,
+    namespace: &str,
+    r: &ScalableRef,
+) -> Result<Chunk, Unresolved> {
     if !(r.api_group.is_empty() || r.api_group == "apps") {
         return Err((
             reasons::RESOLUTION_FAILED,
             format!("unsupported scalableRef API group {:?}", r.api_group),
         ));
     }
-    let client = &ctx.client;
     let found: Option<(Option<PodTemplateSpec>, Option<i32>)> = match r.kind.as_str() {
         "Deployment" => named::<Deployment>(client, namespace, &r.name)
             .await?
@@ -220,10 +246,12 @@ where
     Ok(list.items.into_iter().next())
 }
 
-/// The status `buffer` should have and its placeholder pods, given how its chunk resolved.
+/// The status `buffer` should have and its placeholder pods, given how its chunk resolved and
+/// where the provisioner's last pass placed its placeholders.
 pub fn outcome(
     buffer: &CapacityBuffer,
     resolved: Result<Chunk, Unresolved>,
+    placement: Option<&BufferPlacement>,
     now: Timestamp,
 ) -> (CapacityBufferStatus, Vec<Arc<k8s_openapi::api::core::v1::Pod>>) {
     let mut status = buffer.status.clone().unwrap_or_default();
@@ -238,6 +266,9 @@ pub fn outcome(
                 generation,
                 now,
             );
+            if let Some(update) = provisioning(&status, placement) {
+                set_condition(&mut status.conditions, PROVISIONING, update, generation, now);
+            }
             (status, Vec::new())
         }
         Ok(chunk) => {
@@ -253,9 +284,71 @@ pub fn outcome(
             set_condition(&mut status.conditions, READY_FOR_PROVISIONING, ready, generation, now);
             let active = buffer.spec.provisioning_strategy.as_deref().is_none_or(|s| s == ACTIVE_CAPACITY);
             let pods = if active { virtual_pods(buffer, &chunk.template, count) } else { Vec::new() };
+            if let Some(update) = provisioning(&status, placement) {
+                set_condition(&mut status.conditions, PROVISIONING, update, generation, now);
+            }
             (status, pods)
         }
     }
+}
+
+/// The [`PROVISIONING`] condition of a buffer with `status` (its [`READY_FOR_PROVISIONING`] and
+/// `replicas` already worked out), as upstream's provisioner writes it: `None` leaves it as it
+/// is (the last pass placed none of its placeholders, or not all of them yet).
+pub fn provisioning(
+    status: &CapacityBufferStatus,
+    placement: Option<&BufferPlacement>,
+) -> Option<ConditionUpdate> {
+    if !crate::apis::common::is_true(&status.conditions, READY_FOR_PROVISIONING) {
+        return Some(ConditionUpdate::false_(
+            reasons::NOT_READY_FOR_PROVISIONING,
+            "Buffer is not ReadyForProvisioning",
+        ));
+    }
+    let desired = status.replicas.unwrap_or(0);
+    if desired <= 0 {
+        return Some(ConditionUpdate::false_(reasons::BUFFER_EMPTY, "Buffer has zero desired replicas"));
+    }
+    let placement = placement?;
+    let (new, failed) = (placement.needing_new(), placement.failed);
+    if new > 0 || failed > 0 {
+        return Some(ConditionUpdate::false_(
+            reasons::REQUIRES_NEW_CAPACITY,
+            format!("{new}/{desired} virtual pods required new capacity, {failed} failed"),
+        ));
+    }
+    (i64::try_from(placement.on_existing()).ok() == Some(i64::from(desired))).then(|| ConditionUpdate {
+        message: format!("All {desired} virtual pods fit on existing capacity"),
+        ..ConditionUpdate::true_(reasons::FITS_EXISTING_CAPACITY)
+    })
+}
+
+/// The warning a status change from `before` to `after` calls for, told once per cause: the
+/// chunk became unresolvable, or placeholders came to fit nowhere (with the first reason why).
+fn warning(
+    before: Option<&CapacityBufferStatus>,
+    after: &CapacityBufferStatus,
+    placement: Option<&BufferPlacement>,
+) -> Option<(String, String)> {
+    let was = |type_: &str| before.and_then(|s| condition(&s.conditions, type_)).cloned();
+    if let Some(unready) =
+        condition(&after.conditions, READY_FOR_PROVISIONING).filter(|c| c.status == ConditionStatus::False)
+    {
+        let before = was(READY_FOR_PROVISIONING);
+        let news = before.is_none_or(|w| w.status != ConditionStatus::False || w.reason != unready.reason);
+        return news.then(|| (unready.reason.clone(), unready.message.clone()));
+    }
+    let provisioning = condition(&after.conditions, PROVISIONING)?;
+    let placement = placement.filter(|p| p.failed > 0)?;
+    if was(PROVISIONING).is_some_and(|w| w.message == provisioning.message) {
+        return None;
+    }
+    let desired = after.replicas.unwrap_or(0);
+    let why = placement.error.as_deref().unwrap_or("no nodepool can run them");
+    Some((
+        reasons::FAILED_SCHEDULING.to_string(),
+        format!("Failed to schedule {} of {desired} placeholder pod(s), {why}", placement.failed),
+    ))
 }
 
 async fn write_status(ctx: &Context, buffer: &CapacityBuffer, status: &CapacityBufferStatus) {
@@ -296,7 +389,7 @@ mod tests {
         let now = Timestamp::UNIX_EPOCH;
         let b = buffer(json!({"scalableRef": {"kind": "Deployment", "name": "web"}, "percentage": 50}));
         let chunk = Chunk { template: template("1"), pod_template: None, scalable_replicas: Some(3) };
-        let (status, pods) = outcome(&b, Ok(chunk), now);
+        let (status, pods) = outcome(&b, Ok(chunk), None, now);
         assert_eq!(status.replicas, Some(2));
         assert_eq!(pods.len(), 2);
         assert_eq!(status.provisioning_strategy.as_deref(), Some(ACTIVE_CAPACITY), "the default, echoed");
@@ -313,7 +406,7 @@ mod tests {
             pod_template: Some(("chunk".into(), 7)),
             scalable_replicas: None,
         };
-        let (status, _) = outcome(&b, Ok(chunk), now);
+        let (status, _) = outcome(&b, Ok(chunk), None, now);
         assert_eq!(
             (status.pod_template_ref.map(|r| r.name), status.pod_template_generation),
             (Some("chunk".into()), Some(7))
@@ -322,6 +415,7 @@ mod tests {
         let (status, pods) = outcome(
             &b,
             Err((reasons::POD_TEMPLATE_NOT_FOUND, "podtemplates \"chunk\" not found".into())),
+            None,
             now,
         );
         assert!(pods.is_empty());
@@ -337,8 +431,107 @@ mod tests {
             pod_template: Some(("chunk".into(), 1)),
             scalable_replicas: None,
         };
-        let (status, pods) = outcome(&b, Ok(chunk), now);
+        let (status, pods) = outcome(&b, Ok(chunk), None, now);
         assert_eq!(status.replicas, Some(1));
         assert!(pods.is_empty());
+    }
+
+    fn placed(existing: usize, new: usize, failed: usize) -> BufferPlacement {
+        BufferPlacement {
+            existing: (existing > 0).then(|| ("n1".to_string(), existing)).into_iter().collect(),
+            new_capacity: (new > 0).then(|| ("default".to_string(), new)).into_iter().collect(),
+            failed,
+            error: (failed > 0).then(|| "nodepool \"default\": incompatible requirements".to_string()),
+        }
+    }
+
+    #[test]
+    fn provisioning_follows_where_the_last_pass_put_the_placeholders() {
+        let now = Timestamp::UNIX_EPOCH;
+        let b = buffer(json!({"podTemplateRef": {"name": "chunk"}, "replicas": 3}));
+        let chunk = || Chunk {
+            template: template("1"),
+            pod_template: Some(("chunk".into(), 1)),
+            scalable_replicas: None,
+        };
+        let provisioning = |status: &CapacityBufferStatus| {
+            let c = condition(&status.conditions, PROVISIONING).unwrap();
+            (c.status, c.reason.clone(), c.message.clone())
+        };
+
+        // No pass placed them yet: no Provisioning condition.
+        let (status, _) = outcome(&b, Ok(chunk()), None, now);
+        assert!(condition(&status.conditions, PROVISIONING).is_none());
+
+        let (status, _) = outcome(&b, Ok(chunk()), Some(&placed(1, 2, 0)), now);
+        assert_eq!(
+            provisioning(&status),
+            (
+                ConditionStatus::False,
+                "RequiresNewCapacity".into(),
+                "2/3 virtual pods required new capacity, 0 failed".into()
+            )
+        );
+        let (status, _) = outcome(&b, Ok(chunk()), Some(&placed(3, 0, 0)), now);
+        assert_eq!(
+            provisioning(&status),
+            (
+                ConditionStatus::True,
+                "FitsExistingCapacity".into(),
+                "All 3 virtual pods fit on existing capacity".into()
+            )
+        );
+        // Fewer placed than the buffer now holds (its replicas changed since the pass): as it was.
+        let mut scaled = b.clone();
+        scaled.status = Some(status.clone());
+        scaled.spec.replicas = Some(4);
+        let (after, _) = outcome(&scaled, Ok(chunk()), Some(&placed(3, 0, 0)), now);
+        assert_eq!(provisioning(&after).1, "FitsExistingCapacity");
+
+        let (status, _) = outcome(&b, Ok(chunk()), Some(&placed(0, 0, 3)), now);
+        assert_eq!(provisioning(&status).2, "0/3 virtual pods required new capacity, 3 failed");
+
+        let empty = buffer(json!({"podTemplateRef": {"name": "chunk"}, "replicas": 0}));
+        let (status, _) = outcome(&empty, Ok(chunk()), None, now);
+        assert_eq!(provisioning(&status).1, "BufferEmpty");
+        let (status, _) =
+            outcome(&b, Err((reasons::POD_TEMPLATE_NOT_FOUND, "gone".into())), Some(&placed(3, 0, 0)), now);
+        assert_eq!(
+            provisioning(&status),
+            (
+                ConditionStatus::False,
+                "NotReadyForProvisioning".into(),
+                "Buffer is not ReadyForProvisioning".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_buffer_is_warned_once_per_cause() {
+        let now = Timestamp::UNIX_EPOCH;
+        let b = buffer(json!({"podTemplateRef": {"name": "chunk"}, "replicas": 2}));
+        let chunk = || Chunk {
+            template: template("64"),
+            pod_template: Some(("chunk".into(), 1)),
+            scalable_replicas: None,
+        };
+        let nowhere = placed(0, 0, 2);
+        let (status, _) = outcome(&b, Ok(chunk()), Some(&nowhere), now);
+        let (reason, message) = warning(None, &status, Some(&nowhere)).unwrap();
+        assert_eq!(reason, "FailedScheduling");
+        assert_eq!(
+            message,
+            "Failed to schedule 2 of 2 placeholder pod(s), nodepool \"default\": incompatible requirements"
+        );
+        assert_eq!(warning(Some(&status), &status, Some(&nowhere)), None, "told once");
+        let (fits, _) = outcome(&b, Ok(chunk()), Some(&placed(2, 0, 0)), now);
+        assert_eq!(warning(Some(&status), &fits, Some(&placed(2, 0, 0))), None);
+
+        let (unresolved, _) = outcome(&b, Err((reasons::POD_TEMPLATE_NOT_FOUND, "gone".into())), None, now);
+        assert_eq!(
+            warning(Some(&fits), &unresolved, None),
+            Some(("PodTemplateNotFound".to_string(), "gone".to_string()))
+        );
+        assert_eq!(warning(Some(&unresolved), &unresolved, None), None);
     }
 }

@@ -780,6 +780,27 @@ impl Wake for Coalesced {
     }
 }
 
+/// Wakes at a change its own watches signal on `watched`, or at a change of the cluster-state
+/// feed it follows (`fed`), once the burst has settled for `settle`.
+pub struct WatchedOrFed {
+    /// Notified by the controller's own watches.
+    pub watched: std::sync::Arc<tokio::sync::Notify>,
+    /// The cluster-state changes followed.
+    pub fed: crate::state::Subscription,
+    /// How long a burst is let settle.
+    pub settle: Duration,
+}
+
+impl Wake for WatchedOrFed {
+    async fn changed(&mut self) {
+        tokio::select! {
+            _ = self.watched.notified() => {}
+            _ = self.fed.next() => {}
+        }
+        tokio::time::sleep(self.settle).await;
+    }
+}
+
 /// Never wakes: a controller that runs on its timer only.
 #[derive(Debug, Default)]
 pub struct Timer;

@@ -24,12 +24,12 @@ use crate::apis::{NodeOverlay, NodeOverlayStatus};
 use crate::cloudprovider::CloudProvider;
 use crate::cloudprovider::overlay::Overlays;
 use crate::controllers::Context;
-use crate::controllers::kit::{Next, Options, Wake, run_singleton};
+use crate::controllers::kit::{Next, Options, WatchedOrFed, run_singleton};
 use crate::scheduling::overlay::{
     CONFLICT_MESSAGE, REASON_CONFLICT, REASON_RUNTIME_VALIDATION, Verdict, evaluate_nodepools,
 };
 use crate::state::watches::{self, Source};
-use crate::state::{ClusterState, Interest, Subscription};
+use crate::state::{ClusterState, Interest};
 use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics.
@@ -59,22 +59,6 @@ pub enum Error {
     },
 }
 
-/// Wakes at a change of a NodeOverlay, or of a NodePool or node class, once a burst has settled.
-struct Changes {
-    overlays: Arc<Notify>,
-    pools: Subscription,
-}
-
-impl Wake for Changes {
-    async fn changed(&mut self) {
-        tokio::select! {
-            _ = self.overlays.notified() => {}
-            _ = self.pools.next() => {}
-        }
-        tokio::time::sleep(SETTLE).await;
-    }
-}
-
 /// Runs until `stop` turns true. `cloud` is the provider without overlays.
 pub async fn run(
     ctx: Context,
@@ -92,7 +76,8 @@ pub async fn run(
         watches::cache::<NodeOverlay, _>("nodeoverlays", Source::Lenient(ctx.client.clone()), on_event);
     let driver = tokio::spawn(driver);
     let interest = Interest { nodepools: true, nodeclasses: true, ..Interest::default() };
-    let wake = Changes { overlays: notify, pools: state.feed().subscribe(interest) };
+    // A NodeOverlay, NodePool or node class changed.
+    let wake = WatchedOrFed { watched: notify, fed: state.feed().subscribe(interest), settle: SETTLE };
     let mut ready = stop.clone();
     tokio::select! {
         r = cache.wait_until_ready() => if r.is_err() { driver.abort(); return },

@@ -222,16 +222,11 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
 
     // Emptiness.
     let mut empty_budget = remaining(world, DisruptionReason::Empty, &mut pass);
-    let hosts_buffer = |n: &StateNode| {
-        let hosts = &world.snapshot.buffer_hosts;
-        hosts.contains(&n.name) || n.claim_name().is_some_and(|c| hosts.contains(c))
-    };
     let mut empty: Vec<&StateNode> = Vec::new();
     for node in candidates.iter().copied().filter(|n| emptiness::is_empty(n)) {
-        if hosts_buffer(node) {
+        if world.snapshot.buffers_placed.holds(node) {
             // The provisioner keeps a CapacityBuffer's headroom there, as upstream.
-            let why = Why::new(Code::BufferPods, format!("Node {:?} has buffer pods", node.name));
-            pass.unconsolidatable.insert(node.name.clone(), why);
+            pass.unconsolidatable.insert(node.name.clone(), buffer_pods_why(node));
         } else {
             empty.push(node);
         }
@@ -342,7 +337,12 @@ fn of_static_pool(world: &World<'_>, node: &StateNode) -> bool {
     node.nodepool().and_then(|p| world.pools.get(p)).is_some_and(|p| p.is_static())
 }
 
-/// Why a node of a static NodePool is not consolidated.
+/// Why an empty node that holds a CapacityBuffer's placeholders is not emptied.
+pub fn buffer_pods_why(node: &StateNode) -> Why {
+    Why::new(Code::BufferPods, format!("Node {:?} has buffer pods", node.name))
+}
+
+/// Why a node of a static NodePool is neither emptied nor consolidated.
 pub fn static_pool_why() -> Why {
     Why::new(Code::StaticNodePool, "Node belongs to a static NodePool: spec.replicas sets its node count")
 }

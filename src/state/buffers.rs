@@ -5,7 +5,7 @@
 //! the larger of the two when both are set; with `limits`, no more than fit in them (by the
 //! chunk's requests), or as many as fit when neither is set.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus, PodTemplateSpec};
@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::apis::CapacityBuffer;
 use crate::scheduling::resources::{Resources, parse_quantity_for, pod_requests};
+use crate::scheduling::{PodRef, SchedulingResults};
 
 /// Marks a placeholder pod of a CapacityBuffer (upstream's annotation).
 pub const ANNOTATION_FAKE_POD: &str = "karpenter.sh/capacity-buffer-fake-pod";
@@ -121,6 +122,102 @@ pub fn virtual_pods(buffer: &CapacityBuffer, template: &PodTemplateSpec, count: 
         .collect()
 }
 
+/// The CapacityBuffer (`namespace/name`) a placeholder pod belongs to; `None` for a real pod.
+pub fn buffer_of(pod: &Pod) -> Option<String> {
+    if !is_virtual(pod) {
+        return None;
+    }
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let namespace = annotations.get(ANNOTATION_BUFFER_NAMESPACE).filter(|v| !v.is_empty())?;
+    let name = annotations.get(ANNOTATION_BUFFER_NAME).filter(|v| !v.is_empty())?;
+    Some(format!("{namespace}/{name}"))
+}
+
+/// Where one CapacityBuffer's placeholders went in a provisioning pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BufferPlacement {
+    /// Existing nodes and NodeClaims (by name) that hold its placeholders, with how many each.
+    pub existing: BTreeMap<String, usize>,
+    /// Placeholders that needed new NodeClaims, by NodePool.
+    pub new_capacity: BTreeMap<String, usize>,
+    /// Placeholders that fit nowhere.
+    pub failed: usize,
+    /// Why the first of those fit nowhere.
+    pub error: Option<String>,
+}
+
+impl BufferPlacement {
+    /// Placeholders on existing capacity.
+    pub fn on_existing(&self) -> usize {
+        self.existing.values().sum()
+    }
+
+    /// Placeholders that needed new NodeClaims.
+    pub fn needing_new(&self) -> usize {
+        self.new_capacity.values().sum()
+    }
+}
+
+/// Where a provisioning pass placed the placeholders: by buffer, and the nodes and NodeClaims
+/// (by name) that hold any of them, those the pass created included.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BuffersPlaced {
+    /// By buffer (`namespace/name`).
+    pub placements: BTreeMap<String, BufferPlacement>,
+    /// Nodes and NodeClaims holding placeholders: emptiness leaves them.
+    pub hosts: std::collections::HashSet<String>,
+}
+
+impl BuffersPlaced {
+    /// `placements`, held by the existing nodes and NodeClaims they name.
+    pub fn new(placements: BTreeMap<String, BufferPlacement>) -> Self {
+        let hosts = placements.values().flat_map(|p| p.existing.keys().cloned()).collect();
+        BuffersPlaced { placements, hosts }
+    }
+
+    /// Whether `node` (by its name or its NodeClaim's) holds placeholders.
+    pub fn holds(&self, node: &super::StateNode) -> bool {
+        self.hosts.contains(&node.name) || node.claim_name().is_some_and(|c| self.hosts.contains(c))
+    }
+
+    /// The buffers (`namespace/name`) with placeholders on `node`, with how many each.
+    pub fn on(&self, node: &super::StateNode) -> Vec<(&str, usize)> {
+        let here = |p: &BufferPlacement| {
+            let by_claim = node.claim_name().and_then(|c| p.existing.get(c));
+            p.existing.get(&node.name).or(by_claim).copied()
+        };
+        self.placements.iter().filter_map(|(k, p)| Some((k.as_str(), here(p)?))).collect()
+    }
+}
+
+/// Where the placeholders among `pods` (a pass's input pods) went in `results`, by buffer
+/// (`namespace/name`). Real pods are left out.
+pub fn placements(pods: &[Arc<Pod>], results: &SchedulingResults) -> BTreeMap<String, BufferPlacement> {
+    let mut out: BTreeMap<String, BufferPlacement> = BTreeMap::new();
+    let mut each = |refs: &[PodRef], f: &mut dyn FnMut(&mut BufferPlacement)| {
+        for r in refs {
+            if let Some(key) = pods.get(r.index).and_then(|p| buffer_of(p)) {
+                f(out.entry(key).or_default());
+            }
+        }
+    };
+    for placement in &results.existing_placements {
+        each(&placement.pods, &mut |b| *b.existing.entry(placement.node.clone()).or_default() += 1);
+    }
+    for claim in &results.new_node_claims {
+        each(&claim.pods, &mut |b| *b.new_capacity.entry(claim.nodepool.clone()).or_default() += 1);
+    }
+    for error in &results.errors {
+        each(std::slice::from_ref(&error.pod), &mut |b| {
+            b.failed += 1;
+            if b.error.is_none() {
+                b.error = Some(error.to_string());
+            }
+        });
+    }
+    out
+}
+
 /// `spec` for a pod that will never run: no node, no volumes backed by claims (nor their
 /// mounts), the lowest priority.
 fn sanitized(mut spec: PodSpec) -> PodSpec {
@@ -188,6 +285,50 @@ mod tests {
             2
         );
         assert_eq!(replicas(&buffer(json!({})), &requests, None), 0);
+    }
+
+    #[test]
+    fn placements_count_each_buffers_placeholders_where_they_went() {
+        use crate::scheduling::{ExistingPlacement, NewNodeClaim, PodError};
+        let a = virtual_pods(&buffer(json!({"replicas": 3})), &template(), 3);
+        let mut other = buffer(json!({"replicas": 1}));
+        other.metadata.name = Some("c".into());
+        let c = virtual_pods(&other, &template(), 1);
+        let real = Arc::new(Pod::default());
+        let pods: Vec<Arc<Pod>> = vec![real, a[0].clone(), a[1].clone(), a[2].clone(), c[0].clone()];
+        let r = |index: usize| PodRef { index, namespace: "ns".into(), name: format!("p{index}") };
+        let results = SchedulingResults {
+            existing_placements: vec![ExistingPlacement { node: "n1".into(), pods: vec![r(0), r(1), r(2)] }],
+            new_node_claims: vec![NewNodeClaim {
+                nodepool: "default".into(),
+                requirements: Default::default(),
+                instance_type_names: Vec::new(),
+                labels: Default::default(),
+                taints: Vec::new(),
+                startup_taints: Vec::new(),
+                requests: Resources::default(),
+                daemonset_requests: Resources::default(),
+                pods: vec![r(3)],
+                instance_type_options: Vec::new(),
+                min_values_relaxed: false,
+            }],
+            errors: vec![PodError {
+                pod: r(4),
+                nodepools: vec![("default".into(), "too big".into())],
+                reason: None,
+            }],
+            ignored: Vec::new(),
+        };
+        let placed = placements(&pods, &results);
+        assert_eq!(placed.len(), 2, "the real pod belongs to no buffer");
+        let b = &placed["ns/b"];
+        assert_eq!((b.on_existing(), b.needing_new(), b.failed), (2, 1, 0));
+        assert_eq!(b.existing["n1"], 2);
+        assert_eq!(b.new_capacity["default"], 1);
+        let c = &placed["ns/c"];
+        assert_eq!((c.on_existing(), c.failed), (0, 1));
+        assert_eq!(c.error.as_deref(), Some("nodepool \"default\": too big"));
+        assert_eq!(buffer_of(&pods[0]), None);
     }
 
     #[test]

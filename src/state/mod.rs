@@ -44,6 +44,7 @@ use tokio::sync::watch;
 
 use crate::apis::{EC2NodeClass, NodeClaim, NodePool};
 
+pub use buffers::BuffersPlaced;
 pub use feed::{Changes, Feed, Interest, Subscription};
 pub use index::{Joined, PodKey};
 pub use marks::Marks;
@@ -204,8 +205,8 @@ pub struct ClusterState {
     pub pod_times: Arc<podtimes::PodTimes>,
     /// The placeholder pods of each CapacityBuffer (`namespace/name`), kept by their controller.
     virtual_pods: Arc<std::sync::RwLock<BTreeMap<String, Vec<Arc<Pod>>>>>,
-    /// The nodes and NodeClaims the provisioner's last pass placed placeholder pods on.
-    buffer_hosts: Arc<std::sync::RwLock<HashSet<String>>>,
+    /// Where the provisioner's last pass placed the placeholder pods.
+    buffers_placed: Arc<std::sync::RwLock<BuffersPlaced>>,
     feed: Arc<Feed>,
     subscribers: Arc<AllSubscribers>,
     synced: watch::Receiver<bool>,
@@ -550,7 +551,7 @@ impl ClusterState {
             marks: Arc::new(Marks::default()),
             pod_times: Arc::default(),
             virtual_pods: Arc::default(),
-            buffer_hosts: Arc::default(),
+            buffers_placed: Arc::default(),
             feed,
             subscribers,
             synced,
@@ -803,23 +804,29 @@ impl ClusterState {
                 .flatten()
                 .cloned()
                 .collect(),
-            buffer_hosts: self.buffer_hosts.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
+            buffers_placed: self.buffers_placed(),
             ..Default::default()
         }
     }
 
-    /// Records the nodes and NodeClaims (by name) the provisioner placed placeholder pods on; a
-    /// change wakes the decisions that leave them alone (or no longer do).
-    pub fn set_buffer_hosts(&self, hosts: HashSet<String>) {
+    /// Records where the provisioner's pass placed the placeholder pods: by buffer, and the
+    /// nodes and NodeClaims (by name) that hold any. A change wakes the decisions that leave
+    /// those nodes alone (or no longer do) and the buffers' status.
+    pub fn set_buffers_placed(&self, placed: BuffersPlaced) {
         let changed = {
-            let mut current = self.buffer_hosts.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let changed = *current != hosts;
-            *current = hosts;
+            let mut current = self.buffers_placed.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let changed = *current != placed;
+            *current = placed;
             changed
         };
         if changed {
             self.feed.bump(|c| c.buffers += 1);
         }
+    }
+
+    /// Where the provisioner's last pass placed the placeholder pods.
+    pub fn buffers_placed(&self) -> BuffersPlaced {
+        self.buffers_placed.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Sets the placeholder pods of the CapacityBuffer `key` (`namespace/name`; none removes
@@ -842,9 +849,17 @@ impl ClusterState {
         }
     }
 
-    /// The CapacityBuffers (`namespace/name`) with placeholder pods.
-    pub fn buffers_with_virtual_pods(&self) -> Vec<String> {
-        self.virtual_pods.read().unwrap_or_else(std::sync::PoisonError::into_inner).keys().cloned().collect()
+    /// Drops the placeholder pods of every CapacityBuffer not in `live` (`namespace/name`).
+    pub fn retain_virtual_pods(&self, live: &std::collections::BTreeSet<String>) {
+        let changed = {
+            let mut all = self.virtual_pods.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let before = all.len();
+            all.retain(|key, _| live.contains(key));
+            all.len() != before
+        };
+        if changed {
+            self.feed.bump(|c| c.buffers += 1);
+        }
     }
 }
 

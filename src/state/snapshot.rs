@@ -66,9 +66,9 @@ pub struct Snapshot {
     /// Placeholder pods of CapacityBuffers: capacity is kept for them as for pending pods, and
     /// they never exist in the cluster.
     pub virtual_pods: Vec<Arc<Pod>>,
-    /// The nodes and NodeClaims (by name) the provisioner's last pass placed placeholder pods on:
-    /// emptiness leaves them, as upstream.
-    pub buffer_hosts: HashSet<String>,
+    /// Where the provisioner's last pass placed the placeholder pods: emptiness leaves the
+    /// nodes and NodeClaims that hold any, as upstream.
+    pub buffers_placed: super::BuffersPlaced,
 }
 
 impl Snapshot {

@@ -393,6 +393,10 @@ pub struct NodeExplanation {
     pub price_per_hour: Option<f64>,
     /// Pods that would have to move.
     pub reschedulable_pods: usize,
+    /// The CapacityBuffers (`namespace/name`) whose headroom it keeps, with their placeholders on
+    /// it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<(String, usize)>,
     /// Whether it is a disruption candidate now.
     pub candidate: bool,
     /// Why it is or is not being disrupted (the code and text of its event).
@@ -541,6 +545,8 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
                         savings: 0.0,
                     }
                 })
+            } else if emptiness::is_empty(target) && inputs.snapshot.buffers_placed.holds(target) {
+                Err(decide::buffer_pods_why(target))
             } else if emptiness::is_empty(target) {
                 match consolidatable_at {
                     Some(at) if at <= now => Ok(consolidation::Plan {
@@ -615,6 +621,13 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
         zone: target.zone().map(str::to_string),
         price_per_hour: target.price.map(round_price),
         reschedulable_pods: target.reschedulable_pods().count(),
+        buffers: inputs
+            .snapshot
+            .buffers_placed
+            .on(target)
+            .into_iter()
+            .map(|(buffer, placeholders)| (buffer.to_string(), placeholders))
+            .collect(),
         candidate,
         code: why.code,
         message: why.message,
@@ -654,6 +667,13 @@ impl NodeExplanation {
             ),
         );
         line("Pods to move", self.reschedulable_pods.to_string());
+        for (buffer, placeholders) in &self.buffers {
+            let s = if *placeholders == 1 { "" } else { "s" };
+            line(
+                "Buffer headroom",
+                format!("CapacityBuffer {buffer} keeps room for {placeholders} placeholder{s} here"),
+            );
+        }
         let verdict = if self.code == Code::Disrupting {
             "yes"
         } else if self.candidate {

@@ -23,10 +23,10 @@ use serde::Serialize;
 use crate::disruption::decide::{self, Inputs};
 use crate::scheduling::topology::Selector;
 use crate::scheduling::{SchedulerOptions, schedule};
-use crate::state::input::Base;
-use crate::state::pods;
+use crate::state::input::{Scenario, scheduling_input};
 use crate::state::snapshot::Snapshot;
 use crate::state::statenode::state_nodes;
+use crate::state::{BuffersPlaced, buffers, pods};
 use crate::tools::simulate::Manifests;
 use crate::tools::simulate::input::pod_from_template;
 use crate::tools::simulate::report::{NodeClaimReport, Report, claim_report, push_table, round_price};
@@ -195,6 +195,23 @@ pub struct CommandReport {
     pub replacements: Vec<NodeClaimReport>,
 }
 
+/// Where one CapacityBuffer's placeholders go.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BufferReport {
+    /// The buffer, `namespace/name`.
+    pub buffer: String,
+    /// Existing nodes and NodeClaims keeping room for them, with how many each.
+    pub on_existing: BTreeMap<String, usize>,
+    /// Placeholders the plan launches new NodeClaims for, by NodePool.
+    pub new_capacity: BTreeMap<String, usize>,
+    /// Placeholders no NodePool can hold.
+    pub fitting_nowhere: usize,
+    /// Why the first of those fits nowhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// What `simulate --from-cluster` prints.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -207,6 +224,9 @@ pub struct LiveReport {
     pub removed_nodes: Vec<String>,
     /// The provisioner's plan.
     pub provisioning: Report,
+    /// Where the CapacityBuffers' placeholders go in that plan.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<BufferReport>,
     /// The next disruption pass's command.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disruption: Option<CommandReport>,
@@ -257,15 +277,36 @@ pub fn simulate(
     let price_of = |name: &str| nodes_before.iter().find(|b| b.name == name).and_then(|b| b.price);
     let removed_price: f64 = removed.iter().filter_map(|n| price_of(&n.name)).sum();
 
-    let base = Base::new(&after, &nodes_after, after.provisionable_pods(), options.clone());
-    let built = base.scenario(&HashSet::new());
+    // As the provisioner: the pending pods, then the CapacityBuffers' placeholders.
+    let scenario =
+        Scenario { stand_ins: after.virtual_pods.clone(), options: options.clone(), ..Scenario::default() };
+    let built = scheduling_input(&after, &nodes_after, after.provisionable_pods(), &scenario);
     let results = schedule(&built.input);
     let provisioning = Report::from_results(&built.input, &results);
+    after.buffers_placed = BuffersPlaced::new(buffers::placements(&built.input.pods, &results));
+    let buffer_reports = after
+        .buffers_placed
+        .placements
+        .iter()
+        .map(|(buffer, p)| BufferReport {
+            buffer: buffer.clone(),
+            on_existing: p.existing.clone(),
+            new_capacity: p.new_capacity.clone(),
+            fitting_nowhere: p.failed,
+            reason: p.error.clone(),
+        })
+        .collect();
 
     // As the provisioner does, the nodes it puts pending pods on are nominated: no disruption
-    // takes them while the pods bind.
+    // takes them while the pods bind (placeholders bind nowhere).
     for placement in &results.existing_placements {
-        after.nominated.insert(placement.node.clone());
+        if placement
+            .pods
+            .iter()
+            .any(|p| built.input.pods.get(p.index).is_some_and(|pod| !buffers::is_virtual(pod)))
+        {
+            after.nominated.insert(placement.node.clone());
+        }
     }
     let inputs = Inputs::of(after, options.clone(), spot_to_spot, now, HashSet::new());
     let pass = decide::decide(&inputs.world(), &HashSet::new());
@@ -286,6 +327,7 @@ pub fn simulate(
         nodes_without_price,
         removed_nodes: removed.iter().map(|n| n.name.clone()).collect(),
         provisioning,
+        buffers: buffer_reports,
         disruption,
         price_after_per_hour: round_price(after_price.max(0.0)),
         at: now,
@@ -302,6 +344,24 @@ impl LiveReport {
         }
         out.push_str("Provisioning:\n");
         out.push_str(&self.provisioning.to_table());
+        if !self.buffers.is_empty() {
+            out.push_str("\nCapacityBuffers:\n");
+            let mut rows =
+                vec![["BUFFER", "KEPT ON", "NEW CAPACITY", "FITS NOWHERE"].map(String::from).to_vec()];
+            let counts = |m: &BTreeMap<String, usize>| {
+                let parts: Vec<String> = m.iter().map(|(k, n)| format!("{k} ({n})")).collect();
+                if parts.is_empty() { "-".to_string() } else { parts.join(", ") }
+            };
+            for b in &self.buffers {
+                let nowhere = match (&b.reason, b.fitting_nowhere) {
+                    (_, 0) => "-".to_string(),
+                    (Some(why), n) => format!("{n}: {why}"),
+                    (None, n) => n.to_string(),
+                };
+                rows.push(vec![b.buffer.clone(), counts(&b.on_existing), counts(&b.new_capacity), nowhere]);
+            }
+            push_table(&mut out, &rows);
+        }
         out.push_str("\nDisruption (next pass):\n");
         match &self.disruption {
             None => out.push_str("Nothing to disrupt.\n"),
@@ -363,6 +423,47 @@ mod tests {
         simulate(c.snapshot(), changes, "ns", &SchedulerOptions::default(), false, NOW.parse().unwrap())
             .unwrap()
             .0
+    }
+
+    #[test]
+    fn buffers_keep_their_node_and_say_where_their_placeholders_go() {
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.node("n1", "p", "large", "on-demand", json!({}));
+        let empty = run(&c, &Changes::default());
+        assert_eq!(empty.disruption.as_ref().map(|d| d.nodes.clone()), Some(vec!["n1".to_string()]));
+
+        let mut snapshot = c.snapshot();
+        let buffer = |name: &str, replicas: i32| -> crate::apis::CapacityBuffer {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns", "uid": name},
+                "spec": {"replicas": replicas}}))
+            .unwrap()
+        };
+        let template = |cpu: &str| -> k8s_openapi::api::core::v1::PodTemplateSpec {
+            serde_json::from_value(
+                json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}}),
+            )
+            .unwrap()
+        };
+        snapshot.virtual_pods = buffers::virtual_pods(&buffer("spare", 1), &template("1"), 1);
+        snapshot.virtual_pods.extend(buffers::virtual_pods(&buffer("huge", 1), &template("640"), 1));
+        let report = simulate(
+            snapshot,
+            &Changes::default(),
+            "ns",
+            &SchedulerOptions::default(),
+            false,
+            NOW.parse().unwrap(),
+        )
+        .unwrap()
+        .0;
+        assert_eq!(report.disruption, None, "the empty node keeps the buffer's room");
+        assert_eq!(report.buffers.len(), 2);
+        let spare = report.buffers.iter().find(|b| b.buffer == "ns/spare").unwrap();
+        assert_eq!(spare.on_existing, [("n1".to_string(), 1)].into());
+        let huge = report.buffers.iter().find(|b| b.buffer == "ns/huge").unwrap();
+        assert_eq!(huge.fitting_nowhere, 1);
+        let table = report.to_table();
+        assert!(table.contains("CapacityBuffers:") && table.contains("n1 (1)"), "{table}");
     }
 
     #[test]

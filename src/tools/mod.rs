@@ -20,22 +20,28 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
 use thiserror::Error;
 
-use crate::apis::NodeOverlay;
 use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE};
+use crate::apis::{CapacityBuffer, NodeOverlay};
 use crate::cloudprovider::catalog::{Catalog, CatalogError};
 use crate::scheduling::{InstanceType, Offering};
+use crate::state::buffers::placements;
+use crate::state::input::{Scenario, scheduling_input};
 use crate::state::watches::{self, Source};
-use crate::state::{ClusterState, Snapshot};
+use crate::state::{BuffersPlaced, ClusterState, Snapshot};
 
 /// How long the caches may take to list every kind once.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the first list of NodeOverlays is waited for, once the rest is listed.
+/// How long the first list of NodeOverlays and CapacityBuffers is waited for, once the rest is
+/// listed.
 const OVERLAYS_WAIT: Duration = Duration::from_secs(5);
+/// How often the CapacityBuffers' chunks are resolved again when no buffer changed (a workload
+/// scaled).
+const BUFFERS_PERIOD: Duration = Duration::from_secs(10);
 
 /// Errors of the live commands.
 #[derive(Debug, Error)]
@@ -130,43 +136,102 @@ pub struct Live {
     watches: tokio::task::JoinHandle<()>,
     types: Vec<Arc<InstanceType>>,
     overlays: Store<NodeOverlay>,
-    overlay_watch: tokio::task::JoinHandle<()>,
+    /// The NodeOverlays' and CapacityBuffers' watches, and the buffers' resolution.
+    extras: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Live {
     /// Starts the watches and waits until every kind is listed.
     pub async fn start(client: Client, types: Vec<Arc<InstanceType>>) -> Result<Self, ToolError> {
-        // NodeOverlays when the cluster has them (the CRD installed, the tool allowed to list
-        // them); without, the catalog's figures.
+        // NodeOverlays and CapacityBuffers when the cluster has them (the CRD installed, the tool
+        // allowed to list them); without, the catalog's figures and no headroom.
         let (overlays, overlay_driver, _) =
             watches::optional_cache("nodeoverlays", Source::Lenient(client.clone()), |_: &_| {});
-        let overlay_watch = tokio::spawn(overlay_driver);
-        let (state, driver) = ClusterState::start(client);
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let on_buffer = {
+            let changed = changed.clone();
+            move |_: &_| changed.notify_one()
+        };
+        let (buffers, buffer_driver, _) = watches::optional_cache::<CapacityBuffer, _>(
+            "capacitybuffers",
+            Source::Lenient(client.clone()),
+            on_buffer,
+        );
+        let mut extras = vec![tokio::spawn(overlay_driver), tokio::spawn(buffer_driver)];
+        let (state, driver) = ClusterState::start(client.clone());
         let watches = tokio::spawn(driver);
         if tokio::time::timeout(SYNC_TIMEOUT, state.wait_synced()).await.is_err() {
             watches.abort();
-            overlay_watch.abort();
+            extras.iter().for_each(|t| t.abort());
             return Err(ToolError::NotSynced(SYNC_TIMEOUT));
         }
-        // A moment for the overlays' first list; a cluster without them answers at once.
-        let _ = tokio::time::timeout(OVERLAYS_WAIT, overlays.wait_until_ready()).await;
-        Ok(Live { state, watches, types, overlays, overlay_watch })
+        // A moment for their first lists; a cluster without them answers at once.
+        let _ = tokio::time::timeout(OVERLAYS_WAIT, async {
+            let _ = overlays.wait_until_ready().await;
+            let _ = buffers.wait_until_ready().await;
+        })
+        .await;
+        // The placeholders the controller keeps, resolved before the first snapshot and again
+        // when a buffer changes or the period is up.
+        place_holders(&client, &buffers, &state).await;
+        let resolver = {
+            let state = state.clone();
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = changed.notified() => {}
+                        _ = tokio::time::sleep(BUFFERS_PERIOD) => {}
+                    }
+                    place_holders(&client, &buffers, &state).await;
+                }
+            }
+        };
+        extras.push(tokio::spawn(resolver));
+        Ok(Live { state, watches, types, overlays, extras })
     }
 
     /// The cluster now, with the catalog's types (in the cluster's zones) for every NodePool, as
-    /// the cluster's NodeOverlays change them.
+    /// the cluster's NodeOverlays change them, and its CapacityBuffers' placeholders placed as
+    /// the provisioner places them.
     pub fn snapshot(&self) -> Snapshot {
         let snapshot = self.state.snapshot();
         let zones = cluster_zones(&snapshot);
         let snapshot = with_catalog(snapshot, &in_zones(&self.types, &zones));
-        with_overlays(snapshot, &self.overlays.state())
+        with_buffers_placed(with_overlays(snapshot, &self.overlays.state()))
     }
+}
+
+/// Hands `state` the placeholder pods of the CapacityBuffers the controller applies.
+async fn place_holders(client: &Client, buffers: &Store<CapacityBuffer>, state: &ClusterState) {
+    let mut live = BTreeSet::new();
+    for buffer in buffers.state() {
+        let key =
+            format!("{}/{}", buffer.metadata.namespace.as_deref().unwrap_or_default(), buffer.name_any());
+        let pods = crate::controllers::capacitybuffer::applied_placeholders(client, &buffer).await;
+        live.insert(key.clone());
+        state.set_virtual_pods(&key, pods);
+    }
+    state.retain_virtual_pods(&live);
+}
+
+/// `snapshot` with its CapacityBuffers' placeholders placed as a provisioning pass places them
+/// (after the pending pods): on which nodes they keep headroom, which need new capacity.
+pub fn with_buffers_placed(mut snapshot: Snapshot) -> Snapshot {
+    if snapshot.virtual_pods.is_empty() {
+        return snapshot;
+    }
+    let nodes = crate::state::statenode::state_nodes(&snapshot);
+    let scenario = Scenario { stand_ins: snapshot.virtual_pods.clone(), ..Scenario::default() };
+    let built = scheduling_input(&snapshot, &nodes, snapshot.provisionable_pods(), &scenario);
+    let results = crate::scheduling::schedule(&built.input);
+    snapshot.buffers_placed = BuffersPlaced::new(placements(&built.input.pods, &results));
+    snapshot
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
         self.watches.abort();
-        self.overlay_watch.abort();
+        self.extras.iter().for_each(|t| t.abort());
     }
 }
 

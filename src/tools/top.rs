@@ -24,7 +24,7 @@ use crate::apis::nodeclaim::conditions::DRIFTED;
 use crate::disruption::candidates;
 use crate::state::snapshot::Snapshot;
 use crate::state::statenode::state_nodes;
-use crate::state::{StateNode, pods};
+use crate::state::{StateNode, buffers, pods};
 use crate::tools::simulate::report::push_table;
 
 use super::Live;
@@ -56,7 +56,8 @@ pub struct NodeRow {
     pub memory: (f64, f64),
     /// Pods bound to it.
     pub pods: usize,
-    /// `drifted`, `blocked` (not a disruption candidate: do-not-disrupt, PDB...), `disrupting`
+    /// `drifted`, `blocked` (not a disruption candidate: do-not-disrupt, PDB...), `buffer` (it
+    /// keeps a CapacityBuffer's headroom), `disrupting`
     /// (being replaced or deleted), `not-ready`, `launching`.
     pub flags: Vec<&'static str>,
 }
@@ -92,8 +93,42 @@ pub struct Group {
     pub nodepool: String,
     /// Its totals.
     pub totals: Totals,
+    /// The headroom CapacityBuffers keep on its nodes, by buffer.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<Headroom>,
     /// Its nodes, by name.
     pub nodes: Vec<NodeRow>,
+}
+
+/// The headroom one CapacityBuffer keeps on a NodePool's nodes: room for its placeholders.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Headroom {
+    /// The buffer, `namespace/name`.
+    pub buffer: String,
+    /// Placeholders on the NodePool's nodes.
+    pub placeholders: usize,
+    /// Nodes holding them.
+    pub nodes: usize,
+    /// CPU they keep free (cores).
+    pub cpu: f64,
+    /// Memory they keep free (bytes).
+    pub memory: f64,
+}
+
+/// A CapacityBuffer whose placeholders do not all fit on existing capacity.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unplaced {
+    /// The buffer, `namespace/name`.
+    pub buffer: String,
+    /// Placeholders waiting for new NodeClaims.
+    pub needing_new_capacity: usize,
+    /// Placeholders no NodePool can hold, and why the first cannot.
+    pub fitting_nowhere: usize,
+    /// Why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// One frame.
@@ -106,6 +141,9 @@ pub struct View {
     pub cluster: Totals,
     /// Pods waiting for capacity (reported unschedulable, not bound).
     pub pending_pods: usize,
+    /// CapacityBuffers whose placeholders do not all fit on existing capacity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unplaced_buffers: Vec<Unplaced>,
     /// By NodePool name; the unmanaged nodes last.
     pub groups: Vec<Group>,
 }
@@ -133,6 +171,9 @@ fn flags(
         if verdict.blocked.is_some() {
             out.push("blocked");
         }
+    }
+    if snapshot.buffers_placed.holds(node) {
+        out.push("buffer");
     }
     if node.node.is_none() {
         out.push("launching");
@@ -174,6 +215,7 @@ pub fn view(snapshot: &Snapshot, now: Timestamp) -> View {
         let group = groups.entry(key.clone()).or_insert_with(|| Group {
             nodepool: key.1.clone(),
             totals: Totals::default(),
+            buffers: Vec::new(),
             nodes: Vec::new(),
         });
         group.totals.add(&row);
@@ -184,11 +226,70 @@ pub fn view(snapshot: &Snapshot, now: Timestamp) -> View {
         groups.entry((false, pool.clone())).or_insert_with(|| Group {
             nodepool: pool.clone(),
             totals: Totals::default(),
+            buffers: Vec::new(),
             nodes: Vec::new(),
         });
     }
+    for ((unmanaged, pool), headroom) in headroom(snapshot, &nodes) {
+        if let Some(group) = groups.get_mut(&(unmanaged, pool)) {
+            group.buffers = headroom;
+        }
+    }
+    let unplaced_buffers = snapshot
+        .buffers_placed
+        .placements
+        .iter()
+        .filter(|(_, p)| p.needing_new() > 0 || p.failed > 0)
+        .map(|(buffer, p)| Unplaced {
+            buffer: buffer.clone(),
+            needing_new_capacity: p.needing_new(),
+            fitting_nowhere: p.failed,
+            reason: p.error.clone(),
+        })
+        .collect();
     let pending_pods = snapshot.pods.iter().filter(|p| pods::is_provisionable(p)).count();
-    View { at: now, cluster, pending_pods, groups: groups.into_values().collect() }
+    View { at: now, cluster, pending_pods, unplaced_buffers, groups: groups.into_values().collect() }
+}
+
+/// The headroom each CapacityBuffer keeps, by the group of the nodes holding it.
+fn headroom(snapshot: &Snapshot, nodes: &[StateNode]) -> BTreeMap<(bool, String), Vec<Headroom>> {
+    // One placeholder's requests, per buffer.
+    let mut chunk: BTreeMap<String, crate::scheduling::Resources> = BTreeMap::new();
+    for pod in &snapshot.virtual_pods {
+        if let Some(key) = buffers::buffer_of(pod) {
+            chunk.entry(key).or_insert_with(|| crate::scheduling::resources::pod_requests(pod));
+        }
+    }
+    let group_of = |host: &str| {
+        let node = nodes.iter().find(|n| n.name == host || n.claim_name() == Some(host))?;
+        Some(match node.nodepool() {
+            Some(pool) if node.managed => (false, pool.to_string()),
+            _ => (true, UNMANAGED.to_string()),
+        })
+    };
+    let mut out: BTreeMap<(bool, String), Vec<Headroom>> = BTreeMap::new();
+    for (buffer, placement) in &snapshot.buffers_placed.placements {
+        let mut by_group: BTreeMap<(bool, String), Headroom> = BTreeMap::new();
+        for (host, count) in &placement.existing {
+            let Some(group) = group_of(host) else { continue };
+            let requests = chunk.get(buffer).cloned().unwrap_or_default();
+            let h = by_group.entry(group).or_insert_with(|| Headroom {
+                buffer: buffer.clone(),
+                placeholders: 0,
+                nodes: 0,
+                cpu: 0.0,
+                memory: 0.0,
+            });
+            h.placeholders += count;
+            h.nodes += 1;
+            h.cpu += (requests.get("cpu") * *count as i64) as f64 / 1000.0;
+            h.memory += (requests.get("memory") * *count as i64) as f64;
+        }
+        for (group, h) in by_group {
+            out.entry(group).or_default().push(h);
+        }
+    }
+    out
 }
 
 /// `1.5`, `750m`-style CPU; `3.2Gi`-style memory.
@@ -253,9 +354,32 @@ pub fn render(view: &View) -> Vec<String> {
         format!("Cluster: {}", totals_line(&view.cluster)),
         format!("Pending pods: {}", view.pending_pods),
     ];
+    for u in &view.unplaced_buffers {
+        let mut line = format!("CapacityBuffer {}:", u.buffer);
+        if u.needing_new_capacity > 0 {
+            line.push_str(&format!(" {} placeholder(s) waiting for new capacity", u.needing_new_capacity));
+        }
+        if u.fitting_nowhere > 0 {
+            let why = u.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+            line.push_str(&format!(" {} placeholder(s) fit nowhere{why}", u.fitting_nowhere));
+        }
+        out.push(line);
+    }
     for group in &view.groups {
         out.push(String::new());
         out.push(format!("NodePool {}: {}", group.nodepool, totals_line(&group.totals)));
+        for h in &group.buffers {
+            out.push(format!(
+                "  Buffer headroom {}: {} placeholder{} on {} node{}, CPU {}, memory {}",
+                h.buffer,
+                h.placeholders,
+                if h.placeholders == 1 { "" } else { "s" },
+                h.nodes,
+                if h.nodes == 1 { "" } else { "s" },
+                cpu(h.cpu),
+                memory(h.memory),
+            ));
+        }
         if group.nodes.is_empty() {
             continue;
         }
@@ -386,6 +510,44 @@ mod tests {
                 && a.ends_with("blocked"),
             "{a}"
         );
+    }
+
+    #[test]
+    fn buffer_headroom_shows_under_the_nodepool_that_keeps_it() {
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.node("a", "p", "large", "on-demand", json!({})).pod("w", "a", "1", json!({}));
+        let mut snapshot = c.snapshot();
+        let buffer = |name: &str| -> crate::apis::CapacityBuffer {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns", "uid": name},
+                "spec": {"replicas": 2}}))
+            .unwrap()
+        };
+        let template = |cpu: &str| -> k8s_openapi::api::core::v1::PodTemplateSpec {
+            serde_json::from_value(json!({"spec": {"containers": [{"name": "c",
+                "resources": {"requests": {"cpu": cpu}}}]}}))
+            .unwrap()
+        };
+        snapshot.virtual_pods = buffers::virtual_pods(&buffer("spare"), &template("1"), 2);
+        snapshot.virtual_pods.extend(buffers::virtual_pods(&buffer("huge"), &template("640"), 1));
+        let snapshot = crate::tools::with_buffers_placed(snapshot);
+        let v = view(&snapshot, NOW.parse().unwrap());
+        let p = v.groups.iter().find(|g| g.nodepool == "p").unwrap();
+        assert_eq!(p.buffers.len(), 1, "{:?}", snapshot.buffers_placed);
+        let h = &p.buffers[0];
+        assert_eq!((h.buffer.as_str(), h.placeholders, h.nodes, h.cpu), ("ns/spare", 2, 1, 2.0));
+        assert!(p.nodes[0].flags.contains(&"buffer"), "{:?}", p.nodes[0].flags);
+        assert_eq!(v.unplaced_buffers.len(), 1);
+        assert_eq!(
+            (v.unplaced_buffers[0].buffer.as_str(), v.unplaced_buffers[0].fitting_nowhere),
+            ("ns/huge", 1)
+        );
+
+        let text = render(&v).join("\n");
+        assert!(
+            text.contains("  Buffer headroom ns/spare: 2 placeholders on 1 node, CPU 2, memory 0"),
+            "{text}"
+        );
+        assert!(text.contains("CapacityBuffer ns/huge: 1 placeholder(s) fit nowhere ("), "{text}");
     }
 
     #[test]

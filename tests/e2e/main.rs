@@ -1663,6 +1663,21 @@ spec:
     })
     .await;
     assert_eq!(f.pods().await.len(), 1, "the buffer's placeholder is no pod");
+    let provisioning = |b: &karpenter::apis::CapacityBuffer| {
+        b.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Provisioning"))
+            .map(|c| (format!("{:?}", c.status), c.reason.clone(), c.message.clone()))
+    };
+    wait_for("the buffer fitting its spare node", Duration::from_secs(30), &controller, || async {
+        provisioning(&buffers.get("spare").await.unwrap())
+            == Some((
+                "True".into(),
+                "FitsExistingCapacity".into(),
+                "All 1 virtual pods fit on existing capacity".into(),
+            ))
+    })
+    .await;
 
     // The Deployment grows into the spare node; the buffer asks for another.
     kubectl_apply(&web(2));
@@ -1703,7 +1718,54 @@ spec:
     })
     .await;
     assert_eq!(f.nodes().await.len(), 2, "no room kept for it");
+    assert_eq!(
+        provisioning(&buffers.get("orphan").await.unwrap()).map(|c| c.1),
+        Some("NotReadyForProvisioning".into())
+    );
     buffers.delete("orphan", &DeleteParams::default()).await.unwrap();
+
+    // A buffer whose chunk no NodePool can run (more CPU than the pool's only type has) says
+    // so on its status and in an event, and nothing is launched for it.
+    kubectl_apply(&format!(
+        r#"apiVersion: v1
+kind: PodTemplate
+metadata: {{name: huge, namespace: {ns}}}
+template:
+  spec:
+    nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+    containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: "64"}}}}}}]
+---
+apiVersion: autoscaling.x-k8s.io/v1beta1
+kind: CapacityBuffer
+metadata: {{name: huge, namespace: {ns}}}
+spec: {{podTemplateRef: {{name: huge}}, replicas: 1}}
+"#,
+        ns = f.ns,
+        pool = f.pool
+    ));
+    wait_for("the unrunnable buffer's condition and event", Duration::from_secs(30), &controller, || async {
+        let failed = provisioning(&buffers.get("huge").await.unwrap())
+            == Some((
+                "False".into(),
+                "RequiresNewCapacity".into(),
+                "0/1 virtual pods required new capacity, 1 failed".into(),
+            ));
+        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(f.client.clone(), &f.ns)
+            .list(&ListParams::default().fields("involvedObject.name=huge,reason=FailedScheduling"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        failed
+            && events.iter().any(|e| {
+                e.message
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with("Failed to schedule 1 of 1 placeholder pod(s), "))
+            })
+    })
+    .await;
+    assert_eq!(f.claims().await.len(), 2, "nothing launched for it");
+    buffers.delete("huge", &DeleteParams::default()).await.unwrap();
+    kubectl_delete(&format!("podtemplate/huge -n {}", f.ns));
 
     kubectl_delete(&format!("deployment/web -n {}", f.ns));
     f.cleanup().await;

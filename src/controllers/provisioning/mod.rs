@@ -28,12 +28,14 @@ use crate::controllers::events::reasons;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::metrics::observe;
 use crate::scheduling::{SchedulerOptions, SchedulingInput, SchedulingResults, schedule};
-use crate::state::buffers::is_virtual;
+use crate::state::buffers::{self, is_virtual};
 use crate::state::input::{Built, Scenario, scheduling_input};
 use crate::state::marks::nomination_window;
 use crate::state::pods::key as pod_key;
 use crate::state::statenode::state_nodes;
-use crate::state::{Changes, ClusterState, Interest, Notice, Registration, Snapshot, Subscription};
+use crate::state::{
+    BuffersPlaced, Changes, ClusterState, Interest, Notice, Registration, Snapshot, Subscription,
+};
 
 /// Name of the controller, in logs.
 pub const CONTROLLER: &str = "provisioner";
@@ -208,7 +210,7 @@ impl Provisioner {
         if !Self::has_work(&snapshot, &pending, &stand_ins) {
             // Nothing pending: nothing ignored, nothing unschedulable, no placeholder anywhere.
             self.record_pod_counts(PodCounts::default());
-            self.state.set_buffer_hosts(HashSet::new());
+            self.state.set_buffers_placed(BuffersPlaced::default());
             return;
         }
         if !pending.is_empty() {
@@ -492,18 +494,11 @@ impl Provisioner {
             }
         }
 
-        // Where the CapacityBuffers' placeholders went: emptiness leaves those nodes.
-        let virtual_at = |pods: &[crate::scheduling::PodRef]| {
-            pods.iter().any(|p| input.pods.get(p.index).is_some_and(|pod| is_virtual(pod)))
-        };
-        let mut hosts: HashSet<String> = results
-            .existing_placements
-            .iter()
-            .filter(|p| virtual_at(&p.pods))
-            .map(|p| p.node.clone())
-            .collect();
-        hosts.extend(buffer_claims);
-        self.state.set_buffer_hosts(hosts);
+        // Where the CapacityBuffers' placeholders went: emptiness leaves those nodes, and the
+        // buffers' status says whether they fit on existing capacity.
+        let mut placed = BuffersPlaced::new(buffers::placements(&input.pods, &results));
+        placed.hosts.extend(buffer_claims);
+        self.state.set_buffers_placed(placed);
 
         // Pods placed on existing capacity: the node is nominated (not to be disrupted while
         // they come), and pods headed for capacity still coming up are told where they go.

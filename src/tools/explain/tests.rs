@@ -228,3 +228,33 @@ fn overlays_that_price_a_replacement_are_named_and_static_nodes_say_why_they_sta
     assert_eq!(e.code, Code::StaticNodePool, "{}", e.message);
     assert!(!e.candidate);
 }
+
+#[test]
+fn an_empty_node_kept_for_a_buffer_names_the_buffer() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("n1", "p", "large", "on-demand", json!({}));
+    let empty = explain(&c, "n1", |_| {});
+    assert_eq!(empty.code, Code::Disrupting, "{}", empty.message);
+    assert!(empty.buffers.is_empty());
+
+    let e = explain(&c, "n1", |s| {
+        let buffer: crate::apis::CapacityBuffer = serde_json::from_value(json!({
+            "metadata": {"name": "spare", "namespace": "ns", "uid": "u"}, "spec": {"replicas": 2}}))
+        .unwrap();
+        let template = serde_json::from_value(
+            json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}),
+        )
+        .unwrap();
+        s.virtual_pods = crate::state::buffers::virtual_pods(&buffer, &template, 2);
+        *s = crate::tools::with_buffers_placed(std::mem::take(s));
+    });
+    assert!(!e.candidate);
+    assert_eq!((e.code, e.message.as_str()), (Code::BufferPods, "Node \"n1\" has buffer pods"));
+    assert_eq!(e.buffers, [("ns/spare".to_string(), 2)]);
+    assert!(
+        e.to_table().contains("CapacityBuffer ns/spare keeps room for 2 placeholders here"),
+        "{}",
+        e.to_table()
+    );
+    assert!(e.next_pass.starts_with("nothing to disrupt"), "{}", e.next_pass);
+}
