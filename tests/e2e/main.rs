@@ -489,7 +489,8 @@ async fn rolling_fifty_drifted_nodes_with_kwok() {
 /// stand-in registering a Node for each instance: the EC2NodeClass resolves, six instances launch
 /// for six pods, `kubectl get nodeclaim -o wide` shows their AMIs and instance ids; then, as with
 /// kwok, a pod nothing can host, a PodDisruptionBudget holding a node, deleting the NodeClaims
-/// (every instance terminated, every finalizer released) and a NodePool limit.
+/// (every instance terminated, every finalizer released), a NodePool limit and a static NodePool
+/// scaled down to nothing.
 #[tokio::test]
 #[ignore = "needs the local control plane and the AWS emulator: make test"]
 async fn getting_started_with_aws() {
@@ -504,6 +505,7 @@ async fn getting_started_with_aws() {
     // rebalance recommendation.
     env.push(("INTERRUPTION_QUEUE".into(), cluster_name()));
     env.push(("REBALANCE_REPLACEMENT".into(), "true".into()));
+    env.push(("FEATURE_GATES".into(), "StaticCapacity=true".into()));
     let controller = Controller::start("aws", &env_refs(&env));
     f.apply_class_and_pool(100).await;
     f.wait_class_ready(Duration::from_secs(60), &controller).await;
@@ -604,6 +606,7 @@ async fn getting_started_with_aws() {
     limit_holds(&f, &controller).await;
     let live = pool_instances(&ec2, &f.pool).await.into_iter().filter(|i| i.is_live()).count();
     assert_eq!(live, 5, "one instance per NodeClaim under the limit");
+    static_pool_with_aws(&f, &controller, &ec2).await;
 
     f.cleanup().await;
     assert!(
@@ -1377,6 +1380,62 @@ async fn limit_holds(f: &Fixture, controller: &Controller) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(f.claims().await.len(), 5, "the limit holds");
     assert!(f.claimed_cpu_millis().await <= 10_000);
+}
+
+/// A static NodePool on the aws provider (`StaticCapacity` gate): `replicas: 2` launches two
+/// instances through CreateFleet with no pod asking, each registered as a Node; scaled to 1, one
+/// instance is terminated; scaled to 0, none is left.
+async fn static_pool_with_aws(f: &Fixture, controller: &Controller, ec2: &aws_sdk_ec2::Client) {
+    let pool = format!("{}-static", f.pool);
+    kubectl_apply(&format!(
+        r#"apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: {pool}}}
+spec:
+  replicas: 2
+  template:
+    spec:
+      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class}}}
+      requirements:
+        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
+        - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}
+"#,
+        class = f.class
+    ));
+    let claims: Api<NodeClaim> = Api::all(f.client.clone());
+    let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}"));
+    let settle_at = |n: usize, what: &'static str| {
+        let (claims, selector, pool) = (&claims, &selector, &pool);
+        async move {
+            wait_for(what, Duration::from_secs(120), controller, || async {
+                let listed = claims.list(selector).await.unwrap().items;
+                let registered =
+                    listed.iter().filter(|c| c.status.as_ref().is_some_and(|s| s.node_name.is_some()));
+                let live = pool_instances(ec2, pool).await.into_iter().filter(|i| i.is_live()).count();
+                listed.len() == n && registered.count() == n && live == n
+            })
+            .await;
+        }
+    };
+    settle_at(2, "two static instances, registered").await;
+    let scale = |n: u32| {
+        let out = std::process::Command::new("kubectl")
+            .args(["scale", "nodepool", &pool, &format!("--replicas={n}")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "kubectl scale: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    scale(1);
+    settle_at(1, "one static instance").await;
+    scale(0);
+    settle_at(0, "no static instance").await;
+    let instances = pool_instances(ec2, &pool).await;
+    assert_eq!(instances.len(), 2, "two launched in all: {instances:?}");
+    assert!(controller.log_contains("static.provisioning"), "{}", controller.log_tail());
+    Api::<karpenter::apis::NodePool>::all(f.client.clone())
+        .delete(&pool, &DeleteParams::default())
+        .await
+        .unwrap();
 }
 
 /// Where users rely on upstream's exact behaviour (kwok provider, one controller): a NodeClaim
