@@ -1418,13 +1418,7 @@ spec:
         }
     };
     settle_at(2, "two static instances, registered").await;
-    let scale = |n: u32| {
-        let out = std::process::Command::new("kubectl")
-            .args(["scale", "nodepool", &pool, &format!("--replicas={n}")])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "kubectl scale: {}", String::from_utf8_lossy(&out.stderr));
-    };
+    let scale = |n: u32| kubectl_scale_nodepool(&pool, n);
     scale(1);
     settle_at(1, "one static instance").await;
     scale(0);
@@ -1614,13 +1608,7 @@ spec:
         }
     };
     settle_at(3, "three static nodes").await;
-    let scale = |n: u32| {
-        let out = std::process::Command::new("kubectl")
-            .args(["scale", "nodepool", &f.pool, &format!("--replicas={n}")])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "kubectl scale: {}", String::from_utf8_lossy(&out.stderr));
-    };
+    let scale = |n: u32| kubectl_scale_nodepool(&f.pool, n);
     scale(5);
     settle_at(5, "five static nodes").await;
     // A pod on one of them: the empty ones go first.
@@ -2880,6 +2868,15 @@ fn kubectl_apply(manifest: &str) {
     child.stdin.take().unwrap().write_all(manifest.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `kubectl scale nodepool POOL --replicas=N`, as a user scales a static NodePool.
+fn kubectl_scale_nodepool(pool: &str, replicas: u32) {
+    let out = std::process::Command::new("kubectl")
+        .args(["scale", "nodepool", pool, &format!("--replicas={replicas}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kubectl scale: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn kubectl_delete(what: &str) {
