@@ -405,6 +405,47 @@ async fn the_v1_14_networking_fields_are_validated_as_upstream() {
 
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
+async fn network_interfaces_placement_groups_and_cpu_options_are_validated_as_upstream() {
+    let api: Api<EC2NodeClass> = Api::all(client().await);
+    let with = |patch: serde_json::Value| -> EC2NodeClass {
+        let mut value = serde_json::to_value(example::<EC2NodeClass>("ec2nodeclass.yaml")).unwrap();
+        value["spec"].as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+        serde_json::from_value(value).unwrap()
+    };
+    let nic = |card: i32, device: i32, kind: &str| serde_json::json!({"networkCardIndex": card, "deviceIndex": device, "interfaceType": kind});
+    let message =
+        rejection(&api, &with(serde_json::json!({"networkInterfaces": [nic(1, 0, "efa-only")]}))).await;
+    assert_mentions(
+        &message,
+        &["networkInterfaces must include a primary interface with interfaceType='interface'"],
+    );
+    let duplicated = serde_json::json!({"networkInterfaces": [nic(0, 0, "interface"), nic(1, 0, "efa-only"), nic(1, 1, "efa-only")]});
+    let message = rejection(&api, &with(duplicated)).await;
+    assert_mentions(&message, &["can have at most one efa device per network card"]);
+    let message = rejection(&api, &with(serde_json::json!({"placementGroupSelector": {}}))).await;
+    assert_mentions(&message, &["expected at least one, got none, ['name', 'id']"]);
+    let both =
+        serde_json::json!({"placementGroupSelector": {"name": "training", "id": "pg-0123456789abcdef0"}});
+    assert_mentions(&rejection(&api, &with(both)).await, &["'name' and 'id' are mutually exclusive"]);
+    let bad_id = serde_json::json!({"placementGroupSelector": {"id": "training"}});
+    assert_mentions(&rejection(&api, &with(bad_id)).await, &["spec.placementGroupSelector.id"]);
+    let bad = serde_json::json!({"cpuOptions": {"nestedVirtualization": "on"}});
+    assert_mentions(&rejection(&api, &with(bad)).await, &["spec.cpuOptions.nestedVirtualization", "enabled"]);
+    // Well formed, accepted.
+    let mut class = with(serde_json::json!({
+        "networkInterfaces": [nic(0, 0, "interface"), nic(1, 0, "efa-only")],
+        "placementGroupSelector": {"name": "training"},
+        "cpuOptions": {"nestedVirtualization": "enabled"},
+    }));
+    class.metadata.name = Some(format!("v114-nics-{}", std::process::id()));
+    let created = api.create(&kube::api::PostParams::default(), &class).await.unwrap();
+    assert_eq!(created.spec.network_interfaces.len(), 2);
+    assert_eq!(created.spec.cpu_options.and_then(|c| c.nested_virtualization).as_deref(), Some("enabled"));
+    api.delete(&class.metadata.name.clone().unwrap(), &Default::default()).await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
 async fn static_nodepools_are_validated_as_upstream() {
     let api: Api<NodePool> = Api::all(client().await);
     let with = |replicas: i64, limits: Option<serde_json::Value>, weight: Option<i32>| -> NodePool {

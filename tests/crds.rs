@@ -113,3 +113,52 @@ fn crds_have_upstream_names_columns_and_categories() {
         Some(&["ec2nc".to_string(), "ec2ncs".to_string()][..])
     );
 }
+
+/// The schema paths of `schema` (a JSON schema as JSON): `a.b`, `a[].b` for array items, `a{}`
+/// for map values.
+fn schema_paths(schema: &serde_json::Value, prefix: &str, out: &mut std::collections::BTreeSet<String>) {
+    if let Some(properties) = schema.get("properties").and_then(|p| p.as_object()) {
+        for (name, sub) in properties {
+            let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+            out.insert(path.clone());
+            schema_paths(sub, &path, out);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        schema_paths(items, &format!("{prefix}[]"), out);
+    }
+    if let Some(values) = schema.get("additionalProperties").filter(|v| v.is_object()) {
+        schema_paths(values, &format!("{prefix}{{}}"), out);
+    }
+}
+
+#[test]
+fn every_field_of_upstreams_crds_is_served() {
+    let upstream = include_str!("fixtures/upstream/crd-schema-paths-v1.14.1.txt");
+    let mut ours: std::collections::BTreeMap<(String, String), std::collections::BTreeSet<String>> =
+        Default::default();
+    for crd in crds::all() {
+        let file = format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
+        for version in &crd.spec.versions {
+            let schema = version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref());
+            let schema = serde_json::to_value(schema).unwrap();
+            let mut paths = Default::default();
+            schema_paths(&schema, "", &mut paths);
+            ours.insert((file.clone(), version.name.clone()), paths);
+        }
+    }
+    let mut missing = Vec::new();
+    for line in upstream.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let mut parts = line.split(' ');
+        let (file, version, path) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let served = ours.get(&(file.to_string(), version.to_string()));
+        if !served.is_some_and(|p| p.contains(path)) {
+            missing.push(line);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "upstream v1.14.1 has these schema paths and karpenter-rs not:\n{}",
+        missing.join("\n")
+    );
+}

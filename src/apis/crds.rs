@@ -75,7 +75,39 @@ pub struct RenderedCrd {
 
 /// The CRDs of every kind this project serves, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![NodePool::crd(), NodeClaim::crd(), EC2NodeClass::crd(), NodeOverlay::crd(), CapacityBuffer::crd()]
+    [NodePool::crd(), NodeClaim::crd(), EC2NodeClass::crd(), NodeOverlay::crd(), CapacityBuffer::crd()]
+        .into_iter()
+        .map(with_object_fields)
+        .collect()
+}
+
+/// `crd` with the fields every object has (`apiVersion`, `kind`, `metadata`) in its schemas, as
+/// upstream's CRDs list them.
+fn with_object_fields(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
+    let field = |type_: &str, description: &str| JSONSchemaProps {
+        type_: Some(type_.to_string()),
+        description: Some(description.to_string()),
+        ..JSONSchemaProps::default()
+    };
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) else {
+            continue;
+        };
+        let properties = schema.properties.get_or_insert_with(Default::default);
+        properties
+            .entry("apiVersion".into())
+            .or_insert_with(|| field("string", "The versioned schema of this representation of an object."));
+        properties
+            .entry("kind".into())
+            .or_insert_with(|| field("string", "The REST resource this object represents."));
+        // The API server takes nothing but the type for metadata.
+        properties.entry("metadata".into()).or_insert_with(|| JSONSchemaProps {
+            type_: Some("object".to_string()),
+            ..JSONSchemaProps::default()
+        });
+    }
+    crd
 }
 
 /// Renders every CRD as YAML with its file name.

@@ -127,10 +127,85 @@ pub struct EC2NodeClassSpec {
     /// EC2's reserved `Context` field, passed on CreateFleet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// The network interfaces of each instance, replacing the single primary interface (and
+    /// the EFA interfaces an EFA request would get).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 150))]
+    #[x_kube(validation = Rule::new("self.size() == 0 || self.exists(x, x.deviceIndex == 0 && x.networkCardIndex == 0 && x.interfaceType == 'interface')").message("networkInterfaces must include a primary interface with interfaceType='interface'"))]
+    #[x_kube(validation = Rule::new("self.all(x, self.filter(y, x.networkCardIndex == y.networkCardIndex && x.deviceIndex == y.deviceIndex).size() == 1 && (x.interfaceType != 'efa-only' || self.filter(y, x.networkCardIndex == y.networkCardIndex && y.interfaceType == 'efa-only').size() == 1))").message("networkInterfaces must not have duplicate networkCardIndex and deviceIndex pairs, and can have at most one efa device per network card"))]
+    pub network_interfaces: Vec<NetworkInterface>,
+    /// The placement group instances are launched into, by name or id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_group_selector: Option<PlacementGroupSelector>,
+    /// CPU options of the instances.
+    #[serde(default, rename = "cpuOptions", skip_serializing_if = "Option::is_none")]
+    pub cpu_options: Option<CpuOptions>,
     /// Instance metadata service options.
     #[serde(default = "default_metadata_options")]
     #[schemars(extend("default" = {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled", "httpPutResponseHopLimit": 1, "httpTokens": "required"}))]
     pub metadata_options: MetadataOptions,
+}
+
+/// A network interface of each instance.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInterface {
+    /// The network card it is attached to.
+    #[schemars(range(min = 0))]
+    pub network_card_index: i32,
+    /// Its device index on that card.
+    #[schemars(range(min = 0))]
+    pub device_index: i32,
+    /// `interface` (ENA) or `efa-only`.
+    pub interface_type: InterfaceType,
+}
+
+/// The kind of a [`NetworkInterface`].
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InterfaceType {
+    /// An ENA interface, with IP addresses.
+    #[serde(rename = "interface")]
+    Interface,
+    /// An EFA device without IP addresses.
+    #[serde(rename = "efa-only")]
+    EfaOnly,
+}
+
+impl InterfaceType {
+    /// As EC2 and the CRD spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InterfaceType::Interface => "interface",
+            InterfaceType::EfaOnly => "efa-only",
+        }
+    }
+}
+
+/// Selects a placement group by name or by id.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.name) || has(self.id)").message("expected at least one, got none, ['name', 'id']"))]
+#[x_kube(validation = Rule::new("!(has(self.name) && has(self.id))").message("'name' and 'id' are mutually exclusive"))]
+pub struct PlacementGroupSelector {
+    /// The placement group's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub name: Option<String>,
+    /// The placement group's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^pg-[0-9a-z]+$"))]
+    pub id: Option<String>,
+}
+
+/// CPU options of the instances.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuOptions {
+    /// `enabled` limits the instance types to those that support nested virtualization and
+    /// turns it on; `disabled` turns it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["enabled", "disabled"]))]
+    pub nested_virtualization: Option<String>,
 }
 
 /// Idle connection-tracking timeouts, in seconds, of the network interfaces a launch template

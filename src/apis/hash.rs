@@ -27,8 +27,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::common::{NodeClassReference, Taint};
 use super::ec2nodeclass::{
-    AmiFamily, BlockDevice, BlockDeviceMapping, ConnectionTracking, EC2NodeClassSpec, InstanceStorePolicy,
-    KubeletConfiguration, MetadataOptions, VolumeType,
+    AmiFamily, BlockDevice, BlockDeviceMapping, ConnectionTracking, CpuOptions, EC2NodeClassSpec,
+    InstanceStorePolicy, KubeletConfiguration, MetadataOptions, NetworkInterface, PlacementGroupSelector,
+    VolumeType,
 };
 use super::hashstructure::{self as hs, Struct, Value, if_true, non_empty};
 use super::nodepool::{NodeClaimTemplate, NodePool};
@@ -126,9 +127,9 @@ pub fn ec2nodeclass_value(spec: &EC2NodeClassSpec, ca_bundle: &str) -> Value {
 /// The Go value of an EC2NodeClass spec (`v1.EC2NodeClassSpec`), without its ignored fields.
 fn ec2nodeclass_spec_value(spec: &EC2NodeClassSpec) -> Value {
     // SubnetSelectorTerms, SecurityGroupSelectorTerms, CapacityReservationSelectorTerms,
-    // IPPrefixCount, AMISelectorTerms and AMIFamily: hash:"ignore". PlacementGroupSelector,
-    // NetworkInterfaces and CPUOptions: not in this crate's type.
+    // IPPrefixCount, AMISelectorTerms and AMIFamily: hash:"ignore".
     Struct::new("EC2NodeClassSpec")
+        .field("PlacementGroupSelector", spec.placement_group_selector.as_ref().map(placement_group_selector))
         .field("AssociatePublicIPAddress", spec.associate_public_ip_address.map(Value::Bool))
         .field("UserData", spec.user_data.as_deref().map(Value::string))
         .field("Role", non_empty(spec.role.as_deref().unwrap_or_default()))
@@ -140,10 +141,36 @@ fn ec2nodeclass_spec_value(spec: &EC2NodeClassSpec) -> Value {
             "InstanceStorePolicy",
             spec.instance_store_policy.map(|p| Value::string(instance_store_policy(p))),
         )
+        .field("NetworkInterfaces", slice_or_nil(&spec.network_interfaces, network_interface))
         .field("DetailedMonitoring", spec.detailed_monitoring.map(Value::Bool))
         .field("MetadataOptions", Some(metadata_options(&spec.metadata_options)))
         .field("ConnectionTracking", spec.connection_tracking.as_ref().map(connection_tracking))
         .field("Context", spec.context.as_deref().map(Value::string))
+        .field("CPUOptions", spec.cpu_options.as_ref().map(cpu_options))
+        .into()
+}
+
+/// `v1.PlacementGroupSelector`.
+fn placement_group_selector(p: &PlacementGroupSelector) -> Value {
+    Struct::new("PlacementGroupSelector")
+        .field("Name", p.name.as_deref().map(Value::string))
+        .field("ID", p.id.as_deref().map(Value::string))
+        .into()
+}
+
+/// `v1.NetworkInterface`.
+fn network_interface(n: &NetworkInterface) -> Value {
+    Struct::new("NetworkInterface")
+        .field("NetworkCardIndex", (n.network_card_index != 0).then(|| Value::int32(n.network_card_index)))
+        .field("DeviceIndex", (n.device_index != 0).then(|| Value::int32(n.device_index)))
+        .field("InterfaceType", Some(Value::string(n.interface_type.as_str())))
+        .into()
+}
+
+/// `v1.CPUOptions`.
+fn cpu_options(c: &CpuOptions) -> Value {
+    Struct::new("CPUOptions")
+        .field("NestedVirtualization", c.nested_virtualization.as_deref().map(Value::string))
         .into()
 }
 
@@ -432,7 +459,7 @@ mod tests {
     fn ec2nodeclass_hashes_are_upstreams() {
         let expected = expected();
         let classes: Vec<EC2NodeClass> = documents(CLASSES);
-        assert_eq!(classes.len(), 9);
+        assert_eq!(classes.len(), 13);
         let bundles = expected["caBundles"].as_object().unwrap();
         assert_eq!(bundles.len(), 2);
         for class in &classes {
@@ -451,6 +478,11 @@ mod tests {
         // initialization rate are (the networking class differs from plain al2023).
         assert_eq!(hash("al2023-networking"), hash("al2023-networking-no-prefixes"));
         assert_ne!(hash("al2023-networking"), hash("al2023"));
+        // Network interfaces are a set; they, CPU options and the placement group are hashed.
+        assert_eq!(hash("al2023-efa"), hash("al2023-efa-reordered"));
+        for changed in ["al2023-efa", "al2023-nested-placed", "al2023-placed-by-id"] {
+            assert_ne!(hash(changed), hash("al2023"), "{changed}");
+        }
     }
 
     #[test]
