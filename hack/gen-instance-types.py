@@ -107,6 +107,13 @@ def type_info(t):
         card_enis = default_card.get("MaximumNetworkInterfaces")
         if card_enis is not None and card_enis != out["max_enis"]:
             out["default_card_max_enis"] = card_enis
+    # Per-card interface limits only for types with several cards (TypeInfo::card_interfaces
+    # falls back to the default card's for the others).
+    if len(cards) > 1:
+        by_index = sorted((c.get("NetworkCardIndex", 0), c.get("MaximumNetworkInterfaces", 0)) for c in cards)
+        out["network_cards"] = [enis for _, enis in by_index]
+    out["ena_unsupported"] = net.get("EnaSupport") == "unsupported"
+    out["nested_virtualization"] = "nested-virtualization" in proc.get("SupportedFeatures", [])
     ebs = t.get("EbsInfo", {}).get("EbsOptimizedInfo", {}).get("MaximumBandwidthInMbps")
     if ebs is not None:
         out["ebs_bandwidth_mbps"] = ebs

@@ -819,6 +819,60 @@ async fn the_v1_14_networking_fields_reach_the_launch() {
     assert_eq!(groups, class_groups);
 }
 
+/// The network interfaces of the launch template the instance launched from `launched` was
+/// made from (the fleet's last request names it).
+async fn launched_interfaces(
+    p: &AwsCloudProvider,
+    faults: &FaultInjector,
+) -> Vec<aws_sdk_ec2::types::LaunchTemplateInstanceNetworkInterfaceSpecification> {
+    let name = faults
+        .create_fleet_requests()
+        .last()
+        .map(|b| requested_overrides(b)[0].launch_template.clone())
+        .unwrap();
+    let versions =
+        p.clients().ec2.describe_launch_template_versions().launch_template_name(name).send().await.unwrap();
+    versions.launch_template_versions()[0].launch_template_data().unwrap().network_interfaces().to_vec()
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn efa_requests_and_configured_interfaces_reach_the_launch() {
+    let (p, _cluster, faults) = provider_with_faults("efa").await;
+    // A claim that requests EFA gets every EFA interface of its type, one per network card.
+    let mut claim = node_claim("efa", &["c6in.32xlarge"], CAPACITY_TYPE_ON_DEMAND);
+    claim.spec.resources.as_mut().unwrap().requests.as_mut().unwrap().insert(
+        "vpc.amazonaws.com/efa".into(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+    );
+    p.create(&claim).await.unwrap();
+    let nics = launched_interfaces(&p, &faults).await;
+    let shape: Vec<(Option<i32>, Option<i32>, Option<&str>)> =
+        nics.iter().map(|n| (n.network_card_index(), n.device_index(), n.interface_type())).collect();
+    assert_eq!(shape, [(Some(0), Some(0), Some("efa")), (Some(1), Some(1), Some("efa"))]);
+
+    // A class that configures interfaces launches with them: the primary, and an EFA-only one
+    // on the second card without IP networking.
+    let mut class = (*p.node_classes().get("default").unwrap()).clone();
+    class.spec.network_interfaces = serde_json::from_value(json!([
+        {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+        {"networkCardIndex": 1, "deviceIndex": 0, "interfaceType": "efa-only"}]))
+    .unwrap();
+    class.spec.ip_prefix_count = Some(1);
+    p.node_classes().upsert(class.clone());
+    let types = p.instance_types_for_class(&class).await.unwrap();
+    assert!(types.iter().any(|t| t.name == "c6in.32xlarge"));
+    assert!(!types.iter().any(|t| t.name == "m5.large"), "one network card: no EFA-only interface on card 1");
+    let efa = types.iter().find(|t| t.name == "c6in.32xlarge").unwrap();
+    assert_eq!(efa.capacity.get("vpc.amazonaws.com/efa"), 1, "the class's EFA-only interfaces");
+    p.create(&node_claim("efa-only", &["c6in.32xlarge"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let nics = launched_interfaces(&p, &faults).await;
+    assert_eq!(nics.len(), 2);
+    assert_eq!((nics[0].interface_type(), nics[0].ipv4_prefix_count()), (Some("interface"), Some(1)));
+    assert_eq!((nics[1].network_card_index(), nics[1].interface_type()), (Some(1), Some("efa-only")));
+    assert_eq!(nics[1].ipv4_prefix_count(), None);
+}
+
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn a_claim_that_requires_dedicated_tenancy_launches_dedicated() {

@@ -100,6 +100,7 @@ pub fn default_settings() -> Settings<'static> {
         instance_store_raid0: false,
         reserved_enis: 0,
         vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
+        network_interfaces: &[],
     }
 }
 

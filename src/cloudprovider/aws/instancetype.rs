@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 use aws_sdk_ec2::types as ec2;
 use serde::Deserialize;
 
-use crate::apis::ec2nodeclass::{AmiFamily, EC2NodeClassSpec, InstanceStorePolicy, KubeletConfiguration};
+use crate::apis::ec2nodeclass::{
+    AmiFamily, EC2NodeClassSpec, InstanceStorePolicy, InterfaceType, KubeletConfiguration, NetworkInterface,
+};
 use crate::apis::labels::*;
 use crate::scheduling::instancetypes::{InstanceType, Offering, Overhead};
 use crate::scheduling::requirements::{Requirement, Requirements};
@@ -91,6 +93,14 @@ pub struct TypeInfo {
     pub accelerators: Vec<Accelerator>,
     /// Maximum EFA interfaces.
     pub efa_interfaces: i64,
+    /// Maximum network interfaces of each network card, by card index, when the type has more
+    /// than one card (the embedded catalog leaves single-card types out; see
+    /// [`TypeInfo::card_interfaces`]).
+    pub network_cards: Vec<i64>,
+    /// Whether the type has no ENA support (it takes no configured network interfaces).
+    pub ena_unsupported: bool,
+    /// Whether the type supports nested virtualization.
+    pub nested_virtualization: bool,
     /// Local NVMe instance storage in GB.
     pub local_nvme_gb: Option<i64>,
     /// Baseline network bandwidth in Mbps.
@@ -173,6 +183,27 @@ impl TypeInfo {
             efa_interfaces: i64::from(
                 network.and_then(|n| n.efa_info()).and_then(|e| e.maximum_efa_interfaces()).unwrap_or(0),
             ),
+            network_cards: network
+                .map(|n| {
+                    let mut cards: Vec<(i32, i64)> = n
+                        .network_cards()
+                        .iter()
+                        .map(|c| {
+                            (
+                                c.network_card_index().unwrap_or(0),
+                                i64::from(c.maximum_network_interfaces().unwrap_or(0)),
+                            )
+                        })
+                        .collect();
+                    cards.sort();
+                    cards.into_iter().map(|(_, enis)| enis).collect::<Vec<i64>>()
+                })
+                .filter(|cards| cards.len() > 1)
+                .unwrap_or_default(),
+            ena_unsupported: network.and_then(|n| n.ena_support()) == Some(&ec2::EnaSupport::Unsupported),
+            nested_virtualization: processor.is_some_and(|p| {
+                p.supported_features().iter().any(|f| f.as_str() == "nested-virtualization")
+            }),
             local_nvme_gb: nvme,
             network_bandwidth_mbps: network
                 .and_then(|n| n.network_cards().first())
@@ -185,6 +216,16 @@ impl TypeInfo {
                 .map(i64::from),
             spot_supported: info.supported_usage_classes().contains(&ec2::UsageClassType::Spot),
         })
+    }
+
+    /// Maximum network interfaces of the network card `index`: `None` when the type has no
+    /// such card.
+    pub fn card_interfaces(&self, index: i32) -> Option<i64> {
+        let index = usize::try_from(index).ok()?;
+        if self.network_cards.is_empty() {
+            return (index == 0).then(|| self.pod_enis());
+        }
+        self.network_cards.get(index).copied()
     }
 
     /// Network interfaces pods can get addresses from: those of the default network card, else
@@ -253,6 +294,8 @@ pub struct Settings<'a> {
     pub reserved_enis: i64,
     /// Share of memory the hypervisor keeps.
     pub vm_memory_overhead_percent: f64,
+    /// The node class's network interfaces (none: the primary interface only).
+    pub network_interfaces: &'a [NetworkInterface],
 }
 
 impl<'a> Settings<'a> {
@@ -267,6 +310,7 @@ impl<'a> Settings<'a> {
             instance_store_raid0: spec.instance_store_policy == Some(InstanceStorePolicy::RAID0),
             reserved_enis: 0,
             vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
+            network_interfaces: &spec.network_interfaces,
         }
     }
 }
@@ -304,7 +348,15 @@ pub fn pods(info: &TypeInfo, settings: &Settings<'_>) -> i64 {
     let kubelet = settings.kubelet;
     let mut count = match kubelet.and_then(|k| k.max_pods) {
         Some(max) => i64::from(max),
-        None => eni_limited_pods(info, settings.reserved_enis).unwrap_or(DEFAULT_MAX_PODS),
+        // An EFA-only interface on the default card takes an ENI and gives no address.
+        None => {
+            let efa_only = settings
+                .network_interfaces
+                .iter()
+                .filter(|n| n.network_card_index == 0 && n.interface_type == InterfaceType::EfaOnly)
+                .count() as i64;
+            eni_limited_pods(info, settings.reserved_enis + efa_only).unwrap_or(DEFAULT_MAX_PODS)
+        }
     };
     if let Some(per_core) = kubelet.and_then(|k| k.pods_per_core).filter(|p| *p > 0)
         && settings.ami_family != AmiFamily::Bottlerocket
@@ -344,8 +396,41 @@ pub fn capacity(info: &TypeInfo, settings: &Settings<'_>) -> Resources {
     // Neuron cores of the first device model, the only one any type has.
     let cores = info.accelerators.first().map_or(0, |a| a.count * a.cores);
     r.set(RESOURCE_AWS_NEURON_CORE, cores);
-    r.set(RESOURCE_EFA, info.efa_interfaces);
+    // The node class's EFA-only interfaces, when it configures interfaces; else every EFA
+    // interface the type can have.
+    let efa = if settings.network_interfaces.is_empty() {
+        info.efa_interfaces
+    } else {
+        settings.network_interfaces.iter().filter(|n| n.interface_type == InterfaceType::EfaOnly).count()
+            as i64
+    };
+    r.set(RESOURCE_EFA, efa);
     r
+}
+
+/// Whether instances of `info` can be launched as `spec` asks, as upstream's compatibility
+/// checks: AL2023 does not boot on `a1`; configured network interfaces need ENA, the cards and
+/// device indexes they name and the EFA-only interfaces they count; nested virtualization, when
+/// enabled, a type that supports it.
+pub fn compatible(info: &TypeInfo, spec: &EC2NodeClassSpec) -> bool {
+    if super::amifamily::family_of(spec) == AmiFamily::AL2023 && info.name.starts_with("a1.") {
+        return false;
+    }
+    let nics = &spec.network_interfaces;
+    if !nics.is_empty() {
+        if info.ena_unsupported {
+            return false;
+        }
+        let fits = nics.iter().all(|n| {
+            info.card_interfaces(n.network_card_index).is_some_and(|max| i64::from(n.device_index) < max)
+        });
+        let efa_only = nics.iter().filter(|n| n.interface_type == InterfaceType::EfaOnly).count() as i64;
+        if !fits || efa_only > info.efa_interfaces {
+            return false;
+        }
+    }
+    let nested = spec.cpu_options.as_ref().and_then(|c| c.nested_virtualization.as_deref());
+    nested != Some("enabled") || info.nested_virtualization
 }
 
 /// CPU kubelet and the container runtime need: 6% of the first core, 1% of the second, 0.5% of
@@ -1035,5 +1120,63 @@ pub(crate) mod tests {
         );
         let no_spot = TypeInfo { spot_supported: false, ..m5_large() };
         assert!(offerings(&no_spot, &inputs).iter().all(|o| o.capacity_type == "on-demand"));
+    }
+
+    fn spec(extra: serde_json::Value) -> EC2NodeClassSpec {
+        let mut base = serde_json::json!({"role": "r", "subnetSelectorTerms": [{"id": "subnet-1"}],
+            "securityGroupSelectorTerms": [{"id": "sg-1"}], "amiSelectorTerms": [{"alias": "al2023@latest"}]});
+        base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(base).unwrap()
+    }
+
+    #[test]
+    fn types_are_compatible_with_a_class_as_upstreams_checks_say() {
+        let p4d = TypeInfo { network_cards: vec![15, 15, 15, 15], efa_interfaces: 4, ..p4d_24xlarge() };
+        let plain = spec(serde_json::json!({}));
+        assert!(compatible(&m5_large(), &plain) && compatible(&p4d, &plain));
+        assert!(!compatible(&TypeInfo { name: "a1.large".into(), ..m5_large() }, &plain), "AL2023 skips a1");
+        let nics = |extra: serde_json::Value| {
+            let mut list = vec![
+                serde_json::json!({"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}),
+            ];
+            list.extend(extra.as_array().unwrap().iter().cloned());
+            spec(serde_json::json!({"networkInterfaces": list}))
+        };
+        let efa_on_card_3 =
+            nics(serde_json::json!([{"networkCardIndex": 3, "deviceIndex": 0, "interfaceType": "efa-only"}]));
+        assert!(compatible(&p4d, &efa_on_card_3));
+        assert!(!compatible(&m5_large(), &efa_on_card_3), "one card, no EFA");
+        let device_3 = nics(
+            serde_json::json!([{"networkCardIndex": 0, "deviceIndex": 3, "interfaceType": "interface"}]),
+        );
+        assert!(!compatible(&m5_large(), &device_3), "m5.large has three interfaces: 0 to 2");
+        assert!(compatible(&p4d, &device_3));
+        assert!(!compatible(
+            &TypeInfo { ena_unsupported: true, ..p4d.clone() },
+            &nics(serde_json::json!([]))
+        ));
+        let nested = spec(serde_json::json!({"cpuOptions": {"nestedVirtualization": "enabled"}}));
+        assert!(!compatible(&m5_large(), &nested));
+        assert!(compatible(&TypeInfo { nested_virtualization: true, ..m5_large() }, &nested));
+        assert!(compatible(
+            &m5_large(),
+            &spec(serde_json::json!({"cpuOptions": {"nestedVirtualization": "disabled"}}))
+        ));
+    }
+
+    #[test]
+    fn configured_efa_only_interfaces_set_the_efa_resource_and_take_a_pod_eni() {
+        let p4d = TypeInfo { network_cards: vec![15, 15, 15, 15], efa_interfaces: 4, ..p4d_24xlarge() };
+        let plain = spec(serde_json::json!({}));
+        let settings = Settings { region: "us-west-2", ..Settings::for_node_class("us-west-2", &plain) };
+        let c = capacity(&p4d, &settings);
+        assert_eq!((c.get(RESOURCE_EFA), c.get(PODS)), (4, 15 * 49 + 2), "every EFA interface of the type");
+        let configured = spec(serde_json::json!({"networkInterfaces": [
+            {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+            {"networkCardIndex": 0, "deviceIndex": 1, "interfaceType": "efa-only"},
+            {"networkCardIndex": 1, "deviceIndex": 0, "interfaceType": "efa-only"}]}));
+        let c = capacity(&p4d, &Settings::for_node_class("us-west-2", &configured));
+        assert_eq!(c.get(RESOURCE_EFA), 2, "the class's EFA-only interfaces");
+        assert_eq!(c.get(PODS), 14 * 49 + 2, "the EFA-only interface on the default card gives no address");
     }
 }

@@ -11,14 +11,14 @@ use aws_sdk_ec2::types as ec2;
 
 use super::fleet::{self, FleetError, Override};
 use super::instance::{self, TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM, cluster_tag};
-use super::launchtemplate::{CLUSTER_TAG, LaunchTemplate, ec2_tags};
+use super::launchtemplate::{CLUSTER_TAG, LaunchTemplate, Nic, ec2_tags};
 use super::provider::AwsCloudProvider;
 use super::userdata::{self, Bootstrap};
 use super::{amifamily, sdk_error};
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassStatus, InstanceStorePolicy};
 use crate::apis::labels::{
     CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE, LABEL_EC2NODECLASS, LABEL_INSTANCE_TENANCY, LABEL_NODEPOOL,
-    TAINT_UNREGISTERED, TENANCY_DEDICATED, TENANCY_DEFAULT,
+    RESOURCE_EFA, TAINT_UNREGISTERED, TENANCY_DEDICATED, TENANCY_DEFAULT,
 };
 use crate::apis::{NodeClaim, Taint, TaintEffect};
 use crate::cloudprovider::{CloudProviderError, Instance, OfferingKey, Result};
@@ -198,10 +198,17 @@ impl AwsCloudProvider {
         }
     }
 
-    /// One launch template per (AMI, max pods), in the order of their cheapest override.
+    /// One launch template per (AMI, max pods, EFA interfaces), in the order of their cheapest
+    /// override. A claim that requests EFA gets every EFA interface of its type, as upstream.
     fn template_groups(&self, claim: &Claim<'_>, offerings: Offerings<'_>) -> Result<Vec<TemplateGroup>> {
         let Claim { node_claim, class, status, .. } = claim;
         let Offerings { candidates, capacity_type, overrides } = offerings;
+        let wants_efa = node_claim
+            .spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .is_some_and(|r| r.contains_key(RESOURCE_EFA));
         let mut groups: Vec<TemplateGroup> = Vec::new();
         for o in overrides {
             let Some(it) = candidates.iter().find(|it| it.name == o.instance_type) else { continue };
@@ -213,6 +220,7 @@ impl AwsCloudProvider {
                 &ami.id,
                 capacity_type,
                 it.capacity.pods,
+                if wants_efa { it.capacity.get(RESOURCE_EFA) } else { 0 },
             )?;
             match groups.iter_mut().find(|g| g.template == template) {
                 Some(group) => group.overrides.push(o),
@@ -408,7 +416,9 @@ impl AwsCloudProvider {
         tags
     }
 
-    /// The launch template for instances of `node` booting `ami` with `max_pods` pods.
+    /// The launch template for instances of `node` booting `ami` with `max_pods` pods and
+    /// `efa_count` EFA interfaces (0 unless the claim requests EFA).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_template(
         &self,
         node: &NodeOfClaim,
@@ -417,6 +427,7 @@ impl AwsCloudProvider {
         ami: &str,
         capacity_type: &str,
         max_pods: i64,
+        efa_count: i64,
     ) -> Result<LaunchTemplate> {
         let spec = &class.spec;
         let family = amifamily::family_of(spec);
@@ -457,6 +468,7 @@ impl AwsCloudProvider {
             tenancy: node.dedicated.then(|| TENANCY_DEDICATED.to_string()),
             ip_prefix_count: spec.ip_prefix_count,
             connection_tracking: spec.connection_tracking.clone(),
+            network_interfaces: Nic::resolve(&spec.network_interfaces, efa_count),
         })
     }
 }

@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 
 use super::cache::{Clock, TtlCache};
 use super::sdk_error;
-use crate::apis::ec2nodeclass::{BlockDeviceMapping, ConnectionTracking, MetadataOptions};
+use crate::apis::ec2nodeclass::{
+    BlockDeviceMapping, ConnectionTracking, InterfaceType, MetadataOptions, NetworkInterface,
+};
 use crate::apis::labels::LABEL_EC2NODECLASS;
 use crate::cloudprovider::{CloudProviderError, Result};
 use crate::scheduling::resources::parse_quantity;
@@ -62,7 +64,57 @@ pub struct LaunchTemplate {
     /// Idle connection-tracking timeouts of the primary network interface.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connection_tracking: Option<ConnectionTracking>,
+    /// The network interfaces, when not only the primary one: the node class's, or one EFA
+    /// interface per network card for a claim that requests EFA (left out of the hash when
+    /// none, so the templates of earlier versions are still used).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub network_interfaces: Vec<Nic>,
 }
+
+/// A network interface of a launch template.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Nic {
+    /// Its network card.
+    pub network_card_index: i32,
+    /// Its device index on the card.
+    pub device_index: i32,
+    /// `interface`, `efa` or `efa-only`.
+    pub interface_type: &'static str,
+}
+
+impl Nic {
+    /// The interfaces of a class that configures `configured`, or, when it configures none,
+    /// those of `efa_count` EFA interfaces (one per network card, the first the primary), as
+    /// upstream's templates have them. Empty: the primary interface only.
+    pub fn resolve(configured: &[NetworkInterface], efa_count: i64) -> Vec<Nic> {
+        if !configured.is_empty() {
+            return configured
+                .iter()
+                .map(|n| Nic {
+                    network_card_index: n.network_card_index,
+                    device_index: n.device_index,
+                    interface_type: n.interface_type.as_str(),
+                })
+                .collect();
+        }
+        (0..i32::try_from(efa_count).unwrap_or(0))
+            .map(|card| Nic {
+                network_card_index: card,
+                device_index: i32::from(card != 0),
+                interface_type: EFA,
+            })
+            .collect()
+    }
+
+    /// Whether it is an EFA device without IP networking (no addresses, no public IP, no
+    /// connection tracking).
+    pub fn efa_only(&self) -> bool {
+        self.interface_type == InterfaceType::EfaOnly.as_str()
+    }
+}
+
+/// EC2's interface type of an EFA interface with IP networking.
+const EFA: &str = "efa";
 
 impl LaunchTemplate {
     /// The template's name: the prefix and a hash of the content, so that equal content shares
@@ -121,19 +173,38 @@ impl LaunchTemplate {
                     .build(),
             );
         }
-        // The primary interface is spelled out when something of it is set (then its security
-        // groups go with it, as EC2 wants), as upstream's.
-        if self.associate_public_ip_address.is_some()
+        let tracking = self.connection_tracking.as_ref().map(|c| {
+            ec2::ConnectionTrackingSpecificationRequest::builder()
+                .set_tcp_established_timeout(c.tcp_established_timeout)
+                .set_udp_stream_timeout(c.udp_stream_timeout)
+                .set_udp_timeout(c.udp_timeout)
+                .build()
+        });
+        // Interfaces are spelled out one by one, each with the security groups (an EFA-only one
+        // without addresses, public IP or connection tracking); without any, the primary interface
+        // is spelled out when something of it is set (its security groups go with it, as EC2
+        // wants), as upstream's templates do.
+        if !self.network_interfaces.is_empty() {
+            for nic in &self.network_interfaces {
+                let networked = !nic.efa_only();
+                data = data.network_interfaces(
+                    ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
+                        .network_card_index(nic.network_card_index)
+                        .device_index(nic.device_index)
+                        .interface_type(nic.interface_type)
+                        .set_associate_public_ip_address(
+                            self.associate_public_ip_address.filter(|_| networked),
+                        )
+                        .set_ipv4_prefix_count(self.ip_prefix_count.filter(|_| networked))
+                        .set_connection_tracking_specification(tracking.clone().filter(|_| networked))
+                        .set_groups(Some(self.security_group_ids.clone()))
+                        .build(),
+                );
+            }
+        } else if self.associate_public_ip_address.is_some()
             || self.ip_prefix_count.is_some()
             || self.connection_tracking.is_some()
         {
-            let tracking = self.connection_tracking.as_ref().map(|c| {
-                ec2::ConnectionTrackingSpecificationRequest::builder()
-                    .set_tcp_established_timeout(c.tcp_established_timeout)
-                    .set_udp_stream_timeout(c.udp_stream_timeout)
-                    .set_udp_timeout(c.udp_timeout)
-                    .build()
-            });
             data = data.network_interfaces(
                 ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
                     .device_index(0)
@@ -443,6 +514,7 @@ mod tests {
             tenancy: None,
             ip_prefix_count: None,
             connection_tracking: None,
+            network_interfaces: Vec::new(),
         }
     }
 
@@ -526,6 +598,58 @@ mod tests {
         let dedicated =
             LaunchTemplate { tenancy: Some("dedicated".into()), ..template() }.request_data().unwrap();
         assert_eq!(dedicated.placement().and_then(|p| p.tenancy()), Some(&ec2::Tenancy::Dedicated));
+    }
+
+    #[test]
+    fn configured_and_efa_interfaces_are_spelled_out_as_upstreams() {
+        let nic = |card: i32, device: i32, kind: InterfaceType| NetworkInterface {
+            network_card_index: card,
+            device_index: device,
+            interface_type: kind,
+        };
+        let configured = [nic(0, 0, InterfaceType::Interface), nic(1, 0, InterfaceType::EfaOnly)];
+        // Configured interfaces win over an EFA request.
+        assert_eq!(Nic::resolve(&configured, 4).len(), 2);
+        let efa = Nic::resolve(&[], 3);
+        let shape: Vec<(i32, i32, &str)> =
+            efa.iter().map(|n| (n.network_card_index, n.device_index, n.interface_type)).collect();
+        assert_eq!(shape, [(0, 0, "efa"), (1, 1, "efa"), (2, 1, "efa")], "the first card's is the primary");
+        assert!(Nic::resolve(&[], 0).is_empty());
+
+        let lt = LaunchTemplate {
+            network_interfaces: Nic::resolve(&configured, 0),
+            associate_public_ip_address: Some(true),
+            ip_prefix_count: Some(2),
+            connection_tracking: Some(ConnectionTracking { udp_timeout: Some(45), ..Default::default() }),
+            ..template()
+        };
+        assert_ne!(lt.name(), template().name());
+        let data = lt.request_data().unwrap();
+        assert!(data.security_group_ids().is_empty(), "the groups go with each interface");
+        let nics = data.network_interfaces();
+        assert_eq!(nics.len(), 2);
+        let (primary, efa_only) = (&nics[0], &nics[1]);
+        assert_eq!(
+            (primary.network_card_index(), primary.device_index(), primary.interface_type()),
+            (Some(0), Some(0), Some("interface"))
+        );
+        assert_eq!(
+            (primary.associate_public_ip_address(), primary.ipv4_prefix_count()),
+            (Some(true), Some(2))
+        );
+        assert!(primary.connection_tracking_specification().is_some());
+        assert_eq!(
+            (efa_only.network_card_index(), efa_only.interface_type(), efa_only.groups()),
+            (Some(1), Some("efa-only"), &["sg-1".to_string()][..])
+        );
+        assert_eq!(
+            (efa_only.associate_public_ip_address(), efa_only.ipv4_prefix_count()),
+            (None, None),
+            "an EFA-only interface has no IP networking"
+        );
+        assert!(efa_only.connection_tracking_specification().is_none());
+        // Without interfaces, the template's name is as before they existed.
+        assert!(!serde_json::to_string(&template()).unwrap().contains("network_interfaces"));
     }
 
     #[test]

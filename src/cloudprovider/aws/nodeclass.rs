@@ -15,8 +15,8 @@ use super::amifamily::{self, alias_queries, arch_requirements, parse_alias};
 use super::sdk_error;
 use super::validation::ValidationState;
 use crate::apis::ec2nodeclass::{
-    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassStatus, SecurityGroupSelectorTerm,
-    SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
+    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus,
+    SecurityGroupSelectorTerm, SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
 };
 use crate::apis::labels::{LABEL_EC2NODECLASS, TAG_EKS_CLUSTER_NAME};
 use crate::apis::{Condition, ConditionStatus};
@@ -49,6 +49,22 @@ pub struct Subnet {
     pub zone_id: Option<String>,
     /// Free IPv4 addresses.
     pub available_ips: i64,
+}
+
+/// What karpenter-rs accepts in `spec` but does not act on yet, as sentences for the log and
+/// the class's events (none when every field it sets is honoured).
+pub fn ignored_fields(spec: &EC2NodeClassSpec) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if spec.placement_group_selector.is_some() {
+        out.push("spec.placementGroupSelector is not supported yet: instances are launched outside any placement group");
+    }
+    if !spec.capacity_reservation_selector_terms.is_empty() {
+        out.push("spec.capacityReservationSelectorTerms is not supported yet: no capacity reservation is launched into");
+    }
+    if spec.cpu_options.as_ref().and_then(|c| c.nested_virtualization.as_deref()) == Some("enabled") {
+        out.push("spec.cpuOptions.nestedVirtualization is not turned on at launch yet: the instance types are limited to those that support it");
+    }
+    out
 }
 
 /// Orders subnets by free addresses, most first (then by id), without duplicates.

@@ -467,7 +467,7 @@ impl AwsCloudProvider {
         let price = |it: &str, zone: &str, ct: &str| self.pricing.price(it, zone, ct);
         let empty = BTreeSet::new();
         let mut out = Vec::new();
-        for info in &catalog.types {
+        for info in catalog.types.iter().filter(|info| instancetype::compatible(info, spec)) {
             let offered = catalog.zones.get(&info.name).unwrap_or(&empty);
             let name = info.name.clone();
             let price_of = |zone: &str, ct: &str| price(&name, zone, ct);

@@ -30,7 +30,9 @@ use super::launch::NodeOfClaim;
 use super::launchtemplate::ec2_tags;
 use super::provider::AwsCloudProvider;
 use super::sdk_error;
-use crate::apis::ec2nodeclass::{AmiStatus, EC2NodeClass, EC2NodeClassStatus};
+use crate::apis::ec2nodeclass::{
+    AmiStatus, EC2NodeClass, EC2NodeClassStatus, InterfaceType, NetworkInterface,
+};
 use crate::apis::labels::{
     CAPACITY_TYPE_ON_DEMAND, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT,
     LABEL_INSTANCE_TENANCY, TENANCY_DEDICATED,
@@ -402,6 +404,7 @@ impl AwsCloudProvider {
             &ami.id,
             CAPACITY_TYPE_ON_DEMAND,
             it.capacity.pods,
+            0,
         ) {
             Ok(template) => template,
             Err(error) => return unexpected(error),
@@ -420,7 +423,10 @@ impl AwsCloudProvider {
         // One subnet that passes is enough; otherwise the first subnet's answer decides.
         let mut first_error = None;
         for subnet in &status.subnets {
-            match self.dry_run_instance(&subnet.id, it, &template_name, tags).await {
+            match self
+                .dry_run_instance(&subnet.id, it, &template_name, &class.spec.network_interfaces, tags)
+                .await
+            {
                 Ok(()) => return Outcome::Decided(Verdict::Succeeded),
                 Err(e) if judge(Call::RunInstances, Err(&e)) == Judgement::Pass => {
                     return Outcome::Decided(Verdict::Succeeded);
@@ -469,14 +475,38 @@ impl AwsCloudProvider {
             .map_err(|e| sdk_error("CreateFleet", e))
     }
 
-    /// RunInstances with `DryRun` of one `it` in `subnet` from the template.
+    /// RunInstances with `DryRun` of one `it` in `subnet` from the template, with the class's
+    /// network interfaces (else the primary one) in that subnet, as upstream's validation.
     async fn dry_run_instance(
         &self,
         subnet: &str,
         it: &InstanceType,
         template: &str,
+        interfaces: &[NetworkInterface],
         tags: &BTreeMap<String, String>,
     ) -> Result<(), CloudProviderError> {
+        let primary = [NetworkInterface {
+            network_card_index: 0,
+            device_index: 0,
+            interface_type: InterfaceType::Interface,
+        }];
+        let configured = !interfaces.is_empty();
+        let interfaces = if configured { interfaces } else { &primary[..] };
+        let interfaces: Vec<ec2::InstanceNetworkInterfaceSpecification> = interfaces
+            .iter()
+            .map(|n| {
+                let spec = ec2::InstanceNetworkInterfaceSpecification::builder()
+                    .device_index(n.device_index)
+                    .subnet_id(subnet);
+                if configured {
+                    spec.network_card_index(n.network_card_index)
+                        .interface_type(n.interface_type.as_str())
+                        .build()
+                } else {
+                    spec.build()
+                }
+            })
+            .collect();
         let mut request = self
             .clients
             .ec2
@@ -491,12 +521,7 @@ impl AwsCloudProvider {
                     .build(),
             )
             .instance_type(ec2::InstanceType::from(it.name.as_str()))
-            .network_interfaces(
-                ec2::InstanceNetworkInterfaceSpecification::builder()
-                    .device_index(0)
-                    .subnet_id(subnet)
-                    .build(),
-            );
+            .set_network_interfaces(Some(interfaces));
         for resource in
             [ec2::ResourceType::Instance, ec2::ResourceType::Volume, ec2::ResourceType::NetworkInterface]
         {
