@@ -616,6 +616,33 @@ mod tests {
     }
 
     #[test]
+    fn fields_not_acted_on_are_named() {
+        let spec = |extra: serde_json::Value| -> EC2NodeClassSpec {
+            let mut base = serde_json::json!({"role": "r", "subnetSelectorTerms": [{"id": "subnet-1"}],
+                "securityGroupSelectorTerms": [{"id": "sg-1"}], "amiSelectorTerms": [{"alias": "al2023@latest"}]});
+            base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            serde_json::from_value(base).unwrap()
+        };
+        assert!(ignored_fields(&spec(serde_json::json!({}))).is_empty());
+        let honoured = spec(serde_json::json!({"cpuOptions": {"nestedVirtualization": "disabled"},
+            "networkInterfaces": [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}]}));
+        assert!(ignored_fields(&honoured).is_empty());
+        let ignored = ignored_fields(&spec(serde_json::json!({
+            "placementGroupSelector": {"name": "training"},
+            "capacityReservationSelectorTerms": [{"id": "cr-0123"}],
+            "cpuOptions": {"nestedVirtualization": "enabled"}})));
+        let fields: Vec<&str> = ignored.iter().map(|m| m.split(' ').next().unwrap()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.placementGroupSelector",
+                "spec.capacityReservationSelectorTerms",
+                "spec.cpuOptions.nestedVirtualization"
+            ]
+        );
+    }
+
+    #[test]
     fn subnets_sort_by_free_addresses() {
         let got = sort_subnets(vec![
             subnet("b", "z1", 10),
