@@ -45,14 +45,22 @@ What each operation authorises (after the Service Authorization Reference)
 * ec2:CreateFleet: ec2:RunInstances on what the launch uses: the new instance, volume,
   network interface (and spot request, for spot) (<type>/*, with the request tags for that
   type: those of the request's TagSpecifications, else those of the launch template's),
-  the launch template, subnets, security groups, image and the image's snapshots (their
-  ARNs and resource tags); ec2:CreateFleet on the new fleet (fleet/*) and on those of the
-  types CreateFleet lists (instance, volume, launch template, subnet, image);
+  the launch template, subnets, security groups, image and the image's snapshots, and the
+  placement group (placement-group/<name>) the launch template or an override puts the
+  instance in (their ARNs and resource tags); ec2:CreateFleet on the new fleet (fleet/*) and
+  on those of the types CreateFleet lists (instance, volume, launch template, subnet, image,
+  placement group);
   ec2:CreateTags with ec2:CreateAction=CreateFleet on each new resource that gets tags;
   iam:PassRole (iam:PassedToService=ec2.amazonaws.com) on the role of the launch
   template's instance profile.
+* ec2:RunInstances: the same as CreateFleet's ec2:RunInstances, the placement group being
+  the request's (Placement.GroupName or GroupId) or else its launch template's.
 * ec2:TerminateInstances, ec2:DeleteLaunchTemplate, ec2:CreateTags/DeleteTags: the
   instances / template / tagged resources, with their resource tags.
+* ec2:CreatePlacementGroup: the new group (placement-group/<name>) with its request tags, and
+  ec2:CreateTags on it (ec2:CreateAction=CreatePlacementGroup) when tagged;
+  ec2:DeletePlacementGroup: the group, with its resource tags. Placement groups are the
+  emulator's own (hack/moto/placement.py): their tags are looked up there.
 * iam instance-profile operations: the instance profile (its resource tags; request tags
   for CreateInstanceProfile and TagInstanceProfile); AddRoleToInstanceProfile also
   iam:PassRole on the role (iam:PassedToService=ec2.amazonaws.com).
@@ -174,6 +182,24 @@ def _data_tag_specifications(data: dict) -> dict[str, dict[str, str]]:
             continue
         tags = spec.get("Tags") or spec.get("Tag") or []
         out.setdefault(rtype, {}).update({t["Key"]: t.get("Value", "") for t in tags})
+    return out
+
+
+def _placement(params: dict[str, str]) -> dict[str, str]:
+    """The placement group members of the `Placement.` parameters of a request or override."""
+    return {key: params[f"Placement.{key}"] for key in ("GroupName", "GroupId", "PartitionNumber")
+            if params.get(f"Placement.{key}")}
+
+
+def _over(base: dict | None, given: dict | None) -> dict:
+    """Placement `given` over `base` (a launch template's): a group `given` names replaces the
+    template's."""
+    out = dict(base or {})
+    given = given or {}
+    if given.get("GroupName") or given.get("GroupId"):
+        out.pop("GroupName", None)
+        out.pop("GroupId", None)
+    out.update(given)
     return out
 
 
@@ -311,11 +337,13 @@ class Model:
 
     def _launch_uses(self, ref: dict[str, str], subnets: set[str], images: set[str],
                      used: dict[str, tuple[dict[str, str], bool | None]],
-                     template_specs: dict[str, dict[str, str]], profiles: set[str]) -> None:
+                     template_specs: dict[str, dict[str, str]], profiles: set[str],
+                     placements: list[dict[str, str]] | None = None) -> None:
         """What a launch from the launch template `ref` (LaunchTemplateId or LaunchTemplateName,
-        and Version), with the request's own `subnets` and `images`, uses: into `used` (arn ->
-        resource tags, found), the template's tag specifications into `template_specs`, its
-        instance profile into `profiles`."""
+        and Version), with the request's own `subnets`, `images` and `placements` (those of the
+        request or of each override, over the template's), uses: into `used` (arn -> resource
+        tags, found), the template's tag specifications into `template_specs`, its instance
+        profile into `profiles`."""
         backend = self.ec2()
 
         def use(rid: str) -> None:
@@ -370,6 +398,40 @@ class Model:
             snapshot = (mapping.get("Ebs") or {}).get("SnapshotId")
             if snapshot:
                 used.setdefault(self.ec2_arn("snapshot", snapshot, False), (self.ec2_tags(snapshot), None))
+        for placement in placements or [{}]:
+            self._placement_group_uses(_over(data.get("Placement"), placement), used)
+
+    def _placement_group_uses(self, placement: dict | None,
+                              used: dict[str, tuple[dict[str, str], bool | None]]) -> None:
+        """The placement group a launch with `placement` (GroupName or GroupId) goes into."""
+        placement = placement or {}
+        group_id, name = placement.get("GroupId"), placement.get("GroupName")
+        if not (group_id or name):
+            return
+        import placement as placement_groups  # the emulator's own groups
+
+        group = placement_groups.find(self.ec2(), name=name, group_id=group_id)
+        if group is None:
+            used.setdefault(self.ec2_arn("placement-group", name or group_id), ({}, False))
+        else:
+            used.setdefault(group.arn, (dict(group.tags), True))
+
+    def _ec2_CreatePlacementGroup(self, auth, action, params) -> None:
+        tags = tag_specifications(params).get("placement-group", {})
+        resource = self.ec2_arn("placement-group", params.get("GroupName") or "*")
+        auth.add(action, resource, request_tags=tags)
+        if tags:
+            auth.add("ec2:CreateTags", resource, request_tags=tags, **{"ec2:CreateAction": "CreatePlacementGroup"})
+
+    def _ec2_DeletePlacementGroup(self, auth, action, params) -> None:
+        import placement as placement_groups  # the emulator's own groups
+
+        name = params.get("GroupName", "")
+        group = placement_groups.find(self.ec2(), name=name) if name else None
+        if group is None:
+            auth.add(action, self.ec2_arn("placement-group", name or "?"), resource_tags={}, resource_found=False)
+        else:
+            auth.add(action, group.arn, resource_tags=dict(group.tags), resource_found=True)
 
     def _ec2_CreateFleet(self, auth, action, params) -> None:
         spot = params.get("TargetCapacitySpecification.DefaultTargetCapacityType", "").lower() == "spot"
@@ -380,13 +442,14 @@ class Model:
         profiles: set[str] = set()
         for config in indexed(params, "LaunchTemplateConfigs"):
             ref = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("LaunchTemplateSpecification.")}
-            images, subnets = set(), set()
+            images, subnets, placements = set(), set(), []
             for override in indexed(config, "Overrides"):
                 if override.get("ImageId"):
                     images.add(override["ImageId"])
                 if override.get("SubnetId"):
                     subnets.add(override["SubnetId"])
-            self._launch_uses(ref, subnets, images, used, template_specs, profiles)
+                placements.append(_placement(override))
+            self._launch_uses(ref, subnets, images, used, template_specs, profiles, placements)
 
         created = list(_LAUNCHED) + (["spot-instances-request"] if spot else [])
         tags_of: dict[str, dict[str, str] | None] = {}
@@ -436,7 +499,9 @@ class Model:
         images = {params["ImageId"]} if params.get("ImageId") else set()
         ref = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("LaunchTemplate.")}
         if ref:
-            self._launch_uses(ref, subnets, images, used, template_specs, profiles)
+            self._launch_uses(ref, subnets, images, used, template_specs, profiles, [_placement(params)])
+        else:
+            self._placement_group_uses(_placement(params), used)
         if params.get("IamInstanceProfile.Name"):
             profiles.add(params["IamInstanceProfile.Name"])
         tags_of = {rtype: request_specs.get(rtype, template_specs.get(rtype)) for rtype in _LAUNCHED}

@@ -120,54 +120,73 @@ def error_document(code: str, message: str) -> bytes:
     ).encode()
 
 
+def fleet_override(config: dict[str, str], override: dict[str, str]) -> dict[str, str]:
+    """One override of a CreateFleet request, with its launch template: {"template_id",
+    "template_name", "version", "instance_type", "subnet_id", "zone"}, from the members of
+    LaunchTemplateConfigs.N (`config`) and of its Overrides.M (`override`)."""
+    return {
+        "template_id": config.get("LaunchTemplateSpecification.LaunchTemplateId", ""),
+        "template_name": config.get("LaunchTemplateSpecification.LaunchTemplateName", ""),
+        "version": config.get("LaunchTemplateSpecification.Version", ""),
+        "instance_type": override.get("InstanceType", ""),
+        "subnet_id": override.get("SubnetId", ""),
+        "zone": override.get("AvailabilityZone", ""),
+    }
+
+
 def fleet_overrides(params: dict[str, str]) -> list[dict[str, str]]:
-    """The overrides of a CreateFleet request, each with its launch template:
-    {"template_id", "template_name", "version", "instance_type", "subnet_id", "zone"}."""
-    out = []
-    for config in call_log.indexed(params, "LaunchTemplateConfigs"):
-        template = {
-            "template_id": config.get("LaunchTemplateSpecification.LaunchTemplateId", ""),
-            "template_name": config.get("LaunchTemplateSpecification.LaunchTemplateName", ""),
-            "version": config.get("LaunchTemplateSpecification.Version", ""),
-        }
-        overrides = call_log.indexed(config, "Overrides") or [{}]
-        for o in overrides:
-            out.append({
-                **template,
-                "instance_type": o.get("InstanceType", ""),
-                "subnet_id": o.get("SubnetId", ""),
-                "zone": o.get("AvailabilityZone", ""),
-            })
-    return out
+    """The overrides of a CreateFleet request, each with its launch template (fleet_override)."""
+    return [
+        fleet_override(config, o)
+        for config in call_log.indexed(params, "LaunchTemplateConfigs")
+        for o in call_log.indexed(config, "Overrides") or [{}]
+    ]
 
 
-def insufficient_capacity_fleet(params: dict[str, str], named: int | None = None) -> bytes:
-    """EC2's answer to an instant fleet it could not fill: no instances, one
-    InsufficientInstanceCapacity error per override (the first `named` ones only, if given)."""
-    lifecycle = params.get("TargetCapacitySpecification.DefaultTargetCapacityType") or "on-demand"
-    items = []
-    overrides = fleet_overrides(params)
-    if named is not None:
-        overrides = overrides[:named]
-    for o in overrides:
-        spec = _elements(o, [("launchTemplateId", "template_id"), ("launchTemplateName", "template_name"),
-                             ("version", "version")])
-        chosen = _elements(o, [("instanceType", "instance_type"), ("subnetId", "subnet_id"),
-                               ("availabilityZone", "zone")])
-        items.append(
-            "<item><launchTemplateAndOverrides>"
-            f"<launchTemplateSpecification>{spec}</launchTemplateSpecification>"
-            f"<overrides>{chosen}</overrides>"
-            f"</launchTemplateAndOverrides><lifecycle>{escape(lifecycle)}</lifecycle>"
-            "<errorCode>InsufficientInstanceCapacity</errorCode>"
-            f"<errorMessage>{escape(_ice_message(o['instance_type'], o['zone']))}</errorMessage></item>"
-        )
+def fleet_error_item(override: dict[str, str], lifecycle: str, code: str, message: str) -> str:
+    """One item of an instant fleet's errorSet: the override (its launch template, instance type,
+    subnet and zone, as fleet_overrides gives it) EC2 could not launch, and why."""
+    spec = _elements(override, [("launchTemplateId", "template_id"), ("launchTemplateName", "template_name"),
+                                ("version", "version")])
+    chosen = _elements(override, [("instanceType", "instance_type"), ("subnetId", "subnet_id"),
+                                  ("availabilityZone", "zone")])
+    return (
+        "<item><launchTemplateAndOverrides>"
+        f"<launchTemplateSpecification>{spec}</launchTemplateSpecification>"
+        f"<overrides>{chosen}</overrides>"
+        f"</launchTemplateAndOverrides><lifecycle>{escape(lifecycle)}</lifecycle>"
+        f"<errorCode>{escape(code)}</errorCode>"
+        f"<errorMessage>{escape(message)}</errorMessage></item>"
+    )
+
+
+def unfilled_fleet(items: list[str]) -> bytes:
+    """EC2's answer to an instant fleet that launched nothing: HTTP 200, a fleet id, no instances,
+    and the error items (fleet_error_item) saying why."""
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f'<CreateFleetResponse xmlns="{EC2_NAMESPACE}"><requestId>{uuid.uuid4()}</requestId>'
         f"<fleetId>fleet-{uuid.uuid4().hex[:17]}</fleetId><errorSet>{''.join(items)}</errorSet>"
         "<fleetInstanceSet/></CreateFleetResponse>"
     ).encode()
+
+
+def fleet_lifecycle(params: dict[str, str]) -> str:
+    """The lifecycle (on-demand or spot) a CreateFleet request launches by default."""
+    return params.get("TargetCapacitySpecification.DefaultTargetCapacityType") or "on-demand"
+
+
+def insufficient_capacity_fleet(params: dict[str, str], named: int | None = None) -> bytes:
+    """EC2's answer to an instant fleet it could not fill: no instances, one
+    InsufficientInstanceCapacity error per override (the first `named` ones only, if given)."""
+    lifecycle = fleet_lifecycle(params)
+    overrides = fleet_overrides(params)
+    if named is not None:
+        overrides = overrides[:named]
+    return unfilled_fleet([
+        fleet_error_item(o, lifecycle, "InsufficientInstanceCapacity", _ice_message(o["instance_type"], o["zone"]))
+        for o in overrides
+    ])
 
 
 class Fault:

@@ -10,9 +10,9 @@ AWS_* exports); hack/moto-down.sh stops it. Running it by hand also works:
 What it serves
 --------------
 moto's own WSGI application (every service moto emulates, moto's /moto-api/
-included), on 127.0.0.1:$MOTO_PORT (default 14566), plus two small endpoints of
-its own under /_karpenter-rs/ (no AWS API uses that path: S3 bucket names
-cannot start with "_"):
+included), on 127.0.0.1:$MOTO_PORT (default 14566), with EC2 placement groups
+added (below), plus small endpoints of its own under /_karpenter-rs/ (no AWS API
+uses that path: S3 bucket names cannot start with "_"):
 
     GET  /_karpenter-rs/ready   200 + JSON {"service": "karpenter-rs-moto", "pid", "port",
                                 "region", "moto_version", "seeded": [...], "call_log"} once seeded
@@ -87,6 +87,34 @@ calls POST /_karpenter-rs/faults armed it for, by default only the controller's 
 Faults of one action are used in the order they were armed. Faulted calls (but those with
 "after") never reach moto nor the call log.
 
+EC2 placement groups
+--------------------
+moto 5.2.5 has none (its CreatePlacementGroup, DescribePlacementGroups and
+DeletePlacementGroup answer 500). hack/moto/placement.py, a WSGI middleware between the
+call log and moto, answers them as EC2 does:
+
+* CreatePlacementGroup: GroupName, Strategy cluster|partition|spread, PartitionCount
+  (partition: 1-7, default 2), SpreadLevel (spread: host|rack, default rack),
+  TagSpecifications of `placement-group`; the group gets an id pg-<17 hex digits>, its
+  ARN (placement-group/<name>) and the state `available`; a name taken answers
+  InvalidPlacementGroup.Duplicate;
+* DescribePlacementGroups: GroupName.N, GroupId.N, filters group-name, group-id,
+  group-arn, state, strategy, spread-level, partition-count, tag:<key>, tag-key; a
+  name or id of no group answers InvalidPlacementGroup.Unknown;
+* DeletePlacementGroup: GroupName; InvalidPlacementGroup.Unknown for no such group,
+  InvalidPlacementGroup.InUse while instances not terminated are in it.
+
+Groups belong to the account and region, and /moto-api/reset removes them. An instance
+launched by RunInstances (the request's Placement, else its launch template's) or by
+CreateFleet (the launch template's Placement, or its override's) with a GroupName or GroupId
+is in that group: DescribeInstances shows its placement's groupName, groupId and, in a
+partition group, partitionNumber (the launch's PartitionNumber, else the partitions in
+turn); the filter placement-group-name selects it. A launch into a group that does not
+exist fails as on EC2: RunInstances with InvalidPlacementGroup.Unknown (400), an instant
+CreateFleet with no instance from those overrides and an InvalidPlacementGroup.Unknown item
+each in its errorSet (HTTP 200, as for insufficient capacity). A dry run of a launch is left
+to moto (DryRunOperation, whatever the group); so are fleets of type request and maintain.
+
 Account seed (per cluster name and region)
 ------------------------------------------
 * EC2: a VPC (10.0.0.0/16), three private subnets in the first three zones of
@@ -153,6 +181,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import call_log  # noqa: E402
 import eks_images  # noqa: E402
 import faults  # noqa: E402
+import placement  # noqa: E402
 
 DISCOVERY_TAG = "karpenter.sh/discovery"
 VPC_CIDR = "10.0.0.0/16"
@@ -780,8 +809,10 @@ def main(argv=None) -> int:
 
     _fleets_use_launch_template_security_groups()
     _status_checks_can_be_set()
+    placement.install_instance_placement()
     seeder = Seeder(eks_version)
-    recorder = call_log.CallRecorder(DomainDispatcherApplication(create_backend_app))
+    # Placement groups are answered behind the call log, which records them like moto's calls.
+    recorder = call_log.CallRecorder(placement.PlacementGroups(DomainDispatcherApplication(create_backend_app)))
     if os.environ.get(call_log.ENV_VAR):
         recorder.set_path(os.path.abspath(os.environ[call_log.ENV_VAR]))
     # Faults answer before the call log and moto see a call (see hack/moto/faults.py).
