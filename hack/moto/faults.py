@@ -265,6 +265,25 @@ class Fault:
         return out
 
 
+def call_captured(app, environ: dict) -> tuple[list[Any], bytes]:
+    """Calls the WSGI `app` and returns its `[status, headers]` (empty when it started no
+    response) and its whole body, for a middleware that answers after looking at it."""
+    captured: list[Any] = []
+
+    def capture(status, headers, exc_info=None):
+        captured[:] = [status, headers]
+        return lambda data: None
+
+    chunks = app(environ, capture)
+    try:
+        answer = b"".join(chunks)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close:
+            close()
+    return captured, answer
+
+
 def _service(environ: dict) -> str:
     match = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
     if match:
@@ -340,19 +359,7 @@ class FaultInjector:
             time.sleep(fault.seconds)
             return self.app(environ, start_response)
         if fault.after:
-            captured: list[Any] = []
-
-            def capture(status, headers, exc_info=None):
-                captured[:] = [status, headers]
-                return lambda data: None
-
-            chunks = self.app(environ, capture)
-            try:
-                answer = b"".join(chunks)
-            finally:
-                close = getattr(chunks, "close", None)
-                if close:
-                    close()
+            captured, answer = call_captured(self.app, environ)
             if fault.error == STALL:
                 time.sleep(fault.seconds)
                 start_response(captured[0], captured[1])

@@ -594,19 +594,7 @@ class PlacementGroups:
             return _answer(start_response, 200, faults.unfilled_fleet(errors))
         # Launch from the other overrides; their answer gets the errors of those left out.
         _set_body(environ, _without_overrides(params, configs))
-        captured: list[Any] = []
-
-        def capture(status, headers, exc_info=None):
-            captured[:] = [status, headers]
-            return lambda data: None
-
-        chunks = self.app(environ, capture)
-        try:
-            answer = b"".join(chunks)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close:
-                close()
+        captured, answer = faults.call_captured(self.app, environ)
         if captured and captured[0].startswith("200"):
             answer = _with_errors(answer, errors)
         headers = [(k, v) for k, v in captured[1] if k.lower() != "content-length"]
