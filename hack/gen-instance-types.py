@@ -113,6 +113,9 @@ def type_info(t):
         by_index = sorted((c.get("NetworkCardIndex", 0), c.get("MaximumNetworkInterfaces", 0)) for c in cards)
         out["network_cards"] = [enis for _, enis in by_index]
     out["ena_unsupported"] = net.get("EnaSupport") == "unsupported"
+    strategies = t.get("PlacementGroupInfo", {}).get("SupportedStrategies", [])
+    if strategies and not {"cluster", "partition", "spread"} <= set(strategies):
+        out["placement_strategies"] = strategies
     out["nested_virtualization"] = "nested-virtualization" in proc.get("SupportedFeatures", [])
     ebs = t.get("EbsInfo", {}).get("EbsOptimizedInfo", {}).get("MaximumBandwidthInMbps")
     if ebs is not None:

@@ -402,6 +402,118 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
     assert_eq!(replacement.image_id, second);
 }
 
+/// Creates the placement group `name` of `strategy` (with three partitions for `partition`)
+/// and returns its id.
+async fn placement_group(p: &AwsCloudProvider, name: &str, strategy: &str) -> String {
+    let strategy = aws_sdk_ec2::types::PlacementStrategy::from(strategy);
+    let partitions = (strategy == aws_sdk_ec2::types::PlacementStrategy::Partition).then_some(3);
+    let out = p
+        .clients()
+        .ec2
+        .create_placement_group()
+        .group_name(name)
+        .strategy(strategy)
+        .set_partition_count(partitions)
+        .send()
+        .await
+        .unwrap();
+    out.placement_group().and_then(|g| g.group_id()).unwrap().to_string()
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn a_placement_group_takes_the_launches_and_labels_the_nodes() {
+    let (p, cluster, faults) = provider_with_faults("placed").await;
+    let name = format!("{cluster}-training");
+    let id = placement_group(&p, &name, "partition").await;
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.placement_group_selector = Some(serde_json::from_value(json!({"name": name})).unwrap());
+    let condition = |class: &karpenter::apis::EC2NodeClass, type_: &str| {
+        let c = class.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == type_).unwrap().clone();
+        (c.status, c.reason, c.message)
+    };
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    assert_eq!(condition(&class, "PlacementGroupReady").0, karpenter::apis::ConditionStatus::True);
+    assert_eq!(condition(&class, "Ready").0, karpenter::apis::ConditionStatus::True);
+    p.node_classes().upsert(class.clone());
+
+    // Every type carries the group's id and its partitions.
+    let types = p.instance_types_for_class(&class).await.unwrap();
+    let m5 = types.iter().find(|t| t.name == "m5.large").unwrap();
+    assert!(m5.requirements.allows(LABEL_PLACEMENT_GROUP_ID, &id));
+    assert!(m5.requirements.allows(LABEL_PLACEMENT_GROUP_PARTITION, "3"));
+    assert!(!m5.requirements.allows(LABEL_PLACEMENT_GROUP_PARTITION, "4"));
+
+    // A claim that names partition 2 launches there; its node is labelled with the group.
+    let mut claim = node_claim("placed-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    claim.spec.requirements.push(
+        serde_json::from_value(
+            json!({"key": LABEL_PLACEMENT_GROUP_PARTITION, "operator": "In", "values": ["2"]}),
+        )
+        .unwrap(),
+    );
+    let launched = p.create(&claim).await.unwrap();
+    assert_eq!(launched.labels.get(LABEL_PLACEMENT_GROUP_ID), Some(&id));
+    assert_eq!(launched.labels.get(LABEL_PLACEMENT_GROUP_PARTITION).map(String::as_str), Some("2"));
+    let template = faults
+        .create_fleet_requests()
+        .last()
+        .map(|b| requested_overrides(b)[0].launch_template.clone())
+        .unwrap();
+    let versions = p
+        .clients()
+        .ec2
+        .describe_launch_template_versions()
+        .launch_template_name(template)
+        .send()
+        .await
+        .unwrap();
+    let placement =
+        versions.launch_template_versions()[0].launch_template_data().unwrap().placement().unwrap().clone();
+    assert_eq!((placement.group_id(), placement.partition_number()), (Some(id.as_str()), Some(2)));
+    // One that names none gets the partition EC2 gives it.
+    let other = p.create(&node_claim("placed-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let partition: i32 = other.labels[LABEL_PLACEMENT_GROUP_PARTITION].parse().unwrap();
+    assert!((1..=3).contains(&partition), "{partition}");
+
+    // Not drifted while it is in the group the class resolves to; drifted when the group its
+    // label names is another (the group was made again, or the node was placed by hand).
+    let mut claimed = claim.clone();
+    claimed.metadata.labels = Some(launched.labels.clone());
+    claimed.metadata.annotations = Some(launched.annotations.clone());
+    claimed.status = Some(karpenter::apis::NodeClaimStatus {
+        provider_id: Some(launched.provider_id.clone()),
+        ..Default::default()
+    });
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
+    claimed
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(LABEL_PLACEMENT_GROUP_ID.into(), "pg-0123456789abcdef0".into());
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::PlacementGroup));
+    // A group in use is not deleted.
+    let refused = p.clients().ec2.delete_placement_group().group_name(&name).send().await;
+    assert!(refused.is_err());
+
+    // A group that does not exist: the class says so and is not Ready.
+    let mut missing = node_class(&cluster, "al2023@latest");
+    missing.metadata.name = Some("missing".into());
+    missing.spec.placement_group_selector =
+        Some(serde_json::from_value(json!({"name": "no-such-group"})).unwrap());
+    missing.status = Some(p.resolve_node_class(&missing, &[]).await.unwrap().status);
+    assert_eq!(
+        condition(&missing, "PlacementGroupReady"),
+        (
+            karpenter::apis::ConditionStatus::False,
+            "PlacementGroupNotFound".into(),
+            "Placement group \"no-such-group\" not found".into()
+        )
+    );
+    assert_eq!(condition(&missing, "Ready").0, karpenter::apis::ConditionStatus::False);
+}
+
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn instance_types_of_a_node_pool() {

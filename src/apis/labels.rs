@@ -182,6 +182,10 @@ pub const LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE: &str =
 pub const LABEL_CAPACITY_RESERVATION_ID: &str = "karpenter.k8s.aws/capacity-reservation-id";
 /// Type of that capacity reservation (`default`, `capacity-block`).
 pub const LABEL_CAPACITY_RESERVATION_TYPE: &str = "karpenter.k8s.aws/capacity-reservation-type";
+/// Placement group a node was launched into (its id).
+pub const LABEL_PLACEMENT_GROUP_ID: &str = "karpenter.k8s.aws/placement-group-id";
+/// Partition of a partition placement group a node is in (`1`, `2`, ...).
+pub const LABEL_PLACEMENT_GROUP_PARTITION: &str = "karpenter.k8s.aws/placement-group-partition";
 
 /// Hash of the EC2NodeClass a NodeClaim was launched with (drift detection).
 pub const ANNOTATION_EC2NODECLASS_HASH: &str = "karpenter.k8s.aws/ec2nodeclass-hash";
@@ -263,6 +267,8 @@ pub const WELL_KNOWN_LABELS: &[&str] = &[
     LABEL_CAPACITY_RESERVATION_ID,
     LABEL_CAPACITY_RESERVATION_TYPE,
     LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE,
+    LABEL_PLACEMENT_GROUP_ID,
+    LABEL_PLACEMENT_GROUP_PARTITION,
 ];
 
 /// Labels users may never set: the node's host name is the kubelet's.

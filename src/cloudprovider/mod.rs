@@ -151,6 +151,9 @@ pub enum DriftReason {
     SecurityGroup,
     /// The class spec changed since the instance was launched.
     NodeClass,
+    /// The node is not in the placement group the class resolves to now (or is in one the
+    /// class no longer names).
+    PlacementGroup,
 }
 
 impl DriftReason {
@@ -161,6 +164,7 @@ impl DriftReason {
             DriftReason::Subnet => "SubnetDrift",
             DriftReason::SecurityGroup => "SecurityGroupDrift",
             DriftReason::NodeClass => "NodeClassDrift",
+            DriftReason::PlacementGroup => "PlacementGroupDrift",
         }
     }
 }

@@ -1382,11 +1382,38 @@ async fn limit_holds(f: &Fixture, controller: &Controller) {
     assert!(f.claimed_cpu_millis().await <= 10_000);
 }
 
-/// A static NodePool on the aws provider (`StaticCapacity` gate): `replicas: 2` launches two
-/// instances through CreateFleet with no pod asking, each registered as a Node; scaled to 1, one
-/// instance is terminated; scaled to 0, none is left.
+/// A static NodePool on the aws provider (`StaticCapacity` gate), of an EC2NodeClass that names a
+/// partition placement group: `replicas: 2` launches two instances into the group through
+/// CreateFleet with no pod asking, each registered as a Node labelled with the group and its
+/// partition; scaled to 1, one instance is terminated; scaled to 0, none is left.
 async fn static_pool_with_aws(f: &Fixture, controller: &Controller, ec2: &aws_sdk_ec2::Client) {
     let pool = format!("{}-static", f.pool);
+    let group_name = format!("{}-{}", cluster_name(), pool);
+    let group = ec2
+        .create_placement_group()
+        .group_name(&group_name)
+        .strategy(aws_sdk_ec2::types::PlacementStrategy::Partition)
+        .partition_count(2)
+        .send()
+        .await
+        .unwrap();
+    let group_id = group.placement_group().and_then(|g| g.group_id()).unwrap().to_string();
+    // The journey's class, named anew, in the group.
+    let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
+    let mut class = classes.get(&f.class).await.unwrap();
+    let class_name = format!("{}-placed", f.class);
+    class.metadata = kube::api::ObjectMeta { name: Some(class_name.clone()), ..Default::default() };
+    class.status = None;
+    class.spec.placement_group_selector = Some(serde_json::from_value(json!({"name": group_name})).unwrap());
+    classes.create(&PostParams::default(), &class).await.unwrap();
+    wait_for("the placed class Ready, its group found", Duration::from_secs(60), controller, || async {
+        classes.get(&class_name).await.unwrap().status.is_some_and(|s| {
+            ["PlacementGroupReady", "Ready"]
+                .iter()
+                .all(|t| s.conditions.iter().any(|c| c.type_ == *t && format!("{:?}", c.status) == "True"))
+        })
+    })
+    .await;
     kubectl_apply(&format!(
         r#"apiVersion: karpenter.sh/v1
 kind: NodePool
@@ -1395,12 +1422,11 @@ spec:
   replicas: 2
   template:
     spec:
-      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class}}}
+      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class_name}}}
       requirements:
         - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
         - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}
-"#,
-        class = f.class
+"#
     ));
     let claims: Api<NodeClaim> = Api::all(f.client.clone());
     let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}"));
@@ -1418,6 +1444,12 @@ spec:
         }
     };
     settle_at(2, "two static instances, registered").await;
+    for claim in claims.list(&selector).await.unwrap().items {
+        let labels = claim.labels();
+        assert_eq!(labels.get("karpenter.k8s.aws/placement-group-id"), Some(&group_id), "{labels:?}");
+        let partition = labels.get("karpenter.k8s.aws/placement-group-partition").map(String::as_str);
+        assert!(matches!(partition, Some("1" | "2")), "{labels:?}");
+    }
     let scale = |n: u32| kubectl_scale_nodepool(&pool, n);
     scale(1);
     settle_at(1, "one static instance").await;
@@ -1430,6 +1462,11 @@ spec:
         .delete(&pool, &DeleteParams::default())
         .await
         .unwrap();
+    classes.delete(&class_name, &DeleteParams::default()).await.unwrap();
+    wait_for("the placed class gone", Duration::from_secs(60), controller, || async {
+        classes.get_opt(&class_name).await.unwrap().is_none()
+    })
+    .await;
 }
 
 /// Where users rely on upstream's exact behaviour (kwok provider, one controller): a NodeClaim

@@ -101,6 +101,7 @@ pub fn default_settings() -> Settings<'static> {
         reserved_enis: 0,
         vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
         network_interfaces: &[],
+        placement_group: None,
     }
 }
 

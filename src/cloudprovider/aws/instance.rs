@@ -45,6 +45,10 @@ pub struct Ec2Instance {
     pub tags: BTreeMap<String, String>,
     /// Tenancy (`default`, `dedicated`, `host`).
     pub tenancy: String,
+    /// The placement group it is in (its id), if any.
+    pub placement_group_id: Option<String>,
+    /// Its partition, in a partition placement group.
+    pub partition: Option<i32>,
 }
 
 impl Ec2Instance {
@@ -74,6 +78,12 @@ impl Ec2Instance {
                 .and_then(|p| p.tenancy())
                 .map_or(TENANCY_DEFAULT, |t| t.as_str())
                 .to_string(),
+            placement_group_id: i
+                .placement()
+                .and_then(|p| p.group_id())
+                .filter(|g| !g.is_empty())
+                .map(str::to_string),
+            partition: i.placement().and_then(|p| p.partition_number()),
             tags: i
                 .tags()
                 .iter()

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use aws_sdk_ec2::types as ec2;
 use serde::Deserialize;
 
+use super::nodeclass::PlacementGroup;
 use crate::apis::ec2nodeclass::{
     AmiFamily, EC2NodeClassSpec, InstanceStorePolicy, InterfaceType, KubeletConfiguration, NetworkInterface,
 };
@@ -101,6 +102,9 @@ pub struct TypeInfo {
     pub ena_unsupported: bool,
     /// Whether the type supports nested virtualization.
     pub nested_virtualization: bool,
+    /// The placement group strategies the type supports, when not all three (`cluster`,
+    /// `partition`, `spread`).
+    pub placement_strategies: Vec<String>,
     /// Local NVMe instance storage in GB.
     pub local_nvme_gb: Option<i64>,
     /// Baseline network bandwidth in Mbps.
@@ -201,6 +205,11 @@ impl TypeInfo {
                 .filter(|cards| cards.len() > 1)
                 .unwrap_or_default(),
             ena_unsupported: network.and_then(|n| n.ena_support()) == Some(&ec2::EnaSupport::Unsupported),
+            placement_strategies: info
+                .placement_group_info()
+                .map(|p| p.supported_strategies().iter().map(|s| s.as_str().to_string()).collect::<Vec<_>>())
+                .filter(|all| !ALL_PLACEMENT_STRATEGIES.iter().all(|s| all.iter().any(|a| a == s)))
+                .unwrap_or_default(),
             nested_virtualization: processor.is_some_and(|p| {
                 p.supported_features().iter().any(|f| f.as_str() == "nested-virtualization")
             }),
@@ -216,6 +225,11 @@ impl TypeInfo {
                 .map(i64::from),
             spot_supported: info.supported_usage_classes().contains(&ec2::UsageClassType::Spot),
         })
+    }
+
+    /// Whether instances of the type can be in a placement group of `strategy`.
+    pub fn supports_placement(&self, strategy: &str) -> bool {
+        self.placement_strategies.is_empty() || self.placement_strategies.iter().any(|s| s == strategy)
     }
 
     /// Maximum network interfaces of the network card `index`: `None` when the type has no
@@ -296,6 +310,8 @@ pub struct Settings<'a> {
     pub vm_memory_overhead_percent: f64,
     /// The node class's network interfaces (none: the primary interface only).
     pub network_interfaces: &'a [NetworkInterface],
+    /// The placement group the node class launches into.
+    pub placement_group: Option<&'a PlacementGroup>,
 }
 
 impl<'a> Settings<'a> {
@@ -311,6 +327,7 @@ impl<'a> Settings<'a> {
             reserved_enis: 0,
             vm_memory_overhead_percent: DEFAULT_VM_MEMORY_OVERHEAD_PERCENT,
             network_interfaces: &spec.network_interfaces,
+            placement_group: None,
         }
     }
 }
@@ -408,11 +425,17 @@ pub fn capacity(info: &TypeInfo, settings: &Settings<'_>) -> Resources {
     r
 }
 
+/// The placement group strategies EC2 has.
+const ALL_PLACEMENT_STRATEGIES: [&str; 3] = ["cluster", "partition", "spread"];
+
 /// Whether instances of `info` can be launched as `spec` asks, as upstream's compatibility
 /// checks: AL2023 does not boot on `a1`; configured network interfaces need ENA, the cards and
 /// device indexes they name and the EFA-only interfaces they count; nested virtualization, when
-/// enabled, a type that supports it.
-pub fn compatible(info: &TypeInfo, spec: &EC2NodeClassSpec) -> bool {
+/// enabled, a type that supports it; a placement group, a type that supports its strategy.
+pub fn compatible(info: &TypeInfo, spec: &EC2NodeClassSpec, group: Option<&PlacementGroup>) -> bool {
+    if group.is_some_and(|g| !info.supports_placement(&g.strategy)) {
+        return false;
+    }
     if super::amifamily::family_of(spec) == AmiFamily::AL2023 && info.name.starts_with("a1.") {
         return false;
     }
@@ -678,6 +701,18 @@ pub fn offerings(info: &TypeInfo, inputs: &OfferingInputs<'_>) -> Vec<Offering> 
     out
 }
 
+/// The labels of a node in `group`: its id, and for a partition group the partitions it may
+/// be in (the scheduler picks one, as it picks a zone, when pods spread over them).
+pub fn placement_requirements(r: &mut Requirements, group: &PlacementGroup) {
+    single(r, LABEL_PLACEMENT_GROUP_ID, group.id.clone());
+    if group.is_partitioned() {
+        r.add(
+            LABEL_PLACEMENT_GROUP_PARTITION,
+            Requirement::in_values((1..=group.partition_count).map(|p| p.to_string())),
+        );
+    }
+}
+
 /// Builds the scheduler's instance type.
 pub fn instance_type(
     info: &TypeInfo,
@@ -687,13 +722,11 @@ pub fn instance_type(
     let capacity = capacity(info, settings);
     let memory_pods = memory_overhead_pods(info, settings, capacity.pods);
     let overhead = overhead(&capacity, memory_pods, settings.kubelet)?;
-    Ok(InstanceType::new(
-        info.name.clone(),
-        requirements(info, settings.region),
-        capacity,
-        overhead,
-        offerings,
-    ))
+    let mut requirements = requirements(info, settings.region);
+    if let Some(group) = settings.placement_group {
+        placement_requirements(&mut requirements, group);
+    }
+    Ok(InstanceType::new(info.name.clone(), requirements, capacity, overhead, offerings))
 }
 
 #[cfg(test)]
@@ -1132,9 +1165,10 @@ pub(crate) mod tests {
     #[test]
     fn types_are_compatible_with_a_class_as_upstreams_checks_say() {
         let p4d = TypeInfo { network_cards: vec![15, 15, 15, 15], efa_interfaces: 4, ..p4d_24xlarge() };
+        let ok = |info: &TypeInfo, spec: &EC2NodeClassSpec| compatible(info, spec, None);
         let plain = spec(serde_json::json!({}));
-        assert!(compatible(&m5_large(), &plain) && compatible(&p4d, &plain));
-        assert!(!compatible(&TypeInfo { name: "a1.large".into(), ..m5_large() }, &plain), "AL2023 skips a1");
+        assert!(ok(&m5_large(), &plain) && ok(&p4d, &plain));
+        assert!(!ok(&TypeInfo { name: "a1.large".into(), ..m5_large() }, &plain), "AL2023 skips a1");
         let nics = |extra: serde_json::Value| {
             let mut list = vec![
                 serde_json::json!({"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}),
@@ -1144,23 +1178,36 @@ pub(crate) mod tests {
         };
         let efa_on_card_3 =
             nics(serde_json::json!([{"networkCardIndex": 3, "deviceIndex": 0, "interfaceType": "efa-only"}]));
-        assert!(compatible(&p4d, &efa_on_card_3));
-        assert!(!compatible(&m5_large(), &efa_on_card_3), "one card, no EFA");
+        assert!(ok(&p4d, &efa_on_card_3));
+        assert!(!ok(&m5_large(), &efa_on_card_3), "one card, no EFA");
         let device_3 = nics(
             serde_json::json!([{"networkCardIndex": 0, "deviceIndex": 3, "interfaceType": "interface"}]),
         );
-        assert!(!compatible(&m5_large(), &device_3), "m5.large has three interfaces: 0 to 2");
-        assert!(compatible(&p4d, &device_3));
-        assert!(!compatible(
-            &TypeInfo { ena_unsupported: true, ..p4d.clone() },
-            &nics(serde_json::json!([]))
-        ));
+        assert!(!ok(&m5_large(), &device_3), "m5.large has three interfaces: 0 to 2");
+        assert!(ok(&p4d, &device_3));
+        assert!(!ok(&TypeInfo { ena_unsupported: true, ..p4d.clone() }, &nics(serde_json::json!([]))));
         let nested = spec(serde_json::json!({"cpuOptions": {"nestedVirtualization": "enabled"}}));
-        assert!(!compatible(&m5_large(), &nested));
-        assert!(compatible(&TypeInfo { nested_virtualization: true, ..m5_large() }, &nested));
-        assert!(compatible(
+        assert!(!ok(&m5_large(), &nested));
+        assert!(ok(&TypeInfo { nested_virtualization: true, ..m5_large() }, &nested));
+        assert!(ok(
             &m5_large(),
             &spec(serde_json::json!({"cpuOptions": {"nestedVirtualization": "disabled"}}))
+        ));
+        // A placement group takes the types that support its strategy.
+        let cluster = PlacementGroup {
+            id: "pg-1".into(),
+            name: "training".into(),
+            strategy: "cluster".into(),
+            partition_count: 0,
+        };
+        let no_cluster =
+            TypeInfo { placement_strategies: vec!["partition".into(), "spread".into()], ..m5_large() };
+        assert!(compatible(&m5_large(), &plain, Some(&cluster)));
+        assert!(!compatible(&no_cluster, &plain, Some(&cluster)));
+        assert!(compatible(
+            &no_cluster,
+            &plain,
+            Some(&PlacementGroup { strategy: "spread".into(), ..cluster })
         ));
     }
 

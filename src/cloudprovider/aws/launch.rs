@@ -18,7 +18,7 @@ use super::{amifamily, sdk_error};
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassStatus, InstanceStorePolicy};
 use crate::apis::labels::{
     CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE, LABEL_EC2NODECLASS, LABEL_INSTANCE_TENANCY, LABEL_NODEPOOL,
-    RESOURCE_EFA, TAINT_UNREGISTERED, TENANCY_DEDICATED, TENANCY_DEFAULT,
+    LABEL_PLACEMENT_GROUP_PARTITION, RESOURCE_EFA, TAINT_UNREGISTERED, TENANCY_DEDICATED, TENANCY_DEFAULT,
 };
 use crate::apis::{NodeClaim, Taint, TaintEffect};
 use crate::cloudprovider::{CloudProviderError, Instance, OfferingKey, Result};
@@ -71,6 +71,8 @@ pub(super) struct NodeOfClaim {
     pub(super) node_pool: String,
     /// Dedicated tenancy, rather than default.
     pub(super) dedicated: bool,
+    /// The placement group partition the claim asks for, when it names exactly one.
+    pub(super) partition: Option<i32>,
 }
 
 impl NodeOfClaim {
@@ -79,13 +81,18 @@ impl NodeOfClaim {
         let mut taints: Vec<Taint> = node_claim.spec.taints.clone();
         taints.extend(node_claim.spec.startup_taints.iter().cloned());
         // Default tenancy unless the claim does not allow it, as upstream.
-        let dedicated = Requirements::from_nodepool(&node_claim.spec.requirements)
-            .is_ok_and(|reqs| !reqs.allows(LABEL_INSTANCE_TENANCY, TENANCY_DEFAULT));
+        let reqs = Requirements::from_nodepool(&node_claim.spec.requirements).ok();
+        let dedicated = reqs.as_ref().is_some_and(|r| !r.allows(LABEL_INSTANCE_TENANCY, TENANCY_DEFAULT));
+        let partition = reqs
+            .as_ref()
+            .and_then(|r| r.single_valued_labels().remove(LABEL_PLACEMENT_GROUP_PARTITION))
+            .and_then(|p| p.parse().ok());
         NodeOfClaim {
             labels: node_claim.metadata.labels.clone().unwrap_or_default(),
             taints,
             node_pool: node_pool_tag(node_claim),
             dedicated,
+            partition,
         }
     }
 
@@ -93,7 +100,13 @@ impl NodeOfClaim {
     /// no labels or taints of its own, as upstream's validation NodeClaim; dedicated when one of
     /// the class's NodePools may launch dedicated instances.
     pub(super) fn validation(dedicated: bool) -> Self {
-        NodeOfClaim { labels: BTreeMap::new(), taints: Vec::new(), node_pool: String::new(), dedicated }
+        NodeOfClaim {
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            node_pool: String::new(),
+            dedicated,
+            partition: None,
+        }
     }
 }
 
@@ -454,6 +467,7 @@ impl AwsCloudProvider {
         tags.insert(CLUSTER_TAG.to_string(), self.cluster.name.clone());
         let mut sgs: Vec<String> = status.security_groups.iter().map(|g| g.id.clone()).collect();
         sgs.sort();
+        let group = self.placement_group_of(class)?;
         Ok(LaunchTemplate {
             image_id: ami.to_string(),
             instance_profile: status.instance_profile.clone().unwrap_or_default(),
@@ -469,6 +483,8 @@ impl AwsCloudProvider {
             ip_prefix_count: spec.ip_prefix_count,
             connection_tracking: spec.connection_tracking.clone(),
             network_interfaces: Nic::resolve(&spec.network_interfaces, efa_count),
+            partition: group.as_ref().filter(|g| g.is_partitioned()).and(node.partition),
+            placement_group_id: group.map(|g| g.id),
         })
     }
 }

@@ -69,6 +69,12 @@ pub struct LaunchTemplate {
     /// none, so the templates of earlier versions are still used).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub network_interfaces: Vec<Nic>,
+    /// The placement group (its id) instances are launched into.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement_group_id: Option<String>,
+    /// The partition of that group, when the NodeClaim names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i32>,
 }
 
 /// A network interface of a launch template.
@@ -220,10 +226,12 @@ impl LaunchTemplate {
         for m in &self.block_device_mappings {
             data = data.block_device_mappings(block_device(m)?);
         }
-        if let Some(tenancy) = &self.tenancy {
+        if self.tenancy.is_some() || self.placement_group_id.is_some() {
             data = data.placement(
                 ec2::LaunchTemplatePlacementRequest::builder()
-                    .tenancy(ec2::Tenancy::from(tenancy.as_str()))
+                    .set_tenancy(self.tenancy.as_deref().map(ec2::Tenancy::from))
+                    .set_group_id(self.placement_group_id.clone())
+                    .set_partition_number(self.partition)
                     .build(),
             );
         }
@@ -515,6 +523,8 @@ mod tests {
             ip_prefix_count: None,
             connection_tracking: None,
             network_interfaces: Vec::new(),
+            placement_group_id: None,
+            partition: None,
         }
     }
 
@@ -650,6 +660,22 @@ mod tests {
         assert!(efa_only.connection_tracking_specification().is_none());
         // Without interfaces, the template's name is as before they existed.
         assert!(!serde_json::to_string(&template()).unwrap().contains("network_interfaces"));
+    }
+
+    #[test]
+    fn a_placement_group_and_partition_go_on_the_placement() {
+        let placed =
+            LaunchTemplate { placement_group_id: Some("pg-0abc".into()), partition: Some(2), ..template() };
+        assert_ne!(placed.name(), template().name());
+        let data = placed.request_data().unwrap();
+        let placement = data.placement().unwrap();
+        assert_eq!(
+            (placement.group_id(), placement.partition_number(), placement.tenancy()),
+            (Some("pg-0abc"), Some(2), None)
+        );
+        let dedicated = LaunchTemplate { tenancy: Some("dedicated".into()), ..template() };
+        let placement = dedicated.request_data().unwrap().placement().cloned().unwrap();
+        assert_eq!((placement.group_id(), placement.tenancy()), (None, Some(&ec2::Tenancy::Dedicated)));
     }
 
     #[test]

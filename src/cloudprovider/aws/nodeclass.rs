@@ -15,7 +15,7 @@ use super::amifamily::{self, alias_queries, arch_requirements, parse_alias};
 use super::sdk_error;
 use super::validation::ValidationState;
 use crate::apis::ec2nodeclass::{
-    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus,
+    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, PlacementGroupSelector,
     SecurityGroupSelectorTerm, SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
 };
 use crate::apis::labels::{LABEL_EC2NODECLASS, TAG_EKS_CLUSTER_NAME};
@@ -34,6 +34,8 @@ pub mod conditions {
     pub const INSTANCE_PROFILE_READY: &str = "InstanceProfileReady";
     /// The class passed validation.
     pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
+    /// The placement group was found (or none is asked for).
+    pub const PLACEMENT_GROUP_READY: &str = "PlacementGroupReady";
     /// All of the above.
     pub const READY: &str = "Ready";
 }
@@ -55,9 +57,6 @@ pub struct Subnet {
 /// the class's events (none when every field it sets is honoured).
 pub fn ignored_fields(spec: &EC2NodeClassSpec) -> Vec<&'static str> {
     let mut out = Vec::new();
-    if spec.placement_group_selector.is_some() {
-        out.push("spec.placementGroupSelector is not supported yet: instances are launched outside any placement group");
-    }
     if !spec.capacity_reservation_selector_terms.is_empty() {
         out.push("spec.capacityReservationSelectorTerms is not supported yet: no capacity reservation is launched into");
     }
@@ -153,6 +152,57 @@ pub async fn resolve_security_groups(
         }
     }
     Ok(found.into_iter().map(|(id, name)| SecurityGroupStatus { id, name }).collect())
+}
+
+/// A resolved placement group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacementGroup {
+    /// Its id (`pg-...`): the `karpenter.k8s.aws/placement-group-id` label of its nodes.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// `cluster`, `partition` or `spread`.
+    pub strategy: String,
+    /// Partitions of a partition group (0 otherwise).
+    pub partition_count: i32,
+}
+
+impl PlacementGroup {
+    /// Whether nodes are placed in numbered partitions.
+    pub fn is_partitioned(&self) -> bool {
+        self.strategy == "partition" && self.partition_count > 0
+    }
+}
+
+/// The available placement group `selector` names (by name or id); `None` when there is none.
+pub async fn resolve_placement_group(
+    ec2: &Ec2Client,
+    selector: &PlacementGroupSelector,
+) -> Result<Option<PlacementGroup>> {
+    let request = ec2
+        .describe_placement_groups()
+        .filters(Filter::builder().name("state").values("available").build())
+        .set_group_ids(selector.id.clone().map(|id| vec![id]))
+        .set_group_names(selector.id.is_none().then(|| selector.name.clone()).flatten().map(|n| vec![n]));
+    let out = match request.send().await {
+        Ok(out) => out,
+        // EC2 answers a name or id it does not know with an error, not an empty list.
+        Err(e)
+            if aws_sdk_ec2::error::ProvideErrorMetadata::code(&e)
+                == Some("InvalidPlacementGroup.Unknown") =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(sdk_error("DescribePlacementGroups", e)),
+    };
+    Ok(out.placement_groups().iter().find_map(|g| {
+        Some(PlacementGroup {
+            id: g.group_id()?.to_string(),
+            name: g.group_name().unwrap_or_default().to_string(),
+            strategy: g.strategy().map(|s| s.as_str().to_string()).unwrap_or_default(),
+            partition_count: g.partition_count().unwrap_or(0),
+        })
+    }))
 }
 
 /// An image found by DescribeImages.
@@ -473,6 +523,8 @@ pub struct Resolution {
     pub amis: Vec<AmiStatus>,
     /// The instance profile, when it exists.
     pub instance_profile: Option<String>,
+    /// The placement group of the class's `placementGroupSelector`, when it was found.
+    pub placement_group: Option<PlacementGroup>,
 }
 
 impl Resolution {
@@ -559,6 +611,20 @@ pub fn status(
             previous.and_then(|p| p.conditions.iter().find(|c| c.type_ == VALIDATION_SUCCEEDED)),
             generation,
         ),
+        condition(
+            PLACEMENT_GROUP_READY,
+            spec.placement_group_selector.is_none() || resolution.placement_group.is_some(),
+            "PlacementGroupNotFound",
+            format!(
+                "Placement group {:?} not found",
+                spec.placement_group_selector
+                    .as_ref()
+                    .and_then(|p| p.name.as_ref().or(p.id.as_ref()))
+                    .cloned()
+                    .unwrap_or_default()
+            ),
+            generation,
+        ),
     ];
     let unhealthy: Vec<String> = conds
         .iter()
@@ -634,11 +700,8 @@ mod tests {
         let fields: Vec<&str> = ignored.iter().map(|m| m.split(' ').next().unwrap()).collect();
         assert_eq!(
             fields,
-            [
-                "spec.placementGroupSelector",
-                "spec.capacityReservationSelectorTerms",
-                "spec.cpuOptions.nestedVirtualization"
-            ]
+            ["spec.capacityReservationSelectorTerms", "spec.cpuOptions.nestedVirtualization"],
+            "placement groups are honoured"
         );
     }
 

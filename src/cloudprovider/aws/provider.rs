@@ -11,13 +11,13 @@ use super::fleet;
 use super::instance::{self, Ec2Instance, TAG_NODECLAIM};
 use super::instancetype::{self, OfferingInputs, Settings, TypeInfo};
 use super::launchtemplate::{self, LaunchTemplates};
-use super::nodeclass::{self, Resolution};
+use super::nodeclass::{self, PlacementGroup, Resolution};
 use super::pricing::Pricing;
 use super::sdk_error;
 use super::userdata::ClusterInfo;
 use super::validation::{Outcome, VALIDATION_TTL, ValidationState, Verdict};
 use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
-use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
+use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, PlacementGroupSelector};
 use crate::apis::labels::*;
 use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{
@@ -289,6 +289,8 @@ pub struct AwsCloudProvider {
     pub(super) launch_templates: LaunchTemplates,
     /// Each class's last validation verdict, with the key of what it was made from.
     pub(super) validations: TtlCache<String, (String, Verdict)>,
+    /// Each class's placement group as last resolved, with the selector it was resolved for.
+    placement_groups: std::sync::RwLock<HashMap<String, (PlacementGroupSelector, Option<PlacementGroup>)>>,
 }
 
 impl AwsCloudProvider {
@@ -308,6 +310,7 @@ impl AwsCloudProvider {
             validations: TtlCache::new(VALIDATION_TTL, clock),
             pricing: Pricing::default(),
             node_classes: NodeClassStore::default(),
+            placement_groups: Default::default(),
             clients,
             options,
             cluster,
@@ -375,7 +378,12 @@ impl AwsCloudProvider {
                 &self.clients.region,
             )
             .await?,
+            placement_group: match &spec.placement_group_selector {
+                Some(selector) => nodeclass::resolve_placement_group(ec2, selector).await?,
+                None => None,
+            },
         };
+        self.remember_placement_group(class, resolution.placement_group.clone());
         let previous = class.status.as_ref();
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         if !resolution.is_complete() {
@@ -429,6 +437,37 @@ impl AwsCloudProvider {
         nodeclass::instance_profile_name(&self.cluster.name, &self.clients.region, &class_name)
     }
 
+    fn remember_placement_group(&self, class: &EC2NodeClass, found: Option<PlacementGroup>) {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let mut groups = self.placement_groups.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &class.spec.placement_group_selector {
+            Some(selector) => {
+                if let Some(g) =
+                    found.as_ref().filter(|g| groups.get(&name).and_then(|(_, o)| o.as_ref()) != Some(*g))
+                {
+                    tracing::debug!(ec2nodeclass = %name, id = %g.id, name = %g.name, strategy = %g.strategy, "discovered placement group");
+                }
+                groups.insert(name, (selector.clone(), found))
+            }
+            None => groups.remove(&name),
+        };
+    }
+
+    /// The placement group `class` launches into: none when it names none; an error until the
+    /// group its selector names has been resolved (a launch never goes outside the group).
+    pub(super) fn placement_group_of(&self, class: &EC2NodeClass) -> Result<Option<PlacementGroup>> {
+        let Some(selector) = &class.spec.placement_group_selector else { return Ok(None) };
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let groups = self.placement_groups.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match groups.get(&name) {
+            Some((resolved_for, Some(group))) if resolved_for == selector => Ok(Some(group.clone())),
+            _ => Err(CloudProviderError::NodeClassNotReady {
+                name,
+                reason: "its placement group is not resolved yet".to_string(),
+            }),
+        }
+    }
+
     /// The node class named `name`, which must be ready, with its status.
     pub(super) fn ready_class(&self, name: &str) -> Result<(Arc<EC2NodeClass>, EC2NodeClassStatus)> {
         let class = self.node_classes.get(name).ok_or_else(|| CloudProviderError::NodeClassNotReady {
@@ -447,17 +486,20 @@ impl AwsCloudProvider {
         let name = class.metadata.name.clone().unwrap_or_default();
         let status = nodeclass::is_ready(class.status.as_ref())
             .map_err(|reason| CloudProviderError::NodeClassNotReady { name, reason })?;
-        self.instance_types_for_status(&class.spec, status).await
+        let group = self.placement_group_of(class)?;
+        self.instance_types_for_status(&class.spec, status, group.as_ref()).await
     }
 
-    /// The instance types of a class with `spec` whose resources are resolved in `status`.
+    /// The instance types of a class with `spec` whose resources are resolved in `status`, in
+    /// the placement group `group`.
     pub(super) async fn instance_types_for_status(
         &self,
         spec: &EC2NodeClassSpec,
         status: &EC2NodeClassStatus,
+        group: Option<&PlacementGroup>,
     ) -> Result<Vec<InstanceType>> {
         let catalog = self.catalog.get().await?;
-        let settings = self.settings(spec);
+        let settings = Settings { placement_group: group, ..self.settings(spec) };
         let subnet_zones: BTreeSet<String> = status.subnets.iter().map(|s| s.zone.clone()).collect();
         let ami_reqs: Vec<Requirements> = status
             .amis
@@ -467,7 +509,7 @@ impl AwsCloudProvider {
         let price = |it: &str, zone: &str, ct: &str| self.pricing.price(it, zone, ct);
         let empty = BTreeSet::new();
         let mut out = Vec::new();
-        for info in catalog.types.iter().filter(|info| instancetype::compatible(info, spec)) {
+        for info in catalog.types.iter().filter(|info| instancetype::compatible(info, spec, group)) {
             let offered = catalog.zones.get(&info.name).unwrap_or(&empty);
             let name = info.name.clone();
             let price_of = |zone: &str, ct: &str| price(&name, zone, ct);
@@ -557,6 +599,12 @@ impl AwsCloudProvider {
         out.labels.insert(LABEL_CAPACITY_TYPE.to_string(), i.capacity_type.clone());
         out.labels.insert(LABEL_TOPOLOGY_REGION.to_string(), self.clients.region.clone());
         out.labels.insert(LABEL_INSTANCE_TENANCY.to_string(), i.tenancy.clone());
+        if let Some(group) = &i.placement_group_id {
+            out.labels.insert(LABEL_PLACEMENT_GROUP_ID.to_string(), group.clone());
+        }
+        if let Some(partition) = i.partition {
+            out.labels.insert(LABEL_PLACEMENT_GROUP_PARTITION.to_string(), partition.to_string());
+        }
         out
     }
 
@@ -666,7 +714,14 @@ impl AwsCloudProvider {
             annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH_VERSION)).map(String::as_str)
                 == Some(NODE_CLASS_HASH_VERSION);
         let hash = annotations.and_then(|a| a.get(ANNOTATION_EC2NODECLASS_HASH)).filter(|_| same_scheme);
-        Ok(drift(inst, type_requirements, &status, hash.map(String::as_str), &self.class_hash(&class.spec)))
+        let drifted =
+            drift(inst, type_requirements, &status, hash.map(String::as_str), &self.class_hash(&class.spec));
+        if drifted.is_some() {
+            return Ok(drifted);
+        }
+        let claim_group = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_PLACEMENT_GROUP_ID));
+        let class_group = self.placement_group_of(&class)?.map(|g| g.id);
+        Ok((claim_group != class_group.as_ref()).then_some(DriftReason::PlacementGroup))
     }
 }
 

@@ -387,7 +387,8 @@ impl AwsCloudProvider {
         tags: &BTreeMap<String, String>,
     ) -> Outcome {
         let unexpected = |error| Outcome::Undecided { error, transient: false };
-        let types = match self.instance_types_for_status(&class.spec, status).await {
+        let group = self.placement_group_of(class).ok().flatten();
+        let types = match self.instance_types_for_status(&class.spec, status, group.as_ref()).await {
             Ok(types) => types,
             Err(error) => return Outcome::Undecided { error, transient: true },
         };
