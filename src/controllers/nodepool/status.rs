@@ -266,8 +266,8 @@ pub fn desired_status(
                 .into_iter()
                 .flatten()
                 .collect();
-        let message =
-            format!("{} {} False", missing.join(", "), if missing.len() > 1 { "are" } else { "is" });
+        // As upstream's condition sets word it: `Type=Status` of each unhealthy dependent.
+        let message = missing.iter().map(|t| format!("{t}=False")).collect::<Vec<_>>().join(", ");
         set_condition(
             &mut status.conditions,
             READY,
@@ -347,7 +347,7 @@ spec:
         let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().clone();
         assert_eq!(get(NODE_CLASS_READY).status, ConditionStatus::False);
         assert_eq!(get(READY).status, ConditionStatus::False);
-        assert_eq!(get(READY).message, "NodeClassReady is False");
+        assert_eq!(get(READY).message, "NodeClassReady=False");
         assert_eq!(status.nodes, 0);
     }
 
