@@ -98,8 +98,9 @@ pub(super) async fn launch(claim: &mut NodeClaim, state: &State, now: Timestamp)
             Launch::Retry(NODE_CLASS_RETRY)
         }
         Err(error) => {
+            // Unknown, as upstream: the next attempt may launch it.
             let message = logic::launch_failure_message(&error_chain(&error));
-            let update = ConditionUpdate::false_(reasons::LAUNCH_FAILED, message);
+            let update = ConditionUpdate::unknown(reasons::LAUNCH_FAILED, message);
             set_condition(conditions_mut(claim), LAUNCHED, update, generation, now);
             Launch::Failed(Error::Cloud { method: "create", source: error })
         }

@@ -62,6 +62,8 @@ pub mod reasons {
     pub const READY: &str = "Ready";
     /// Ready=False/Unknown: one of Launched, Registered, Initialized is not True.
     pub const UNHEALTHY_DEPENDENTS: &str = "UnhealthyDependents";
+    /// Ready is Unknown: no dependent is False, some are not True yet.
+    pub const RECONCILING_DEPENDENTS: &str = "ReconcilingDependents";
     /// InstanceTerminating=True.
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
 }
@@ -95,7 +97,8 @@ pub fn initialize_conditions(conditions: &mut Vec<Condition>, generation: Option
 }
 
 /// The Ready condition: True once Launched, Registered and Initialized are; otherwise False when
-/// one of them is False, else Unknown, naming the conditions that are not True.
+/// one of them is False (`UnhealthyDependents`), else Unknown (`ReconcilingDependents`), naming
+/// the conditions that are not True, as upstream's condition sets do.
 pub fn ready(conditions: &[Condition]) -> ConditionUpdate {
     let mut pending = Vec::new();
     let mut failed = false;
@@ -115,7 +118,7 @@ pub fn ready(conditions: &[Condition]) -> ConditionUpdate {
     } else if failed {
         ConditionUpdate::false_(reasons::UNHEALTHY_DEPENDENTS, pending.join(", "))
     } else {
-        ConditionUpdate::unknown(reasons::UNHEALTHY_DEPENDENTS, pending.join(", "))
+        ConditionUpdate::unknown(reasons::RECONCILING_DEPENDENTS, pending.join(", "))
     }
 }
 

@@ -147,7 +147,11 @@ fn ready_follows_its_dependents(
     let ready = ready(claim.conditions());
     assert_eq!(ready.status, expected);
     assert_eq!(ready.message, message);
-    let reason = if expected == T { reasons::READY } else { reasons::UNHEALTHY_DEPENDENTS };
+    let reason = match expected {
+        T => reasons::READY,
+        F => reasons::UNHEALTHY_DEPENDENTS,
+        _ => reasons::RECONCILING_DEPENDENTS,
+    };
     assert_eq!(ready.reason, reason);
 }
 
