@@ -987,6 +987,30 @@ async fn efa_requests_and_configured_interfaces_reach_the_launch() {
 
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
+async fn an_ipv6_cluster_launches_with_ipv6_addresses_and_prefixes() {
+    let cluster = unique_cluster("ipv6");
+    seed(&cluster);
+    let mut options = Options::new(&cluster);
+    options.disable_dry_run = true;
+    options.kube_dns_ip = Some("fd00:ec2::a".into());
+    let (p, faults) = provider_with_options(options, Arc::new(SystemClock)).await;
+    assert!(p.cluster().is_ipv6());
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.ip_prefix_count = Some(1);
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    p.node_classes().upsert(class);
+    p.create(&node_claim("ipv6", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    let nics = launched_interfaces(&p, &faults).await;
+    let primary = &nics[0];
+    assert_eq!(
+        (primary.device_index(), primary.primary_ipv6(), primary.ipv6_address_count()),
+        (Some(0), Some(true), Some(1))
+    );
+    assert_eq!((primary.ipv6_prefix_count(), primary.ipv4_prefix_count()), (Some(1), None));
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
 async fn a_claim_that_requires_dedicated_tenancy_launches_dedicated() {
     let (p, _cluster) = provider("tenancy").await;
     let mut claim = node_claim("dedicated", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);

@@ -485,6 +485,7 @@ impl AwsCloudProvider {
             network_interfaces: Nic::resolve(&spec.network_interfaces, efa_count),
             partition: group.as_ref().filter(|g| g.is_partitioned()).and(node.partition),
             placement_group_id: group.map(|g| g.id),
+            ipv6: self.cluster.is_ipv6(),
         })
     }
 }

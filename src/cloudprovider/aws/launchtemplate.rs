@@ -69,6 +69,10 @@ pub struct LaunchTemplate {
     /// none, so the templates of earlier versions are still used).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub network_interfaces: Vec<Nic>,
+    /// Whether the cluster is IPv6: interfaces get a primary IPv6 address, and `ip_prefix_count`
+    /// IPv6 prefixes.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ipv6: bool,
     /// The placement group (its id) instances are launched into.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement_group_id: Option<String>,
@@ -186,40 +190,38 @@ impl LaunchTemplate {
                 .set_udp_timeout(c.udp_timeout)
                 .build()
         });
-        // Interfaces are spelled out one by one, each with the security groups (an EFA-only one
-        // without addresses, public IP or connection tracking); without any, the primary interface
-        // is spelled out when something of it is set (its security groups go with it, as EC2
-        // wants), as upstream's templates do.
+        // An interface with IP networking gets the public IP setting, the prefixes (IPv6 ones
+        // and a primary IPv6 address in an IPv6 cluster) and the connection tracking; an
+        // EFA-only one none of them. Each carries the security groups, as EC2 wants.
+        let interface = |networked: bool| {
+            let on = |networked_value: bool| networked && networked_value;
+            ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
+                .set_associate_public_ip_address(self.associate_public_ip_address.filter(|_| networked))
+                .set_ipv4_prefix_count(self.ip_prefix_count.filter(|_| on(!self.ipv6)))
+                .set_ipv6_prefix_count(self.ip_prefix_count.filter(|_| on(self.ipv6)))
+                .set_primary_ipv6(on(self.ipv6).then_some(true))
+                .set_ipv6_address_count(on(self.ipv6).then_some(1))
+                .set_connection_tracking_specification(tracking.clone().filter(|_| networked))
+                .set_groups(Some(self.security_group_ids.clone()))
+        };
+        // Interfaces are spelled out one by one; without any, the primary interface is spelled
+        // out when something of it is set, as upstream's templates do.
         if !self.network_interfaces.is_empty() {
             for nic in &self.network_interfaces {
-                let networked = !nic.efa_only();
                 data = data.network_interfaces(
-                    ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
+                    interface(!nic.efa_only())
                         .network_card_index(nic.network_card_index)
                         .device_index(nic.device_index)
                         .interface_type(nic.interface_type)
-                        .set_associate_public_ip_address(
-                            self.associate_public_ip_address.filter(|_| networked),
-                        )
-                        .set_ipv4_prefix_count(self.ip_prefix_count.filter(|_| networked))
-                        .set_connection_tracking_specification(tracking.clone().filter(|_| networked))
-                        .set_groups(Some(self.security_group_ids.clone()))
                         .build(),
                 );
             }
-        } else if self.associate_public_ip_address.is_some()
+        } else if self.ipv6
+            || self.associate_public_ip_address.is_some()
             || self.ip_prefix_count.is_some()
             || self.connection_tracking.is_some()
         {
-            data = data.network_interfaces(
-                ec2::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
-                    .device_index(0)
-                    .set_associate_public_ip_address(self.associate_public_ip_address)
-                    .set_ipv4_prefix_count(self.ip_prefix_count)
-                    .set_connection_tracking_specification(tracking)
-                    .set_groups(Some(self.security_group_ids.clone()))
-                    .build(),
-            );
+            data = data.network_interfaces(interface(true).device_index(0).build());
         } else {
             data = data.set_security_group_ids(Some(self.security_group_ids.clone()));
         }
@@ -525,6 +527,7 @@ mod tests {
             network_interfaces: Vec::new(),
             placement_group_id: None,
             partition: None,
+            ipv6: false,
         }
     }
 
@@ -660,6 +663,35 @@ mod tests {
         assert!(efa_only.connection_tracking_specification().is_none());
         // Without interfaces, the template's name is as before they existed.
         assert!(!serde_json::to_string(&template()).unwrap().contains("network_interfaces"));
+    }
+
+    #[test]
+    fn an_ipv6_cluster_gets_ipv6_addresses_and_prefixes() {
+        let v6 = LaunchTemplate { ipv6: true, ip_prefix_count: Some(1), ..template() };
+        assert_ne!(v6.name(), template().name());
+        let data = v6.request_data().unwrap();
+        let nic = &data.network_interfaces()[0];
+        assert_eq!(
+            (nic.device_index(), nic.primary_ipv6(), nic.ipv6_address_count(), nic.ipv6_prefix_count()),
+            (Some(0), Some(true), Some(1), Some(1))
+        );
+        assert_eq!(nic.ipv4_prefix_count(), None);
+        // Even with nothing else set, the primary interface is spelled out.
+        let data = LaunchTemplate { ipv6: true, ..template() }.request_data().unwrap();
+        assert_eq!(data.network_interfaces()[0].primary_ipv6(), Some(true));
+        // An EFA-only interface has none of it.
+        let configured = LaunchTemplate {
+            ipv6: true,
+            network_interfaces: vec![Nic {
+                network_card_index: 1,
+                device_index: 0,
+                interface_type: "efa-only",
+            }],
+            ..template()
+        };
+        let data = configured.request_data().unwrap();
+        let efa = &data.network_interfaces()[0];
+        assert_eq!((efa.primary_ipv6(), efa.ipv6_address_count()), (None, None));
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub struct ClusterInfo {
 }
 
 impl ClusterInfo {
+    /// Whether pods and nodes use IPv6: the cluster DNS address is an IPv6 one.
+    pub fn is_ipv6(&self) -> bool {
+        self.dns_ip().is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+    }
+
     /// The cluster DNS address: the `kube-dns` Service's IP, else the tenth address of the
     /// service CIDR (IPv4), which is where EKS puts it.
     pub fn dns_ip(&self) -> Option<String> {
