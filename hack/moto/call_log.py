@@ -47,20 +47,29 @@ What each operation authorises (after the Service Authorization Reference)
   type: those of the request's TagSpecifications, else those of the launch template's),
   the launch template, subnets, security groups, image and the image's snapshots, and the
   placement group (placement-group/<name>) the launch template or an override puts the
-  instance in (their ARNs and resource tags); ec2:CreateFleet on the new fleet (fleet/*) and
+  instance in and the capacity reservation (capacity-reservation/<id>) the launch template
+  targets (their ARNs and resource tags); ec2:CreateFleet on the new fleet (fleet/*) and
   on those of the types CreateFleet lists (instance, volume, launch template, subnet, image,
-  placement group);
+  placement group, capacity reservation);
   ec2:CreateTags with ec2:CreateAction=CreateFleet on each new resource that gets tags;
   iam:PassRole (iam:PassedToService=ec2.amazonaws.com) on the role of the launch
   template's instance profile.
 * ec2:RunInstances: the same as CreateFleet's ec2:RunInstances, the placement group being
-  the request's (Placement.GroupName or GroupId) or else its launch template's.
+  the request's (Placement.GroupName or GroupId) or else its launch template's, and so is
+  the capacity reservation target.
 * ec2:TerminateInstances, ec2:DeleteLaunchTemplate, ec2:CreateTags/DeleteTags: the
   instances / template / tagged resources, with their resource tags.
 * ec2:CreatePlacementGroup: the new group (placement-group/<name>) with its request tags, and
   ec2:CreateTags on it (ec2:CreateAction=CreatePlacementGroup) when tagged;
   ec2:DeletePlacementGroup: the group, with its resource tags. Placement groups are the
   emulator's own (hack/moto/placement.py): their tags are looked up there.
+* Capacity reservations (the emulator's own, hack/moto/reservations.py): a launch whose launch
+  template (or RunInstances request) targets one authorises ec2:RunInstances (and, for
+  CreateFleet, ec2:CreateFleet) on its ARN (capacity-reservation/<id>), with its resource tags;
+  ec2:CreateCapacityReservation: capacity-reservation/* with its request tags, and ec2:CreateTags
+  on it (ec2:CreateAction=CreateCapacityReservation) when tagged; ec2:CancelCapacityReservation:
+  the reservation, with its resource tags. DescribeCapacityReservations is a Describe call (`*`).
+  A launch without a target that runs in an open reservation is not modelled on it.
 * iam instance-profile operations: the instance profile (its resource tags; request tags
   for CreateInstanceProfile and TagInstanceProfile); AddRoleToInstanceProfile also
   iam:PassRole on the role (iam:PassedToService=ec2.amazonaws.com).
@@ -338,12 +347,13 @@ class Model:
     def _launch_uses(self, ref: dict[str, str], subnets: set[str], images: set[str],
                      used: dict[str, tuple[dict[str, str], bool | None]],
                      template_specs: dict[str, dict[str, str]], profiles: set[str],
-                     placements: list[dict[str, str]] | None = None) -> None:
+                     placements: list[dict[str, str]] | None = None, target: str | None = None) -> None:
         """What a launch from the launch template `ref` (LaunchTemplateId or LaunchTemplateName,
         and Version), with the request's own `subnets`, `images` and `placements` (those of the
         request or of each override, over the template's), uses: into `used` (arn -> resource
         tags, found), the template's tag specifications into `template_specs`, its instance
-        profile into `profiles`."""
+        profile into `profiles`; the capacity reservation it targets (`target`, the request's own,
+        else the template's) into `used` as well."""
         backend = self.ec2()
 
         def use(rid: str) -> None:
@@ -400,6 +410,42 @@ class Model:
                 used.setdefault(self.ec2_arn("snapshot", snapshot, False), (self.ec2_tags(snapshot), None))
         for placement in placements or [{}]:
             self._placement_group_uses(_over(data.get("Placement"), placement), used)
+        spec = data.get("CapacityReservationSpecification") or {}
+        self._reservation_uses(target or (spec.get("CapacityReservationTarget") or {}).get("CapacityReservationId"),
+                               used)
+
+    def _reservation_uses(self, target: str | None, used: dict[str, tuple[dict[str, str], bool | None]]) -> None:
+        """The capacity reservation (capacity-reservation/<id>) a launch targets."""
+        if not target:
+            return
+        import reservations  # the emulator's own reservations
+
+        reservation = reservations.find(self.ec2(), target)
+        if reservation is None:
+            used.setdefault(self.ec2_arn("capacity-reservation", target), ({}, False))
+        else:
+            used.setdefault(reservation.arn, (dict(reservation.tags), True))
+
+    def _ec2_CreateCapacityReservation(self, auth, action, params) -> None:
+        # Its member is TagSpecifications.N (most actions': TagSpecification.N).
+        specs = tag_specifications(params, "TagSpecifications") or tag_specifications(params)
+        tags = specs.get("capacity-reservation", {})
+        resource = self.ec2_arn("capacity-reservation", "*")
+        auth.add(action, resource, request_tags=tags)
+        if tags:
+            auth.add("ec2:CreateTags", resource, request_tags=tags,
+                     **{"ec2:CreateAction": "CreateCapacityReservation"})
+
+    def _ec2_CancelCapacityReservation(self, auth, action, params) -> None:
+        import reservations  # the emulator's own reservations
+
+        rid = params.get("CapacityReservationId", "")
+        reservation = reservations.find(self.ec2(), rid) if rid else None
+        if reservation is None:
+            auth.add(action, self.ec2_arn("capacity-reservation", rid or "?"), resource_tags={},
+                     resource_found=False)
+        else:
+            auth.add(action, reservation.arn, resource_tags=dict(reservation.tags), resource_found=True)
 
     def _placement_group_uses(self, placement: dict | None,
                               used: dict[str, tuple[dict[str, str], bool | None]]) -> None:
@@ -498,10 +544,12 @@ class Model:
                 used.setdefault(self.ec2_id_arn(group[""]), (self.ec2_tags(group[""]), self.ec2_exists(group[""])))
         images = {params["ImageId"]} if params.get("ImageId") else set()
         ref = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("LaunchTemplate.")}
+        target = params.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId")
         if ref:
-            self._launch_uses(ref, subnets, images, used, template_specs, profiles, [_placement(params)])
+            self._launch_uses(ref, subnets, images, used, template_specs, profiles, [_placement(params)], target)
         else:
             self._placement_group_uses(_placement(params), used)
+            self._reservation_uses(target, used)
         if params.get("IamInstanceProfile.Name"):
             profiles.add(params["IamInstanceProfile.Name"])
         tags_of = {rtype: request_specs.get(rtype, template_specs.get(rtype)) for rtype in _LAUNCHED}

@@ -11,7 +11,7 @@ What it serves
 --------------
 moto's own WSGI application (every service moto emulates, moto's /moto-api/
 included), on 127.0.0.1:$MOTO_PORT (default 14566), with EC2 placement groups
-added (below), plus small endpoints of its own under /_karpenter-rs/ (no AWS API
+and capacity reservations added (below), plus small endpoints of its own under /_karpenter-rs/ (no AWS API
 uses that path: S3 bucket names cannot start with "_"):
 
     GET  /_karpenter-rs/ready   200 + JSON {"service": "karpenter-rs-moto", "pid", "port",
@@ -32,6 +32,19 @@ uses that path: S3 bucket names cannot start with "_"):
                                 "impaired_since": "2026-11-24T12:00:00Z"} (impaired_since
                                 defaults to now; "ok" gives the check back to moto, which
                                 always reports it passed)
+    POST /_karpenter-rs/capacity-block
+                                make a capacity block (below); JSON body {"instance_type":
+                                "p5.48xlarge", "zone": "us-west-2a", "count": 2, "start":
+                                "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z",
+                                "region", "account", "tags": {"k": "v"}, "platform"} (start
+                                defaults to now, end to a day after start); answers {"id",
+                                "arn", "state", "available", ...}
+    POST /_karpenter-rs/capacity-reservation
+                                change a capacity reservation: JSON body {"id": "cr-...",
+                                "region", "state": "expired"|"cancelled"|...|null, "end":
+                                "2026-01-01T00:00:00Z"} (a state overrides the one the clock
+                                gives, null gives it back; end sets the end date); answers as
+                                capacity-block, 404 for no such reservation
     POST /_karpenter-rs/seed    seed more clusters; JSON body
                                 {"clusters": ["name", ...], "region": "us-west-2"}
                                 (or query ?cluster=a&cluster=b&region=...); answers
@@ -115,6 +128,44 @@ CreateFleet with no instance from those overrides and an InvalidPlacementGroup.U
 each in its errorSet (HTTP 200, as for insufficient capacity). A dry run of a launch is left
 to moto (DryRunOperation, whatever the group); so are fleets of type request and maintain.
 
+EC2 capacity reservations
+-------------------------
+moto 5.2.5 has none either (CreateCapacityReservation, DescribeCapacityReservations and
+CancelCapacityReservation answer 500). hack/moto/reservations.py, a WSGI middleware
+between the placement groups and moto, answers them as EC2 does (its docstring has the
+XML and the details):
+
+* CreateCapacityReservation: InstanceType, InstancePlatform, AvailabilityZone or
+  AvailabilityZoneId, InstanceCount, InstanceMatchCriteria open|targeted (default open),
+  Tenancy, EndDateType unlimited|limited with EndDate, TagSpecifications of
+  `capacity-reservation`; the reservation gets an id cr-<17 hex digits>, its ARN
+  (capacity-reservation/<id>), the account as owner, the type `default`, the state
+  `active` and as many available instances as InstanceCount;
+* DescribeCapacityReservations: CapacityReservationId.N (an unknown id answers
+  InvalidCapacityReservationId.NotFound), filters instance-type, availability-zone,
+  availability-zone-id, owner-id, state, instance-match-criteria, tenancy,
+  instance-platform, end-date-type, reservation-type, capacity-reservation-id, tag:<key>,
+  tag-key; MaxResults and NextToken;
+* CancelCapacityReservation: the state `cancelled`, no available instances.
+
+Capacity blocks (EC2 sells them through PurchaseCapacityBlock, which is not emulated) are
+made through POST /_karpenter-rs/capacity-block: reservations of type `capacity-block`,
+targeted, ending at "end", `scheduled` before "start", `active` until "end", `expired`
+after. POST /_karpenter-rs/capacity-reservation changes a reservation's state or end date.
+
+An instance launched by RunInstances or an instant CreateFleet whose launch template (or,
+for RunInstances, request) has a CapacityReservationTarget takes an available instance of
+that reservation; the instance type and zone must be the reservation's, and a capacity
+block needs the market type capacity-block (a fleet's DefaultTargetCapacityType
+`capacity-block` is launched as on-demand). A reservation without an available instance,
+or not active, fails the launch with ReservationCapacityExceeded: RunInstances with a 400,
+an instant CreateFleet with an error item per such override (HTTP 200; the other overrides
+launch). Without a target, an instance (preference `open`, the default) runs in an active
+`open` reservation of its type, zone, platform and tenancy while one has room.
+DescribeInstances shows capacityReservationId, capacityReservationSpecification and, in a
+capacity block, the instance lifecycle `capacity-block`; a terminated instance gives its
+instance back. Reservations belong to the account and region; /moto-api/reset removes them.
+
 Account seed (per cluster name and region)
 ------------------------------------------
 * EC2: a VPC (10.0.0.0/16), three private subnets in the first three zones of
@@ -182,6 +233,7 @@ import call_log  # noqa: E402
 import eks_images  # noqa: E402
 import faults  # noqa: E402
 import placement  # noqa: E402
+import reservations  # noqa: E402
 
 DISCOVERY_TAG = "karpenter.sh/discovery"
 VPC_CIDR = "10.0.0.0/16"
@@ -624,6 +676,12 @@ class App:
                     return "200 OK", self.injector.arm(body)
                 except (ValueError, faults.FaultError) as exc:
                     return "400 Bad Request", {"error": str(exc)}
+        if name in ("capacity-block", "capacity-reservation") and method == "POST":
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
+            if name == "capacity-block":
+                return reservations.create_capacity_block(body, self.region)
+            return reservations.update(body, self.region)
         if name == "instance-status" and method == "POST":
             length = int(environ.get("CONTENT_LENGTH") or 0)
             body = json.loads(environ["wsgi.input"].read(length) or b"{}") if length else {}
@@ -810,9 +868,12 @@ def main(argv=None) -> int:
     _fleets_use_launch_template_security_groups()
     _status_checks_can_be_set()
     placement.install_instance_placement()
+    reservations.install_instance_reservations()
     seeder = Seeder(eks_version)
-    # Placement groups are answered behind the call log, which records them like moto's calls.
-    recorder = call_log.CallRecorder(placement.PlacementGroups(DomainDispatcherApplication(create_backend_app)))
+    # Placement groups and capacity reservations are answered behind the call log, which records
+    # them like moto's calls.
+    recorder = call_log.CallRecorder(placement.PlacementGroups(
+        reservations.CapacityReservations(DomainDispatcherApplication(create_backend_app))))
     if os.environ.get(call_log.ENV_VAR):
         recorder.set_path(os.path.abspath(os.environ[call_log.ENV_VAR]))
     # Faults answer before the call log and moto see a call (see hack/moto/faults.py).

@@ -1,0 +1,829 @@
+"""EC2 On-Demand Capacity Reservations and capacity blocks in the AWS emulator (moto 5.2.5 has none).
+
+moto answers CreateCapacityReservation, DescribeCapacityReservations and
+CancelCapacityReservation with HTTP 500, and its instances run in no reservation. This module
+closes that gap in three parts, installed by hack/moto/server.py:
+
+* `CapacityReservations`, a WSGI middleware in front of moto (behind the placement groups, the
+  call log and the fault injector), answers the three actions itself and refuses launches
+  (RunInstances, an instant CreateFleet) that a targeted reservation cannot take, as EC2 does;
+* `install_instance_reservations()` makes moto's launches consume the reservations: an
+  instance launched into a reservation takes one of its available instances, and gives it back
+  when it is terminated;
+* `create_capacity_block()` and `update()`, behind POST /_karpenter-rs/capacity-block and
+  POST /_karpenter-rs/capacity-reservation, make capacity blocks (which EC2 sells through
+  PurchaseCapacityBlock) and change a reservation's state or end date.
+
+Reservations
+------------
+CreateCapacityReservation takes InstanceType, InstancePlatform (default Linux/UNIX),
+AvailabilityZone or AvailabilityZoneId, InstanceCount, InstanceMatchCriteria (open or
+targeted, default open), Tenancy (default or dedicated, default default), EndDateType
+(unlimited, the default, or limited with EndDate) and TagSpecifications of resource type
+`capacity-reservation`. A reservation gets an id `cr-` + 17 hex digits, the ARN
+`arn:<partition>:ec2:<region>:<account>:capacity-reservation/<id>`, the account as OwnerId, the
+reservation type `default` and the state `active`; TotalInstanceCount and
+AvailableInstanceCount are InstanceCount. Reservations live on moto's EC2 backend of the account
+and region, so that POST /moto-api/reset removes them. Answers, as EC2's:
+
+    <CreateCapacityReservationResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+      <requestId>...</requestId>
+      <capacityReservation>
+        <capacityReservationId>cr-0123456789abcdef0</capacityReservationId>
+        <ownerId>123456789012</ownerId>
+        <capacityReservationArn>arn:aws:ec2:us-west-2:123456789012:capacity-reservation/cr-0123456789abcdef0</capacityReservationArn>
+        <availabilityZoneId>usw2-az2</availabilityZoneId><instanceType>m5.large</instanceType>
+        <instancePlatform>Linux/UNIX</instancePlatform><availabilityZone>us-west-2a</availabilityZone>
+        <tenancy>default</tenancy><totalInstanceCount>2</totalInstanceCount>
+        <availableInstanceCount>1</availableInstanceCount><ebsOptimized>false</ebsOptimized>
+        <ephemeralStorage>false</ephemeralStorage><state>active</state>
+        <startDate>2026-01-01T00:00:00.000Z</startDate><endDate>2026-01-02T00:00:00.000Z</endDate>
+        <endDateType>limited</endDateType><instanceMatchCriteria>targeted</instanceMatchCriteria>
+        <createDate>2026-01-01T00:00:00.000Z</createDate>
+        <tagSet><item><key>team</key><value>ml</value></item></tagSet>
+        <reservationType>default</reservationType><interruptible>false</interruptible>
+      </capacityReservation>
+    </CreateCapacityReservationResponse>
+
+(endDate only when the reservation has one.) DescribeCapacityReservationsResponse lists the
+same elements as items of <capacityReservationSet> (and <nextToken> when there are more);
+CancelCapacityReservationResponse is <return>true</return>.
+
+DescribeCapacityReservations selects by CapacityReservationId.N (an id of no reservation:
+InvalidCapacityReservationId.NotFound), then by Filter.N: instance-type, availability-zone,
+availability-zone-id, owner-id, state, instance-match-criteria, tenancy, instance-platform,
+end-date-type, reservation-type, capacity-reservation-id, tag:<key> and tag-key (EC2's * and ?
+wildcards), and pages with MaxResults (1-1000; not with ids) and NextToken.
+
+CancelCapacityReservation sets the state `cancelled` and AvailableInstanceCount 0 (a reservation
+not active or scheduled: IncorrectState).
+
+Capacity blocks
+---------------
+POST /_karpenter-rs/capacity-block {"instance_type", "zone", "count", "start", "end", "region",
+"account", "tags", "platform"} (start defaults to now, end to a day after start) makes a
+reservation of type `capacity-block`, targeted, with EndDateType limited. Its state follows the
+clock when it is described or launched into: `scheduled` before start, `active` from start to end,
+`expired` after end (a capacity block is then left with no available instances). A reservation
+of type `default` with a limited end date expires at its end as well.
+POST /_karpenter-rs/capacity-reservation {"id", "region", "account", "state", "end"} sets a
+reservation's state (any of EC2's: active, expired, cancelled, pending, failed, scheduled,
+payment-pending, payment-failed, assessing, delayed, unsupported; null goes back to the
+computed one) or its end date (a capacity block's time line follows it).
+
+Launches
+--------
+A launch's capacity reservation specification is the launch template's
+CapacityReservationSpecification, or the RunInstances request's own (its preference and its
+CapacityReservationTarget.CapacityReservationId); its market type is InstanceMarketOptions.MarketType
+(the request's, else the template's).
+
+* A target: each instance takes one available instance of that reservation. The reservation must
+  exist (else InvalidCapacityReservationId.NotFound), have the instance type and zone of the launch
+  (else InvalidParameterCombination), be a capacity block exactly when the market type is
+  `capacity-block` (else InvalidParameterCombination) and be active with an available instance left;
+  otherwise the launch fails with ReservationCapacityExceeded, the code Karpenter reads as the
+  reservation being exhausted. RunInstances answers that with EC2's error document (HTTP 400; also
+  for a MinCount above the available instances: moto launches MinCount instances); an
+  `instant` CreateFleet answers 200 with an error item per override that cannot launch, and launches
+  from the others (no instance when none can), at most as many instances as the reservations of its
+  overrides have left.
+* A fleet whose DefaultTargetCapacityType is `capacity-block` is launched as on-demand (its
+  instances carry the capacity block).
+* No target, preference `open` (the default): an instance takes an available instance of an active
+  `open` reservation of its instance type, zone, platform (Linux/UNIX or Windows) and tenancy when
+  there is one (the oldest first), else it runs as plain On-Demand. Preference `none` never runs
+  in a reservation; `capacity-reservations-only` without a target runs only in such an open one
+  (else ReservationCapacityExceeded).
+
+DescribeInstances (and the RunInstances answer) then shows the instance's <capacityReservationId>,
+its <capacityReservationSpecification> (the preference, `capacity-reservations-only` and the target
+for a targeted launch, else `open` or `none`) and, in a capacity block, the instance lifecycle
+`capacity-block`. An instance that is shutting down or terminated no longer counts against the
+reservation. Dry runs and fleets of type `request` or `maintain` are left to moto.
+
+Not emulated: capacity reservation fleets, groups (resource-group targets), splitting, moving,
+modifying (ModifyCapacityReservation), PurchaseCapacityBlock and its offerings, billing owners,
+interruptible reservations, CreateTags on a cr- id, and stopping instances (a stopped instance keeps
+its slot).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import secrets
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+from xml.sax.saxutils import escape
+
+import call_log
+import faults
+import placement
+
+ACTIONS = ("CreateCapacityReservation", "DescribeCapacityReservations", "CancelCapacityReservation")
+LAUNCHES = ("RunInstances", "CreateFleet")
+STATES = ("active", "expired", "cancelled", "pending", "failed", "scheduled", "payment-pending",
+          "payment-failed", "assessing", "delayed", "unsupported")
+MATCH_CRITERIA = ("open", "targeted")
+TENANCIES = ("default", "dedicated")
+END_DATE_TYPES = ("unlimited", "limited")
+PLATFORMS = ("Linux/UNIX", "Red Hat Enterprise Linux", "SUSE Linux", "Windows", "Windows with SQL Server",
+             "Windows with SQL Server Enterprise", "Windows with SQL Server Standard",
+             "Windows with SQL Server Web", "Linux with SQL Server Standard", "Linux with SQL Server Web",
+             "Linux with SQL Server Enterprise", "RHEL with SQL Server Standard", "RHEL with SQL Server Enterprise",
+             "RHEL with SQL Server Web", "RHEL with HA", "RHEL with HA and SQL Server Standard",
+             "RHEL with HA and SQL Server Enterprise", "Ubuntu Pro")
+DEFAULT_PLATFORM = "Linux/UNIX"
+CAPACITY_BLOCK = "capacity-block"
+EXHAUSTED = "ReservationCapacityExceeded"
+MAX_RESULTS = 1000
+FILTERS = ("instance-type", "availability-zone", "availability-zone-id", "owner-id", "state",
+           "instance-match-criteria", "tenancy", "instance-platform", "end-date-type", "reservation-type",
+           "capacity-reservation-id", "tag-key")  # and tag:<key>
+# Where a backend keeps its reservations (an attribute moto's reset clears with the backend's state).
+_STORE = "karpenter_rs_capacity_reservations"
+_ID = re.compile(r"^cr-[0-9a-f]{17}$")
+_lock = threading.RLock()
+# Serialises the launches into reservations: their check and moto's launch.
+_launch_lock = threading.RLock()
+
+
+class ReservationError(Exception):
+    """An EC2 error answer: code, message, HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+def not_found(rid: str) -> ReservationError:
+    return ReservationError("InvalidCapacityReservationId.NotFound",
+                            f"The capacity reservation ID '{rid}' does not exist")
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def timestamp(value: datetime.datetime) -> str:
+    value = value.astimezone(datetime.timezone.utc)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def parse_time(value: Any, name: str) -> datetime.datetime:
+    """A date of a request (ISO 8601, or seconds since the epoch), in UTC."""
+    try:
+        if isinstance(value, (int, float)) or re.fullmatch(r"\d+(\.\d+)?", str(value)):
+            return datetime.datetime.fromtimestamp(float(value), datetime.timezone.utc)
+        parsed = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except (TypeError, ValueError):
+        raise ReservationError("InvalidParameterValue", f"Value ({value}) for parameter {name} is invalid.") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
+
+
+@dataclass
+class Reservation:
+    id: str
+    arn: str
+    owner_id: str
+    instance_type: str
+    platform: str
+    zone: str
+    zone_id: str
+    count: int
+    match_criteria: str = "open"
+    tenancy: str = "default"
+    end_date_type: str = "unlimited"
+    end: datetime.datetime | None = None
+    start: datetime.datetime = field(default_factory=_now)
+    created: datetime.datetime = field(default_factory=_now)
+    reservation_type: str = "default"
+    tags: dict[str, str] = field(default_factory=dict)
+    # A state set (CancelCapacityReservation, the extension endpoint) over the computed one.
+    state_set: str | None = None
+    # The instances running in it.
+    instances: set[str] = field(default_factory=set)
+
+    def state(self, now: datetime.datetime | None = None) -> str:
+        if self.state_set:
+            return self.state_set
+        now = now or _now()
+        if self.reservation_type == CAPACITY_BLOCK and now < self.start:
+            return "scheduled"
+        if self.end is not None and now >= self.end:
+            return "expired"
+        return "active"
+
+    def used(self, backend: Any) -> int:
+        """The instances running in the reservation (those terminated given back)."""
+        with _lock:
+            for iid in list(self.instances):
+                instance = _instance(backend, iid)
+                if instance is None or instance.state in ("terminated", "shutting-down"):
+                    self.instances.discard(iid)
+            return len(self.instances)
+
+    def available(self, backend: Any) -> int:
+        if self.state() in ("cancelled", "expired", "failed"):
+            return 0
+        return max(self.count - self.used(backend), 0)
+
+    def filter_values(self, name: str) -> list[str]:
+        if name.startswith("tag:"):
+            key = name[4:]
+            return [self.tags[key]] if key in self.tags else []
+        values = {
+            "instance-type": [self.instance_type],
+            "availability-zone": [self.zone],
+            "availability-zone-id": [self.zone_id],
+            "owner-id": [self.owner_id],
+            "state": [self.state()],
+            "instance-match-criteria": [self.match_criteria],
+            "tenancy": [self.tenancy],
+            "instance-platform": [self.platform],
+            "end-date-type": [self.end_date_type],
+            "reservation-type": [self.reservation_type],
+            "capacity-reservation-id": [self.id],
+            "tag-key": list(self.tags),
+        }
+        return values.get(name, [])
+
+    def xml(self, backend: Any) -> str:
+        parts = [
+            f"<capacityReservationId>{self.id}</capacityReservationId>",
+            f"<ownerId>{self.owner_id}</ownerId>",
+            f"<capacityReservationArn>{escape(self.arn)}</capacityReservationArn>",
+            f"<availabilityZoneId>{escape(self.zone_id)}</availabilityZoneId>",
+            f"<instanceType>{escape(self.instance_type)}</instanceType>",
+            f"<instancePlatform>{escape(self.platform)}</instancePlatform>",
+            f"<availabilityZone>{escape(self.zone)}</availabilityZone>",
+            f"<tenancy>{self.tenancy}</tenancy>",
+            f"<totalInstanceCount>{self.count}</totalInstanceCount>",
+            f"<availableInstanceCount>{self.available(backend)}</availableInstanceCount>",
+            "<ebsOptimized>false</ebsOptimized><ephemeralStorage>false</ephemeralStorage>",
+            f"<state>{self.state()}</state>",
+            f"<startDate>{timestamp(self.start)}</startDate>",
+        ]
+        if self.end is not None:
+            parts.append(f"<endDate>{timestamp(self.end)}</endDate>")
+        parts += [
+            f"<endDateType>{self.end_date_type}</endDateType>",
+            f"<instanceMatchCriteria>{self.match_criteria}</instanceMatchCriteria>",
+            f"<createDate>{timestamp(self.created)}</createDate>",
+            "<tagSet>" + "".join(f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>"
+                                 for k, v in self.tags.items()) + "</tagSet>",
+            f"<reservationType>{self.reservation_type}</reservationType>",
+            "<interruptible>false</interruptible>",
+        ]
+        return "".join(parts)
+
+
+def _instance(backend: Any, iid: str) -> Any:
+    try:
+        return backend.get_instance(iid)
+    except Exception:
+        return None
+
+
+# -- the reservations of an account's region ----------------------------------------------------
+
+
+def reservations(backend: Any) -> dict[str, Reservation]:
+    """id -> reservation, of moto's EC2 backend `backend` (one account's region), in creation order."""
+    store = backend.__dict__.get(_STORE)
+    if store is None:
+        with _lock:
+            store = backend.__dict__.setdefault(_STORE, {})
+    return store
+
+
+def find(backend: Any, rid: str) -> Reservation | None:
+    return reservations(backend).get(rid or "")
+
+
+def backend_of(account: str, region: str) -> Any:
+    return placement.backend_of(account, region)
+
+
+def _zone(backend: Any, zone: str | None, zone_id: str | None) -> tuple[str, str]:
+    zones = backend.describe_availability_zones()
+    for z in zones:
+        if (zone and z.name == zone) or (not zone and zone_id and z.zone_id == zone_id):
+            return z.name, z.zone_id
+    given = zone or zone_id
+    if not given:
+        raise ReservationError("MissingParameter",
+                               "The request must contain the parameter AvailabilityZone or AvailabilityZoneId")
+    raise ReservationError("InvalidParameterValue", f"Invalid availability zone: [{given}]")
+
+
+def create(backend: Any, instance_type: str, count: Any, zone: str | None = None, zone_id: str | None = None,
+           platform: str | None = None, match_criteria: str | None = None, tenancy: str | None = None,
+           end_date_type: str | None = None, end: Any = None, tags: dict[str, str] | None = None,
+           reservation_type: str = "default", start: Any = None) -> Reservation:
+    """CreateCapacityReservation (and the capacity blocks of the extension endpoint)."""
+    from moto.utilities.utils import get_partition
+
+    if not instance_type:
+        raise ReservationError("MissingParameter", "The request must contain the parameter instanceType")
+    if not platform and reservation_type != CAPACITY_BLOCK:
+        raise ReservationError("MissingParameter", "The request must contain the parameter instancePlatform")
+    platform = platform or DEFAULT_PLATFORM
+    if platform not in PLATFORMS:
+        raise ReservationError("InvalidParameterValue", f"Value ({platform}) for parameter instancePlatform is invalid.")
+    try:
+        number = int(count)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise ReservationError("InvalidParameterValue",
+                               f"Value ({count}) for parameter instanceCount is invalid. It must be at least 1.")
+    match_criteria = match_criteria or "open"
+    if match_criteria not in MATCH_CRITERIA:
+        raise ReservationError("InvalidParameterValue",
+                               f"Value ({match_criteria}) for parameter instanceMatchCriteria is invalid.")
+    tenancy = tenancy or "default"
+    if tenancy not in TENANCIES:
+        raise ReservationError("InvalidParameterValue", f"Value ({tenancy}) for parameter tenancy is invalid.")
+    end_date_type = end_date_type or ("limited" if end not in (None, "") else "unlimited")
+    if end_date_type not in END_DATE_TYPES:
+        raise ReservationError("InvalidParameterValue", f"Value ({end_date_type}) for parameter endDateType is invalid.")
+    now = _now()
+    begin = parse_time(start, "startDate") if start not in (None, "") else now
+    end_at = None
+    if end_date_type == "limited":
+        if end in (None, ""):
+            raise ReservationError("InvalidParameterCombination",
+                                   "The parameter endDate is required when endDateType is limited.")
+        end_at = parse_time(end, "endDate")
+        if end_at <= begin and reservation_type != CAPACITY_BLOCK:
+            raise ReservationError("InvalidParameterValue",
+                                   f"Value ({end}) for parameter endDate is invalid. It must be in the future.")
+    elif end not in (None, ""):
+        raise ReservationError("InvalidParameterCombination",
+                               "The parameter endDate cannot be used when endDateType is unlimited.")
+    zone_name, zone_ident = _zone(backend, zone, zone_id)
+    region, account = backend.region_name, backend.account_id
+    rid = "cr-" + secrets.token_hex(9)[:17]
+    reservation = Reservation(
+        id=rid,
+        arn=f"arn:{get_partition(region)}:ec2:{region}:{account}:capacity-reservation/{rid}",
+        owner_id=account,
+        instance_type=instance_type,
+        platform=platform,
+        zone=zone_name,
+        zone_id=zone_ident,
+        count=number,
+        match_criteria=match_criteria,
+        tenancy=tenancy,
+        end_date_type=end_date_type,
+        end=end_at,
+        start=begin,
+        created=now,
+        reservation_type=reservation_type,
+        tags=dict(tags or {}),
+    )
+    with _lock:
+        reservations(backend)[rid] = reservation
+    return reservation
+
+
+def create_capacity_block(body: dict, default_region: str) -> tuple[str, dict]:
+    """POST /_karpenter-rs/capacity-block: (status, JSON answer)."""
+    try:
+        region = body.get("region") or default_region
+        backend = backend_of(str(body.get("account") or _default_account()), region)
+        start = parse_time(body["start"], "start") if body.get("start") else _now()
+        end = parse_time(body["end"], "end") if body.get("end") else start + datetime.timedelta(days=1)
+        if end <= start:
+            raise ReservationError("InvalidParameterValue", "end is after start")
+        tags = body.get("tags") or {}
+        if isinstance(tags, list):
+            tags = {t["Key"]: t["Value"] for t in tags}
+        reservation = create(backend, body.get("instance_type") or "", body.get("count", 1),
+                             zone=body.get("zone"), zone_id=body.get("zone_id"), platform=body.get("platform"),
+                             match_criteria="targeted", end_date_type="limited", end=end, start=start,
+                             tags={str(k): str(v) for k, v in tags.items()}, reservation_type=CAPACITY_BLOCK)
+    except ReservationError as error:
+        return "400 Bad Request", {"error": f"{error.code}: {error.message}"}
+    return "200 OK", summary(reservation, backend)
+
+
+def update(body: dict, default_region: str) -> tuple[str, dict]:
+    """POST /_karpenter-rs/capacity-reservation: set a reservation's state and/or end date."""
+    region = body.get("region") or default_region
+    backend = backend_of(str(body.get("account") or _default_account()), region)
+    reservation = find(backend, body.get("id") or "")
+    if reservation is None:
+        return "404 Not Found", {"error": f"no capacity reservation {body.get('id')!r} in {region}"}
+    if "state" in body:
+        state = body["state"]
+        if state is not None and state not in STATES:
+            return "400 Bad Request", {"error": f"state {state!r} is none of {', '.join(STATES)}"}
+        reservation.state_set = state
+    if body.get("end"):
+        try:
+            reservation.end = parse_time(body["end"], "end")
+        except ReservationError as error:
+            return "400 Bad Request", {"error": error.message}
+        reservation.end_date_type = "limited"
+    return "200 OK", summary(reservation, backend)
+
+
+def summary(reservation: Reservation, backend: Any) -> dict:
+    return {"id": reservation.id, "arn": reservation.arn, "state": reservation.state(),
+            "reservation_type": reservation.reservation_type, "instance_type": reservation.instance_type,
+            "zone": reservation.zone, "total": reservation.count, "available": reservation.available(backend),
+            "start": timestamp(reservation.start), "end": timestamp(reservation.end) if reservation.end else None,
+            "instances": sorted(reservation.instances)}
+
+
+def _default_account() -> str:
+    import os
+
+    return os.environ.get("MOTO_ACCOUNT_ID") or "123456789012"
+
+
+def describe(backend: Any, ids: Sequence[str] = (), filters: Sequence[tuple[str, list[str]]] = ()) -> list[Reservation]:
+    store = reservations(backend)
+    for rid in ids:
+        if rid not in store:
+            raise not_found(rid)
+    for name, _ in filters:
+        if name not in FILTERS and not name.startswith("tag:"):
+            raise ReservationError("InvalidParameterValue", f"The filter '{name}' is invalid")
+    chosen = set(ids)
+    candidates = [r for r in list(store.values()) if not chosen or r.id in chosen]
+    return [r for r in candidates
+            if all(placement._matches(r.filter_values(name), values) for name, values in filters)]
+
+
+def cancel(backend: Any, rid: str) -> None:
+    if not rid:
+        raise ReservationError("MissingParameter", "The request must contain the parameter capacityReservationId")
+    reservation = find(backend, rid)
+    if reservation is None:
+        raise not_found(rid)
+    with _lock:
+        if reservation.state() not in ("active", "scheduled", "pending", "assessing", "delayed"):
+            raise ReservationError("IncorrectState",
+                                   f"The capacity reservation '{rid}' is in the {reservation.state()} state "
+                                   "and cannot be cancelled.")
+        reservation.state_set = "cancelled"
+
+
+# -- launches -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    """What a launch asks of the reservations."""
+
+    preference: str = "open"
+    target: str | None = None
+    market_type: str | None = None
+    instance_type: str | None = None
+    zone: str | None = None
+
+
+def launch_of(backend: Any, data: dict | None, request: dict[str, Any] | None = None,
+              instance_type: str | None = None, zone: str | None = None) -> Launch:
+    """The launch of a launch template's `data` with the request's own members (`request`:
+    CapacityReservationSpecification and InstanceMarketOptions as the template has them)."""
+    data = data or {}
+    request = request or {}
+    spec = request.get("CapacityReservationSpecification") or data.get("CapacityReservationSpecification") or {}
+    market = (request.get("InstanceMarketOptions") or data.get("InstanceMarketOptions") or {}).get("MarketType")
+    target = (spec.get("CapacityReservationTarget") or {}).get("CapacityReservationId")
+    preference = spec.get("CapacityReservationPreference") or ("capacity-reservations-only" if target else "open")
+    return Launch(preference=preference, target=target or None, market_type=market,
+                  instance_type=instance_type or data.get("InstanceType"),
+                  zone=zone or (data.get("Placement") or {}).get("AvailabilityZone"))
+
+
+def subnet_zone(backend: Any, subnet_id: str | None) -> str | None:
+    if not subnet_id:
+        return None
+    try:
+        return backend.get_subnet(subnet_id).availability_zone
+    except Exception:
+        return None
+
+
+def check(backend: Any, launch: Launch, count: int = 1) -> Reservation | None:
+    """The reservation a targeted launch of `count` instances goes into; raises ReservationError as
+    EC2 refuses the launch. None: no target."""
+    if not launch.target:
+        if launch.preference == "capacity-reservations-only":
+            if _open_match(backend, launch.instance_type, launch.zone, None, None) is None:
+                raise ReservationError(EXHAUSTED, "There is no open capacity reservation with available "
+                                                  f"capacity for {launch.instance_type} in {launch.zone}.")
+        return None
+    reservation = find(backend, launch.target)
+    if reservation is None:
+        raise not_found(launch.target)
+    if launch.instance_type and launch.instance_type != reservation.instance_type:
+        raise ReservationError("InvalidParameterCombination",
+                               f"The instance type {launch.instance_type} does not match the instance type "
+                               f"{reservation.instance_type} of the capacity reservation {reservation.id}.")
+    if launch.zone and launch.zone != reservation.zone:
+        raise ReservationError("InvalidParameterCombination",
+                               f"The Availability Zone {launch.zone} does not match the Availability Zone "
+                               f"{reservation.zone} of the capacity reservation {reservation.id}.")
+    block = reservation.reservation_type == CAPACITY_BLOCK
+    if (launch.market_type == CAPACITY_BLOCK) != block:
+        raise ReservationError("InvalidParameterCombination",
+                               f"The capacity reservation {reservation.id} is a capacity block: launch with the "
+                               "market type capacity-block." if block else
+                               f"The market type capacity-block needs a capacity block; {reservation.id} is not one.")
+    state = reservation.state()
+    if state != "active":
+        raise ReservationError(EXHAUSTED, f"The capacity reservation {reservation.id} is {state}: "
+                                          "it has no capacity available.")
+    if reservation.available(backend) < count:
+        raise ReservationError(EXHAUSTED, f"There is insufficient capacity in the capacity reservation "
+                                          f"{reservation.id}.")
+    return reservation
+
+
+def _platform(instance: Any) -> str:
+    return "Windows" if (getattr(instance, "platform", None) or "").lower() == "windows" else DEFAULT_PLATFORM
+
+
+def _open_match(backend: Any, instance_type: str | None, zone: str | None, platform: str | None,
+                tenancy: str | None) -> Reservation | None:
+    for reservation in list(reservations(backend).values()):
+        if (reservation.match_criteria == "open" and reservation.reservation_type == "default"
+                and reservation.instance_type == instance_type
+                and (zone is None or reservation.zone == zone)
+                and (platform is None or reservation.platform == platform)
+                and (tenancy is None or reservation.tenancy == tenancy)
+                and reservation.state() == "active" and reservation.available(backend) > 0):
+            return reservation
+    return None
+
+
+def attach(backend: Any, instance: Any, launch: Launch) -> None:
+    """Put the moto instance `instance`, just launched, in its reservation (see the docstring)."""
+    zone = getattr(instance.placement, "zone", None) or None
+    with _lock:
+        reservation = None
+        if launch.target:
+            reservation = find(backend, launch.target)
+            if reservation is not None and (reservation.state() != "active" or reservation.available(backend) < 1):
+                reservation = None
+        elif launch.preference in ("open", "capacity-reservations-only"):
+            reservation = _open_match(backend, instance.instance_type, zone, _platform(instance),
+                                      getattr(instance.placement, "tenancy", None) or "default")
+        if reservation is not None:
+            reservation.instances.add(instance.id)
+            instance.capacity_reservation_id = reservation.id
+            if launch.target:
+                instance.capacity_reservation_specification = {
+                    "CapacityReservationPreference": "capacity-reservations-only",
+                    "CapacityReservationTarget": {"CapacityReservationId": reservation.id},
+                }
+            else:
+                instance.capacity_reservation_specification = {"CapacityReservationPreference": launch.preference}
+            if reservation.reservation_type == CAPACITY_BLOCK:
+                instance.lifecycle = CAPACITY_BLOCK
+        else:
+            instance.capacity_reservation_specification = {
+                "CapacityReservationPreference": "none" if launch.preference == "none" else "open"}
+
+
+def install_instance_reservations() -> None:
+    """Make moto's RunInstances and CreateFleet put their instances in reservations."""
+    from moto.ec2.models import fleets
+    from moto.ec2.responses.instances import InstanceResponse
+
+    if getattr(InstanceResponse.run_instances, "_in_reservations", False):
+        return  # installed already
+
+    original_run = InstanceResponse.run_instances
+
+    def run_instances(self, _original=original_run):
+        result = _original(self)
+        reservation = getattr(result, "result", None)
+        instances = getattr(reservation, "instances", None) or []
+        if instances:
+            data = placement.template_data(self.ec2_backend, self._get_param("LaunchTemplate", {}) or {})
+            request = _request_members(lambda name: self._get_param(name))
+            for instance in instances:
+                launch = launch_of(self.ec2_backend, data, request, instance.instance_type)
+                attach(self.ec2_backend, instance, launch)
+        return result
+
+    run_instances._in_reservations = True  # type: ignore[attr-defined]
+    InstanceResponse.run_instances = run_instances
+
+    original_on_demand = fleets.Fleet.create_on_demand_requests
+
+    def create_on_demand_requests(self, weight, _original=original_on_demand):
+        before = len(self.on_demand_instances)
+        out = _original(self, weight)
+        for item in self.on_demand_instances[before:]:
+            spec = item.get("launch_spec")
+            data = placement.template_data(self.ec2_backend, getattr(spec, "launch_template_spec", None) or {})
+            attach(self.ec2_backend, item["instance"], launch_of(self.ec2_backend, data))
+        return out
+
+    fleets.Fleet.create_on_demand_requests = create_on_demand_requests
+
+
+def _request_members(get: Callable[[str], Any]) -> dict[str, Any]:
+    """A RunInstances request's own CapacityReservationSpecification and InstanceMarketOptions."""
+    out: dict[str, Any] = {}
+    preference = get("CapacityReservationSpecification.CapacityReservationPreference")
+    target = get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId")
+    if preference or target:
+        out["CapacityReservationSpecification"] = {"CapacityReservationPreference": preference}
+        if target:
+            out["CapacityReservationSpecification"]["CapacityReservationTarget"] = {"CapacityReservationId": target}
+    market = get("InstanceMarketOptions.MarketType")
+    if market:
+        out["InstanceMarketOptions"] = {"MarketType": market}
+    return out
+
+
+# -- the middleware --------------------------------------------------------------------------------
+
+
+def _response(action: str, inner: str) -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<{action}Response xmlns="{faults.EC2_NAMESPACE}"><requestId>{uuid.uuid4()}</requestId>'
+        f"{inner}</{action}Response>"
+    ).encode()
+
+
+class CapacityReservations:
+    """WSGI middleware answering the capacity-reservation actions and refusing launches a targeted
+    reservation cannot take (see the module's docstring)."""
+
+    def __init__(self, app: Callable):
+        self.app = app
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        scope = placement.request_scope(environ)
+        if scope is None or scope[0] != "ec2":
+            return self.app(environ, start_response)
+        body = call_log.read_body(environ)
+        params = call_log.query_params(environ, body)
+        action = params.get("Action", "")
+        if action not in ACTIONS and action not in LAUNCHES:
+            return self.app(environ, start_response)
+        _, region, account = scope
+        dry_run = params.get("DryRun", "").lower() == "true"
+        try:
+            if action in ACTIONS:
+                if dry_run:
+                    raise ReservationError("DryRunOperation",
+                                           "Request would have succeeded, but DryRun flag is set.", 412)
+                return placement._answer(start_response, 200, self._action(action, params, backend_of(account, region)))
+            if dry_run:
+                return self.app(environ, start_response)
+            backend = backend_of(account, region)
+            with _launch_lock:
+                if action == "RunInstances":
+                    self._check_run_instances(environ, params, backend)
+                    captured, answer = faults.call_captured(self.app, environ)
+                    start_response(captured[0], captured[1])
+                    return [answer]
+                return self._create_fleet(environ, start_response, params, backend)
+        except ReservationError as error:
+            return placement._answer(start_response, error.status, faults.error_document(error.code, error.message))
+
+    def _action(self, action: str, params: dict[str, str], backend: Any) -> bytes:
+        if action == "CreateCapacityReservation":
+            # CreateCapacityReservation's member is TagSpecifications.N (most actions': TagSpecification.N).
+            specs = call_log.tag_specifications(params, "TagSpecifications") or call_log.tag_specifications(params)
+            for rtype in specs:
+                if rtype != "capacity-reservation":
+                    raise ReservationError("InvalidParameterValue",
+                                           f"'{rtype}' is not a valid taggable resource type for this operation.")
+            reservation = create(
+                backend, params.get("InstanceType", ""), params.get("InstanceCount"),
+                zone=params.get("AvailabilityZone"), zone_id=params.get("AvailabilityZoneId"),
+                platform=params.get("InstancePlatform"), match_criteria=params.get("InstanceMatchCriteria"),
+                tenancy=params.get("Tenancy"), end_date_type=params.get("EndDateType"), end=params.get("EndDate"),
+                tags=specs.get("capacity-reservation"))
+            return _response(action, f"<capacityReservation>{reservation.xml(backend)}</capacityReservation>")
+        if action == "DescribeCapacityReservations":
+            ids = placement._values(params, "CapacityReservationId")
+            filters = [(f.get("Name", ""), placement._values(f, "Value")) for f in call_log.indexed(params, "Filter")]
+            found = describe(backend, ids, filters)
+            limit = params.get("MaxResults")
+            start = 0
+            if params.get("NextToken"):
+                try:
+                    start = int(params["NextToken"])
+                except ValueError:
+                    raise ReservationError("InvalidParameterValue",
+                                           f"Value ({params['NextToken']}) for parameter nextToken is invalid.") from None
+            token = ""
+            if limit:
+                if ids:
+                    raise ReservationError("InvalidParameterCombination",
+                                           "The parameter capacityReservationIdSet cannot be used with maxResults.")
+                try:
+                    size = int(limit)
+                except ValueError:
+                    size = 0
+                if not 1 <= size <= MAX_RESULTS:
+                    raise ReservationError("InvalidParameterValue",
+                                           f"Value ({limit}) for parameter maxResults is invalid. "
+                                           f"It must be between 1 and {MAX_RESULTS}.")
+                if start + size < len(found):
+                    token = f"<nextToken>{start + size}</nextToken>"
+                found = found[start:start + size]
+            else:
+                found = found[start:]
+            items = "".join(f"<item>{r.xml(backend)}</item>" for r in found)
+            return _response(action, f"<capacityReservationSet>{items}</capacityReservationSet>{token}")
+        cancel(backend, params.get("CapacityReservationId", ""))
+        return _response(action, "<return>true</return>")
+
+    # -- launches ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_run_instances(environ: dict, params: dict[str, str], backend: Any) -> None:
+        ref = placement._ref(params, "LaunchTemplate")
+        data = placement.template_data(backend, ref) if ref else None
+        request = _request_members(params.get)
+        zone = (params.get("Placement.AvailabilityZone") or subnet_zone(backend, params.get("SubnetId"))
+                or subnet_zone(backend, params.get("NetworkInterface.1.SubnetId")))
+        launch = launch_of(backend, data, request, params.get("InstanceType"), zone)
+        if not launch.target:
+            check(backend, launch)
+            return
+        try:
+            low = int(params.get("MinCount") or 1)
+        except ValueError:
+            return  # moto answers
+        # moto launches MinCount instances (never more), which the reservation must have.
+        check(backend, launch, low)
+
+    def _create_fleet(self, environ: dict, start_response: Callable, params: dict[str, str],
+                      backend: Any) -> Iterable[bytes]:
+        if (params.get("Type") or "maintain") != "instant":
+            return self.app(environ, start_response)
+        block = params.get("TargetCapacitySpecification.DefaultTargetCapacityType") == CAPACITY_BLOCK
+        lifecycle = faults.fleet_lifecycle(params)
+        errors: list[str] = []
+        configs = []  # (config, kept overrides, had overrides)
+        targeted: dict[str, int] = {}  # reservation id -> available
+        untargeted = False
+        for config in call_log.indexed(params, "LaunchTemplateConfigs"):
+            data = placement.template_data(backend, placement._ref(config, "LaunchTemplateSpecification"))
+            overrides = call_log.indexed(config, "Overrides")
+            kept = []
+            for override in overrides or [{}]:
+                zone = override.get("AvailabilityZone") or subnet_zone(backend, override.get("SubnetId"))
+                launch = launch_of(backend, data, None, override.get("InstanceType"), zone)
+                try:
+                    reservation = check(backend, launch)
+                    if block and reservation is None:
+                        raise ReservationError("InvalidParameterCombination",
+                                               "A capacity-block fleet launches into a capacity block: its launch "
+                                               "template targets none.")
+                    kept.append(override)
+                    if reservation is None:
+                        untargeted = True
+                    else:
+                        targeted[reservation.id] = reservation.available(backend)
+                except ReservationError as error:
+                    errors.append(faults.fleet_error_item(faults.fleet_override(config, override), lifecycle,
+                                                          error.code, error.message))
+            configs.append((config, kept, bool(overrides)))
+        if not errors and not targeted and not block:
+            return self.app(environ, start_response)
+        if not any(kept for _, kept, _ in configs):
+            return placement._answer(start_response, 200, faults.unfilled_fleet(errors))
+        out = placement._without_overrides(params, configs) if errors else dict(params)
+        if block:
+            out["TargetCapacitySpecification.DefaultTargetCapacityType"] = "on-demand"
+        if targeted and not untargeted:
+            try:
+                wanted = int(params.get("TargetCapacitySpecification.TotalTargetCapacity") or 1)
+            except ValueError:
+                wanted = 1
+            room = sum(targeted.values())
+            if wanted > room:
+                out["TargetCapacitySpecification.TotalTargetCapacity"] = str(room)
+                errors += [faults.fleet_error_item(faults.fleet_override(config, o), lifecycle, EXHAUSTED,
+                                                   "There is insufficient capacity in the targeted capacity "
+                                                   "reservations for the fleet's target capacity.")
+                           for config, kept, _ in configs for o in kept]
+        placement._set_body(environ, out)
+        captured, answer = faults.call_captured(self.app, environ)
+        if errors and captured and captured[0].startswith("200"):
+            answer = placement._with_errors(answer, errors)
+        headers = [(k, v) for k, v in captured[1] if k.lower() != "content-length"]
+        start_response(captured[0], headers + [("Content-Length", str(len(answer)))])
+        return [answer]

@@ -1,0 +1,506 @@
+"""EC2 capacity reservations and capacity blocks in the AWS emulator (hack/moto/reservations.py),
+which moto lacks.
+
+Most tests run against the running emulator (hack/moto-up.sh), through boto3 pointed at
+$AWS_ENDPOINT_URL, as the controller's calls reach it: the reservation actions, capacity blocks
+made through POST /_karpenter-rs/capacity-block, and instances launched by CreateFleet and
+RunInstances into reservations. They tag their reservations with a tag of their own, cancel them
+and remove what they launched. The call-log test runs an emulator of its own in this process
+(moto behind the call log, the placement groups and the reservations, as hack/moto/server.py
+composes them), since it switches its call log.
+
+    eval "$(hack/moto-up.sh)"
+    "$(hack/moto-up.sh --venv)"/bin/python -m pytest tests/aws_emulator/test_capacity_reservations.py
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import sys
+import threading
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from botocore.exceptions import ClientError
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "hack" / "moto"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.dont_write_bytecode = True
+
+import call_log  # noqa: E402
+import placement  # noqa: E402
+import reservations  # noqa: E402
+from test_placement_groups import (  # noqa: E402,F401  (fixtures shared with the placement-group tests)
+    ACCOUNT, REGION, _OPENER, ec2, ec2_client, endpoint, error_of, image, subnet)
+
+RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{17}$")
+# Instance types no other test launches: an open reservation of one takes only this file's instances.
+OPEN_TYPE = "x2iedn.xlarge"
+TYPE = "m5.large"
+
+
+def post(endpoint: str, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{endpoint}/_karpenter-rs/{path}", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=30) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def iso(delta: datetime.timedelta) -> str:
+    return (datetime.datetime.now(datetime.timezone.utc) + delta).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Made:
+    """What a test made in the shared emulator, removed afterwards."""
+
+    def __init__(self, ec2, endpoint: str):
+        self.ec2 = ec2
+        self.endpoint = endpoint
+        self.run_tag = uuid.uuid4().hex
+        self.reservations: list[str] = []
+        self.templates: list[str] = []
+        self.instances: list[str] = []
+
+    @property
+    def mine(self) -> dict:
+        """The filter of this test's reservations."""
+        return {"Name": "tag:test-run", "Values": [self.run_tag]}
+
+    def reservation(self, zone: str, count: int = 1, instance_type: str = TYPE, **kwargs: Any) -> dict:
+        tags = [{"Key": "test-run", "Value": self.run_tag}] + kwargs.pop("Tags", [])
+        found = self.ec2.create_capacity_reservation(
+            InstanceType=instance_type, InstancePlatform=kwargs.pop("InstancePlatform", "Linux/UNIX"),
+            AvailabilityZone=zone, InstanceCount=count,
+            TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": tags}], **kwargs,
+        )["CapacityReservation"]
+        self.reservations.append(found["CapacityReservationId"])
+        return found
+
+    def block(self, zone: str, count: int = 1, start: str | None = None, end: str | None = None,
+              instance_type: str = TYPE) -> dict:
+        body: dict[str, Any] = {"instance_type": instance_type, "zone": zone, "count": count, "region": REGION,
+                                "tags": {"test-run": self.run_tag}}
+        if start:
+            body["start"] = start
+        if end:
+            body["end"] = end
+        status, answer = post(self.endpoint, "capacity-block", body)
+        assert status == 200, answer
+        self.reservations.append(answer["id"])
+        return answer
+
+    def get(self, rid: str) -> dict:
+        return self.ec2.describe_capacity_reservations(CapacityReservationIds=[rid])["CapacityReservations"][0]
+
+    def template(self, image: str, target: str | None = None, market: str | None = None, **data: Any) -> dict:
+        data = {"ImageId": image, **data}
+        if target:
+            data["CapacityReservationSpecification"] = {
+                "CapacityReservationPreference": "capacity-reservations-only",
+                "CapacityReservationTarget": {"CapacityReservationId": target}}
+        if market:
+            data["InstanceMarketOptions"] = {"MarketType": market}
+        template = self.ec2.create_launch_template(
+            LaunchTemplateName=f"cr-test-{uuid.uuid4().hex[:16]}", LaunchTemplateData=data)["LaunchTemplate"]
+        self.templates.append(template["LaunchTemplateId"])
+        return template
+
+    def fleet(self, template: dict, subnet: str, count: int = 1, capacity: str = "on-demand",
+              instance_type: str = TYPE) -> dict:
+        answer = self.ec2.create_fleet(
+            Type="instant",
+            TargetCapacitySpecification={"TotalTargetCapacity": count, "DefaultTargetCapacityType": capacity},
+            LaunchTemplateConfigs=[{
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template["LaunchTemplateId"], "Version": "$Latest"},
+                "Overrides": [{"InstanceType": instance_type, "SubnetId": subnet}],
+            }],
+        )
+        self.instances += [i for launched in answer.get("Instances", []) for i in launched["InstanceIds"]]
+        return answer
+
+    def run(self, **kwargs: Any) -> list[dict]:
+        instances = self.ec2.run_instances(MinCount=kwargs.pop("MinCount", 1), MaxCount=kwargs.pop("MaxCount", 1),
+                                           **kwargs)["Instances"]
+        self.instances += [i["InstanceId"] for i in instances]
+        return instances
+
+    def described(self, instance_ids: list[str]) -> dict[str, dict]:
+        reservations_ = self.ec2.describe_instances(InstanceIds=instance_ids)["Reservations"]
+        return {i["InstanceId"]: i for r in reservations_ for i in r["Instances"]}
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        self.ec2.terminate_instances(InstanceIds=instance_ids)
+
+    def remove(self) -> None:
+        if self.instances:
+            self.ec2.terminate_instances(InstanceIds=self.instances)
+        for template in self.templates:
+            self.ec2.delete_launch_template(LaunchTemplateId=template)
+        for rid in self.reservations:
+            try:
+                self.ec2.cancel_capacity_reservation(CapacityReservationId=rid)
+            except ClientError as error:
+                assert error.response["Error"]["Code"] == "IncorrectState", error
+
+
+@pytest.fixture
+def made(ec2, endpoint) -> Iterator[Made]:
+    made = Made(ec2, endpoint)
+    try:
+        yield made
+    finally:
+        made.remove()
+
+
+@pytest.fixture(scope="module")
+def zone(ec2, subnet) -> str:
+    return ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]["AvailabilityZone"]
+
+
+def fleet_errors(answer: dict) -> list[tuple[str, str]]:
+    return [(e["ErrorCode"], e["LaunchTemplateAndOverrides"]["Overrides"]["InstanceType"])
+            for e in answer.get("Errors", [])]
+
+
+def launched(answer: dict) -> list[str]:
+    return [i for item in answer.get("Instances", []) for i in item["InstanceIds"]]
+
+
+# -- creating, describing, cancelling -----------------------------------------------------------------
+
+
+def test_create_answers_an_active_reservation_as_ec2(ec2, made, zone) -> None:
+    created = made.reservation(zone, count=3, InstanceMatchCriteria="targeted",
+                               Tags=[{"Key": "team", "Value": "ml"}])
+    rid = created["CapacityReservationId"]
+    assert RESERVATION_ID.match(rid)
+    assert created["CapacityReservationArn"] == f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{rid}"
+    assert (created["OwnerId"], created["State"], created["ReservationType"]) == (ACCOUNT, "active", "default")
+    assert (created["TotalInstanceCount"], created["AvailableInstanceCount"]) == (3, 3)
+    assert (created["InstanceType"], created["AvailabilityZone"], created["InstancePlatform"]) == \
+        (TYPE, zone, "Linux/UNIX")
+    assert (created["Tenancy"], created["InstanceMatchCriteria"], created["EndDateType"]) == \
+        ("default", "targeted", "unlimited")
+    assert created["AvailabilityZoneId"] and "EndDate" not in created
+    assert created["CreateDate"] and created["StartDate"]
+    assert {t["Key"]: t["Value"] for t in created["Tags"]} == {"test-run": made.run_tag, "team": "ml"}
+    assert made.get(rid) == created
+
+
+def test_the_default_match_criteria_and_a_limited_end(ec2, made, zone) -> None:
+    end = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(days=2)
+    created = made.reservation(zone, EndDateType="limited", EndDate=end)
+    assert created["InstanceMatchCriteria"] == "open"
+    assert (created["EndDateType"], created["EndDate"]) == ("limited", end)
+    zone_id = created["AvailabilityZoneId"]
+    by_zone_id = ec2.create_capacity_reservation(InstanceType=TYPE, InstancePlatform="Linux/UNIX",
+                                                 AvailabilityZoneId=zone_id, InstanceCount=1)["CapacityReservation"]
+    made.reservations.append(by_zone_id["CapacityReservationId"])
+    assert by_zone_id["AvailabilityZone"] == zone
+
+
+@pytest.mark.parametrize("arguments, code", [
+    ({"InstanceCount": 0}, "InvalidParameterValue"),
+    ({"InstanceMatchCriteria": "sometimes"}, "InvalidParameterValue"),
+    ({"EndDateType": "limited"}, "InvalidParameterCombination"),
+    ({"AvailabilityZone": "mars-1a"}, "InvalidParameterValue"),
+])
+def test_parameters_ec2_refuses(ec2, zone, arguments: dict, code: str) -> None:
+    call = {"InstanceType": TYPE, "InstancePlatform": "Linux/UNIX", "AvailabilityZone": zone, "InstanceCount": 1,
+            **arguments}
+    assert error_of(lambda: ec2.create_capacity_reservation(**call))[:2] == (400, code)
+
+
+def test_describe_filters(ec2, made, zone) -> None:
+    other_zone = next(z["ZoneName"] for z in ec2.describe_availability_zones()["AvailabilityZones"]
+                      if z["ZoneName"] != zone)
+    first = made.reservation(zone, InstanceMatchCriteria="targeted", Tags=[{"Key": "team", "Value": "ml"}])
+    second = made.reservation(other_zone, instance_type="c5.large", Tenancy="dedicated")
+    a, b = first["CapacityReservationId"], second["CapacityReservationId"]
+
+    def ids(*filters: dict) -> list[str]:
+        found = ec2.describe_capacity_reservations(Filters=[made.mine, *filters])["CapacityReservations"]
+        return [r["CapacityReservationId"] for r in found]
+
+    assert ids() == [a, b]
+    assert ids({"Name": "instance-type", "Values": ["c5.*"]}) == [b]
+    assert ids({"Name": "availability-zone", "Values": [zone]}) == [a]
+    assert ids({"Name": "owner-id", "Values": [ACCOUNT]}) == [a, b]
+    assert ids({"Name": "owner-id", "Values": ["210987654321"]}) == []
+    assert ids({"Name": "state", "Values": ["active"]}) == [a, b]
+    assert ids({"Name": "instance-match-criteria", "Values": ["open"]}) == [b]
+    assert ids({"Name": "tenancy", "Values": ["dedicated"]}) == [b]
+    assert ids({"Name": "tag:team", "Values": ["ml"]}) == [a]
+    assert ids({"Name": "tag-key", "Values": ["team"]}) == [a]
+    assert ids({"Name": "capacity-reservation-id", "Values": [b]}) == [b]
+    # As Karpenter resolves a selector term by id: the id and the state filter.
+    assert [r["CapacityReservationId"] for r in ec2.describe_capacity_reservations(
+        CapacityReservationIds=[b], Filters=[{"Name": "state", "Values": ["active"]}])["CapacityReservations"]] == [b]
+    assert error_of(lambda: ec2.describe_capacity_reservations(Filters=[{"Name": "colour", "Values": ["x"]}]))[1] \
+        == "InvalidParameterValue"
+
+    page = ec2.describe_capacity_reservations(Filters=[made.mine], MaxResults=1)
+    assert [r["CapacityReservationId"] for r in page["CapacityReservations"]] == [a] and page["NextToken"]
+    rest = ec2.describe_capacity_reservations(Filters=[made.mine], MaxResults=1, NextToken=page["NextToken"])
+    assert [r["CapacityReservationId"] for r in rest["CapacityReservations"]] == [b] and "NextToken" not in rest
+
+
+def test_an_unknown_id(ec2) -> None:
+    status, code, message = error_of(
+        lambda: ec2.describe_capacity_reservations(CapacityReservationIds=["cr-0123456789abcdef0"]))
+    assert (status, code) == (400, "InvalidCapacityReservationId.NotFound")
+    assert "cr-0123456789abcdef0" in message
+
+
+def test_cancel(ec2, made, zone) -> None:
+    rid = made.reservation(zone, count=2)["CapacityReservationId"]
+    assert ec2.cancel_capacity_reservation(CapacityReservationId=rid)["Return"] is True
+    found = made.get(rid)
+    assert (found["State"], found["AvailableInstanceCount"], found["TotalInstanceCount"]) == ("cancelled", 0, 2)
+    assert ec2.describe_capacity_reservations(
+        Filters=[made.mine, {"Name": "state", "Values": ["active"]}])["CapacityReservations"] == []
+    assert error_of(lambda: ec2.cancel_capacity_reservation(CapacityReservationId=rid))[1] == "IncorrectState"
+    assert error_of(lambda: ec2.cancel_capacity_reservation(
+        CapacityReservationId="cr-0123456789abcdef0"))[1] == "InvalidCapacityReservationId.NotFound"
+
+
+def test_capacity_blocks_follow_the_clock(ec2, made, endpoint, zone) -> None:
+    later = made.block(zone, count=2, start=iso(datetime.timedelta(hours=1)), end=iso(datetime.timedelta(hours=3)))
+    now = made.block(zone, count=2, start=iso(-datetime.timedelta(hours=1)), end=iso(datetime.timedelta(hours=3)))
+    past = made.block(zone, start=iso(-datetime.timedelta(hours=3)), end=iso(-datetime.timedelta(hours=1)))
+    assert (later["state"], now["state"], past["state"]) == ("scheduled", "active", "expired")
+    found = {r["CapacityReservationId"]: r for r in ec2.describe_capacity_reservations(
+        Filters=[made.mine])["CapacityReservations"]}
+    for answer, state, available in ((later, "scheduled", 2), (now, "active", 2), (past, "expired", 0)):
+        reservation = found[answer["id"]]
+        assert (reservation["State"], reservation["AvailableInstanceCount"]) == (state, available)
+        assert (reservation["ReservationType"], reservation["InstanceMatchCriteria"],
+                reservation["EndDateType"]) == ("capacity-block", "targeted", "limited")
+        assert reservation["EndDate"] > reservation["StartDate"]
+    assert [r["CapacityReservationId"] for r in ec2.describe_capacity_reservations(
+        Filters=[made.mine, {"Name": "state", "Values": ["active"]}])["CapacityReservations"]] == [now["id"]]
+
+    # Its end moved into the past: expired; a state set, then given back to the clock.
+    status, answer = post(endpoint, "capacity-reservation", {"id": now["id"], "end": iso(-datetime.timedelta(minutes=1))})
+    assert (status, answer["state"], answer["available"]) == (200, "expired", 0)
+    status, answer = post(endpoint, "capacity-reservation", {"id": later["id"], "state": "active"})
+    assert (status, made.get(later["id"])["State"]) == (200, "active")
+    post(endpoint, "capacity-reservation", {"id": later["id"], "state": None})
+    assert made.get(later["id"])["State"] == "scheduled"
+    assert post(endpoint, "capacity-reservation", {"id": "cr-0123456789abcdef0", "state": "expired"})[0] == 404
+    assert post(endpoint, "capacity-reservation", {"id": later["id"], "state": "asleep"})[0] == 400
+    assert post(endpoint, "capacity-block", {"zone": zone})[0] == 400
+
+
+# -- launches ---------------------------------------------------------------------------------------------
+
+
+def test_a_targeted_fleet_consumes_the_reservation_until_it_is_exhausted(ec2, made, image, subnet, zone) -> None:
+    rid = made.reservation(zone, count=2, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    template = made.template(image, target=rid)
+    first, second = made.fleet(template, subnet), made.fleet(template, subnet)
+    ids = launched(first) + launched(second)
+    assert len(ids) == 2 and not first.get("Errors") and not second.get("Errors")
+    assert made.get(rid)["AvailableInstanceCount"] == 0
+    for instance in made.described(ids).values():
+        assert instance["CapacityReservationId"] == rid
+        assert instance["CapacityReservationSpecification"] == {
+            "CapacityReservationPreference": "capacity-reservations-only",
+            "CapacityReservationTarget": {"CapacityReservationId": rid}}
+        assert "InstanceLifecycle" not in instance
+
+    # Exhausted: no instance, the error Karpenter reads as the reservation being exhausted.
+    third = made.fleet(template, subnet)
+    assert launched(third) == [] and third["FleetId"]
+    assert fleet_errors(third) == [("ReservationCapacityExceeded", TYPE)]
+
+    # A terminated instance gives its slot back.
+    made.terminate(ids[:1])
+    assert made.get(rid)["AvailableInstanceCount"] == 1
+    fourth = made.fleet(template, subnet, count=2)  # one slot: one instance and the error
+    assert len(launched(fourth)) == 1
+    assert fleet_errors(fourth) == [("ReservationCapacityExceeded", TYPE)]
+    assert made.get(rid)["AvailableInstanceCount"] == 0
+
+
+def test_a_targeted_launch_of_another_type_or_into_a_cancelled_reservation_fails(ec2, made, image, subnet,
+                                                                                  zone) -> None:
+    rid = made.reservation(zone, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    template = made.template(image, target=rid)
+    other = made.fleet(template, subnet, instance_type="c5.large")
+    assert launched(other) == [] and fleet_errors(other) == [("InvalidParameterCombination", "c5.large")]
+    ec2.cancel_capacity_reservation(CapacityReservationId=rid)
+    cancelled = made.fleet(template, subnet)
+    assert launched(cancelled) == [] and fleet_errors(cancelled) == [("ReservationCapacityExceeded", TYPE)]
+    missing = made.fleet(made.template(image, target="cr-0123456789abcdef0"), subnet)
+    assert fleet_errors(missing) == [("InvalidCapacityReservationId.NotFound", TYPE)]
+
+
+def test_run_instances_into_a_reservation(ec2, made, image, subnet, zone) -> None:
+    rid = made.reservation(zone, count=2, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    target = {"CapacityReservationPreference": "capacity-reservations-only",
+              "CapacityReservationTarget": {"CapacityReservationId": rid}}
+    # More than is left: refused.
+    assert error_of(lambda: made.run(ImageId=image, InstanceType=TYPE, SubnetId=subnet, MinCount=3, MaxCount=3,
+                                     CapacityReservationSpecification=target))[:2] == (400, "ReservationCapacityExceeded")
+    instances = made.run(ImageId=image, InstanceType=TYPE, SubnetId=subnet, CapacityReservationSpecification=target,
+                         MinCount=2, MaxCount=2)
+    assert [i["CapacityReservationId"] for i in instances] == [rid, rid]
+    assert made.get(rid)["AvailableInstanceCount"] == 0
+    status, code, message = error_of(lambda: made.run(ImageId=image, InstanceType=TYPE, SubnetId=subnet,
+                                                      CapacityReservationSpecification=target))
+    assert (status, code) == (400, "ReservationCapacityExceeded") and rid in message
+    made.terminate([instances[0]["InstanceId"]])
+    # From a launch template with the target.
+    again = made.run(LaunchTemplate={"LaunchTemplateId": made.template(image, target=rid)["LaunchTemplateId"]},
+                     InstanceType=TYPE, SubnetId=subnet)
+    assert made.described([again[0]["InstanceId"]])[again[0]["InstanceId"]]["CapacityReservationId"] == rid
+
+
+def test_capacity_block_fleets(ec2, made, image, subnet, zone) -> None:
+    block = made.block(zone, count=1, start=iso(-datetime.timedelta(minutes=5)), end=iso(datetime.timedelta(hours=2)))
+    template = made.template(image, target=block["id"], market="capacity-block")
+    answer = made.fleet(template, subnet, capacity="capacity-block")
+    ids = launched(answer)
+    assert len(ids) == 1 and not answer.get("Errors")
+    instance = made.described(ids)[ids[0]]
+    assert (instance["CapacityReservationId"], instance["InstanceLifecycle"]) == (block["id"], "capacity-block")
+    assert fleet_errors(made.fleet(template, subnet, capacity="capacity-block")) == [
+        ("ReservationCapacityExceeded", TYPE)]
+
+    # Not yet started, or launched without the capacity-block market type.
+    later = made.block(zone, start=iso(datetime.timedelta(hours=1)), end=iso(datetime.timedelta(hours=2)))
+    early = made.fleet(made.template(image, target=later["id"], market="capacity-block"), subnet,
+                       capacity="capacity-block")
+    assert launched(early) == [] and fleet_errors(early) == [("ReservationCapacityExceeded", TYPE)]
+    post(made.endpoint, "capacity-reservation", {"id": later["id"], "state": "active"})
+    plain = made.fleet(made.template(image, target=later["id"]), subnet)
+    assert fleet_errors(plain) == [("InvalidParameterCombination", TYPE)]
+
+
+def test_open_reservations_take_matching_instances(ec2, made, image, subnet, zone) -> None:
+    rid = made.reservation(zone, count=1, instance_type=OPEN_TYPE)["CapacityReservationId"]
+    try:
+        none = made.run(ImageId=image, InstanceType=OPEN_TYPE, SubnetId=subnet,
+                        CapacityReservationSpecification={"CapacityReservationPreference": "none"})[0]
+        assert "CapacityReservationId" not in none
+        assert none["CapacityReservationSpecification"] == {"CapacityReservationPreference": "none"}
+        assert made.get(rid)["AvailableInstanceCount"] == 1
+
+        first = made.run(ImageId=image, InstanceType=OPEN_TYPE, SubnetId=subnet)[0]
+        assert first["CapacityReservationId"] == rid
+        assert first["CapacityReservationSpecification"] == {"CapacityReservationPreference": "open"}
+        # Full: the next one runs as plain On-Demand.
+        second = made.run(ImageId=image, InstanceType=OPEN_TYPE, SubnetId=subnet)[0]
+        assert "CapacityReservationId" not in second
+        assert made.get(rid)["AvailableInstanceCount"] == 0
+
+        made.terminate([first["InstanceId"]])
+        from_fleet = made.fleet(made.template(image), subnet, instance_type=OPEN_TYPE)
+        assert made.described(launched(from_fleet))[launched(from_fleet)[0]]["CapacityReservationId"] == rid
+    finally:
+        ec2.cancel_capacity_reservation(CapacityReservationId=rid)
+
+
+def test_dry_runs(ec2, zone) -> None:
+    status, code, _ = error_of(lambda: ec2.create_capacity_reservation(
+        DryRun=True, InstanceType=TYPE, InstancePlatform="Linux/UNIX", AvailabilityZone=zone, InstanceCount=1))
+    assert (status, code) == (412, "DryRunOperation")
+    assert error_of(lambda: ec2.describe_capacity_reservations(DryRun=True))[1] == "DryRunOperation"
+
+
+# -- the call log (an emulator of this process) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_emulator(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        mp.setenv("no_proxy", "127.0.0.1,localhost")
+        mp.delenv("MOTO_ACCOUNT_ID", raising=False)
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        recorder = call_log.CallRecorder(placement.PlacementGroups(
+            reservations.CapacityReservations(DomainDispatcherApplication(create_backend_app))))
+        server = make_server("127.0.0.1", 0, recorder, threaded=True, request_handler=MotoRequestHandler)
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_port}", recorder, tmp_path_factory.mktemp("calls") / "calls.jsonl"
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def test_the_call_log_models_capacity_reservations(own_emulator) -> None:
+    endpoint, recorder, log = own_emulator
+    ec2 = ec2_client(endpoint)  # the test's own calls: not recorded
+    controller = ec2_client(endpoint, controller=True)
+    zone = f"{REGION}a"
+    rid = ec2.create_capacity_reservation(
+        InstanceType=TYPE, InstancePlatform="Linux/UNIX", AvailabilityZone=zone, InstanceCount=1,
+        InstanceMatchCriteria="targeted", TagSpecifications=[
+            {"ResourceType": "capacity-reservation", "Tags": [{"Key": "team", "Value": "ml"}]}],
+    )["CapacityReservation"]["CapacityReservationId"]
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/19", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+    template = ec2.create_launch_template(LaunchTemplateName="reserved", LaunchTemplateData={
+        "ImageId": image, "CapacityReservationSpecification": {
+            "CapacityReservationPreference": "capacity-reservations-only",
+            "CapacityReservationTarget": {"CapacityReservationId": rid}}})["LaunchTemplate"]
+    spec = {"LaunchTemplateId": template["LaunchTemplateId"], "Version": "$Latest"}
+    recorder.set_path(str(log))
+    try:
+        # The controller resolves the class's selector terms, launches, and (here) makes and cancels one.
+        assert controller.describe_capacity_reservations(
+            CapacityReservationIds=[rid], Filters=[{"Name": "state", "Values": ["active"]}])["CapacityReservations"]
+        controller.create_fleet(
+            Type="instant",
+            TargetCapacitySpecification={"TotalTargetCapacity": 1, "DefaultTargetCapacityType": "on-demand"},
+            LaunchTemplateConfigs=[{"LaunchTemplateSpecification": spec,
+                                    "Overrides": [{"InstanceType": TYPE, "SubnetId": subnet}]}],
+        )
+        with pytest.raises(ClientError):
+            controller.run_instances(DryRun=True, ImageId=image, InstanceType=TYPE, SubnetId=subnet,
+                                     MinCount=1, MaxCount=1, CapacityReservationSpecification={
+                                         "CapacityReservationTarget": {"CapacityReservationId": rid}})
+        other = controller.create_capacity_reservation(
+            InstanceType=TYPE, InstancePlatform="Linux/UNIX", AvailabilityZone=zone, InstanceCount=1,
+            TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": [{"Key": "team", "Value": "ml"}]}],
+        )["CapacityReservation"]["CapacityReservationId"]
+        controller.cancel_capacity_reservation(CapacityReservationId=other)
+    finally:
+        recorder.set_path(None)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all(r["modelled"] and not r.get("error") for r in records), [r for r in records if not r["modelled"]]
+
+    describes = [r for r in records if r["operation"] == "ec2:DescribeCapacityReservations"]
+    assert [(r["action"], r["resource"], r["status"]) for r in describes] == [
+        ("ec2:DescribeCapacityReservations", "*", 200)]
+
+    arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{rid}"
+    for operation, actions in (("ec2:RunInstances", {"ec2:RunInstances"}),
+                               ("ec2:CreateFleet", {"ec2:RunInstances", "ec2:CreateFleet"})):
+        on_reservation = [r for r in records if r["operation"] == operation and r["resource"] == arn]
+        assert {r["action"] for r in on_reservation} == actions, operation
+        assert all(r["resource_found"] and r["context"]["aws:ResourceTag/team"] == "ml" for r in on_reservation)
+
+    create = [r for r in records if r["operation"] == "ec2:CreateCapacityReservation"]
+    assert [(r["action"], r["resource"], r["context"].get("ec2:CreateAction")) for r in create] == [
+        ("ec2:CreateCapacityReservation", f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/*", None),
+        ("ec2:CreateTags", f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/*", "CreateCapacityReservation")]
+    cancel = [r for r in records if r["operation"] == "ec2:CancelCapacityReservation"]
+    assert [(r["resource"], r["resource_found"], r["context"]["aws:ResourceTag/team"]) for r in cancel] == [
+        (f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{other}", True, "ml")]
