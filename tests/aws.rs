@@ -516,6 +516,61 @@ async fn a_placement_group_takes_the_launches_and_labels_the_nodes() {
 
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
+async fn capacity_reservations_are_resolved_into_the_status() {
+    let (p, cluster, _faults) = provider_with_faults("odcr").await;
+    let ec2 = &p.clients().ec2;
+    let reserve = |zone: &str, criteria: &str, team: &str| {
+        ec2.create_capacity_reservation()
+            .instance_type("p5.48xlarge")
+            .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
+            .availability_zone(zone)
+            .instance_count(2)
+            .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::from(criteria))
+            .tag_specifications(
+                aws_sdk_ec2::types::TagSpecification::builder()
+                    .resource_type(aws_sdk_ec2::types::ResourceType::CapacityReservation)
+                    .tags(aws_sdk_ec2::types::Tag::builder().key("team").value(team).build())
+                    .tags(aws_sdk_ec2::types::Tag::builder().key("cluster").value(&cluster).build())
+                    .build(),
+            )
+            .send()
+    };
+    let zone = format!("{}a", region());
+    let targeted = reserve(&zone, "targeted", "ml").await.unwrap();
+    let targeted_id =
+        targeted.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+    let open = reserve(&zone, "open", "web").await.unwrap();
+    let open_id = open.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.capacity_reservation_selector_terms = serde_json::from_value(json!([
+        {"id": targeted_id},
+        {"tags": {"team": "web", "cluster": cluster}},
+        {"id": "cr-0123456789abcdef0"}]))
+    .unwrap();
+    let status = p.resolve_node_class(&class, &[]).await.unwrap().status;
+    let ids: Vec<&str> = status.capacity_reservations.iter().map(|r| r.id.as_str()).collect();
+    let mut want = vec![targeted_id.as_str(), open_id.as_str()];
+    want.sort();
+    assert_eq!(ids, want, "by id, the unknown id left out");
+    let t = status.capacity_reservations.iter().find(|r| r.id == targeted_id).unwrap();
+    assert_eq!(
+        (t.instance_type.as_str(), t.availability_zone.as_str(), t.instance_match_criteria.as_deref()),
+        ("p5.48xlarge", zone.as_str(), Some("targeted"))
+    );
+    assert_eq!((t.reservation_type.as_deref(), t.state.as_deref()), (Some("default"), Some("active")));
+    let ready = status.conditions.iter().find(|c| c.type_ == "CapacityReservationsReady").unwrap();
+    assert_eq!(ready.status, karpenter::apis::ConditionStatus::True);
+
+    // A cancelled reservation is no longer listed.
+    ec2.cancel_capacity_reservation().capacity_reservation_id(&open_id).send().await.unwrap();
+    let status = p.resolve_node_class(&class, &[]).await.unwrap().status;
+    let ids: Vec<&str> = status.capacity_reservations.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, [targeted_id.as_str()]);
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
 async fn instance_types_of_a_node_pool() {
     let (p, _) = provider("types").await;
     let pool: NodePool = serde_json::from_value(json!({

@@ -544,6 +544,7 @@ async fn cloud_provider(
             options.cluster_endpoint = settings.cluster_endpoint.clone();
             options.node_class_refresh = settings.nodeclass_refresh();
             options.disable_dry_run = settings.disable_dry_run;
+            options.reserved_capacity = settings.feature_gates.reserved_capacity;
             // Without CLUSTER_CA_BUNDLE, nodes trust the CA this controller trusts (in a cluster,
             // its service account's), as upstream; EKS's answer only when there is none.
             options.cluster_ca_bundle = match &settings.cluster_ca_bundle {

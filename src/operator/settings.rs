@@ -308,7 +308,7 @@ impl Settings {
         ] {
             if on && (!explicit_only || gates.explicit.iter().any(|g| g == name)) {
                 out.push(format!(
-                    "feature gate {name} is enabled, but this version does not implement it yet: ignored"
+                    "feature gate {name} is enabled, but this version only lists the capacity reservations in EC2NodeClass status: nothing is launched into them"
                 ));
             }
         }

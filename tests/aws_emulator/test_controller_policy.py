@@ -55,7 +55,8 @@ UNEXERCISED: dict[object, str] = {
     ("LaunchFromSharedResources",
      f"arn:{partition(REGION)}:ec2:{REGION}:*:capacity-reservation/*"):
         "a launch without a capacity reservation preference may run in an open On-Demand "
-        "Capacity Reservation of the account that matches it; the emulator has none",
+        "Capacity Reservation of the account that matches it; the controller launches into none "
+        "yet, so no journey does",
 }
 
 # Calls that IAM identity policies do not govern.

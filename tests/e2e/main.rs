@@ -1405,10 +1405,13 @@ async fn static_pool_with_aws(f: &Fixture, controller: &Controller, ec2: &aws_sd
     class.metadata = kube::api::ObjectMeta { name: Some(class_name.clone()), ..Default::default() };
     class.status = None;
     class.spec.placement_group_selector = Some(serde_json::from_value(json!({"name": group_name})).unwrap());
+    // And the capacity reservations of the cluster, of which there are none.
+    class.spec.capacity_reservation_selector_terms =
+        serde_json::from_value(json!([{"tags": {"karpenter.sh/discovery": cluster_name()}}])).unwrap();
     classes.create(&PostParams::default(), &class).await.unwrap();
     wait_for("the placed class Ready, its group found", Duration::from_secs(60), controller, || async {
         classes.get(&class_name).await.unwrap().status.is_some_and(|s| {
-            ["PlacementGroupReady", "Ready"]
+            ["PlacementGroupReady", "CapacityReservationsReady", "Ready"]
                 .iter()
                 .all(|t| s.conditions.iter().any(|c| c.type_ == *t && format!("{:?}", c.status) == "True"))
         })

@@ -15,8 +15,9 @@ use super::amifamily::{self, alias_queries, arch_requirements, parse_alias};
 use super::sdk_error;
 use super::validation::ValidationState;
 use crate::apis::ec2nodeclass::{
-    AmiSelectorTerm, AmiStatus, EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, PlacementGroupSelector,
-    SecurityGroupSelectorTerm, SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
+    AmiSelectorTerm, AmiStatus, CapacityReservationSelectorTerm, CapacityReservationStatus, EC2NodeClass,
+    EC2NodeClassSpec, EC2NodeClassStatus, PlacementGroupSelector, SecurityGroupSelectorTerm,
+    SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
 };
 use crate::apis::labels::{LABEL_EC2NODECLASS, TAG_EKS_CLUSTER_NAME};
 use crate::apis::{Condition, ConditionStatus};
@@ -36,6 +37,8 @@ pub mod conditions {
     pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
     /// The placement group was found (or none is asked for).
     pub const PLACEMENT_GROUP_READY: &str = "PlacementGroupReady";
+    /// The capacity reservations were listed (`ReservedCapacity` gate).
+    pub const CAPACITY_RESERVATIONS_READY: &str = "CapacityReservationsReady";
     /// All of the above.
     pub const READY: &str = "Ready";
 }
@@ -58,7 +61,7 @@ pub struct Subnet {
 pub fn ignored_fields(spec: &EC2NodeClassSpec) -> Vec<&'static str> {
     let mut out = Vec::new();
     if !spec.capacity_reservation_selector_terms.is_empty() {
-        out.push("spec.capacityReservationSelectorTerms is not supported yet: no capacity reservation is launched into");
+        out.push("spec.capacityReservationSelectorTerms is only resolved yet: the reservations are listed in status.capacityReservations, but nothing is launched into them");
     }
     if spec.cpu_options.as_ref().and_then(|c| c.nested_virtualization.as_deref()) == Some("enabled") {
         out.push("spec.cpuOptions.nestedVirtualization is not turned on at launch yet: the instance types are limited to those that support it");
@@ -203,6 +206,102 @@ pub async fn resolve_placement_group(
             partition_count: g.partition_count().unwrap_or(0),
         })
     }))
+}
+
+/// How long before its end a capacity block is `expiring` (upstream's figure).
+pub const CAPACITY_BLOCK_EXPIRATION: std::time::Duration = std::time::Duration::from_secs(40 * 60);
+
+/// The status entry of the capacity reservation `r` at `now`, as upstream writes it; why not
+/// when EC2 describes it with a match criteria or type this version does not know.
+pub fn reservation_status(
+    r: &aws_sdk_ec2::types::CapacityReservation,
+    now: Timestamp,
+) -> std::result::Result<CapacityReservationStatus, String> {
+    let id = r.capacity_reservation_id().unwrap_or_default().to_string();
+    let criteria = r.instance_match_criteria().map(|c| c.as_str().to_string()).unwrap_or_default();
+    if !matches!(criteria.as_str(), "open" | "targeted") {
+        return Err(format!(
+            "capacity reservation {id} has an unsupported instance match criteria {criteria:?}"
+        ));
+    }
+    let reservation_type = match r.reservation_type().map(|t| t.as_str()) {
+        None | Some("default") => "default",
+        Some("capacity-block") => "capacity-block",
+        Some(other) => return Err(format!("capacity reservation {id} has an unsupported type {other:?}")),
+    };
+    let end = r.end_date().and_then(|d| Timestamp::from_second(d.secs()).ok());
+    let expiring = reservation_type == "capacity-block"
+        && end.is_some_and(|end| {
+            now >= end
+                - k8s_openapi::jiff::SignedDuration::try_from(CAPACITY_BLOCK_EXPIRATION).unwrap_or_default()
+        });
+    Ok(CapacityReservationStatus {
+        id,
+        availability_zone: r.availability_zone().unwrap_or_default().to_string(),
+        instance_type: r.instance_type().unwrap_or_default().to_string(),
+        owner_id: r.owner_id().unwrap_or_default().to_string(),
+        instance_match_criteria: Some(criteria),
+        reservation_type: Some(reservation_type.to_string()),
+        state: Some(if expiring { "expiring" } else { "active" }.to_string()),
+        end_time: end.map(|t| t.to_string()),
+        interruptible: Some(r.interruptible().unwrap_or(false)),
+    })
+}
+
+/// The active capacity reservations `terms` select (each term by id, or by tags, owner and
+/// instance match criteria, as upstream queries them), by id.
+pub async fn resolve_capacity_reservations(
+    ec2: &Ec2Client,
+    terms: &[CapacityReservationSelectorTerm],
+    now: Timestamp,
+) -> Result<Vec<CapacityReservationStatus>> {
+    let mut found: BTreeMap<String, CapacityReservationStatus> = BTreeMap::new();
+    for term in terms {
+        let active = Filter::builder().name("state").values("active").build();
+        let mut requests = Vec::new();
+        if let Some(id) = &term.id {
+            requests.push(
+                ec2.describe_capacity_reservations().filters(active.clone()).capacity_reservation_ids(id),
+            );
+        }
+        if term.tags.as_ref().is_some_and(|t| !t.is_empty()) || term.instance_match_criteria.is_some() {
+            let mut filters = vec![active.clone()];
+            if let Some(owner) = &term.owner_id {
+                filters.push(Filter::builder().name("owner-id").values(owner).build());
+            }
+            filters.extend(tag_filters(term.tags.as_ref().unwrap_or(&BTreeMap::new())));
+            if let Some(criteria) = &term.instance_match_criteria {
+                filters.push(Filter::builder().name("instance-match-criteria").values(criteria).build());
+            }
+            requests.push(ec2.describe_capacity_reservations().set_filters(Some(filters)).max_results(1000));
+        }
+        for request in requests {
+            let mut pages = request.into_paginator().send();
+            while let Some(page) = pages.next().await {
+                let page = match page {
+                    Ok(page) => page,
+                    Err(e)
+                        if aws_sdk_ec2::error::ProvideErrorMetadata::code(&e)
+                            == Some("InvalidCapacityReservationId.NotFound") =>
+                    {
+                        break;
+                    }
+                    Err(e) => return Err(sdk_error("DescribeCapacityReservations", e)),
+                };
+                for r in page.capacity_reservations() {
+                    match reservation_status(r, now) {
+                        Ok(status) => {
+                            found.insert(status.id.clone(), status);
+                        }
+                        Err(why) => {
+                            tracing::error!(error = %why, "failed to parse discovered capacity reservations")
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(found.into_values().collect())
 }
 
 /// An image found by DescribeImages.
@@ -525,6 +624,9 @@ pub struct Resolution {
     pub instance_profile: Option<String>,
     /// The placement group of the class's `placementGroupSelector`, when it was found.
     pub placement_group: Option<PlacementGroup>,
+    /// The active capacity reservations the class selects; `None` without the
+    /// `ReservedCapacity` gate.
+    pub capacity_reservations: Option<Vec<CapacityReservationStatus>>,
 }
 
 impl Resolution {
@@ -626,6 +728,11 @@ pub fn status(
             generation,
         ),
     ];
+    if resolution.capacity_reservations.is_some() {
+        // Listing them either worked (the resolution would have failed otherwise) or was not
+        // needed: True, as upstream's.
+        conds.push(condition(CAPACITY_RESERVATIONS_READY, true, "", String::new(), generation));
+    }
     let unhealthy: Vec<String> = conds
         .iter()
         .filter(|c| c.status != ConditionStatus::True)
@@ -652,7 +759,7 @@ pub fn status(
             .map(|s| SubnetStatus { id: s.id.clone(), zone: s.zone.clone(), zone_id: s.zone_id.clone() })
             .collect(),
         security_groups: resolution.security_groups.clone(),
-        capacity_reservations: Vec::new(),
+        capacity_reservations: resolution.capacity_reservations.clone().unwrap_or_default(),
         amis: resolution.amis.clone(),
         instance_profile: resolution.instance_profile.clone(),
         conditions: conds,
@@ -679,6 +786,48 @@ mod tests {
 
     fn subnet(id: &str, zone: &str, ips: i64) -> Subnet {
         Subnet { id: id.into(), zone: zone.into(), zone_id: None, available_ips: ips }
+    }
+
+    #[test]
+    fn capacity_reservations_are_written_as_upstream_writes_them() {
+        use aws_sdk_ec2::types::{CapacityReservation, CapacityReservationType, InstanceMatchCriteria};
+        let now: Timestamp = "2026-11-27T12:00:00Z".parse().unwrap();
+        let end =
+            |at: &str| aws_smithy_types::DateTime::from_secs(at.parse::<Timestamp>().unwrap().as_second());
+        let base = || {
+            CapacityReservation::builder()
+                .capacity_reservation_id("cr-1")
+                .availability_zone("us-west-2a")
+                .instance_type("p5.48xlarge")
+                .owner_id("123456789012")
+                .instance_match_criteria(InstanceMatchCriteria::Targeted)
+        };
+        let odcr = reservation_status(&base().build(), now).unwrap();
+        assert_eq!(
+            (
+                odcr.reservation_type.as_deref(),
+                odcr.state.as_deref(),
+                odcr.interruptible,
+                odcr.end_time.as_deref()
+            ),
+            (Some("default"), Some("active"), Some(false), None)
+        );
+        assert_eq!((odcr.instance_type.as_str(), odcr.owner_id.as_str()), ("p5.48xlarge", "123456789012"));
+        let block = |ends: &str| {
+            reservation_status(
+                &base().reservation_type(CapacityReservationType::CapacityBlock).end_date(end(ends)).build(),
+                now,
+            )
+            .unwrap()
+        };
+        // A capacity block is expiring from 40 minutes before its end.
+        assert_eq!(block("2026-11-27T12:41:00Z").state.as_deref(), Some("active"));
+        let expiring = block("2026-11-27T12:40:00Z");
+        assert_eq!(expiring.state.as_deref(), Some("expiring"));
+        assert_eq!(expiring.end_time.as_deref(), Some("2026-11-27T12:40:00Z"));
+        // A criteria this version does not know is refused, not guessed.
+        let odd = base().instance_match_criteria(InstanceMatchCriteria::from("some-new-criteria")).build();
+        assert!(reservation_status(&odd, now).is_err());
     }
 
     #[test]

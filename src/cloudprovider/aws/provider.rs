@@ -125,6 +125,9 @@ pub struct Options {
     /// The NodeOverlays (`NodeOverlay` gate): a launch weighs its claim's instance types as the
     /// overlays of its NodePool price them, as the decision that planned it did.
     pub overlays: Option<Arc<crate::cloudprovider::overlay::Overlays>>,
+    /// The `ReservedCapacity` gate: EC2NodeClasses resolve their capacity reservations into
+    /// `status.capacityReservations` (nothing is launched into them yet).
+    pub reserved_capacity: bool,
 }
 
 impl Options {
@@ -142,6 +145,7 @@ impl Options {
             kube_dns_ip: None,
             disable_dry_run: false,
             overlays: None,
+            reserved_capacity: true,
         }
     }
 }
@@ -381,6 +385,17 @@ impl AwsCloudProvider {
             placement_group: match &spec.placement_group_selector {
                 Some(selector) => nodeclass::resolve_placement_group(ec2, selector).await?,
                 None => None,
+            },
+            capacity_reservations: match self.options.reserved_capacity {
+                true => Some(
+                    nodeclass::resolve_capacity_reservations(
+                        ec2,
+                        &spec.capacity_reservation_selector_terms,
+                        k8s_openapi::jiff::Timestamp::now(),
+                    )
+                    .await?,
+                ),
+                false => None,
             },
         };
         self.remember_placement_group(class, resolution.placement_group.clone());
