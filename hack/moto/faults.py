@@ -111,6 +111,32 @@ def _ice_message(instance_type: str, zone: str) -> str:
     )
 
 
+class Ec2Error(Exception):
+    """An EC2 error answer the emulator gives itself: code, message, HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+def ec2_response(action: str, inner: str) -> bytes:
+    """EC2's query-protocol answer to `action`, holding the elements `inner`."""
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<{action}Response xmlns="{EC2_NAMESPACE}"><requestId>{uuid.uuid4()}</requestId>'
+        f"{inner}</{action}Response>"
+    ).encode()
+
+
+def answer(start_response, status: int, data: bytes) -> list[bytes]:
+    """Starts an XML answer of `status` with `data` and returns its body."""
+    start_response(f"{status} {_reason(status)}",
+                   [("Content-Type", "text/xml;charset=UTF-8"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
 def error_document(code: str, message: str) -> bytes:
     """EC2's query-protocol error document."""
     return (

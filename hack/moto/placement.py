@@ -103,18 +103,8 @@ _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/(\d{8})/([^/]+)/([^/]+)/aws4_re
 _lock = threading.RLock()
 
 
-class PlacementError(Exception):
-    """An EC2 error answer: code, message, HTTP status."""
-
-    def __init__(self, code: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-
-
-def unknown(reference: str) -> PlacementError:
-    return PlacementError("InvalidPlacementGroup.Unknown", f"The Placement Group '{reference}' is unknown.")
+def unknown(reference: str) -> faults.Ec2Error:
+    return faults.Ec2Error("InvalidPlacementGroup.Unknown", f"The Placement Group '{reference}' is unknown.")
 
 
 @dataclass
@@ -200,14 +190,14 @@ def create(backend: Any, name: str, strategy: str, partition_count: str | int | 
     from moto.utilities.utils import get_partition
 
     if not name:
-        raise PlacementError("MissingParameter", "The request must contain the parameter groupName")
+        raise faults.Ec2Error("MissingParameter", "The request must contain the parameter groupName")
     if len(name) > MAX_NAME:
-        raise PlacementError("InvalidParameterValue",
+        raise faults.Ec2Error("InvalidParameterValue",
                              f"Value ({name}) for parameter groupName is invalid. Length exceeds {MAX_NAME}.")
     if not strategy:
-        raise PlacementError("MissingParameter", "The request must contain the parameter strategy")
+        raise faults.Ec2Error("MissingParameter", "The request must contain the parameter strategy")
     if strategy not in STRATEGIES:
-        raise PlacementError("InvalidParameterValue",
+        raise faults.Ec2Error("InvalidParameterValue",
                              f"Value ({strategy}) for parameter strategy is invalid. "
                              f"Valid values: {', '.join(STRATEGIES)}.")
     count = None
@@ -217,27 +207,27 @@ def create(backend: Any, name: str, strategy: str, partition_count: str | int | 
         except ValueError:
             count = 0
         if not 1 <= count <= MAX_PARTITIONS:
-            raise PlacementError("InvalidParameterValue",
+            raise faults.Ec2Error("InvalidParameterValue",
                                  f"Value ({partition_count}) for parameter partitionCount is invalid. "
                                  f"The partition count must be between 1 and {MAX_PARTITIONS}.")
     elif partition_count not in (None, ""):
-        raise PlacementError("InvalidParameterCombination",
+        raise faults.Ec2Error("InvalidParameterCombination",
                              "The parameter partitionCount is only valid with the partition strategy.")
     level = None
     if strategy == "spread":
         level = spread_level or DEFAULT_SPREAD_LEVEL
         if level not in SPREAD_LEVELS:
-            raise PlacementError("InvalidParameterValue",
+            raise faults.Ec2Error("InvalidParameterValue",
                                  f"Value ({level}) for parameter spreadLevel is invalid. "
                                  f"Valid values: {', '.join(SPREAD_LEVELS)}.")
     elif spread_level:
-        raise PlacementError("InvalidParameterCombination",
+        raise faults.Ec2Error("InvalidParameterCombination",
                              "The parameter spreadLevel is only valid with the spread strategy.")
     region, account = backend.region_name, backend.account_id
     with _lock:
         store = groups(backend)
         if name in store:
-            raise PlacementError("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
+            raise faults.Ec2Error("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
         group = PlacementGroup(
             name=name,
             id="pg-" + secrets.token_hex(9)[:17],
@@ -275,20 +265,20 @@ def describe(backend: Any, names: Sequence[str] = (), ids: Sequence[str] = (),
         candidates = list(store.values())
     for name, _ in filters:
         if name not in FILTERS and not name.startswith("tag:"):
-            raise PlacementError("InvalidParameterValue", f"The filter '{name}' is invalid")
+            raise faults.Ec2Error("InvalidParameterValue", f"The filter '{name}' is invalid")
     return [g for g in candidates
             if all(_matches(g.filter_values(name), values) for name, values in filters)]
 
 
 def delete(backend: Any, name: str) -> None:
     if not name:
-        raise PlacementError("MissingParameter", "The request must contain the parameter groupName")
+        raise faults.Ec2Error("MissingParameter", "The request must contain the parameter groupName")
     with _lock:
         group = groups(backend).get(name)
         if group is None:
             raise unknown(name)
         if any(_in_group(i, group) and i.state != "terminated" for i in backend.all_instances()):
-            raise PlacementError("InvalidPlacementGroup.InUse",
+            raise faults.Ec2Error("InvalidPlacementGroup.InUse",
                                  f"The placement group '{name}' is in use and may not be deleted.")
         del groups(backend)[name]
 
@@ -353,7 +343,7 @@ def merged(*placements: dict | None) -> dict[str, Any]:
 
 def resolve(backend: Any, placement: dict[str, Any]) -> tuple[PlacementGroup | None, int | None]:
     """The group and partition number a launch with `placement` asks for (None, None: no group);
-    raises PlacementError as EC2 refuses the launch."""
+    raises faults.Ec2Error as EC2 refuses the launch."""
     reference = placement.get("GroupId") or placement.get("GroupName")
     if not reference:
         return None, None
@@ -369,7 +359,7 @@ def resolve(backend: Any, placement: dict[str, Any]) -> tuple[PlacementGroup | N
     except (TypeError, ValueError):
         number = 0
     if group.strategy != "partition" or not 1 <= number <= (group.partition_count or 0):
-        raise PlacementError(
+        raise faults.Ec2Error(
             "InvalidParameterValue",
             f"Value ({placement.get('PartitionNumber')}) for parameter partitionNumber is invalid. "
             + (f"The placement group '{group.name}' has partitions 1 to {group.partition_count}."
@@ -421,7 +411,7 @@ def install_instance_placement() -> None:
         request = {k: self._get_param(f"Placement.{k}") for k in ("GroupName", "GroupId", "PartitionNumber")}
         try:
             group, number = resolve(self.ec2_backend, merged(template, request))
-        except PlacementError:
+        except faults.Ec2Error:
             group, number = None, None
         for instance in getattr(reservation, "instances", None) or []:
             if group is not None:
@@ -437,7 +427,7 @@ def install_instance_placement() -> None:
         override = (getattr(spec, "overrides", None) or {}).get("Placement")
         try:
             return resolve(fleet.ec2_backend, merged(template, override))
-        except PlacementError:
+        except faults.Ec2Error:
             return None, None
 
     def place_launched(fleet, launched: list[tuple[Any, Any]]) -> None:
@@ -489,20 +479,6 @@ def request_scope(environ: dict) -> tuple[str, str, str] | None:
     return service, region, account
 
 
-def _answer(start_response: Callable, status: int, data: bytes) -> list[bytes]:
-    start_response(f"{status} {faults._reason(status)}",
-                   [("Content-Type", "text/xml;charset=UTF-8"), ("Content-Length", str(len(data)))])
-    return [data]
-
-
-def _response(action: str, inner: str) -> bytes:
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<{action}Response xmlns="{EC2_NAMESPACE}"><requestId>{uuid.uuid4()}</requestId>'
-        f"{inner}</{action}Response>"
-    ).encode()
-
-
 def _values(member: dict[str, str], prefix: str) -> list[str]:
     return [m[""] for m in call_log.indexed(member, prefix) if "" in m]
 
@@ -528,16 +504,16 @@ class PlacementGroups:
         try:
             if action in ACTIONS:
                 if dry_run:
-                    raise PlacementError("DryRunOperation", "Request would have succeeded, but DryRun flag is set.", 412)
-                return _answer(start_response, 200, self._placement_action(action, params, backend_of(account, region)))
+                    raise faults.Ec2Error("DryRunOperation", "Request would have succeeded, but DryRun flag is set.", 412)
+                return faults.answer(start_response, 200, self._placement_action(action, params, backend_of(account, region)))
             if dry_run:
                 return self.app(environ, start_response)
             if action == "RunInstances":
                 self._check_run_instances(params, backend_of(account, region))
                 return self.app(environ, start_response)
             return self._create_fleet(environ, start_response, params, backend_of(account, region))
-        except PlacementError as error:
-            return _answer(start_response, error.status, faults.error_document(error.code, error.message))
+        except faults.Ec2Error as error:
+            return faults.answer(start_response, error.status, faults.error_document(error.code, error.message))
 
     # -- the placement-group actions --------------------------------------------------------------
 
@@ -546,19 +522,19 @@ class PlacementGroups:
             specs = call_log.tag_specifications(params)
             for rtype in specs:
                 if rtype != "placement-group":
-                    raise PlacementError("InvalidParameterValue",
+                    raise faults.Ec2Error("InvalidParameterValue",
                                          f"'{rtype}' is not a valid taggable resource type for this operation.")
             group = create(backend, params.get("GroupName", ""), params.get("Strategy", ""),
                            params.get("PartitionCount"), params.get("SpreadLevel"),
                            specs.get("placement-group"))
-            return _response(action, f"<placementGroup>{group.xml()}</placementGroup>")
+            return faults.ec2_response(action, f"<placementGroup>{group.xml()}</placementGroup>")
         if action == "DescribePlacementGroups":
             filters = [(f.get("Name", ""), _values(f, "Value")) for f in call_log.indexed(params, "Filter")]
             found = describe(backend, _values(params, "GroupName"), _values(params, "GroupId"), filters)
             items = "".join(f"<item>{g.xml()}</item>" for g in found)
-            return _response(action, f"<placementGroupSet>{items}</placementGroupSet>")
+            return faults.ec2_response(action, f"<placementGroupSet>{items}</placementGroupSet>")
         delete(backend, params.get("GroupName", ""))
-        return _response(action, "<return>true</return>")
+        return faults.ec2_response(action, "<return>true</return>")
 
     # -- launches ---------------------------------------------------------------------------------
 
@@ -584,14 +560,14 @@ class PlacementGroups:
                 try:
                     resolve(backend, merged(template, _placement_params(override, "Placement")))
                     kept.append(override)
-                except PlacementError as error:
+                except faults.Ec2Error as error:
                     errors.append(faults.fleet_error_item(faults.fleet_override(config, override), lifecycle,
                                                           error.code, error.message))
             configs.append((config, kept, bool(overrides)))
         if not errors:
             return self.app(environ, start_response)
         if not any(kept for _, kept, _ in configs):
-            return _answer(start_response, 200, faults.unfilled_fleet(errors))
+            return faults.answer(start_response, 200, faults.unfilled_fleet(errors))
         # Launch from the other overrides; their answer gets the errors of those left out.
         _set_body(environ, _without_overrides(params, configs))
         captured, answer = faults.call_captured(self.app, environ)

@@ -151,18 +151,8 @@ _lock = threading.RLock()
 _launch_lock = threading.RLock()
 
 
-class ReservationError(Exception):
-    """An EC2 error answer: code, message, HTTP status."""
-
-    def __init__(self, code: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-
-
-def not_found(rid: str) -> ReservationError:
-    return ReservationError("InvalidCapacityReservationId.NotFound",
+def not_found(rid: str) -> faults.Ec2Error:
+    return faults.Ec2Error("InvalidCapacityReservationId.NotFound",
                             f"The capacity reservation ID '{rid}' does not exist")
 
 
@@ -182,7 +172,7 @@ def parse_time(value: Any, name: str) -> datetime.datetime:
             return datetime.datetime.fromtimestamp(float(value), datetime.timezone.utc)
         parsed = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except (TypeError, ValueError):
-        raise ReservationError("InvalidParameterValue", f"Value ({value}) for parameter {name} is invalid.") from None
+        raise faults.Ec2Error("InvalidParameterValue", f"Value ({value}) for parameter {name} is invalid.") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
 
 
@@ -306,10 +296,6 @@ def find(backend: Any, rid: str) -> Reservation | None:
     return reservations(backend).get(rid or "")
 
 
-def backend_of(account: str, region: str) -> Any:
-    return placement.backend_of(account, region)
-
-
 def _zone(backend: Any, zone: str | None, zone_id: str | None) -> tuple[str, str]:
     zones = backend.describe_availability_zones()
     for z in zones:
@@ -317,9 +303,9 @@ def _zone(backend: Any, zone: str | None, zone_id: str | None) -> tuple[str, str
             return z.name, z.zone_id
     given = zone or zone_id
     if not given:
-        raise ReservationError("MissingParameter",
+        raise faults.Ec2Error("MissingParameter",
                                "The request must contain the parameter AvailabilityZone or AvailabilityZoneId")
-    raise ReservationError("InvalidParameterValue", f"Invalid availability zone: [{given}]")
+    raise faults.Ec2Error("InvalidParameterValue", f"Invalid availability zone: [{given}]")
 
 
 def create(backend: Any, instance_type: str, count: Any, zone: str | None = None, zone_id: str | None = None,
@@ -330,42 +316,42 @@ def create(backend: Any, instance_type: str, count: Any, zone: str | None = None
     from moto.utilities.utils import get_partition
 
     if not instance_type:
-        raise ReservationError("MissingParameter", "The request must contain the parameter instanceType")
+        raise faults.Ec2Error("MissingParameter", "The request must contain the parameter instanceType")
     if not platform and reservation_type != CAPACITY_BLOCK:
-        raise ReservationError("MissingParameter", "The request must contain the parameter instancePlatform")
+        raise faults.Ec2Error("MissingParameter", "The request must contain the parameter instancePlatform")
     platform = platform or DEFAULT_PLATFORM
     if platform not in PLATFORMS:
-        raise ReservationError("InvalidParameterValue", f"Value ({platform}) for parameter instancePlatform is invalid.")
+        raise faults.Ec2Error("InvalidParameterValue", f"Value ({platform}) for parameter instancePlatform is invalid.")
     try:
         number = int(count)
     except (TypeError, ValueError):
         number = 0
     if number < 1:
-        raise ReservationError("InvalidParameterValue",
+        raise faults.Ec2Error("InvalidParameterValue",
                                f"Value ({count}) for parameter instanceCount is invalid. It must be at least 1.")
     match_criteria = match_criteria or "open"
     if match_criteria not in MATCH_CRITERIA:
-        raise ReservationError("InvalidParameterValue",
+        raise faults.Ec2Error("InvalidParameterValue",
                                f"Value ({match_criteria}) for parameter instanceMatchCriteria is invalid.")
     tenancy = tenancy or "default"
     if tenancy not in TENANCIES:
-        raise ReservationError("InvalidParameterValue", f"Value ({tenancy}) for parameter tenancy is invalid.")
+        raise faults.Ec2Error("InvalidParameterValue", f"Value ({tenancy}) for parameter tenancy is invalid.")
     end_date_type = end_date_type or ("limited" if end not in (None, "") else "unlimited")
     if end_date_type not in END_DATE_TYPES:
-        raise ReservationError("InvalidParameterValue", f"Value ({end_date_type}) for parameter endDateType is invalid.")
+        raise faults.Ec2Error("InvalidParameterValue", f"Value ({end_date_type}) for parameter endDateType is invalid.")
     now = _now()
     begin = parse_time(start, "startDate") if start not in (None, "") else now
     end_at = None
     if end_date_type == "limited":
         if end in (None, ""):
-            raise ReservationError("InvalidParameterCombination",
+            raise faults.Ec2Error("InvalidParameterCombination",
                                    "The parameter endDate is required when endDateType is limited.")
         end_at = parse_time(end, "endDate")
         if end_at <= begin and reservation_type != CAPACITY_BLOCK:
-            raise ReservationError("InvalidParameterValue",
+            raise faults.Ec2Error("InvalidParameterValue",
                                    f"Value ({end}) for parameter endDate is invalid. It must be in the future.")
     elif end not in (None, ""):
-        raise ReservationError("InvalidParameterCombination",
+        raise faults.Ec2Error("InvalidParameterCombination",
                                "The parameter endDate cannot be used when endDateType is unlimited.")
     zone_name, zone_ident = _zone(backend, zone, zone_id)
     region, account = backend.region_name, backend.account_id
@@ -397,11 +383,11 @@ def create_capacity_block(body: dict, default_region: str) -> tuple[str, dict]:
     """POST /_karpenter-rs/capacity-block: (status, JSON answer)."""
     try:
         region = body.get("region") or default_region
-        backend = backend_of(str(body.get("account") or _default_account()), region)
+        backend = placement.backend_of(str(body.get("account") or _default_account()), region)
         start = parse_time(body["start"], "start") if body.get("start") else _now()
         end = parse_time(body["end"], "end") if body.get("end") else start + datetime.timedelta(days=1)
         if end <= start:
-            raise ReservationError("InvalidParameterValue", "end is after start")
+            raise faults.Ec2Error("InvalidParameterValue", "end is after start")
         tags = body.get("tags") or {}
         if isinstance(tags, list):
             tags = {t["Key"]: t["Value"] for t in tags}
@@ -409,7 +395,7 @@ def create_capacity_block(body: dict, default_region: str) -> tuple[str, dict]:
                              zone=body.get("zone"), zone_id=body.get("zone_id"), platform=body.get("platform"),
                              match_criteria="targeted", end_date_type="limited", end=end, start=start,
                              tags={str(k): str(v) for k, v in tags.items()}, reservation_type=CAPACITY_BLOCK)
-    except ReservationError as error:
+    except faults.Ec2Error as error:
         return "400 Bad Request", {"error": f"{error.code}: {error.message}"}
     return "200 OK", summary(reservation, backend)
 
@@ -417,7 +403,7 @@ def create_capacity_block(body: dict, default_region: str) -> tuple[str, dict]:
 def update(body: dict, default_region: str) -> tuple[str, dict]:
     """POST /_karpenter-rs/capacity-reservation: set a reservation's state and/or end date."""
     region = body.get("region") or default_region
-    backend = backend_of(str(body.get("account") or _default_account()), region)
+    backend = placement.backend_of(str(body.get("account") or _default_account()), region)
     reservation = find(backend, body.get("id") or "")
     if reservation is None:
         return "404 Not Found", {"error": f"no capacity reservation {body.get('id')!r} in {region}"}
@@ -429,7 +415,7 @@ def update(body: dict, default_region: str) -> tuple[str, dict]:
     if body.get("end"):
         try:
             reservation.end = parse_time(body["end"], "end")
-        except ReservationError as error:
+        except faults.Ec2Error as error:
             return "400 Bad Request", {"error": error.message}
         reservation.end_date_type = "limited"
     return "200 OK", summary(reservation, backend)
@@ -456,7 +442,7 @@ def describe(backend: Any, ids: Sequence[str] = (), filters: Sequence[tuple[str,
             raise not_found(rid)
     for name, _ in filters:
         if name not in FILTERS and not name.startswith("tag:"):
-            raise ReservationError("InvalidParameterValue", f"The filter '{name}' is invalid")
+            raise faults.Ec2Error("InvalidParameterValue", f"The filter '{name}' is invalid")
     chosen = set(ids)
     candidates = [r for r in list(store.values()) if not chosen or r.id in chosen]
     return [r for r in candidates
@@ -465,13 +451,13 @@ def describe(backend: Any, ids: Sequence[str] = (), filters: Sequence[tuple[str,
 
 def cancel(backend: Any, rid: str) -> None:
     if not rid:
-        raise ReservationError("MissingParameter", "The request must contain the parameter capacityReservationId")
+        raise faults.Ec2Error("MissingParameter", "The request must contain the parameter capacityReservationId")
     reservation = find(backend, rid)
     if reservation is None:
         raise not_found(rid)
     with _lock:
         if reservation.state() not in ("active", "scheduled", "pending", "assessing", "delayed"):
-            raise ReservationError("IncorrectState",
+            raise faults.Ec2Error("IncorrectState",
                                    f"The capacity reservation '{rid}' is in the {reservation.state()} state "
                                    "and cannot be cancelled.")
         reservation.state_set = "cancelled"
@@ -516,37 +502,37 @@ def subnet_zone(backend: Any, subnet_id: str | None) -> str | None:
 
 
 def check(backend: Any, launch: Launch, count: int = 1) -> Reservation | None:
-    """The reservation a targeted launch of `count` instances goes into; raises ReservationError as
+    """The reservation a targeted launch of `count` instances goes into; raises faults.Ec2Error as
     EC2 refuses the launch. None: no target."""
     if not launch.target:
         if launch.preference == "capacity-reservations-only":
             if _open_match(backend, launch.instance_type, launch.zone, None, None) is None:
-                raise ReservationError(EXHAUSTED, "There is no open capacity reservation with available "
+                raise faults.Ec2Error(EXHAUSTED, "There is no open capacity reservation with available "
                                                   f"capacity for {launch.instance_type} in {launch.zone}.")
         return None
     reservation = find(backend, launch.target)
     if reservation is None:
         raise not_found(launch.target)
     if launch.instance_type and launch.instance_type != reservation.instance_type:
-        raise ReservationError("InvalidParameterCombination",
+        raise faults.Ec2Error("InvalidParameterCombination",
                                f"The instance type {launch.instance_type} does not match the instance type "
                                f"{reservation.instance_type} of the capacity reservation {reservation.id}.")
     if launch.zone and launch.zone != reservation.zone:
-        raise ReservationError("InvalidParameterCombination",
+        raise faults.Ec2Error("InvalidParameterCombination",
                                f"The Availability Zone {launch.zone} does not match the Availability Zone "
                                f"{reservation.zone} of the capacity reservation {reservation.id}.")
     block = reservation.reservation_type == CAPACITY_BLOCK
     if (launch.market_type == CAPACITY_BLOCK) != block:
-        raise ReservationError("InvalidParameterCombination",
+        raise faults.Ec2Error("InvalidParameterCombination",
                                f"The capacity reservation {reservation.id} is a capacity block: launch with the "
                                "market type capacity-block." if block else
                                f"The market type capacity-block needs a capacity block; {reservation.id} is not one.")
     state = reservation.state()
     if state != "active":
-        raise ReservationError(EXHAUSTED, f"The capacity reservation {reservation.id} is {state}: "
+        raise faults.Ec2Error(EXHAUSTED, f"The capacity reservation {reservation.id} is {state}: "
                                           "it has no capacity available.")
     if reservation.available(backend) < count:
-        raise ReservationError(EXHAUSTED, f"There is insufficient capacity in the capacity reservation "
+        raise faults.Ec2Error(EXHAUSTED, f"There is insufficient capacity in the capacity reservation "
                                           f"{reservation.id}.")
     return reservation
 
@@ -654,14 +640,6 @@ def _request_members(get: Callable[[str], Any]) -> dict[str, Any]:
 # -- the middleware --------------------------------------------------------------------------------
 
 
-def _response(action: str, inner: str) -> bytes:
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<{action}Response xmlns="{faults.EC2_NAMESPACE}"><requestId>{uuid.uuid4()}</requestId>'
-        f"{inner}</{action}Response>"
-    ).encode()
-
-
 class CapacityReservations:
     """WSGI middleware answering the capacity-reservation actions and refusing launches a targeted
     reservation cannot take (see the module's docstring)."""
@@ -683,12 +661,12 @@ class CapacityReservations:
         try:
             if action in ACTIONS:
                 if dry_run:
-                    raise ReservationError("DryRunOperation",
+                    raise faults.Ec2Error("DryRunOperation",
                                            "Request would have succeeded, but DryRun flag is set.", 412)
-                return placement._answer(start_response, 200, self._action(action, params, backend_of(account, region)))
+                return faults.answer(start_response, 200, self._action(action, params, placement.backend_of(account, region)))
             if dry_run:
                 return self.app(environ, start_response)
-            backend = backend_of(account, region)
+            backend = placement.backend_of(account, region)
             with _launch_lock:
                 if action == "RunInstances":
                     self._check_run_instances(environ, params, backend)
@@ -696,8 +674,8 @@ class CapacityReservations:
                     start_response(captured[0], captured[1])
                     return [answer]
                 return self._create_fleet(environ, start_response, params, backend)
-        except ReservationError as error:
-            return placement._answer(start_response, error.status, faults.error_document(error.code, error.message))
+        except faults.Ec2Error as error:
+            return faults.answer(start_response, error.status, faults.error_document(error.code, error.message))
 
     def _action(self, action: str, params: dict[str, str], backend: Any) -> bytes:
         if action == "CreateCapacityReservation":
@@ -705,7 +683,7 @@ class CapacityReservations:
             specs = call_log.tag_specifications(params, "TagSpecifications") or call_log.tag_specifications(params)
             for rtype in specs:
                 if rtype != "capacity-reservation":
-                    raise ReservationError("InvalidParameterValue",
+                    raise faults.Ec2Error("InvalidParameterValue",
                                            f"'{rtype}' is not a valid taggable resource type for this operation.")
             reservation = create(
                 backend, params.get("InstanceType", ""), params.get("InstanceCount"),
@@ -713,7 +691,7 @@ class CapacityReservations:
                 platform=params.get("InstancePlatform"), match_criteria=params.get("InstanceMatchCriteria"),
                 tenancy=params.get("Tenancy"), end_date_type=params.get("EndDateType"), end=params.get("EndDate"),
                 tags=specs.get("capacity-reservation"))
-            return _response(action, f"<capacityReservation>{reservation.xml(backend)}</capacityReservation>")
+            return faults.ec2_response(action, f"<capacityReservation>{reservation.xml(backend)}</capacityReservation>")
         if action == "DescribeCapacityReservations":
             ids = placement._values(params, "CapacityReservationId")
             filters = [(f.get("Name", ""), placement._values(f, "Value")) for f in call_log.indexed(params, "Filter")]
@@ -724,19 +702,19 @@ class CapacityReservations:
                 try:
                     start = int(params["NextToken"])
                 except ValueError:
-                    raise ReservationError("InvalidParameterValue",
+                    raise faults.Ec2Error("InvalidParameterValue",
                                            f"Value ({params['NextToken']}) for parameter nextToken is invalid.") from None
             token = ""
             if limit:
                 if ids:
-                    raise ReservationError("InvalidParameterCombination",
+                    raise faults.Ec2Error("InvalidParameterCombination",
                                            "The parameter capacityReservationIdSet cannot be used with maxResults.")
                 try:
                     size = int(limit)
                 except ValueError:
                     size = 0
                 if not 1 <= size <= MAX_RESULTS:
-                    raise ReservationError("InvalidParameterValue",
+                    raise faults.Ec2Error("InvalidParameterValue",
                                            f"Value ({limit}) for parameter maxResults is invalid. "
                                            f"It must be between 1 and {MAX_RESULTS}.")
                 if start + size < len(found):
@@ -745,9 +723,9 @@ class CapacityReservations:
             else:
                 found = found[start:]
             items = "".join(f"<item>{r.xml(backend)}</item>" for r in found)
-            return _response(action, f"<capacityReservationSet>{items}</capacityReservationSet>{token}")
+            return faults.ec2_response(action, f"<capacityReservationSet>{items}</capacityReservationSet>{token}")
         cancel(backend, params.get("CapacityReservationId", ""))
-        return _response(action, "<return>true</return>")
+        return faults.ec2_response(action, "<return>true</return>")
 
     # -- launches ---------------------------------------------------------------------------------
 
@@ -789,7 +767,7 @@ class CapacityReservations:
                 try:
                     reservation = check(backend, launch)
                     if block and reservation is None:
-                        raise ReservationError("InvalidParameterCombination",
+                        raise faults.Ec2Error("InvalidParameterCombination",
                                                "A capacity-block fleet launches into a capacity block: its launch "
                                                "template targets none.")
                     kept.append(override)
@@ -797,14 +775,14 @@ class CapacityReservations:
                         untargeted = True
                     else:
                         targeted[reservation.id] = reservation.available(backend)
-                except ReservationError as error:
+                except faults.Ec2Error as error:
                     errors.append(faults.fleet_error_item(faults.fleet_override(config, override), lifecycle,
                                                           error.code, error.message))
             configs.append((config, kept, bool(overrides)))
         if not errors and not targeted and not block:
             return self.app(environ, start_response)
         if not any(kept for _, kept, _ in configs):
-            return placement._answer(start_response, 200, faults.unfilled_fleet(errors))
+            return faults.answer(start_response, 200, faults.unfilled_fleet(errors))
         out = placement._without_overrides(params, configs) if errors else dict(params)
         if block:
             out["TargetCapacitySpecification.DefaultTargetCapacityType"] = "on-demand"
