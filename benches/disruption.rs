@@ -57,6 +57,7 @@ fn catalog() -> Vec<Arc<InstanceType>> {
                     capacity_type: "on-demand".into(),
                     price: VCPU_PRICE * cpu as f64,
                     available: true,
+                    reservation: None,
                 }],
             ))
         })

@@ -69,6 +69,7 @@ fn instance_types() -> Vec<Arc<InstanceType>> {
                 capacity_type: capacity_type.into(),
                 price,
                 available: true,
+                reservation: None,
             };
             let offerings = vec![
                 offering("test-zone-1", "spot"),

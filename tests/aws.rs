@@ -571,6 +571,107 @@ async fn capacity_reservations_are_resolved_into_the_status() {
 
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
+async fn reserved_claims_launch_into_their_reservation_until_it_is_exhausted() {
+    let (p, cluster, faults) = provider_with_faults("reserved").await;
+    let ec2 = &p.clients().ec2;
+    let zone = format!("{}a", region());
+    let reservation = ec2
+        .create_capacity_reservation()
+        .instance_type("m5.large")
+        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
+        .availability_zone(&zone)
+        .instance_count(2)
+        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
+        .send()
+        .await
+        .unwrap();
+    let id =
+        reservation.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.capacity_reservation_selector_terms = serde_json::from_value(json!([{"id": id}])).unwrap();
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    p.node_classes().upsert(class.clone());
+
+    // The type has a reserved offering of the reservation, in its zone, all but free.
+    let types = p.instance_types_for_class(&class).await.unwrap();
+    let m5 = types.iter().find(|t| t.name == "m5.large").unwrap();
+    let reserved = m5.offerings.iter().find(|o| o.capacity_type == "reserved").unwrap();
+    assert_eq!(
+        (reserved.zone.as_str(), reserved.reservation_id(), reserved.available),
+        (zone.as_str(), Some(id.as_str()), true)
+    );
+    assert!(reserved.price < 0.0001);
+    assert_eq!(p.reservations().left(&id), 2);
+
+    // A claim that allows reserved capacity launches into the reservation, with its labels.
+    let first = p.create(&node_claim("reserved-1", &["m5.large"], "reserved")).await.unwrap();
+    assert_eq!(first.capacity_type, "reserved");
+    assert_eq!(first.labels.get(LABEL_CAPACITY_RESERVATION_ID), Some(&id));
+    assert_eq!(first.labels.get(LABEL_CAPACITY_RESERVATION_TYPE).map(String::as_str), Some("default"));
+    assert_eq!(first.labels.get(LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE).map(String::as_str), Some("false"));
+    assert_eq!(p.reservations().left(&id), 1);
+    let instance_id = first.provider_id.rsplit('/').next().unwrap().to_string();
+    let described = ec2.describe_instances().instance_ids(&instance_id).send().await.unwrap();
+    assert_eq!(described.reservations()[0].instances()[0].capacity_reservation_id(), Some(id.as_str()));
+    let request = faults.create_fleet_requests().pop().unwrap();
+    for expected in [
+        "TargetCapacitySpecification.DefaultTargetCapacityType=on-demand",
+        "OnDemandOptions.AllocationStrategy=lowest-price",
+    ] {
+        assert!(request.split('&').any(|p| p == expected), "{expected} missing from {request}");
+    }
+
+    // Someone else takes the last instance: the next reserved launch finds it exhausted, is
+    // told there is no capacity, and the reservation has none left for the scheduler.
+    ec2.run_instances()
+        .image_id(first.image_id.clone())
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .placement(aws_sdk_ec2::types::Placement::builder().availability_zone(&zone).build())
+        .capacity_reservation_specification(
+            aws_sdk_ec2::types::CapacityReservationSpecification::builder()
+                .capacity_reservation_target(
+                    aws_sdk_ec2::types::CapacityReservationTarget::builder()
+                        .capacity_reservation_id(&id)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let exhausted = p.create(&node_claim("reserved-2", &["m5.large"], "reserved")).await;
+    assert!(matches!(exhausted, Err(CloudProviderError::InsufficientCapacity { .. })), "{exhausted:?}");
+    assert_eq!(p.reservations().left(&id), 0);
+    let types = p.instance_types_for_class(&class).await.unwrap();
+    let m5 = types.iter().find(|t| t.name == "m5.large").unwrap();
+    assert!(!m5.offerings.iter().any(|o| o.capacity_type == "reserved" && o.available));
+    // A claim that also allows on-demand falls back to it; on-demand launches never take a
+    // reservation's instances.
+    let mut fallback = node_claim("reserved-3", &["m5.large"], "reserved");
+    fallback.spec.requirements[1].values.push(CAPACITY_TYPE_ON_DEMAND.to_string());
+    let launched = p.create(&fallback).await.unwrap();
+    assert_eq!(launched.capacity_type, "on-demand");
+    assert!(!launched.labels.contains_key(LABEL_CAPACITY_RESERVATION_ID));
+
+    // The class stops selecting the reservation: the reserved node drifts.
+    let mut claimed = node_claim("reserved-1", &["m5.large"], "reserved");
+    claimed.metadata.labels = Some(first.labels.clone());
+    claimed.metadata.annotations = Some(first.annotations.clone());
+    claimed.status = Some(karpenter::apis::NodeClaimStatus {
+        provider_id: Some(first.provider_id.clone()),
+        ..Default::default()
+    });
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
+    class.spec.capacity_reservation_selector_terms = Vec::new();
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    p.node_classes().upsert(class.clone());
+    assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::CapacityReservation));
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
 async fn instance_types_of_a_node_pool() {
     let (p, _) = provider("types").await;
     let pool: NodePool = serde_json::from_value(json!({

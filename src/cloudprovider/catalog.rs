@@ -199,6 +199,7 @@ pub fn kwok_instance_types() -> Vec<Arc<InstanceType>> {
                             capacity_type: capacity_type.to_string(),
                             price,
                             available: true,
+                            reservation: None,
                         });
                     }
                 }
@@ -293,6 +294,7 @@ pub fn parse_catalog(text: &str, file: &str) -> Result<Vec<Arc<InstanceType>>, C
                 capacity_type: o.capacity_type.clone(),
                 price: o.price,
                 available: o.available,
+                reservation: None,
             })
             .collect();
         types.push(Arc::new(InstanceType::new(

@@ -154,6 +154,8 @@ pub enum DriftReason {
     /// The node is not in the placement group the class resolves to now (or is in one the
     /// class no longer names).
     PlacementGroup,
+    /// The instance is in a capacity reservation the class no longer selects.
+    CapacityReservation,
 }
 
 impl DriftReason {
@@ -165,6 +167,7 @@ impl DriftReason {
             DriftReason::SecurityGroup => "SecurityGroupDrift",
             DriftReason::NodeClass => "NodeClassDrift",
             DriftReason::PlacementGroup => "PlacementGroupDrift",
+            DriftReason::CapacityReservation => "CapacityReservationDrift",
         }
     }
 }

@@ -51,8 +51,6 @@ pub struct FeatureGates {
     pub static_capacity: bool,
     /// CapacityBuffer resources keep headroom.
     pub capacity_buffer: bool,
-    /// The gates named in the setting, whatever their value.
-    pub explicit: Vec<String>,
 }
 
 impl Default for FeatureGates {
@@ -64,7 +62,6 @@ impl Default for FeatureGates {
             node_overlay: false,
             static_capacity: false,
             capacity_buffer: false,
-            explicit: Vec::new(),
         }
     }
 }
@@ -86,7 +83,6 @@ impl std::str::FromStr for FeatureGates {
                 .trim()
                 .parse()
                 .map_err(|_| format!("feature gate {name}: {value:?} is neither true nor false"))?;
-            gates.explicit.push(name.trim().to_string());
             match name.trim() {
                 "SpotToSpotConsolidation" => gates.spot_to_spot_consolidation = value,
                 "NodeRepair" => gates.node_repair = value,

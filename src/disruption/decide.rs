@@ -64,6 +64,8 @@ impl Inputs {
             .into_iter()
             .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
             .collect();
+        // As upstream's disruption simulations: a held reservation is no reason to keep a pod.
+        let options = SchedulerOptions { reserved_fallback: true, ..options };
         Inputs { snapshot, nodes, pools, options, spot_to_spot, now, young, stand_ins: Vec::new() }
     }
 

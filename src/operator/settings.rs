@@ -301,17 +301,6 @@ impl Settings {
                 "INTERRUPTION_QUEUE ({queue}) is set, but only the aws provider reads an interruption queue: ignored"
             ));
         }
-        let gates = &self.feature_gates;
-        for (name, on, explicit_only) in [
-            // On by default upstream: only worth a word when asked for.
-            ("ReservedCapacity", gates.reserved_capacity, true),
-        ] {
-            if on && (!explicit_only || gates.explicit.iter().any(|g| g == name)) {
-                out.push(format!(
-                    "feature gate {name} is enabled, but this version only lists the capacity reservations in EC2NodeClass status: nothing is launched into them"
-                ));
-            }
-        }
         if self.enable_profiling {
             out.push(
                 "ENABLE_PROFILING is set, but there is no Go profiler here to serve: ignored".to_string(),
@@ -434,7 +423,6 @@ mod tests {
             leads,
             [
                 "INTERRUPTION_QUEUE",
-                "feature",
                 "ENABLE_PROFILING",
                 "DISABLE_CONTROLLER_WARMUP=false",
                 "ENABLE_ZONAL_SHIFT",
@@ -446,7 +434,6 @@ mod tests {
         assert!(
             messages[0].contains("INTERRUPTION_QUEUE (demo-queue)") && messages[0].contains("aws provider")
         );
-        assert!(messages[1].contains("ReservedCapacity"));
 
         // REBALANCE_REPLACEMENT needs the aws provider's queue; each missing part is named.
         let with_queue = parse(&[
@@ -530,8 +517,9 @@ mod tests {
         let s = parse(&[&format!("--feature-gates={gates}")]).unwrap();
         assert!(!s.feature_gates.capacity_buffer);
         assert!(
-            s.unimplemented().iter().any(|m| m.starts_with("feature gate ReservedCapacity is enabled")),
-            "named explicitly, as the chart does"
+            s.unimplemented().is_empty(),
+            "every gate of upstream's chart is acted on: {:?}",
+            s.unimplemented()
         );
         let s = parse(&["--feature-gates=CapacityBuffer=true,NodeOverlay=true,StaticCapacity=true"]).unwrap();
         assert!(

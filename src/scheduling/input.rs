@@ -119,6 +119,10 @@ pub struct SchedulerOptions {
     pub max_instance_types: usize,
     /// How pods are ordered and how far NodeClaims grow.
     pub packing: Packing,
+    /// Whether a pod that could use a capacity reservation with no instance left to hold takes
+    /// other capacity at once (the disruption simulations), rather than waiting for the next run
+    /// (the provisioner; see [`super::reservations`]).
+    pub reserved_fallback: bool,
 }
 
 impl Default for SchedulerOptions {
@@ -128,6 +132,7 @@ impl Default for SchedulerOptions {
             preference_policy: PreferencePolicy::Respect,
             max_instance_types: 60,
             packing: Packing::default(),
+            reserved_fallback: false,
         }
     }
 }
@@ -329,6 +334,9 @@ pub struct SchedulingInput {
     pub volumes: VolumeInput,
     /// Tunables.
     pub options: SchedulerOptions,
+    /// The capacity reservations NodeClaims that are not launched yet hold, one entry per
+    /// NodeClaim and reservation: their instances are not left for new NodeClaims.
+    pub reservations_held: Vec<String>,
 }
 
 /// Identifies an input pod.
@@ -400,6 +408,9 @@ pub struct PodError {
     pub nodepools: Vec<(String, String)>,
     /// A reason not tied to a NodePool (invalid pod, no NodePool).
     pub reason: Option<String>,
+    /// Whether the pod waits for a capacity reservation that other NodeClaims of the run hold
+    /// (the next run places it: not a scheduling failure to report).
+    pub reserved: bool,
 }
 
 impl fmt::Display for PodError {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::apis::labels::{
+    LABEL_CAPACITY_RESERVATION_ID, LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE, LABEL_CAPACITY_RESERVATION_TYPE,
     LABEL_CAPACITY_TYPE, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT, LABEL_INSTANCE_SIZE,
     LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE, RESOURCE_AMD_GPU, RESOURCE_AWS_NEURON,
     RESOURCE_AWS_NEURON_CORE, RESOURCE_HABANA_GAUDI, RESOURCE_NVIDIA_GPU,
@@ -24,12 +25,63 @@ pub struct Offering {
     pub price: f64,
     /// Whether it can be launched now (not known to be out of capacity).
     pub available: bool,
+    /// For a `reserved` offering, the capacity reservation it launches into.
+    pub reservation: Option<Arc<Reservation>>,
+}
+
+/// The capacity reservation of a `reserved` offering: one per reservation, in its zone, for its
+/// instance type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Its id (`karpenter.k8s.aws/capacity-reservation-id`).
+    pub id: String,
+    /// `default` or `capacity-block` (`karpenter.k8s.aws/capacity-reservation-type`).
+    pub reservation_type: String,
+    /// Whether EC2 may take its instances back (`karpenter.k8s.aws/capacity-reservation-interruptible`).
+    pub interruptible: bool,
+    /// Instances that can still be launched into it, as last known.
+    pub capacity: i64,
+}
+
+impl Reservation {
+    /// The labels a node launched into it gets (besides `karpenter.sh/capacity-type: reserved`).
+    pub fn labels(&self) -> [(&'static str, String); 3] {
+        [
+            (LABEL_CAPACITY_RESERVATION_ID, self.id.clone()),
+            (LABEL_CAPACITY_RESERVATION_TYPE, self.reservation_type.clone()),
+            (LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE, self.interruptible.to_string()),
+        ]
+    }
 }
 
 impl Offering {
-    /// Whether `reqs` allow this offering's zone and capacity type.
+    /// An offering that launches into no reservation.
+    pub fn new(
+        zone: impl Into<String>,
+        capacity_type: impl Into<String>,
+        price: f64,
+        available: bool,
+    ) -> Self {
+        Offering {
+            zone: zone.into(),
+            capacity_type: capacity_type.into(),
+            price,
+            available,
+            reservation: None,
+        }
+    }
+
+    /// Whether `reqs` allow this offering's zone and capacity type, and for a reserved offering
+    /// its reservation's labels.
     pub fn is_compatible(&self, reqs: &Requirements) -> bool {
-        reqs.allows(LABEL_TOPOLOGY_ZONE, &self.zone) && reqs.allows(LABEL_CAPACITY_TYPE, &self.capacity_type)
+        reqs.allows(LABEL_TOPOLOGY_ZONE, &self.zone)
+            && reqs.allows(LABEL_CAPACITY_TYPE, &self.capacity_type)
+            && self.reservation.as_ref().is_none_or(|r| r.labels().iter().all(|(k, v)| reqs.allows(k, v)))
+    }
+
+    /// The id of the reservation it launches into.
+    pub fn reservation_id(&self) -> Option<&str> {
+        self.reservation.as_ref().map(|r| r.id.as_str())
     }
 }
 
@@ -128,6 +180,22 @@ impl InstanceType {
             overlays: Some(Arc::new(marks)),
             allocatable,
         }
+    }
+
+    /// This type offered as `offerings` instead (other zones, capacity types or reservations):
+    /// its zone and capacity-type labels follow them.
+    pub fn with_offerings(&self, offerings: Vec<Offering>) -> Self {
+        let mut requirements = self.requirements.clone();
+        requirements.remove(LABEL_TOPOLOGY_ZONE);
+        requirements.remove(LABEL_CAPACITY_TYPE);
+        requirements.remove(LABEL_INSTANCE_TYPE);
+        InstanceType::new(
+            self.name.clone(),
+            requirements,
+            self.capacity.clone(),
+            self.overhead.clone(),
+            offerings,
+        )
     }
 
     /// Whether a NodeOverlay set the price of one of its offerings.
@@ -273,6 +341,7 @@ mod tests {
                     capacity_type: c.to_string(),
                     price: *p,
                     available: *a,
+                    reservation: None,
                 })
                 .collect(),
         )

@@ -29,8 +29,9 @@
 //! `nodeTaintsPolicy` decide which nodes, existing or new, count), required and preferred pod
 //! affinity and anti-affinity including the inverse direction, NodePool weights, limits and
 //! `minValues`, DaemonSet overhead, volume zones (bound PersistentVolumes and StorageClass
-//! `allowedTopologies`) and CSI attach limits of existing nodes (see [`volumes`]). Not modelled:
-//! capacity reservations, and pod priority/preemption.
+//! `allowedTopologies`) and CSI attach limits of existing nodes (see [`volumes`]), and the
+//! instances capacity reservations have left (see [`reservations`]). Not modelled: pod
+//! priority/preemption.
 //!
 //! # Choosing instance types
 //!
@@ -46,6 +47,7 @@ pub mod hostports;
 pub mod instancetypes;
 pub mod overlay;
 pub mod requirements;
+pub mod reservations;
 pub mod resources;
 pub mod scheduler;
 pub mod taints;
@@ -58,7 +60,7 @@ mod input;
 mod pools;
 
 pub use input::template_requirements;
-pub use instancetypes::{InstanceType, Offering, Overhead, OverlayMarks};
+pub use instancetypes::{InstanceType, Offering, Overhead, OverlayMarks, Reservation};
 pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;
 pub use scheduler::{

@@ -62,6 +62,7 @@ fn build_it(i: usize, s: &ItSpec) -> Arc<InstanceType> {
                 capacity_type: "on-demand".into(),
                 price,
                 available: true,
+                reservation: None,
             });
             if s.spot {
                 offerings.push(Offering {
@@ -69,6 +70,7 @@ fn build_it(i: usize, s: &ItSpec) -> Arc<InstanceType> {
                     capacity_type: "spot".into(),
                     price: price / 2.0,
                     available: !i.is_multiple_of(5),
+                    reservation: None,
                 });
             }
         }

@@ -21,7 +21,10 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Toleration;
 
 use crate::apis::Taint;
-use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_HOSTNAME, LABEL_TOPOLOGY_ZONE};
+use crate::apis::labels::{
+    CAPACITY_TYPE_RESERVED, LABEL_CAPACITY_RESERVATION_ID, LABEL_CAPACITY_TYPE, LABEL_HOSTNAME,
+    LABEL_TOPOLOGY_ZONE,
+};
 
 pub use super::input::{
     ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, Packing, PodError, PodRef,
@@ -33,6 +36,7 @@ use super::hostports::{HostPort, first_conflict, pod_host_ports};
 use super::instancetypes::{InstanceType, compare_price};
 use super::pools::{OfferingIndex, Pool, PoolCosts, limited_amount, max_alloc};
 use super::requirements::{Requirement, Requirements, keys_compatible, pod_node_requirements};
+use super::reservations::Book;
 use super::resources::{Resources, format_quantity, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
 use super::topology::{DomainSource, PodTopology, SlotView, Topology};
@@ -176,6 +180,8 @@ struct Claim {
     max_alloc: [i64; 3],
     reserved: BTreeMap<String, i64>,
     min_values_relaxed: bool,
+    /// The capacity reservations it holds an instance of (see [`super::reservations`]).
+    holds: Vec<String>,
 }
 
 struct NodeSlot<'a> {
@@ -204,6 +210,10 @@ struct Scheduler<'a> {
     rejected: Vec<Vec<u64>>,
     /// Per pool (in `pools` order): prices and exotic flags of its instance types.
     costs: Vec<PoolCosts>,
+    /// Instances left in the capacity reservations.
+    book: Book,
+    /// Set when the last claim refused a pod because the reservations it could use are held.
+    refused_for_reservation: bool,
 }
 
 /// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
@@ -389,7 +399,20 @@ impl<'a> Scheduler<'a> {
 
         let rejected = vec![Vec::new(); classes.len()];
         let costs = pools.iter().map(|p| PoolCosts::new(p.input)).collect();
-        Scheduler { input, pods, pools, nodes, claims: vec![], topo, offer_idx, rejected, costs }
+        let book = Book::new(&input.nodepools, &input.reservations_held, !input.options.reserved_fallback);
+        Scheduler {
+            input,
+            pods,
+            pools,
+            nodes,
+            claims: vec![],
+            topo,
+            offer_idx,
+            rejected,
+            costs,
+            book,
+            refused_for_reservation: false,
+        }
     }
 
     fn run(mut self) -> SchedulingResults {
@@ -440,15 +463,21 @@ impl<'a> Scheduler<'a> {
     fn schedule_pod(&mut self, p: usize) -> Result<(), PodError> {
         let info = &self.pods[p];
         if let Some(reason) = &info.invalid {
-            return Err(PodError { pod: info.r.clone(), nodepools: vec![], reason: Some(reason.clone()) });
+            return Err(PodError {
+                pod: info.r.clone(),
+                nodepools: vec![],
+                reason: Some(reason.clone()),
+                reserved: false,
+            });
         }
         let mut state = self.pods[p].first_state(self.input.options.preference_policy);
         loop {
             let reqs = self.pods[p].requirements(state).into_owned();
             match self.try_place(p, &reqs, state) {
                 Ok(()) => return Ok(()),
+                // Waiting for a reservation is no reason to give up a preference.
                 Err(e) => {
-                    if !self.pods[p].relax(&mut state) {
+                    if e.reserved || !self.pods[p].relax(&mut state) {
                         return Err(e);
                     }
                 }
@@ -495,14 +524,24 @@ impl<'a> Scheduler<'a> {
         }
         let mut reasons = Vec::new();
         for pool in 0..self.pools.len() {
+            self.refused_for_reservation = false;
             match self.try_new_claim(pool, p, reqs, state) {
                 Ok(()) => return Ok(()),
                 Err(e) => reasons.push((self.pools[pool].input.name.clone(), e)),
             }
+            // A pod a reservation could take does not fall back to a NodePool of lower weight.
+            if self.refused_for_reservation {
+                return Err(PodError {
+                    pod: self.pods[p].r.clone(),
+                    nodepools: reasons,
+                    reason: None,
+                    reserved: true,
+                });
+            }
         }
         let reason =
             if self.pools.is_empty() { Some("no nodepool can launch nodes".to_string()) } else { None };
-        Err(PodError { pod: self.pods[p].r.clone(), nodepools: reasons, reason })
+        Err(PodError { pod: self.pods[p].r.clone(), nodepools: reasons, reason, reserved: false })
     }
 
     fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, state: Relax) -> Result<(), ()> {
@@ -634,6 +673,7 @@ impl<'a> Scheduler<'a> {
             max_alloc: max,
             reserved: BTreeMap::new(),
             min_values_relaxed: false,
+            holds: Vec::new(),
         });
         let c = self.claims.len() - 1;
         match self.try_claim(c, p, reqs, state, true) {
@@ -655,7 +695,18 @@ impl<'a> Scheduler<'a> {
         state: Relax,
         reason: bool,
     ) -> Result<(), Reject> {
-        let Scheduler { claims, pools, pods, topo, offer_idx, input, costs, .. } = self;
+        let Scheduler {
+            claims,
+            pools,
+            pods,
+            topo,
+            offer_idx,
+            input,
+            costs,
+            book,
+            refused_for_reservation,
+            ..
+        } = self;
         let claim = &mut claims[c];
         let pod = &pods[p];
         let ask = Ask { pod, reqs, state, reason };
@@ -678,9 +729,26 @@ impl<'a> Scheduler<'a> {
         let relaxed =
             narrowing.min_values(&kept, input.options.min_values_policy, claim.min_values_relaxed)?;
         let growth_alloc = narrowing.growth_alloc(claim, &kept, &outgrown, &new_requests, reason)?;
+        let holds = match book.is_empty() {
+            true => Vec::new(),
+            false => {
+                let types = &pool.input.instance_types;
+                let offerings = kept
+                    .iter()
+                    .filter_map(|i| types.get(*i as usize))
+                    .flat_map(|it| it.offerings.iter())
+                    .filter(|o| o.reservation.is_some() && o.is_compatible(eff_reqs));
+                book.to_hold(&claim.holds, offerings).map_err(|why| {
+                    *refused_for_reservation = true;
+                    (if reason { why.to_string() } else { String::new() }, false)
+                })?
+            }
+        };
         narrowing.update_small(&mut claim.small, outgrown);
 
         // Commit.
+        book.hold(&claim.holds, &holds);
+        claim.holds = holds;
         let reserved = claim.reservation(pool, cost, &kept);
         let pool_mut = &mut pools[claim.pool];
         pool_mut.move_reservation(&claim.reserved, &reserved);
@@ -725,12 +793,20 @@ impl<'a> Scheduler<'a> {
             let pool = &self.pools[claim.pool];
             let mut reqs = claim.reqs.clone();
             reqs.remove(LABEL_HOSTNAME);
+            // A claim holding reservations launches into one of them, on a type they are for.
+            if !claim.holds.is_empty() {
+                reqs.add(LABEL_CAPACITY_TYPE, Requirement::in_values([CAPACITY_TYPE_RESERVED]));
+                reqs.add(LABEL_CAPACITY_RESERVATION_ID, Requirement::in_values(claim.holds.iter().cloned()));
+            }
             let masks = self.offer_idx.usable().then(|| self.offer_idx.masks(&reqs));
             let mut options: Vec<(Option<f64>, &Arc<InstanceType>)> = claim
                 .its
                 .iter()
                 .filter_map(|i| {
                     let it = pool.input.instance_types.get(*i as usize)?;
+                    if !claim.holds.is_empty() && it.compatible_offerings(&reqs).next().is_none() {
+                        return None;
+                    }
                     let price = match (masks, pool.offers.get(*i as usize)) {
                         (Some((zm, cm)), Some(offers)) => offers
                             .iter()

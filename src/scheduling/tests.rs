@@ -35,12 +35,14 @@ pub(crate) fn instance_type(
             capacity_type: "on-demand".into(),
             price,
             available: true,
+            reservation: None,
         });
         offerings.push(Offering {
             zone: z.to_string(),
             capacity_type: "spot".into(),
             price: price * 0.5,
             available: true,
+            reservation: None,
         });
     }
     let labels: BTreeMap<String, String> = [
@@ -806,6 +808,7 @@ fn gpu_type(name: &str, gpus: i64, category: &str) -> Arc<InstanceType> {
             capacity_type: "on-demand".into(),
             price: gpus as f64,
             available: true,
+            reservation: None,
         }],
     ))
 }
@@ -1194,7 +1197,13 @@ fn priced_type(
     for (k, v) in extra {
         capacity.set(k, *v);
     }
-    let offering = Offering { zone: "z1".into(), capacity_type: "on-demand".into(), price, available: true };
+    let offering = Offering {
+        zone: "z1".into(),
+        capacity_type: "on-demand".into(),
+        price,
+        available: true,
+        reservation: None,
+    };
     Arc::new(InstanceType::new(
         name,
         Requirements::from_labels(&all),
@@ -1377,4 +1386,87 @@ fn the_issue_workload_on_the_ec2_catalog_costs_at_most_10_30() {
     assert!(old.new_node_claims.iter().any(cost::uses_exotic));
     assert!(cost::plan_price(&old) > 12.0, "{}", cost::plan_price(&old));
     assert_cheaper(&new, &old);
+}
+
+/// The standard types, `m.2x` also with a reserved offering in z1 of reservation `cr-1` with
+/// `left` instances.
+fn types_with_reservation(left: i64) -> Vec<Arc<InstanceType>> {
+    standard_types()
+        .into_iter()
+        .map(|it| {
+            if it.name != "m.2x" {
+                return it;
+            }
+            let mut offerings = it.offerings.clone();
+            offerings.push(Offering {
+                reservation: Some(Arc::new(Reservation {
+                    id: "cr-1".into(),
+                    reservation_type: "default".into(),
+                    interruptible: false,
+                    capacity: left,
+                })),
+                ..Offering::new("z1", CAPACITY_TYPE_RESERVED, 0.2 / 10_000_000.0, left > 0)
+            });
+            Arc::new(InstanceType::new(
+                it.name.clone(),
+                it.requirements.clone(),
+                it.capacity.clone(),
+                it.overhead.clone(),
+                offerings,
+            ))
+        })
+        .collect()
+}
+
+fn reserved_run(left: i64, held: usize, fallback: bool) -> SchedulingResults {
+    let pods = pods_n(4, |p| with_anti_affinity(p, LABEL_HOSTNAME, "web"));
+    let mut inp = input(pods, vec![NodePoolInput::new("default", types_with_reservation(left))]);
+    inp.reservations_held = vec!["cr-1".to_string(); held];
+    inp.options.reserved_fallback = fallback;
+    schedule(&inp)
+}
+
+fn reserved_claims(r: &SchedulingResults) -> Vec<&NewNodeClaim> {
+    r.new_node_claims
+        .iter()
+        .filter(|c| c.requirements.get(LABEL_CAPACITY_TYPE).is_some_and(|ct| ct.single() == Some("reserved")))
+        .collect()
+}
+
+#[test]
+fn reservations_are_used_first_and_never_overbooked() {
+    // Two instances left: two reserved claims; the other pods wait for the next run (the
+    // reservation is then used up and they fall back), without a scheduling error to report.
+    let r = reserved_run(2, 0, false);
+    let reserved = reserved_claims(&r);
+    assert_eq!((reserved.len(), r.new_node_claims.len()), (2, 2), "{:?}", r.new_node_claims);
+    for c in &reserved {
+        assert_eq!(c.instance_type_names, vec!["m.2x".to_string()]);
+        assert_eq!(c.requirements.get(LABEL_CAPACITY_RESERVATION_ID).and_then(|r| r.single()), Some("cr-1"));
+    }
+    assert_eq!(r.errors.len(), 2);
+    assert!(r.errors.iter().all(|e| e.reserved), "{}", error_of(&r));
+    // NodeClaims not launched yet hold their instance: one left for this run.
+    let r = reserved_run(2, 1, false);
+    assert_eq!((reserved_claims(&r).len(), r.errors.len()), (1, 3));
+    // Used up: every pod falls back to other capacity.
+    let r = reserved_run(0, 0, false);
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!((reserved_claims(&r).len(), r.new_node_claims.len()), (0, 4));
+    // The disruption simulations fall back at once.
+    let r = reserved_run(2, 0, true);
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!((reserved_claims(&r).len(), r.new_node_claims.len()), (2, 4));
+}
+
+#[test]
+fn a_reserved_claim_does_not_outgrow_its_reservation() {
+    // One instance left of a 2-CPU type: the first pod's claim holds it; pods that fit with it
+    // join it, and the claim stays on the reserved type (strict) instead of growing.
+    let pods = pods_n(3, |p| p);
+    let r = schedule(&input(pods, vec![NodePoolInput::new("default", types_with_reservation(1))]));
+    let reserved = reserved_claims(&r);
+    assert_eq!(reserved.len(), 1, "{:?}", r.new_node_claims);
+    assert_eq!(reserved[0].instance_type_names, vec!["m.2x".to_string()]);
+    assert!(reserved[0].pods.len() <= 2);
 }

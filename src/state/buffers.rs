@@ -316,6 +316,7 @@ mod tests {
                 pod: r(4),
                 nodepools: vec![("default".into(), "too big".into())],
                 reason: None,
+                reserved: false,
             }],
             ignored: Vec::new(),
         };

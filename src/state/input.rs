@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::apis::common::Operator;
+use crate::apis::labels::LABEL_CAPACITY_RESERVATION_ID;
 use crate::scheduling::{
     ExistingNode, NodePoolInput, Requirements, SchedulerOptions, SchedulingInput, daemonsets,
 };
@@ -145,6 +147,7 @@ impl<'a> Base<'a> {
                 namespace_labels: snapshot::namespace_labels(snapshot),
                 volumes: snapshot::volume_input(snapshot),
                 options,
+                reservations_held: reservations_held(nodes),
             },
             skipped_pools,
             pending_count,
@@ -176,6 +179,7 @@ impl<'a> Base<'a> {
             namespace_labels: self.input.namespace_labels.clone(),
             volumes: self.input.volumes.clone(),
             options: self.input.options.clone(),
+            reservations_held: self.input.reservations_held.clone(),
         };
         let mut left_out = Vec::new();
         for (i, node) in &self.existing {
@@ -232,6 +236,19 @@ pub fn scheduling_input(
     let mut base = Base::new(snapshot, nodes, pending, scenario.options.clone());
     base.input.pods.extend(scenario.stand_ins.iter().cloned());
     base.scenario(&scenario.without)
+}
+
+/// The capacity reservations the NodeClaims that are not launched yet may launch into (those
+/// their `karpenter.k8s.aws/capacity-reservation-id` requirement lists), once per NodeClaim.
+fn reservations_held(nodes: &[StateNode]) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|n| n.provider_id.is_none())
+        .filter_map(|n| n.claim.as_deref())
+        .flat_map(|c| &c.spec.requirements)
+        .filter(|r| r.key == LABEL_CAPACITY_RESERVATION_ID && r.operator == Operator::In)
+        .flat_map(|r| r.values.iter().cloned())
+        .collect()
 }
 
 /// Names of the NodePools of `snapshot`, by name, for lookups.
@@ -326,6 +343,7 @@ mod tests {
                 capacity_type: "on-demand".into(),
                 price: 0.1,
                 available: true,
+                reservation: None,
             }],
         ))
     }

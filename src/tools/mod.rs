@@ -25,7 +25,7 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use thiserror::Error;
 
-use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE};
+use crate::apis::labels::LABEL_TOPOLOGY_ZONE;
 use crate::apis::{CapacityBuffer, NodeOverlay};
 use crate::cloudprovider::catalog::{Catalog, CatalogError};
 use crate::scheduling::{InstanceType, Offering};
@@ -280,25 +280,12 @@ pub fn in_zones(types: &[Arc<InstanceType>], zones: &BTreeSet<String>) -> Vec<Ar
             let offerings = zones
                 .iter()
                 .flat_map(|zone| {
-                    by_capacity.iter().map(move |(ct, (price, available))| Offering {
-                        zone: zone.clone(),
-                        capacity_type: (*ct).to_string(),
-                        price: *price,
-                        available: *available,
+                    by_capacity.iter().map(move |(ct, (price, available))| {
+                        Offering::new(zone.clone(), *ct, *price, *available)
                     })
                 })
                 .collect();
-            let mut requirements = t.requirements.clone();
-            requirements.remove(LABEL_TOPOLOGY_ZONE);
-            requirements.remove(LABEL_CAPACITY_TYPE);
-            requirements.remove(LABEL_INSTANCE_TYPE);
-            Arc::new(InstanceType::new(
-                t.name.clone(),
-                requirements,
-                t.capacity.clone(),
-                t.overhead.clone(),
-                offerings,
-            ))
+            Arc::new(t.with_offerings(offerings))
         })
         .collect()
 }
@@ -314,7 +301,8 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
         let name = np.metadata.name.clone().unwrap_or_default();
         match snapshot.node_class_ready(np) {
             Ok(()) => {
-                pool_types.insert(name, types.to_vec());
+                let class = snapshot.node_class_of(np).and_then(|c| c.status.as_ref());
+                pool_types.insert(name, with_reservations(types, class));
             }
             Err(problem) => {
                 pool_errors.insert(name, problem.to_string());
@@ -328,6 +316,41 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
         snapshot.types_by_name.entry(t.name.clone()).or_insert_with(|| Arc::clone(t));
     }
     snapshot
+}
+
+/// `types` with the `reserved` offerings of the capacity reservations a class's `status` lists,
+/// so that reserved nodes are priced as the controller prices them. How many instances each
+/// reservation has left is not in the status: the tools plan no new reserved node.
+pub fn with_reservations(
+    types: &[Arc<InstanceType>],
+    status: Option<&crate::apis::ec2nodeclass::EC2NodeClassStatus>,
+) -> Vec<Arc<InstanceType>> {
+    let Some(status) = status.filter(|s| !s.capacity_reservations.is_empty()) else { return types.to_vec() };
+    let subnet_zones: BTreeSet<String> = status.subnets.iter().map(|s| s.zone.clone()).collect();
+    types
+        .iter()
+        .map(|t| {
+            let on_demand = t
+                .offerings
+                .iter()
+                .filter(|o| o.capacity_type == crate::apis::labels::CAPACITY_TYPE_ON_DEMAND)
+                .map(|o| o.price)
+                .min_by(f64::total_cmp);
+            let reserved = crate::cloudprovider::aws::reservations::offerings(
+                &t.name,
+                &status.capacity_reservations,
+                &subnet_zones,
+                on_demand,
+                &|_| 0,
+            );
+            if reserved.is_empty() {
+                return Arc::clone(t);
+            }
+            let mut offerings = t.offerings.clone();
+            offerings.extend(reserved);
+            Arc::new(t.with_offerings(offerings))
+        })
+        .collect()
 }
 
 /// `snapshot` with its NodePools' instance types changed by `overlays`: those the controller has
@@ -391,6 +414,7 @@ pub fn price(p: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_INSTANCE_TYPE};
     use crate::disruption::tests::catalog;
 
     #[test]
@@ -441,5 +465,26 @@ mod tests {
         let applied = with_overlays(snapshot, &[overlay("applied", "True"), overlay("pending", "False")]);
         assert_eq!(priced(&applied), 0.01);
         assert!(applied.types_by_name.contains_key("small"));
+    }
+
+    #[test]
+    fn reserved_nodes_are_priced_with_their_reservation_and_none_is_planned() {
+        let status: crate::apis::ec2nodeclass::EC2NodeClassStatus =
+            serde_json::from_value(serde_json::json!({
+            "subnets": [{"id": "subnet-1", "zone": "z1"}],
+            "capacityReservations": [{"id": "cr-1", "availabilityZone": "z1", "instanceType": "small",
+                "ownerID": "123456789012", "instanceMatchCriteria": "targeted", "reservationType": "default",
+                "state": "active"}]}))
+            .unwrap();
+        let types = with_reservations(&catalog(), Some(&status));
+        let small = types.iter().find(|t| t.name == "small").unwrap();
+        let reserved = small.offerings.iter().find(|o| o.capacity_type == "reserved").unwrap();
+        assert_eq!(reserved.reservation_id(), Some("cr-1"));
+        assert!(!reserved.available, "what is left of it is not known here");
+        assert!(reserved.price > 0.0 && reserved.price < 0.0001, "{}", reserved.price);
+        assert!(small.requirements.get(LABEL_CAPACITY_TYPE).unwrap().has("reserved"));
+        let others = types.iter().filter(|t| t.name != "small");
+        assert!(others.flat_map(|t| &t.offerings).all(|o| o.reservation.is_none()));
+        assert_eq!(with_reservations(&catalog(), None), catalog());
     }
 }

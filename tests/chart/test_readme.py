@@ -100,7 +100,7 @@ def test_settings_parser_finds_the_warnings() -> None:
     found (a rewrite of the function that the parser no longer understands fails here, not by
     silently finding nothing)."""
     names = warned_names()
-    assert {"ReservedCapacity", "ENABLE_PROFILING", "IGNORE_DRA_REQUESTS=false"} <= names, names
+    assert {"INTERRUPTION_QUEUE", "ENABLE_PROFILING", "IGNORE_DRA_REQUESTS=false"} <= names, names
 
 
 def test_status_box_lists_what_the_controller_ignores() -> None:

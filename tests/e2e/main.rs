@@ -13,6 +13,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -607,6 +608,7 @@ async fn getting_started_with_aws() {
     let live = pool_instances(&ec2, &f.pool).await.into_iter().filter(|i| i.is_live()).count();
     assert_eq!(live, 5, "one instance per NodeClaim under the limit");
     static_pool_with_aws(&f, &controller, &ec2).await;
+    reserved_capacity_with_aws(&f, &controller, &ec2).await;
 
     f.cleanup().await;
     assert!(
@@ -1467,6 +1469,200 @@ spec:
         .unwrap();
     classes.delete(&class_name, &DeleteParams::default()).await.unwrap();
     wait_for("the placed class gone", Duration::from_secs(60), controller, || async {
+        classes.get_opt(&class_name).await.unwrap().is_none()
+    })
+    .await;
+}
+
+/// Capacity reservations on the aws provider (`ReservedCapacity`, on by default): an EC2NodeClass
+/// selects an On-Demand Capacity Reservation and a capacity block of one instance each. Three pods
+/// that each need a node of the reserved type get the reservation first, then the capacity block
+/// (launched with its market type), then on-demand capacity: each reserved node is labelled with
+/// its reservation and its instance runs in it. Once the capacity block is within 40 minutes of
+/// its end its node is drained and replaced (on-demand, the block no longer offered); a
+/// reservation the class stops selecting drifts its node.
+async fn reserved_capacity_with_aws(f: &Fixture, controller: &Controller, ec2: &aws_sdk_ec2::Client) {
+    const CT: &str = "karpenter.sh/capacity-type";
+    const ID: &str = "karpenter.k8s.aws/capacity-reservation-id";
+    let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
+    let mut class = classes.get(&f.class).await.unwrap();
+    let zone = class.status.as_ref().unwrap().subnets[0].zone.clone();
+    let odcr = ec2
+        .create_capacity_reservation()
+        .instance_type("m5.large")
+        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
+        .availability_zone(&zone)
+        .instance_count(1)
+        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
+        .send()
+        .await
+        .unwrap();
+    let odcr = odcr.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+    let end = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(3);
+    let endpoint = aws_var("AWS_ENDPOINT_URL");
+    let (code, block) = http_post_json(
+        &format!("{endpoint}/_karpenter-rs/capacity-block"),
+        &json!({"instance_type": "m5.large", "zone": zone, "count": 1, "end": end.to_string(), "region": aws_var("AWS_REGION")}),
+    )
+    .await;
+    assert_eq!(code, 200, "{block}");
+    let block: serde_json::Value = serde_json::from_str(&block).unwrap();
+    let block = block["id"].as_str().unwrap().to_string();
+    let class_name = format!("{}-reserved", f.class);
+    class.metadata = kube::api::ObjectMeta { name: Some(class_name.clone()), ..Default::default() };
+    class.status = None;
+    class.spec.capacity_reservation_selector_terms =
+        serde_json::from_value(json!([{"id": odcr}, {"id": block}])).unwrap();
+    classes.create(&PostParams::default(), &class).await.unwrap();
+    wait_for(
+        "the reserved class Ready with both reservations",
+        Duration::from_secs(60),
+        controller,
+        || async {
+            classes.get(&class_name).await.unwrap().status.is_some_and(|s| {
+                s.capacity_reservations.len() == 2
+                    && s.conditions.iter().any(|c| c.type_ == "Ready" && format!("{:?}", c.status) == "True")
+            })
+        },
+    )
+    .await;
+    let pool = format!("{}-reserved", f.pool);
+    let ns = &f.ns;
+    kubectl_apply(&format!(
+        r#"apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: {pool}}}
+spec:
+  disruption: {{consolidateAfter: Never, budgets: [{{nodes: "100%"}}]}}
+  template:
+    spec:
+      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class_name}}}
+      requirements:
+        - {{key: karpenter.sh/capacity-type, operator: In, values: [reserved, on-demand]}}
+        - {{key: node.kubernetes.io/instance-type, operator: In, values: [m5.large]}}
+        - {{key: topology.kubernetes.io/zone, operator: In, values: [{zone}]}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: reserved, namespace: {ns}}}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {{app: reserved}}}}
+  template:
+    metadata: {{labels: {{app: reserved}}}}
+    spec:
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: reserved}}}}}}
+      containers:
+        - {{name: pause, image: registry.k8s.io/pause:3.9, resources: {{requests: {{cpu: 100m}}}}}}
+"#
+    ));
+    let claims: Api<NodeClaim> = Api::all(f.client.clone());
+    let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}"));
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), ns);
+    let app = ListParams::default().labels("app=reserved");
+    let running = || async { pods.list(&app).await.unwrap().items.iter().filter(|p| is_running(p)).count() };
+    // Labels of the pool's registered claims, by reservation ("" for none).
+    let by_reservation = || async {
+        let mut out: BTreeMap<String, (String, String)> = BTreeMap::new();
+        for c in claims.list(&selector).await.unwrap().items {
+            if c.status.as_ref().is_some_and(|s| s.node_name.is_some())
+                && c.metadata.deletion_timestamp.is_none()
+            {
+                let l = c.labels();
+                let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+                out.insert(get(ID), (get(CT), c.name_any()));
+            }
+        }
+        out
+    };
+    wait_for(
+        "three nodes: the reservation, the capacity block, on-demand",
+        Duration::from_secs(150),
+        controller,
+        || async { running().await == 3 && by_reservation().await.len() == 3 },
+    )
+    .await;
+    let nodes = by_reservation().await;
+    assert_eq!(nodes.get(&odcr).map(|n| n.0.as_str()), Some("reserved"), "{nodes:?}");
+    assert_eq!(nodes.get(&block).map(|n| n.0.as_str()), Some("reserved"), "{nodes:?}");
+    assert_eq!(nodes.get("").map(|n| n.0.as_str()), Some("on-demand"), "{nodes:?}");
+    let block_claim = nodes[&block].1.clone();
+    let claim = claims.get(&block_claim).await.unwrap();
+    assert_eq!(
+        claim.labels().get("karpenter.k8s.aws/capacity-reservation-type").map(String::as_str),
+        Some("capacity-block")
+    );
+    // EC2 agrees: each reserved instance runs in its reservation.
+    for (id, (_, name)) in nodes.iter().filter(|(id, _)| !id.is_empty()) {
+        let claim = claims.get(name).await.unwrap();
+        let pid = claim.status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+        let instance = pid.rsplit('/').next().unwrap_or_default().to_string();
+        let described = ec2.describe_instances().instance_ids(&instance).send().await.unwrap();
+        let inst = described.reservations()[0].instances()[0].clone();
+        assert_eq!(inst.capacity_reservation_id(), Some(id.as_str()), "{inst:?}");
+    }
+
+    // The capacity block ends in 30 minutes: it is expiring, its node goes, and its pod moves to
+    // on-demand capacity (the block is no longer offered).
+    let soon = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_mins(30);
+    let (code, answer) = http_post_json(
+        &format!("{endpoint}/_karpenter-rs/capacity-reservation"),
+        &json!({"id": block, "end": soon.to_string(), "region": aws_var("AWS_REGION")}),
+    )
+    .await;
+    assert_eq!(code, 200, "{answer}");
+    wait_for(
+        "the capacity block's node drained and replaced",
+        Duration::from_secs(180),
+        controller,
+        || async {
+            let nodes = by_reservation().await;
+            claims.get_opt(&block_claim).await.unwrap().is_none()
+                && !nodes.contains_key(&block)
+                && running().await == 3
+        },
+    )
+    .await;
+    assert!(
+        controller.log_contains("initiating delete for capacity block expiration"),
+        "{}",
+        controller.log_tail()
+    );
+
+    // The class stops selecting the reservation: its node drifts.
+    let odcr_claim = by_reservation().await[&odcr].1.clone();
+    classes
+        .patch(
+            &class_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"capacityReservationSelectorTerms": [{"id": block}]}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the reservation's node drifted", Duration::from_secs(90), controller, || async {
+        claims.get_opt(&odcr_claim).await.unwrap().is_none_or(|c| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| c.type_ == "Drifted" && c.reason == "CapacityReservationDrift")
+            })
+        })
+    })
+    .await;
+
+    kubectl_delete(&format!("deployment reserved -n {ns}"));
+    Api::<karpenter::apis::NodePool>::all(f.client.clone())
+        .delete(&pool, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the reserved pool's nodes gone", Duration::from_secs(120), controller, || async {
+        claims.list(&selector).await.unwrap().items.is_empty()
+    })
+    .await;
+    classes.delete(&class_name, &DeleteParams::default()).await.unwrap();
+    wait_for("the reserved class gone", Duration::from_secs(60), controller, || async {
         classes.get_opt(&class_name).await.unwrap().is_none()
     })
     .await;

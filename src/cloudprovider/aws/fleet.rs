@@ -2,12 +2,18 @@
 //! overrides in which order, which AMI each type boots, and what a CreateFleet answer means.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::apis::ec2nodeclass::AmiStatus;
-use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE};
+use crate::apis::labels::{
+    CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_RESERVED, CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE,
+};
 use crate::cloudprovider::OfferingKey;
-use crate::scheduling::instancetypes::{InstanceType, compare_price};
+use crate::scheduling::instancetypes::{InstanceType, Reservation, compare_price};
 use crate::scheduling::requirements::Requirements;
+
+/// The `capacity-reservation-type` of a capacity block.
+pub const CAPACITY_BLOCK: &str = "capacity-block";
 
 /// At most this many instance types go into one CreateFleet request.
 pub const MAX_INSTANCE_TYPES: usize = 60;
@@ -20,6 +26,7 @@ pub const INSUFFICIENT_CAPACITY_CODES: &[&str] = &[
     "UnfulfillableCapacity",
     "Unsupported",
     "InsufficientFreeAddressesInSubnet",
+    "ReservationCapacityExceeded",
 ];
 
 /// Whether a CreateFleet error code means "no capacity for this offering".
@@ -45,16 +52,18 @@ pub struct Override {
     pub subnet_id: String,
     /// Hourly price of the offering.
     pub price: f64,
+    /// The capacity reservation it launches into (a `reserved` launch).
+    pub reservation: Option<Arc<Reservation>>,
 }
 
-/// Spot when the requirements allow it and some type has an available spot offering they
-/// allow; else on-demand when allowed and offered; else `None`.
+/// Reserved, then spot, then on-demand: the first the requirements allow and some type has an
+/// available offering of; else `None`.
 pub fn capacity_type(types: &[&InstanceType], reqs: &Requirements) -> Option<&'static str> {
     let offered = |ct: &str| {
         reqs.allows(LABEL_CAPACITY_TYPE, ct)
             && types.iter().any(|it| it.compatible_offerings(reqs).any(|o| o.capacity_type == ct))
     };
-    [CAPACITY_TYPE_SPOT, CAPACITY_TYPE_ON_DEMAND].into_iter().find(|ct| offered(ct))
+    [CAPACITY_TYPE_RESERVED, CAPACITY_TYPE_SPOT, CAPACITY_TYPE_ON_DEMAND].into_iter().find(|ct| offered(ct))
 }
 
 /// The overrides of a launch: for `capacity_type`, every available offering the requirements
@@ -67,6 +76,9 @@ pub fn overrides(
 ) -> Vec<Override> {
     let mut reqs = reqs.clone();
     reqs.add(LABEL_CAPACITY_TYPE, crate::scheduling::requirements::Requirement::in_values([capacity_type]));
+    if capacity_type == CAPACITY_TYPE_RESERVED {
+        return reserved_overrides(types, &reqs, subnets_by_zone);
+    }
     let usable = |it: &InstanceType| {
         it.compatible_offerings(&reqs)
             .filter(|o| subnets_by_zone.contains_key(&o.zone))
@@ -87,6 +99,7 @@ pub fn overrides(
                     zone: o.zone.clone(),
                     subnet_id: subnets_by_zone.get(&o.zone)?.clone(),
                     price: o.price,
+                    reservation: None,
                 })
             })
         })
@@ -98,6 +111,61 @@ pub fn overrides(
 }
 
 /// The subnet used in each zone: the one with the most free addresses (subnets come sorted so).
+/// The overrides of a reserved launch, as upstream filters them: the reservations of one kind
+/// (the kind with the cheapest offering; on a tie, plain reservations before capacity blocks
+/// before interruptible ones), one reservation per instance type and zone (the one with the
+/// most instances left), and of a capacity block only its cheapest offering.
+fn reserved_overrides(
+    types: &[&InstanceType],
+    reqs: &Requirements,
+    subnets_by_zone: &BTreeMap<String, String>,
+) -> Vec<Override> {
+    let kind = |r: &Reservation| match (r.reservation_type.as_str(), r.interruptible) {
+        (CAPACITY_BLOCK, _) => 1,
+        (_, false) => 0,
+        (_, true) => 2,
+    };
+    let mut offers: Vec<Override> = types
+        .iter()
+        .flat_map(|it| {
+            it.compatible_offerings(reqs).filter_map(|o| {
+                Some(Override {
+                    instance_type: it.name.clone(),
+                    zone: o.zone.clone(),
+                    subnet_id: subnets_by_zone.get(&o.zone)?.clone(),
+                    price: o.price,
+                    reservation: Some(Arc::clone(o.reservation.as_ref()?)),
+                })
+            })
+        })
+        .collect();
+    let kind_of = |o: &Override| o.reservation.as_deref().map(kind).unwrap_or(3);
+    let Some(chosen) = offers
+        .iter()
+        .min_by(|a, b| a.price.total_cmp(&b.price).then(kind_of(a).cmp(&kind_of(b))))
+        .map(kind_of)
+    else {
+        return Vec::new();
+    };
+    offers.retain(|o| kind_of(o) == chosen);
+    let capacity = |o: &Override| o.reservation.as_ref().map(|r| r.capacity).unwrap_or(0);
+    let id = |o: &Override| o.reservation.as_ref().map(|r| r.id.clone()).unwrap_or_default();
+    offers.sort_by(|a, b| {
+        a.price
+            .total_cmp(&b.price)
+            .then(a.instance_type.cmp(&b.instance_type))
+            .then(a.zone.cmp(&b.zone))
+            .then(capacity(b).cmp(&capacity(a)))
+            .then(id(a).cmp(&id(b)))
+    });
+    offers.dedup_by(|later, first| later.instance_type == first.instance_type && later.zone == first.zone);
+    if chosen == 1 {
+        offers.truncate(1);
+    }
+    offers.truncate(MAX_INSTANCE_TYPES);
+    offers
+}
+
 pub fn subnets_by_zone<'a>(
     subnets: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> BTreeMap<String, String> {
@@ -152,6 +220,25 @@ pub fn unavailable_offerings(errors: &[FleetError], capacity_type: &str) -> Vec<
     out
 }
 
+/// The capacity reservations a reserved launch's errors show to be exhausted: those of the
+/// `overrides` whose instance type and zone an insufficient-capacity error names.
+pub fn exhausted_reservations(errors: &[FleetError], overrides: &[&Override]) -> Vec<String> {
+    let mut out: Vec<String> = errors
+        .iter()
+        .filter(|e| is_insufficient_capacity(&e.code))
+        .flat_map(|e| {
+            overrides.iter().filter(move |o| {
+                e.instance_type.as_deref() == Some(o.instance_type.as_str())
+                    && e.zone.as_deref() == Some(o.zone.as_str())
+            })
+        })
+        .filter_map(|o| o.reservation.as_ref().map(|r| r.id.clone()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +267,7 @@ mod tests {
                     capacity_type: c.to_string(),
                     price: *p,
                     available: *a,
+                    reservation: None,
                 })
                 .collect(),
         )
@@ -227,6 +315,87 @@ mod tests {
                 ("m5.large", "b", "subnet-b")
             ]
         );
+    }
+
+    fn with_reservations(base: InstanceType, reservations: &[(&str, &str, &str, i64)]) -> InstanceType {
+        let mut offerings = base.offerings.clone();
+        for (id, zone, kind, left) in reservations {
+            offerings.push(Offering {
+                reservation: Some(Arc::new(Reservation {
+                    id: id.to_string(),
+                    reservation_type: kind.to_string(),
+                    interruptible: false,
+                    capacity: *left,
+                })),
+                ..Offering::new(*zone, CAPACITY_TYPE_RESERVED, 0.0000001, *left > 0)
+            });
+        }
+        InstanceType::new(
+            base.name.clone(),
+            base.requirements.clone(),
+            Resources::default(),
+            Overhead::default(),
+            offerings,
+        )
+    }
+
+    #[test]
+    fn reserved_launches_go_into_one_reservation_per_type_and_zone() {
+        let m5 = with_reservations(
+            it("m5.large", &[("a", "on-demand", 0.096, true)]),
+            &[("cr-small", "a", "default", 1), ("cr-big", "a", "default", 5), ("cr-b", "b", "default", 2)],
+        );
+        let c5 = with_reservations(
+            it("c5.large", &[("a", "on-demand", 0.085, true)]),
+            &[("cr-gone", "a", "default", 0)],
+        );
+        let types = [&m5, &c5];
+        assert_eq!(capacity_type(&types, &Requirements::new()), Some("reserved"));
+        let got = overrides(&types, &Requirements::new(), "reserved", &subnets());
+        let ids: Vec<(&str, &str)> =
+            got.iter().map(|o| (o.zone.as_str(), o.reservation.as_ref().unwrap().id.as_str())).collect();
+        assert_eq!(ids, vec![("a", "cr-big"), ("b", "cr-b")]);
+        // A claim asking for one reservation gets only that one.
+        let mut one = Requirements::new();
+        one.add(crate::apis::labels::LABEL_CAPACITY_RESERVATION_ID, Requirement::in_values(["cr-small"]));
+        let got = overrides(&types, &one, "reserved", &subnets());
+        assert_eq!(
+            got.iter().map(|o| o.reservation.as_ref().unwrap().id.as_str()).collect::<Vec<_>>(),
+            ["cr-small"]
+        );
+        // Capacity blocks: one offering; plain reservations win a tie.
+        let p5 = with_reservations(
+            it("p5.48xlarge", &[("a", "on-demand", 98.0, true)]),
+            &[("cb-1", "a", "capacity-block", 1), ("cb-2", "b", "capacity-block", 1)],
+        );
+        let got = overrides(&[&p5], &Requirements::new(), "reserved", &subnets());
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].reservation.as_ref().unwrap().id, "cb-1");
+        let got = overrides(&[&p5, &m5], &Requirements::new(), "reserved", &subnets());
+        assert!(got.iter().all(|o| o.reservation.as_ref().unwrap().reservation_type == "default"));
+        // Without an available reserved offering: spot, then on-demand.
+        let mut od = Requirements::new();
+        od.add(LABEL_CAPACITY_TYPE, Requirement::in_values(["on-demand", "spot"]));
+        assert_eq!(capacity_type(&types, &od), Some("on-demand"));
+        assert_eq!(capacity_type(&[&c5], &Requirements::new()), Some("on-demand"));
+    }
+
+    #[test]
+    fn exhausted_reservations_are_named_by_their_override() {
+        let m5 = with_reservations(
+            it("m5.large", &[]),
+            &[("cr-a", "a", "default", 1), ("cr-b", "b", "default", 1)],
+        );
+        let got = overrides(&[&m5], &Requirements::new(), "reserved", &subnets());
+        let refs: Vec<&Override> = got.iter().collect();
+        let error = |code: &str, zone: &str| FleetError {
+            code: code.into(),
+            message: String::new(),
+            instance_type: Some("m5.large".into()),
+            zone: Some(zone.into()),
+        };
+        let errors = [error("ReservationCapacityExceeded", "b"), error("InvalidParameterValue", "a")];
+        assert_eq!(exhausted_reservations(&errors, &refs), vec!["cr-b".to_string()]);
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct Ec2Instance {
     pub placement_group_id: Option<String>,
     /// Its partition, in a partition placement group.
     pub partition: Option<i32>,
+    /// The capacity reservation it was launched into (targeted: its preference is
+    /// `capacity-reservations-only`, as upstream tells reserved instances from those that landed
+    /// in an open reservation), and whether that is a capacity block.
+    pub reservation: Option<(String, bool)>,
 }
 
 impl Ec2Instance {
@@ -84,6 +88,16 @@ impl Ec2Instance {
                 .filter(|g| !g.is_empty())
                 .map(str::to_string),
             partition: i.placement().and_then(|p| p.partition_number()),
+            reservation: i
+                .capacity_reservation_id()
+                .filter(|_| {
+                    i.capacity_reservation_specification()
+                        .and_then(|s| s.capacity_reservation_preference())
+                        .is_some_and(|p| p.as_str() == "capacity-reservations-only")
+                })
+                .map(|id| {
+                    (id.to_string(), i.instance_lifecycle().is_some_and(|l| l.as_str() == "capacity-block"))
+                }),
             tags: i
                 .tags()
                 .iter()

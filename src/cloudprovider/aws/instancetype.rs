@@ -695,6 +695,7 @@ pub fn offerings(info: &TypeInfo, inputs: &OfferingInputs<'_>) -> Vec<Offering> 
                 capacity_type: ct.to_string(),
                 price,
                 available: inputs.subnet_zones.contains(zone) && !(inputs.unavailable)(zone, ct),
+                reservation: None,
             });
         }
     }

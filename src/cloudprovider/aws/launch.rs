@@ -17,8 +17,9 @@ use super::userdata::{self, Bootstrap};
 use super::{amifamily, sdk_error};
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassStatus, InstanceStorePolicy};
 use crate::apis::labels::{
-    CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE, LABEL_EC2NODECLASS, LABEL_INSTANCE_TENANCY, LABEL_NODEPOOL,
-    LABEL_PLACEMENT_GROUP_PARTITION, RESOURCE_EFA, TAINT_UNREGISTERED, TENANCY_DEDICATED, TENANCY_DEFAULT,
+    CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_RESERVED, CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE,
+    LABEL_EC2NODECLASS, LABEL_INSTANCE_TENANCY, LABEL_NODEPOOL, LABEL_PLACEMENT_GROUP_PARTITION,
+    RESOURCE_EFA, TAINT_UNREGISTERED, TENANCY_DEDICATED, TENANCY_DEFAULT,
 };
 use crate::apis::{NodeClaim, Taint, TaintEffect};
 use crate::cloudprovider::{CloudProviderError, Instance, OfferingKey, Result};
@@ -211,8 +212,8 @@ impl AwsCloudProvider {
         }
     }
 
-    /// One launch template per (AMI, max pods, EFA interfaces), in the order of their cheapest
-    /// override. A claim that requests EFA gets every EFA interface of its type, as upstream.
+    /// One launch template per (AMI, max pods, EFA interfaces, capacity reservation), in the
+    /// order of their cheapest override. A claim that requests EFA gets every EFA interface of its type, as upstream.
     fn template_groups(&self, claim: &Claim<'_>, offerings: Offerings<'_>) -> Result<Vec<TemplateGroup>> {
         let Claim { node_claim, class, status, .. } = claim;
         let Offerings { candidates, capacity_type, overrides } = offerings;
@@ -226,15 +227,17 @@ impl AwsCloudProvider {
         for o in overrides {
             let Some(it) = candidates.iter().find(|it| it.name == o.instance_type) else { continue };
             let Some(ami) = fleet::select_ami(&status.amis, it) else { continue };
-            let template = self.launch_template(
-                &NodeOfClaim::of(node_claim),
-                class,
-                status,
-                &ami.id,
-                capacity_type,
-                it.capacity.pods,
-                if wants_efa { it.capacity.get(RESOURCE_EFA) } else { 0 },
-            )?;
+            let template = self
+                .launch_template(
+                    &NodeOfClaim::of(node_claim),
+                    class,
+                    status,
+                    &ami.id,
+                    capacity_type,
+                    it.capacity.pods,
+                    if wants_efa { it.capacity.get(RESOURCE_EFA) } else { 0 },
+                )?
+                .in_reservation(self.options.reserved_capacity, o.reservation.as_deref());
             match groups.iter_mut().find(|g| g.template == template) {
                 Some(group) => group.overrides.push(o),
                 None => groups.push(TemplateGroup { template, overrides: vec![o] }),
@@ -288,8 +291,14 @@ impl AwsCloudProvider {
         configs: Vec<ec2::FleetLaunchTemplateConfigRequest>,
     ) -> Result<CreateFleetOutput> {
         let tags = self.instance_tags(claim.node_claim, &claim.class);
+        // Reserved overrides are all of one kind (see `fleet::overrides`).
+        let in_block = groups
+            .iter()
+            .flat_map(|g| &g.overrides)
+            .any(|o| o.reservation.as_ref().is_some_and(|r| r.reservation_type == fleet::CAPACITY_BLOCK));
+        let fleet_type = if in_block { fleet::CAPACITY_BLOCK } else { capacity_type };
         let request =
-            self.fleet_request(&tags, capacity_type, configs).set_context(claim.class.spec.context.clone());
+            self.fleet_request(&tags, fleet_type, configs).set_context(claim.class.spec.context.clone());
         // Not retried by the SDK: when an answer is lost (a timeout, a dropped connection, a 5xx
         // after EC2 acted), a blind retry could launch a second instance. The error goes back to
         // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
@@ -323,9 +332,16 @@ impl AwsCloudProvider {
         capacity_type: &str,
         configs: Vec<ec2::FleetLaunchTemplateConfigRequest>,
     ) -> CreateFleetFluentBuilder {
+        // A reserved launch is an on-demand one into the templates' reservations; a capacity
+        // block's has the capacity block's own target type, and no on-demand options.
+        let capacity_block = capacity_type == fleet::CAPACITY_BLOCK;
+        let target_type = match capacity_type {
+            CAPACITY_TYPE_RESERVED => CAPACITY_TYPE_ON_DEMAND,
+            other => other,
+        };
         let target = ec2::TargetCapacitySpecificationRequest::builder()
             .total_target_capacity(1)
-            .default_target_capacity_type(ec2::DefaultTargetCapacityType::from(capacity_type))
+            .default_target_capacity_type(ec2::DefaultTargetCapacityType::from(target_type))
             .build();
         let mut request = self
             .clients
@@ -349,6 +365,8 @@ impl AwsCloudProvider {
                     .allocation_strategy(ec2::SpotAllocationStrategy::PriceCapacityOptimized)
                     .build(),
             )
+        } else if capacity_block {
+            request
         } else {
             request.on_demand_options(
                 ec2::OnDemandOptionsRequest::builder()
@@ -371,9 +389,19 @@ impl AwsCloudProvider {
         tried: Vec<OfferingKey>,
     ) -> Result<String> {
         let errors = fleet_errors(out, &claim.status);
-        for key in fleet::unavailable_offerings(&errors, capacity_type) {
-            tracing::info!(offering = %key, "offering has insufficient capacity; leaving it out for a while");
-            self.unavailable.insert(key, ());
+        if capacity_type == CAPACITY_TYPE_RESERVED {
+            // As upstream: an exhausted reservation has nothing left until EC2 says otherwise;
+            // the type's other offerings are untouched.
+            let overrides: Vec<&Override> = groups.iter().flat_map(|g| &g.overrides).collect();
+            for id in fleet::exhausted_reservations(&errors, &overrides) {
+                tracing::info!(capacity_reservation_id = %id, node_claim = %claim.name, "marking capacity reservation unavailable");
+                self.reservations.exhausted(&id);
+            }
+        } else {
+            for key in fleet::unavailable_offerings(&errors, capacity_type) {
+                tracing::info!(offering = %key, "offering has insufficient capacity; leaving it out for a while");
+                self.unavailable.insert(key, ());
+            }
         }
         if let Some(id) = out.instances().iter().flat_map(|i| i.instance_ids()).next() {
             return Ok(id.clone());
@@ -400,6 +428,9 @@ impl AwsCloudProvider {
         types: &[InstanceType],
     ) -> Result<Instance> {
         let launched = instance::get(&self.clients.ec2, id).await?;
+        if let Some((reservation, _)) = &launched.reservation {
+            self.reservations.launched(reservation);
+        }
         let mut result = self.to_instance(&launched).await;
         if let Some(it) = types.iter().find(|t| t.name == launched.instance_type) {
             result.capacity = it.capacity.to_list();
@@ -486,6 +517,7 @@ impl AwsCloudProvider {
             partition: group.as_ref().filter(|g| g.is_partitioned()).and(node.partition),
             placement_group_id: group.map(|g| g.id),
             ipv6: self.cluster.is_ipv6(),
+            capacity_reservation: None,
         })
     }
 }

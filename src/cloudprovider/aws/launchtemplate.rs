@@ -20,6 +20,7 @@ use crate::apis::ec2nodeclass::{
 };
 use crate::apis::labels::LABEL_EC2NODECLASS;
 use crate::cloudprovider::{CloudProviderError, Result};
+use crate::scheduling::instancetypes::Reservation;
 use crate::scheduling::resources::parse_quantity;
 
 /// Prefix of the names of the launch templates Karpenter manages.
@@ -79,6 +80,26 @@ pub struct LaunchTemplate {
     /// The partition of that group, when the NodeClaim names one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<i32>,
+    /// How its instances use capacity reservations, with the `ReservedCapacity` gate; without
+    /// it EC2's default (open reservations), left out of the hash.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_reservation: Option<ReservationUse>,
+}
+
+/// How a launch template's instances use capacity reservations (upstream's targeted launch
+/// mode, with the `ReservedCapacity` gate on).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum ReservationUse {
+    /// On-demand and spot instances: never in a reservation (not even an open one), so that
+    /// reserved capacity is only used by the NodeClaims that plan for it.
+    None,
+    /// Only in the reservation `id`; a capacity block launches with its own market type.
+    Target {
+        /// The reservation's id.
+        id: String,
+        /// Whether it is a capacity block.
+        capacity_block: bool,
+    },
 }
 
 /// A network interface of a launch template.
@@ -127,6 +148,20 @@ impl Nic {
 const EFA: &str = "efa";
 
 impl LaunchTemplate {
+    /// This template as it uses capacity reservations: with the `ReservedCapacity` gate
+    /// (`gate`), only in `reservation` when given, else never in one (upstream's targeted launch
+    /// mode); without it, EC2's default.
+    pub fn in_reservation(self, gate: bool, reservation: Option<&Reservation>) -> Self {
+        let capacity_reservation = gate.then(|| match reservation {
+            Some(r) => ReservationUse::Target {
+                id: r.id.clone(),
+                capacity_block: r.reservation_type == super::fleet::CAPACITY_BLOCK,
+            },
+            None => ReservationUse::None,
+        });
+        LaunchTemplate { capacity_reservation, ..self }
+    }
+
     /// The template's name: the prefix and a hash of the content, so that equal content shares
     /// one template and changed content gets a new one.
     pub fn name(&self) -> String {
@@ -227,6 +262,35 @@ impl LaunchTemplate {
         }
         for m in &self.block_device_mappings {
             data = data.block_device_mappings(block_device(m)?);
+        }
+        match &self.capacity_reservation {
+            None => {}
+            Some(ReservationUse::None) => {
+                data = data.capacity_reservation_specification(
+                    ec2::LaunchTemplateCapacityReservationSpecificationRequest::builder()
+                        .capacity_reservation_preference(ec2::CapacityReservationPreference::None)
+                        .build(),
+                );
+            }
+            Some(ReservationUse::Target { id, capacity_block }) => {
+                data = data.capacity_reservation_specification(
+                    ec2::LaunchTemplateCapacityReservationSpecificationRequest::builder()
+                        .capacity_reservation_preference(ec2::CapacityReservationPreference::from(
+                            "capacity-reservations-only",
+                        ))
+                        .capacity_reservation_target(
+                            ec2::CapacityReservationTarget::builder().capacity_reservation_id(id).build(),
+                        )
+                        .build(),
+                );
+                if *capacity_block {
+                    data = data.instance_market_options(
+                        ec2::LaunchTemplateInstanceMarketOptionsRequest::builder()
+                            .market_type(ec2::MarketType::from("capacity-block"))
+                            .build(),
+                    );
+                }
+            }
         }
         if self.tenancy.is_some() || self.placement_group_id.is_some() {
             data = data.placement(
@@ -528,6 +592,7 @@ mod tests {
             placement_group_id: None,
             partition: None,
             ipv6: false,
+            capacity_reservation: None,
         }
     }
 
@@ -559,6 +624,47 @@ mod tests {
         assert_eq!(volume_size_gib("100G"), Some(94));
         assert_eq!(volume_size_gib("1Ti"), Some(1024));
         assert_eq!(volume_size_gib("x"), None);
+    }
+
+    #[test]
+    fn capacity_reservations_as_upstream_targets_them() {
+        let plain = template().request_data().unwrap();
+        assert!(plain.capacity_reservation_specification().is_none(), "without the gate: EC2's default");
+        assert_eq!(template().in_reservation(false, None).name(), template().name());
+        let none = template().in_reservation(true, None);
+        assert_ne!(none.name(), template().name());
+        let spec = none.request_data().unwrap();
+        let spec = spec.capacity_reservation_specification().unwrap();
+        assert_eq!(spec.capacity_reservation_preference().map(|p| p.as_str()), Some("none"));
+        assert!(spec.capacity_reservation_target().is_none());
+        let odcr = Reservation {
+            id: "cr-1".into(),
+            reservation_type: "default".into(),
+            interruptible: false,
+            capacity: 1,
+        };
+        let block =
+            Reservation { id: "cr-2".into(), reservation_type: "capacity-block".into(), ..odcr.clone() };
+        for (r, market) in [(&odcr, None), (&block, Some("capacity-block"))] {
+            let data = template().in_reservation(true, Some(r)).request_data().unwrap();
+            let spec = data.capacity_reservation_specification().unwrap();
+            assert_eq!(
+                spec.capacity_reservation_preference().map(|p| p.as_str()),
+                Some("capacity-reservations-only")
+            );
+            assert_eq!(
+                spec.capacity_reservation_target().and_then(|t| t.capacity_reservation_id()),
+                Some(r.id.as_str())
+            );
+            assert_eq!(
+                data.instance_market_options().and_then(|m| m.market_type()).map(|m| m.as_str()),
+                market
+            );
+        }
+        assert_ne!(
+            template().in_reservation(true, Some(&odcr)).name(),
+            template().in_reservation(true, Some(&block)).name()
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod launchtemplate;
 pub mod nodeclass;
 pub mod pricing;
 pub mod provider;
+pub mod reservations;
 pub mod sqs;
 pub mod userdata;
 pub mod validation;

@@ -60,9 +60,6 @@ pub struct Subnet {
 /// the class's events (none when every field it sets is honoured).
 pub fn ignored_fields(spec: &EC2NodeClassSpec) -> Vec<&'static str> {
     let mut out = Vec::new();
-    if !spec.capacity_reservation_selector_terms.is_empty() {
-        out.push("spec.capacityReservationSelectorTerms is only resolved yet: the reservations are listed in status.capacityReservations, but nothing is launched into them");
-    }
     if spec.cpu_options.as_ref().and_then(|c| c.nested_virtualization.as_deref()) == Some("enabled") {
         out.push("spec.cpuOptions.nestedVirtualization is not turned on at launch yet: the instance types are limited to those that support it");
     }
@@ -249,13 +246,14 @@ pub fn reservation_status(
 }
 
 /// The active capacity reservations `terms` select (each term by id, or by tags, owner and
-/// instance match criteria, as upstream queries them), by id.
+/// instance match criteria, as upstream queries them), by id, each with the instances it has
+/// available.
 pub async fn resolve_capacity_reservations(
     ec2: &Ec2Client,
     terms: &[CapacityReservationSelectorTerm],
     now: Timestamp,
-) -> Result<Vec<CapacityReservationStatus>> {
-    let mut found: BTreeMap<String, CapacityReservationStatus> = BTreeMap::new();
+) -> Result<Vec<(CapacityReservationStatus, i64)>> {
+    let mut found: BTreeMap<String, (CapacityReservationStatus, i64)> = BTreeMap::new();
     for term in terms {
         let active = Filter::builder().name("state").values("active").build();
         let mut requests = Vec::new();
@@ -291,7 +289,8 @@ pub async fn resolve_capacity_reservations(
                 for r in page.capacity_reservations() {
                     match reservation_status(r, now) {
                         Ok(status) => {
-                            found.insert(status.id.clone(), status);
+                            let available = i64::from(r.available_instance_count().unwrap_or(0));
+                            found.insert(status.id.clone(), (status, available));
                         }
                         Err(why) => {
                             tracing::error!(error = %why, "failed to parse discovered capacity reservations")
@@ -849,8 +848,8 @@ mod tests {
         let fields: Vec<&str> = ignored.iter().map(|m| m.split(' ').next().unwrap()).collect();
         assert_eq!(
             fields,
-            ["spec.capacityReservationSelectorTerms", "spec.cpuOptions.nestedVirtualization"],
-            "placement groups are honoured"
+            ["spec.cpuOptions.nestedVirtualization"],
+            "placement groups and reservations are honoured"
         );
     }
 

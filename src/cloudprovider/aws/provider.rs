@@ -13,6 +13,7 @@ use super::instancetype::{self, OfferingInputs, Settings, TypeInfo};
 use super::launchtemplate::{self, LaunchTemplates};
 use super::nodeclass::{self, PlacementGroup, Resolution};
 use super::pricing::Pricing;
+use super::reservations;
 use super::sdk_error;
 use super::userdata::ClusterInfo;
 use super::validation::{Outcome, VALIDATION_TTL, ValidationState, Verdict};
@@ -23,9 +24,10 @@ use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{
     BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result, provider_id,
 };
-use crate::scheduling::instancetypes::InstanceType;
+use crate::scheduling::instancetypes::{InstanceType, Reservation};
 use crate::scheduling::requirements::Requirements;
 use crate::scheduling::resources::Resources;
+use kube::ResourceExt;
 
 /// How long an offering that ran out of capacity is left out.
 pub const UNAVAILABLE_OFFERING_TTL: Duration = Duration::from_secs(180);
@@ -126,7 +128,8 @@ pub struct Options {
     /// overlays of its NodePool price them, as the decision that planned it did.
     pub overlays: Option<Arc<crate::cloudprovider::overlay::Overlays>>,
     /// The `ReservedCapacity` gate: EC2NodeClasses resolve their capacity reservations into
-    /// `status.capacityReservations` (nothing is launched into them yet).
+    /// `status.capacityReservations`, which the scheduler sees as `reserved` offerings and
+    /// launches into.
     pub reserved_capacity: bool,
 }
 
@@ -295,6 +298,8 @@ pub struct AwsCloudProvider {
     pub(super) validations: TtlCache<String, (String, Verdict)>,
     /// Each class's placement group as last resolved, with the selector it was resolved for.
     placement_groups: std::sync::RwLock<HashMap<String, (PlacementGroupSelector, Option<PlacementGroup>)>>,
+    /// Instances left in the capacity reservations the classes select.
+    pub(super) reservations: reservations::Availability,
 }
 
 impl AwsCloudProvider {
@@ -315,6 +320,7 @@ impl AwsCloudProvider {
             pricing: Pricing::default(),
             node_classes: NodeClassStore::default(),
             placement_groups: Default::default(),
+            reservations: Default::default(),
             clients,
             options,
             cluster,
@@ -353,6 +359,16 @@ impl AwsCloudProvider {
         &self.unavailable
     }
 
+    /// Whether the `ReservedCapacity` gate is on.
+    pub fn reserved_capacity(&self) -> bool {
+        self.options.reserved_capacity
+    }
+
+    /// Instances left in the capacity reservations the classes select.
+    pub fn reservations(&self) -> &reservations::Availability {
+        &self.reservations
+    }
+
     /// The clients.
     pub fn clients(&self) -> &AwsClients {
         &self.clients
@@ -387,14 +403,16 @@ impl AwsCloudProvider {
                 None => None,
             },
             capacity_reservations: match self.options.reserved_capacity {
-                true => Some(
-                    nodeclass::resolve_capacity_reservations(
+                true => {
+                    let found = nodeclass::resolve_capacity_reservations(
                         ec2,
                         &spec.capacity_reservation_selector_terms,
                         k8s_openapi::jiff::Timestamp::now(),
                     )
-                    .await?,
-                ),
+                    .await?;
+                    self.reservations.sync(found.iter().map(|(r, available)| (r.id.as_str(), *available)));
+                    Some(found.into_iter().map(|(r, _)| r).collect())
+                }
                 false => None,
             },
         };
@@ -541,7 +559,16 @@ impl AwsCloudProvider {
                 price: &price_of,
                 unavailable: &unavailable_of,
             };
-            let offerings = instancetype::offerings(info, &inputs);
+            let mut offerings = instancetype::offerings(info, &inputs);
+            if self.options.reserved_capacity {
+                offerings.extend(reservations::offerings(
+                    &info.name,
+                    &status.capacity_reservations,
+                    &subnet_zones,
+                    self.pricing.on_demand_price(&info.name),
+                    &|id| self.reservations.left(id),
+                ));
+            }
             if offerings.is_empty() {
                 continue;
             }
@@ -619,6 +646,22 @@ impl AwsCloudProvider {
         }
         if let Some(partition) = i.partition {
             out.labels.insert(LABEL_PLACEMENT_GROUP_PARTITION.to_string(), partition.to_string());
+        }
+        // As upstream, an instance is reserved only with the gate: one in an open reservation
+        // stays on-demand.
+        if let Some((id, capacity_block)) = i.reservation.as_ref().filter(|_| self.options.reserved_capacity)
+        {
+            out.capacity_type = CAPACITY_TYPE_RESERVED.to_string();
+            let reservation = Reservation {
+                id: id.clone(),
+                reservation_type: if *capacity_block { fleet::CAPACITY_BLOCK } else { "default" }.to_string(),
+                interruptible: false,
+                capacity: 0,
+            };
+            out.labels.insert(LABEL_CAPACITY_TYPE.to_string(), CAPACITY_TYPE_RESERVED.to_string());
+            for (k, v) in reservation.labels() {
+                out.labels.insert(k.to_string(), v);
+            }
         }
         out
     }
@@ -734,6 +777,12 @@ impl AwsCloudProvider {
         if drifted.is_some() {
             return Ok(drifted);
         }
+        // In a reservation the class no longer selects (as upstream, with the gate).
+        if let Some((id, _)) = inst.reservation.as_ref().filter(|_| self.options.reserved_capacity)
+            && !status.capacity_reservations.iter().any(|r| r.id == *id)
+        {
+            return Ok(Some(DriftReason::CapacityReservation));
+        }
         let claim_group = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_PLACEMENT_GROUP_ID));
         let class_group = self.placement_group_of(&class)?.map(|g| g.id);
         Ok((claim_group != class_group.as_ref()).then_some(DriftReason::PlacementGroup))
@@ -802,7 +851,15 @@ impl CloudProvider for AwsCloudProvider {
                     }
                 }
             };
-            instance::terminate(&self.clients.ec2, &id).await
+            let result = instance::terminate(&self.clients.ec2, &id).await;
+            // Gone: its slot in its reservation is free again (as upstream, counted once the
+            // instance is found gone, which ends the NodeClaim's termination).
+            if let Err(CloudProviderError::NotFound(_)) = &result
+                && let Some(reservation) = node_claim.labels().get(LABEL_CAPACITY_RESERVATION_ID)
+            {
+                self.reservations.terminated(reservation);
+            }
+            result
         })
     }
 

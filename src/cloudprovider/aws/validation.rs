@@ -407,7 +407,7 @@ impl AwsCloudProvider {
             it.capacity.pods,
             0,
         ) {
-            Ok(template) => template,
+            Ok(template) => template.in_reservation(self.options.reserved_capacity, None),
             Err(error) => return unexpected(error),
         };
         let created = self.launch_templates.ensure(&template).await;

@@ -21,6 +21,7 @@ fn it(name: &str, cpu: i64, offerings: &[(&str, &str, f64, bool)]) -> Arc<Instan
                 capacity_type: c.to_string(),
                 price: *p,
                 available: *a,
+                reservation: None,
             })
             .collect(),
     ))

@@ -283,7 +283,11 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
                 CONTROLLER,
             )
             .await;
-            let readings = readings(&state_nodes(&snapshot), Timestamp::now());
+            let mut readings = readings(&state_nodes(&snapshot), Timestamp::now());
+            // A NodePool whose types this pass could not resolve (a new one the overlays have
+            // not been evaluated for yet) prices its nodes from another pool's types, if at all:
+            // no error for that, the next pass prices them.
+            readings.uncosted.retain(|(_, pool)| !snapshot.pool_errors.contains_key(pool));
             let mut published = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             record(&ctx.metrics, &readings, &mut published);
         }

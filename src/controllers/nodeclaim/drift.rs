@@ -507,6 +507,7 @@ mod tests {
             capacity_type: capacity_type.into(),
             price: 0.1,
             available: false,
+            reservation: None,
         };
         let m5 = Arc::new(InstanceType::new(
             "m5.large",

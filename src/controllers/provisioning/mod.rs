@@ -541,6 +541,11 @@ impl Provisioner {
                 tracing::debug!(controller = CONTROLLER, Pod = %error.pod, error = %error, "no room for a capacity buffer's placeholder");
                 continue;
             }
+            // As upstream: a pod waiting for a capacity reservation is placed by the next run.
+            if error.reserved {
+                tracing::debug!(controller = CONTROLLER, Pod = %error.pod, error = %error, "waiting for a capacity reservation");
+                continue;
+            }
             tracing::error!(controller = CONTROLLER, Pod = %error.pod, error = %error, "could not schedule pod");
             if error.pod.index < pending_count {
                 events.push((
@@ -650,7 +655,12 @@ mod tests {
     #[test]
     fn ignored_pending_pods_are_not_unschedulable() {
         let pod = |index: usize| PodRef { index, namespace: "ns".into(), name: format!("p{index}") };
-        let error = |index: usize| PodError { pod: pod(index), nodepools: vec![], reason: Some("no".into()) };
+        let error = |index: usize| PodError {
+            pod: pod(index),
+            nodepools: vec![],
+            reason: Some("no".into()),
+            reserved: false,
+        };
         // Pods 0 and 1 were pending, 2 and 3 on nodes going away; 1 and 3 are invalid.
         let results = SchedulingResults {
             errors: vec![error(0), error(1), error(2), error(3)],

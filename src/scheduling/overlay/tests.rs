@@ -6,7 +6,7 @@ fn overlay(yaml: &str) -> NodeOverlay {
 }
 
 fn offering(zone: &str, capacity_type: &str, price: f64) -> Offering {
-    Offering { zone: zone.into(), capacity_type: capacity_type.into(), price, available: true }
+    Offering::new(zone, capacity_type, price, true)
 }
 
 fn it(name: &str, cpu: &str, price: f64) -> Arc<InstanceType> {

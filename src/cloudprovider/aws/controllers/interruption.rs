@@ -31,7 +31,8 @@ use tokio::sync::watch;
 use crate::apis::NodeClaim;
 use crate::apis::common::{ConditionUpdate, set_condition};
 use crate::apis::labels::{
-    ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE,
+    ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP, LABEL_CAPACITY_RESERVATION_ID, LABEL_INSTANCE_TYPE,
+    LABEL_TOPOLOGY_ZONE,
 };
 use crate::apis::nodeclaim::conditions::REBALANCE_RECOMMENDED;
 use crate::cloudprovider::CloudProviderError;
@@ -71,6 +72,9 @@ pub struct Decision {
     pub deadline: bool,
     /// The offering to mark unavailable.
     pub unavailable: Option<OfferingKey>,
+    /// The capacity reservation to take as having nothing left (its instances are being
+    /// reclaimed).
+    pub reclaimed: Option<String>,
     /// Mark the claim `RebalanceRecommended`, so that the disruption controller replaces it
     /// (replacement first) before the spot interruption comes.
     pub replace_first: bool,
@@ -87,6 +91,10 @@ pub fn decide(kind: &Kind, claim: &NodeClaim, now: Timestamp, rebalance_replacem
         }
         _ => None,
     };
+    let reclaimed = match kind {
+        Kind::CapacityReservationInterruption => label(LABEL_CAPACITY_RESERVATION_ID),
+        _ => None,
+    };
     let deadline_due = claim
         .annotations()
         .get(ANNOTATION_NODECLAIM_TERMINATION_TIMESTAMP)
@@ -97,6 +105,7 @@ pub fn decide(kind: &Kind, claim: &NodeClaim, now: Timestamp, rebalance_replacem
         delete: matches!(action, Action::CordonAndDrain | Action::ForcefulTermination) && !deleting,
         deadline: action == Action::ForcefulTermination && !deadline_due,
         unavailable,
+        reclaimed,
         replace_first: rebalance_replacement
             && *kind == Kind::RebalanceRecommendation
             && !deleting
@@ -150,6 +159,10 @@ async fn act(
         if let Some(key) = decision.unavailable {
             tracing::info!(controller, messageKind = %kind, NodeClaim = %claim.name_any(), instance_type = %key.instance_type, zone = %key.zone, capacity_type = %key.capacity_type, "marking offering unavailable after an interruption");
             aws.unavailable_offerings().insert(key, ());
+        }
+        if let Some(id) = &decision.reclaimed {
+            tracing::info!(controller, messageKind = %kind, NodeClaim = %claim.name_any(), capacity_reservation_id = %id, "marking capacity reservation unavailable");
+            aws.reservations().exhausted(id);
         }
         if decision.delete && nodeclaim::delete(&ctx.client, &claim).await? {
             tracing::info!(
@@ -443,6 +456,11 @@ mod tests {
         LABEL_CAPACITY_TYPE as CT, LABEL_INSTANCE_TYPE as IT, LABEL_TOPOLOGY_ZONE as ZONE,
     };
 
+    /// A decision that marks nothing unavailable.
+    fn plain(delete: bool, deadline: bool, replace_first: bool) -> Decision {
+        Decision { delete, deadline, unavailable: None, reclaimed: None, replace_first }
+    }
+
     fn claim(deleting: bool, deadline: Option<&str>) -> NodeClaim {
         let mut claim: NodeClaim = serde_json::from_value(serde_json::json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
@@ -481,21 +499,19 @@ mod tests {
             Kind::EventStatus,
             Kind::CapacityReservationInterruption,
         ] {
-            assert_eq!(
-                decide(&kind, &claim(false, None), now, false),
-                Decision { delete: true, deadline: false, unavailable: None, replace_first: false },
-                "{kind}"
-            );
+            assert_eq!(decide(&kind, &claim(false, None), now, false), plain(true, false, false), "{kind}");
         }
         for kind in [Kind::RebalanceRecommendation, Kind::NoOp] {
-            assert_eq!(
-                decide(&kind, &claim(false, None), now, false),
-                Decision { delete: false, deadline: false, unavailable: None, replace_first: false },
-                "{kind}"
-            );
+            assert_eq!(decide(&kind, &claim(false, None), now, false), plain(false, false, false), "{kind}");
         }
         let forceful = decide(&Kind::SystemStatus, &claim(false, None), now, false);
         assert!(forceful.delete && forceful.deadline);
+        // A reserved node's reservation being reclaimed: nothing is left in it.
+        let mut reserved = claim(false, None);
+        reserved.labels_mut().insert(LABEL_CAPACITY_RESERVATION_ID.into(), "cr-1".into());
+        let d = decide(&Kind::CapacityReservationInterruption, &reserved, now, false);
+        assert_eq!((d.delete, d.reclaimed.as_deref()), (true, Some("cr-1")));
+        assert_eq!(decide(&Kind::SpotInterruption, &reserved, now, false).reclaimed, None);
     }
 
     #[test]
@@ -503,7 +519,7 @@ mod tests {
         let now: Timestamp = "2026-11-24T12:00:00Z".parse().unwrap();
         assert!(!decide(&Kind::RebalanceRecommendation, &claim(false, None), now, false).replace_first);
         let d = decide(&Kind::RebalanceRecommendation, &claim(false, None), now, true);
-        assert_eq!(d, Decision { delete: false, deadline: false, unavailable: None, replace_first: true });
+        assert_eq!(d, plain(false, false, true));
         assert!(
             !decide(&Kind::RebalanceRecommendation, &claim(true, None), now, true).replace_first,
             "already going"
@@ -523,11 +539,11 @@ mod tests {
         assert!(!d.delete, "already deleting");
         assert!(d.unavailable.is_some(), "the offering is still marked");
         let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T11:30:00Z")), now, false);
-        assert_eq!(d, Decision { delete: false, deadline: false, unavailable: None, replace_first: false });
+        assert_eq!(d, plain(false, false, false));
         let d = decide(&Kind::InstanceStatus, &claim(true, Some("2026-11-24T13:00:00Z")), now, false);
         assert!(d.deadline, "a later deadline is brought forward");
         // A crash between the deletion and the deadline: the next look sets the deadline.
         let d = decide(&Kind::SystemStatus, &claim(true, None), now, false);
-        assert_eq!(d, Decision { delete: false, deadline: true, unavailable: None, replace_first: false });
+        assert_eq!(d, plain(false, true, false));
     }
 }

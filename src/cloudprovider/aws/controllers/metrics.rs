@@ -165,6 +165,7 @@ mod tests {
                     capacity_type: capacity_type.to_string(),
                     price,
                     available,
+                    reservation: None,
                 });
             }
         }

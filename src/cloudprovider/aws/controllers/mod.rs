@@ -1,11 +1,13 @@
 //! Controllers only the AWS provider has: the EC2NodeClass status, the refresh of instance
 //! types, prices and launch templates, interruption (the SQS queue and EC2 status checks), the
-//! instance tags added after registration, and the instance-type metrics. [`Controllers`] starts them for the operator.
+//! instance tags added after registration, the instance-type metrics, and the expiration of
+//! capacity blocks. [`Controllers`] starts them for the operator.
 
 pub mod interruption;
 pub mod metrics;
 pub mod nodeclass;
 pub mod refresh;
+pub mod reservations;
 pub mod tagging;
 
 use std::sync::Arc;
@@ -84,6 +86,12 @@ impl ProviderControllers for Controllers {
             tagging::CONTROLLER,
             Box::pin(tagging::run(ctx.client.clone(), state.clone(), aws.clone(), stop.clone())),
         ));
+        if aws.reserved_capacity() {
+            tasks.push((
+                reservations::CONTROLLER,
+                Box::pin(reservations::run(ctx.clone(), state.clone(), stop.clone())),
+            ));
+        }
         (tasks, Some(fetched))
     }
 }

@@ -133,7 +133,13 @@ fn it(name: &str, arch: &str, gpus: Option<&str>, price: f64) -> InstanceType {
         Some(n) => reqs.add(LABEL_INSTANCE_GPU_COUNT, Requirement::in_values([n])),
         None => reqs.add(LABEL_INSTANCE_GPU_COUNT, Requirement::does_not_exist()),
     }
-    let offering = Offering { zone: "z".into(), capacity_type: "on-demand".into(), price, available: true };
+    let offering = Offering {
+        zone: "z".into(),
+        capacity_type: "on-demand".into(),
+        price,
+        available: true,
+        reservation: None,
+    };
     InstanceType::new(name, reqs, Resources::default(), Overhead::default(), vec![offering])
 }
 
