@@ -12,15 +12,27 @@ controller manager that deletes Nodes of terminated instances:
 * for each one without a Node (Nodes are matched by spec.providerID), it reads
   the user data (DescribeInstanceAttribute userData), extracts the node labels,
   taints and max pods per AMI family (AL2023 nodeadm NodeConfig, AL2
-  bootstrap.sh --kubelet-extra-args, Bottlerocket TOML settings; custom user
-  data in any of these forms) and creates the Node the way kubelet and the AWS
-  cloud provider would: name = private DNS name (instance id if absent or
-  taken), providerID aws:///<zone>/<instance-id>, kubelet's and the cloud
-  provider's well-known labels plus those of the user data, the user data's
-  taints (Karpenter's karpenter.sh/unregistered:NoExecute among them),
-  capacity and allocatable from DescribeInstanceTypes and EKS' default
-  reservations, and the annotation kwok.x-k8s.io/node=fake so that kwok keeps
-  it Ready and runs its pods;
+  bootstrap.sh --kubelet-extra-args, Bottlerocket TOML settings, Windows
+  2019/2022/2025 <powershell> block calling Start-EKSBootstrap.ps1
+  -KubeletExtraArgs; custom user data in any of these forms) and creates the
+  Node the way kubelet and the AWS cloud provider would: name = private DNS
+  name (instance id if absent or taken), providerID aws:///<zone>/<instance-id>,
+  kubelet's and the cloud provider's well-known labels plus those of the user
+  data, the user data's taints (Karpenter's karpenter.sh/unregistered:NoExecute
+  among them), capacity and allocatable from DescribeInstanceTypes and EKS'
+  default reservations, and the annotation kwok.x-k8s.io/node=fake so that
+  kwok keeps it Ready and runs its pods;
+* the operating system comes from the instance's image (DescribeImages of its
+  ImageId, once per image: platform "windows" or not), or, when the image is
+  gone, from the instance's Platform or the form of the user data (PowerShell
+  is Windows; custom user data tells nothing; Linux by default). When the user
+  data disagrees with the image, the image wins and a warning is logged. A
+  Windows Node gets what kubelet on Windows reports: kubernetes.io/os=windows
+  (and beta.kubernetes.io/os), node.kubernetes.io/windows-build from the
+  image's name (Windows Server 2019 10.0.17763, 2022 10.0.20348, 2025
+  10.0.26100; left out, with a warning, for an image that does not name its
+  release) and status.nodeInfo.operatingSystem windows; its capacity and
+  allocatable are computed as for Linux;
 * a Node it created (annotation karpenter-rs.dev/kubelet-standin=<cluster>)
   whose instance is terminated, shutting down or gone is deleted. A real
   kubelet never deletes its Node: on EKS the cloud node lifecycle controller
@@ -85,6 +97,9 @@ VM_MEMORY_OVERHEAD_PERCENT = 0.075
 MI = 1024**2
 GI = 1024**3
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+LABEL_WINDOWS_BUILD = "node.kubernetes.io/windows-build"
+# Windows Server release -> the build kubelet reports (major.minor.build of the kernel).
+WINDOWS_BUILDS = {"2016": "10.0.14393", "2019": "10.0.17763", "2022": "10.0.20348", "2025": "10.0.26100"}
 
 
 class UserDataError(ValueError):
@@ -127,7 +142,7 @@ class Taint:
 class Bootstrap:
     """What a node's user data tells its kubelet."""
 
-    family: str  # AL2023, AL2, Bottlerocket or Custom
+    family: str  # AL2023, AL2, Bottlerocket, Windows or Custom
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[Taint] = field(default_factory=list)
     max_pods: int | None = None
@@ -315,6 +330,150 @@ def parse_bottlerocket(text: str) -> Bootstrap | None:
     return out
 
 
+POWERSHELL_OPEN = re.compile(r"<powershell>", re.IGNORECASE)
+POWERSHELL_CLOSE = re.compile(r"</powershell>", re.IGNORECASE)
+# A statement that runs the EKS bootstrap script: `& $EKSBootstrapScriptFile ...` as Karpenter
+# writes it, the script's path after the call (&) or dot-source (.) operator, or its bare path.
+# A variable or a quoted path without an operator is an expression (an assignment, say), no call.
+EKS_BOOTSTRAP_CALL = re.compile(
+    r"""^\s*(?:(?:&\s*|\.\s+)(?:\$EKSBootstrapScriptFile\b|'[^']*Start-EKSBootstrap\.ps1'"""
+    r"""|"[^"]*Start-EKSBootstrap\.ps1"|[^\s'"]*Start-EKSBootstrap\.ps1\b)"""
+    r"""|[^\s'"$&]*Start-EKSBootstrap\.ps1(?:\s|$))""",
+    re.IGNORECASE,
+)
+
+
+# Start-EKSBootstrap.ps1's parameters that take a value (lower case: PowerShell ignores case).
+EKS_BOOTSTRAP_VALUE_PARAMETERS = {
+    "eksclustername", "apiserverendpoint", "base64clusterca", "dnsclusterip", "kubeletextraargs",
+    "kubeproxyextraargs", "containerruntime", "servicecidr", "excludedsnatcidrs",
+}
+
+
+@dataclass
+class PSToken:
+    """A word of a PowerShell command line, quotes removed; `parameter` for an unquoted `-Name`."""
+
+    text: str
+    parameter: bool = False
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0"}
+
+
+def _quoted(line: str, i: int, text: list[str]) -> int:
+    """Reads the PowerShell string that opens at line[i] into `text`; the index after it.
+
+    In both kinds a doubled quote is one quote; a double-quoted string also takes backtick
+    escapes (`n, `t, ...)."""
+    quote, n = line[i], len(line)
+    kind = "single" if quote == "'" else "double"
+    i += 1
+    while True:
+        if i >= n:
+            raise UserDataError(f"unterminated {kind}-quoted string in {line.strip()!r}")
+        c = line[i]
+        if c == quote:
+            if i + 1 < n and line[i + 1] == quote:
+                text.append(quote)
+                i += 2
+                continue
+            return i + 1
+        if quote == '"' and c == "`" and i + 1 < n:
+            text.append(_ESCAPES.get(line[i + 1], line[i + 1]))
+            i += 2
+            continue
+        text.append(c)
+        i += 1
+
+
+def powershell_words(line: str) -> list[PSToken]:
+    """The words of the first statement of one PowerShell line (command argument mode).
+
+    Single-quoted strings ('' is a quote), double-quoted strings (`x and "" escapes; variables
+    are not expanded) and bare words (`x escapes); the statement ends at an unquoted `;` or `|`,
+    or a comment (`#` starting a word).
+    """
+    words: list[PSToken] = []
+    i, n = 0, len(line)
+    while i < n:
+        while i < n and line[i] in " \t":
+            i += 1
+        if i >= n or line[i] in ";|#":
+            break
+        parameter = line[i] == "-" and i + 1 < n and (line[i + 1].isalpha() or line[i + 1] == "_")
+        text: list[str] = []
+        while i < n and line[i] not in " \t;|":
+            c = line[i]
+            if c in "'\"":
+                i = _quoted(line, i, text)
+            elif c == "`" and i + 1 < n:
+                text.append(line[i + 1])
+                i += 2
+            else:
+                text.append(c)
+                i += 1
+        words.append(PSToken("".join(text), parameter))
+    return words
+
+
+def parse_eks_bootstrap_call(line: str) -> Bootstrap:
+    """The kubelet flags of one Start-EKSBootstrap.ps1 call (its -KubeletExtraArgs)."""
+    words = powershell_words(line)
+    if words and words[0].text in ("&", "."):
+        words = words[1:]
+    values: dict[str, str] = {}
+    i = 1  # words[0] is the script
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not word.parameter:
+            continue  # a positional argument: nothing the node's registration depends on
+        name, colon, value = word.text[1:].partition(":")  # -Name:value binds its value
+        key = name.lower()
+        if not value:  # -Name value (or -Name: value)
+            if i < len(words) and not words[i].parameter:
+                value = words[i].text
+                i += 1
+            elif not colon and key in EKS_BOOTSTRAP_VALUE_PARAMETERS:
+                raise UserDataError(f"the Start-EKSBootstrap.ps1 parameter -{name} has no value")
+            # else a switch (-Verbose, say)
+        if key in values:
+            raise UserDataError(f"the Start-EKSBootstrap.ps1 parameter -{name} is given twice")
+        values[key] = value
+    if not values.get("eksclustername"):
+        raise UserDataError("the Start-EKSBootstrap.ps1 call has no -EKSClusterName")
+    try:
+        flags = shlex.split(values.get("kubeletextraargs", ""))
+    except ValueError as exc:
+        raise UserDataError(f"cannot split -KubeletExtraArgs: {exc}") from exc
+    return parse_kubelet_flags(flags, "Windows")
+
+
+def parse_windows(text: str) -> Bootstrap | None:
+    """Windows user data: the kubelet flags of the EKS bootstrap call in its <powershell> block.
+
+    None when `text` has no <powershell> block. The block may start with the class's own
+    PowerShell (only a statement that calls the script counts, not one that mentions it); when
+    it calls the script more than once, the last call counts, as it configures the kubelet
+    last. A block without a call is Windows user data that passes the kubelet nothing.
+    """
+    opening = POWERSHELL_OPEN.search(text)
+    if opening is None:
+        return None
+    closings = list(POWERSHELL_CLOSE.finditer(text, opening.end()))
+    if not closings:
+        raise UserDataError("<powershell> block without </powershell>")
+    body = text[opening.end():closings[-1].start()]
+    # A backtick at the end of a line continues the statement on the next one.
+    body = re.sub(r"`[ \t]*\r?\n", " ", body)
+    out = Bootstrap(family="Windows")
+    for line in body.splitlines():
+        if EKS_BOOTSTRAP_CALL.match(line):
+            out = parse_eks_bootstrap_call(line)
+    return out
+
+
 def parse_user_data(text: str) -> Bootstrap:
     """Labels, taints and max pods of user data in any of the forms Karpenter writes or passes on."""
     parts = mime_parts(text)
@@ -325,6 +484,9 @@ def parse_user_data(text: str) -> Bootstrap:
         return Bootstrap(family="Custom")
     if stripped.startswith("#!"):
         return parse_bootstrap_script(text) or Bootstrap(family="Custom")
+    windows = parse_windows(text)
+    if windows is not None:
+        return windows
     if re.search(r"^\s*kind:\s*NodeConfig\s*$", text, re.MULTILINE):
         return parse_node_config(text)
     bottlerocket = parse_bottlerocket(text)
@@ -429,6 +591,74 @@ def node_resources(
     return capacity, allocatable
 
 
+# --- operating system ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the Node's operating system depends on, from DescribeImages."""
+
+    image_id: str
+    name: str = ""
+    windows: bool = False
+    windows_build: str | None = None  # None for Linux, or a Windows image of an unknown release
+
+    @classmethod
+    def from_api(cls, image: dict[str, Any]) -> ImageInfo:
+        platform = str(image.get("Platform") or "").lower()
+        windows = platform == "windows" or str(image.get("PlatformDetails") or "").startswith("Windows")
+        name = str(image.get("Name") or "")
+        build = None
+        if windows:
+            build = windows_build(name) or windows_build(str(image.get("Description") or ""))
+        return cls(image_id=str(image.get("ImageId") or ""), name=name, windows=windows, windows_build=build)
+
+
+def windows_build(text: str) -> str | None:
+    """The build of the Windows Server release an image name (or description) names, e.g.
+    Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.11.12 -> 10.0.20348."""
+    match = re.search(r"Windows[_ -]Server[_ -](\d{4})(?!\d)", text, re.IGNORECASE)
+    return WINDOWS_BUILDS.get(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class NodeOS:
+    """The operating system kubelet reports: `linux`, or `windows` with its build."""
+
+    name: str = "linux"
+    windows_build: str | None = None
+
+
+LINUX = NodeOS()
+USER_DATA_OS = {"AL2023": "linux", "AL2": "linux", "Bottlerocket": "linux", "Windows": "windows"}
+
+
+def decide_os(boot: Bootstrap, image: ImageInfo | None, instance: dict[str, Any]) -> tuple[NodeOS, list[str]]:
+    """The node's operating system, and notes worth logging.
+
+    The image tells (its platform), else the instance (EC2 reports Platform windows for Windows
+    instances, nothing for Linux ones), else the form of the user data (custom user data tells
+    nothing), else Linux. When the user data disagrees with the image, the image wins.
+    """
+    notes: list[str] = []
+    told = USER_DATA_OS.get(boot.family)
+    if image is not None:
+        os_name, source = ("windows" if image.windows else "linux"), f"image {image.image_id}"
+    elif str(instance.get("Platform") or "").lower() == "windows":
+        os_name, source = "windows", "instance platform"
+    else:
+        os_name, source = (told or "linux"), "user data"
+    if told and told != os_name:
+        notes.append(f"{boot.family} user data on a {os_name} {source}: the node runs {os_name}")
+    if os_name != "windows":
+        return LINUX, notes
+    build = image.windows_build if image is not None else None
+    if build is None:
+        what = f"image {image.name or image.image_id}" if image is not None else "image (not found)"
+        notes.append(f"unknown Windows build of the {what}: no {LABEL_WINDOWS_BUILD} label")
+    return NodeOS("windows", build), notes
+
+
 # --- the Node --------------------------------------------------------------------------------
 
 
@@ -455,7 +685,12 @@ def in_cluster(instance: dict[str, Any], cluster: str) -> bool:
 
 
 def well_known_labels(
-    instance: dict[str, Any], info: TypeInfo | None, name: str, region: str, zone_id: str | None
+    instance: dict[str, Any],
+    info: TypeInfo | None,
+    name: str,
+    region: str,
+    zone_id: str | None,
+    node_os: NodeOS = LINUX,
 ) -> dict[str, str]:
     """What kubelet and the AWS cloud provider label a node with."""
     zone = instance["Placement"]["AvailabilityZone"]
@@ -463,9 +698,9 @@ def well_known_labels(
     arch = ARCH.get(arch_name, arch_name)
     labels = {
         "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
+        "kubernetes.io/os": node_os.name,
         "kubernetes.io/arch": arch,
-        "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/os": node_os.name,
         "beta.kubernetes.io/arch": arch,
         "node.kubernetes.io/instance-type": instance["InstanceType"],
         "beta.kubernetes.io/instance-type": instance["InstanceType"],
@@ -476,6 +711,8 @@ def well_known_labels(
     }
     if zone_id:
         labels["topology.k8s.aws/zone-id"] = zone_id
+    if node_os.windows_build:
+        labels[LABEL_WINDOWS_BUILD] = node_os.windows_build  # kubelet on Windows sets it
     return labels
 
 
@@ -488,9 +725,10 @@ def build_node(
     region: str,
     zone_id: str | None = None,
     ephemeral_storage: int = DEFAULT_EPHEMERAL_STORAGE,
+    node_os: NodeOS = LINUX,
 ) -> dict[str, Any]:
     """The Node object kubelet would register for `instance`."""
-    labels = well_known_labels(instance, info, name, region, zone_id)
+    labels = well_known_labels(instance, info, name, region, zone_id, node_os)
     labels.update(boot.labels)
     capacity, allocatable = node_resources(info, boot.max_pods, ephemeral_storage)
     addresses = []
@@ -520,7 +758,7 @@ def build_node(
             "capacity": capacity,
             "allocatable": allocatable,
             "addresses": addresses,
-            "nodeInfo": {"architecture": labels["kubernetes.io/arch"], "operatingSystem": "linux"},
+            "nodeInfo": {"architecture": labels["kubernetes.io/arch"], "operatingSystem": node_os.name},
         },
     }
 
@@ -649,6 +887,7 @@ class StandIn:
         self.kube = kube
         self.options = options
         self._types: dict[str, TypeInfo] = {}
+        self._images: dict[str, ImageInfo | None] = {}
         self._zone_ids: dict[str, str] | None = None
         self._reported: dict[str, str] = {}
 
@@ -696,6 +935,10 @@ class StandIn:
         iid = instance["InstanceId"]
         attr = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")
         boot = parse_user_data(decode_user_data((attr.get("UserData") or {}).get("Value")))
+        image = self.image_info(instance["ImageId"]) if instance.get("ImageId") else None
+        node_os, notes = decide_os(boot, image, instance)
+        for note in notes:
+            log("warning", note, instance=iid, image=instance.get("ImageId"))
         name = instance.get("PrivateDnsName") or iid
         if name in names:
             log("info", "node name taken by another instance's Node: using the instance id", instance=iid, name=name)
@@ -709,6 +952,7 @@ class StandIn:
             self.options.region,
             self.zone_id(instance["Placement"]["AvailabilityZone"]),
             self.options.ephemeral_storage,
+            node_os,
         )
         self.kube.create_node(node)
         names.add(name)
@@ -719,6 +963,7 @@ class StandIn:
             instance=iid,
             node=name,
             family=boot.family,
+            os=node_os.name,
             taints=len(boot.taints),
             pods=node["status"]["capacity"]["pods"],
         )
@@ -757,6 +1002,18 @@ class StandIn:
                 raise LookupError(f"instance type {name} not found")
             self._types[name] = TypeInfo.from_api(types[0])
         return self._types[name]
+
+    def image_info(self, image_id: str) -> ImageInfo | None:
+        """The instance's image (cached per image id); None when the image no longer exists."""
+        if image_id not in self._images:
+            try:
+                images = self.ec2.describe_images(ImageIds=[image_id])["Images"]
+            except Exception as exc:
+                if "InvalidAMIID" not in str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")):
+                    raise
+                images = []
+            self._images[image_id] = ImageInfo.from_api(images[0]) if images else None
+        return self._images[image_id]
 
     def zone_id(self, zone: str) -> str | None:
         if self._zone_ids is None:

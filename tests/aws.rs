@@ -116,6 +116,27 @@ fn node_claim(name: &str, types: &[&str], capacity_type: &str) -> NodeClaim {
     .unwrap()
 }
 
+/// The data of the launch template of the first override of the last CreateFleet request.
+async fn last_launch_template(
+    p: &AwsCloudProvider,
+    faults: &FaultInjector,
+) -> aws_sdk_ec2::types::ResponseLaunchTemplateData {
+    let template = faults
+        .create_fleet_requests()
+        .last()
+        .map(|b| requested_overrides(b)[0].launch_template.clone())
+        .unwrap();
+    let versions = p
+        .clients()
+        .ec2
+        .describe_launch_template_versions()
+        .launch_template_name(template)
+        .send()
+        .await
+        .unwrap();
+    versions.launch_template_versions()[0].launch_template_data().unwrap().clone()
+}
+
 /// A provider for a freshly seeded cluster with its resolved, ready `default` node class.
 async fn provider(prefix: &str) -> (AwsCloudProvider, String) {
     let (p, cluster, _) = provider_with_faults(prefix).await;
@@ -455,21 +476,7 @@ async fn a_placement_group_takes_the_launches_and_labels_the_nodes() {
     let launched = p.create(&claim).await.unwrap();
     assert_eq!(launched.labels.get(LABEL_PLACEMENT_GROUP_ID), Some(&id));
     assert_eq!(launched.labels.get(LABEL_PLACEMENT_GROUP_PARTITION).map(String::as_str), Some("2"));
-    let template = faults
-        .create_fleet_requests()
-        .last()
-        .map(|b| requested_overrides(b)[0].launch_template.clone())
-        .unwrap();
-    let versions = p
-        .clients()
-        .ec2
-        .describe_launch_template_versions()
-        .launch_template_name(template)
-        .send()
-        .await
-        .unwrap();
-    let placement =
-        versions.launch_template_versions()[0].launch_template_data().unwrap().placement().unwrap().clone();
+    let placement = last_launch_template(&p, &faults).await.placement().unwrap().clone();
     assert_eq!((placement.group_id(), placement.partition_number()), (Some(id.as_str()), Some(2)));
     // One that names none gets the partition EC2 gives it.
     let other = p.create(&node_claim("placed-2", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
@@ -668,6 +675,62 @@ async fn reserved_claims_launch_into_their_reservation_until_it_is_exhausted() {
     class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
     p.node_classes().upsert(class.clone());
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::CapacityReservation));
+}
+
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn a_windows_class_launches_windows_nodes() {
+    let (p, cluster, faults) = provider_with_faults("windows").await;
+    let mut class = node_class(&cluster, "windows2022@latest");
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    let status = class.status.clone().unwrap();
+    assert_eq!(status.amis.len(), 1, "{:?}", status.amis);
+    let ami = &status.amis[0];
+    assert!(
+        ami.name.as_deref().unwrap().starts_with("Windows_Server-2022-English-Core-EKS_Optimized-"),
+        "{ami:?}"
+    );
+    p.node_classes().upsert(class.clone());
+
+    // amd64 types only, labelled as Windows nodes of the family's build, 110 pods each.
+    let types = p.instance_types_for_class(&class).await.unwrap();
+    assert!(!types.is_empty());
+    assert!(types.iter().all(|t| t.requirements.allows(LABEL_ARCH, "amd64")));
+    assert!(!types.iter().any(|t| t.name == "c6g.xlarge"));
+    let m5 = types.iter().find(|t| t.name == "m5.large").unwrap();
+    let labels = m5.requirements.single_valued_labels();
+    assert_eq!(labels.get(LABEL_OS).map(String::as_str), Some("windows"));
+    assert_eq!(labels.get(LABEL_WINDOWS_BUILD).map(String::as_str), Some("10.0.20348"));
+    assert_eq!(m5.capacity.pods, 110);
+    assert_eq!(m5.capacity.get(RESOURCE_PRIVATE_IPV4_ADDRESS), 9);
+
+    let launched = p.create(&node_claim("win-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(launched.image_id, ami.id);
+    assert_eq!(launched.labels.get(LABEL_OS).map(String::as_str), Some("windows"));
+    assert_eq!(launched.labels.get(LABEL_WINDOWS_BUILD).map(String::as_str), Some("10.0.20348"));
+    let data = last_launch_template(&p, &faults).await;
+    assert_eq!(data.block_device_mappings()[0].device_name(), Some("/dev/sda1"));
+    assert_eq!(data.block_device_mappings()[0].ebs().and_then(|e| e.volume_size()), Some(50));
+    let user_data = String::from_utf8(
+        base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap(),
+    )
+    .unwrap();
+    assert!(user_data.starts_with("<powershell>\n"), "{user_data}");
+    assert!(user_data.contains(&format!("-EKSClusterName '{cluster}'")), "{user_data}");
+    assert!(user_data.contains("--max-pods=110"), "{user_data}");
+    assert!(user_data.contains("karpenter.sh/unregistered:NoExecute"), "{user_data}");
+
+    // Windows Server 2025 needs Kubernetes 1.35: the class says so.
+    let mut newer = node_class(&cluster, "windows2025@latest");
+    newer.metadata.name = Some("win2025".into());
+    let status = p.resolve_node_class(&newer, &[]).await.unwrap().status;
+    let amis = status.conditions.iter().find(|c| c.type_ == "AMIsReady").unwrap();
+    assert_eq!(amis.reason, "UnsupportedAlias");
+    assert!(
+        amis.message.starts_with("Windows Server 2025 requires EKS version 1.35 or higher"),
+        "{}",
+        amis.message
+    );
 }
 
 #[tokio::test]

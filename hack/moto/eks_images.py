@@ -6,8 +6,10 @@ things are derived:
 
 * hack/moto/amis.json -- the images in moto's MOTO_AMIS_PATH format. moto
   loads that file into every region's EC2 backend, so DescribeImages (by id,
-  by owner 602401143452, by name filter, ...) finds them, and they survive
-  POST /moto-api/reset like real public images would.
+  by owner 602401143452 or, for Windows, 801119661308, by name filter, ...)
+  finds them, and they survive POST /moto-api/reset like real public images
+  would. Windows images carry moto's `platform` "windows" (DescribeImages
+  shows <platform>windows</platform>); the Linux ones have no platform.
 * the SSM public parameters under /aws/service/... that point at them
   (ssm_parameters()), which hack/moto/server.py writes into moto's SSM backend.
 
@@ -26,10 +28,16 @@ Shapes follow the real parameter trees (the ones Karpenter resolves):
               /aws/service/eks/optimized-ami/<k8s>/amazon-linux-2[-arm64|-gpu]/<image name>/image_id
   Bottlerocket /aws/service/bottlerocket/aws-k8s-<k8s>[-nvidia]/<arch>/latest/image_id
               /aws/service/bottlerocket/aws-k8s-<k8s>[-nvidia]/<arch>/<version>/image_id
+  Windows     /aws/service/ami-windows-latest/Windows_Server-<2019|2022|2025>-English-Core-EKS_Optimized-<k8s>/image_id
 
 Every image family has two releases per Kubernetes minor; "recommended" and
 "latest" point at the newer one, the older one stays reachable through its
-pinned path (useful to test pinned aliases and drift).
+pinned path (useful to test pinned aliases and drift). Windows has no pinned
+parameter (AWS publishes only the latest one, which is why Windows aliases
+only take `latest`): its older release is found by name, e.g.
+Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.10.15. The Windows
+images are x86_64 only, owned by Amazon's Windows account (801119661308, not
+the EKS one) and boot legacy-bios.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import sys
 from pathlib import Path
 
 OWNER_ID = "602401143452"  # the account that publishes the EKS-optimized AMIs
+WINDOWS_OWNER_ID = "801119661308"  # Amazon's Windows AMIs, the EKS-optimized ones included
 
 # Kubernetes minor -> the patch release the node images ship.
 K8S_PATCH = {"1.32": "1.32.9", "1.33": "1.33.5", "1.34": "1.34.1"}
@@ -57,6 +66,16 @@ BOTTLEROCKET_RELEASES = [
     ("1.50.0", "3a6f2e81", "2025-10-30T17:15:09.000Z"),
 ]
 
+# EKS-optimized Windows releases (version, creation date), oldest first; the last one
+# is what /aws/service/ami-windows-latest/... points at.
+WINDOWS_RELEASES = [
+    ("2025.10.15", "2025-10-15T21:08:52.000Z"),
+    ("2025.11.12", "2025-11-12T20:34:17.000Z"),
+]
+
+# Windows Server versions with EKS-optimized (Core) images.
+WINDOWS_VERSIONS = ["2019", "2022", "2025"]
+
 # AL2023 variants per architecture.
 AL2023_VARIANTS = {
     "x86_64": ["standard", "nvidia", "neuron"],
@@ -72,6 +91,7 @@ AL2_FAMILIES = {
 
 EKS_PREFIX = "/aws/service/eks/optimized-ami"
 BOTTLEROCKET_PREFIX = "/aws/service/bottlerocket"
+WINDOWS_PREFIX = "/aws/service/ami-windows-latest"
 
 
 def ami_id(name: str) -> str:
@@ -79,15 +99,22 @@ def ami_id(name: str) -> str:
     return "ami-" + hashlib.sha256(name.encode()).hexdigest()[:17]
 
 
-def _image(name, arch, description, created, boot_mode, params):
+def _image(name, arch, description, created, boot_mode, params, owner=OWNER_ID, platform=None):
     return {
         "name": name,
         "architecture": arch,
         "description": description,
         "creation_date": created,
         "boot_mode": boot_mode,
+        "owner": owner,
+        "platform": platform,
         "ssm": params,
     }
+
+
+def windows_image_name(version: str, k8s: str, release: str) -> str:
+    """e.g. Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.11.12"""
+    return f"Windows_Server-{version}-English-Core-EKS_Optimized-{k8s}-{release}"
 
 
 def images(eks_releases: list[tuple[str, str]] = EKS_RELEASES) -> list[dict]:
@@ -157,6 +184,22 @@ def images(eks_releases: list[tuple[str, str]] = EKS_RELEASES) -> list[dict]:
                     desc = f"bottlerocket-aws-k8s-{k8s}{flavor}-{arch}-v{version}-{build}"
                     boot = "uefi" if arch == "arm64" else "legacy-bios"
                     out.append(_image(name, arch, desc, created, boot, params))
+
+        # Windows Server (Core), x86_64 only
+        for i, (release, created) in enumerate(WINDOWS_RELEASES):
+            latest = i == len(WINDOWS_RELEASES) - 1
+            for version in WINDOWS_VERSIONS:
+                name = windows_image_name(version, k8s, release)
+                params = {}
+                if latest:
+                    family = f"Windows_Server-{version}-English-Core-EKS_Optimized-{k8s}"
+                    params[f"{WINDOWS_PREFIX}/{family}/image_id"] = ami_id(name)
+                desc = (
+                    f"Microsoft Windows Server {version} Core optimized for EKS "
+                    f"(k8s: {patch}, containerd: 1.7.*) and provided by Amazon"
+                )
+                out.append(_image(name, "x86_64", desc, created, "legacy-bios", params,
+                                  owner=WINDOWS_OWNER_ID, platform="windows"))
     return out
 
 
@@ -187,12 +230,16 @@ def moto_amis() -> list[dict]:
 
 
 def moto_ami(img: dict) -> dict:
-    """One image in moto's MOTO_AMIS_PATH format (keyword arguments of moto's Ami)."""
-    return {
+    """One image in moto's MOTO_AMIS_PATH format (keyword arguments of moto's Ami).
+
+    Only Windows images get a `platform` ("windows", as EC2 reports it); EC2
+    reports none for Linux images, and neither does moto's Ami without one.
+    """
+    ami = {
         "ami_id": ami_id(img["name"]),
         "name": img["name"],
         "description": img["description"],
-        "owner_id": OWNER_ID,
+        "owner_id": img["owner"],
         "public": True,
         "state": "available",
         "architecture": img["architecture"],
@@ -206,6 +253,11 @@ def moto_ami(img: dict) -> dict:
         "boot_mode": img["boot_mode"],
         "creation_date": img["creation_date"],
     }
+    if img["platform"]:
+        ami["platform"] = img["platform"]
+    if img["platform"] == "windows":
+        ami["root_device_name"] = "/dev/sda1"
+    return ami
 
 
 def amis_json() -> str:

@@ -176,13 +176,18 @@ Account seed (per cluster name and region)
 * EKS: cluster <cluster>, Kubernetes $EKS_CLUSTER_VERSION (default 1.34), in
   those subnets / that security group (endpoint and CA are moto's fakes);
 * SQS: the interruption queue <cluster>;
-* SSM: the public EKS-optimized AMI parameters (/aws/service/eks/... and
-  /aws/service/bottlerocket/...) for the seeded region.
+* SSM: the public EKS-optimized AMI parameters (/aws/service/eks/...,
+  /aws/service/bottlerocket/... and /aws/service/ami-windows-latest/...) for
+  the seeded region.
 
 The AMIs themselves come from hack/moto/amis.json (MOTO_AMIS_PATH, generated
-by hack/moto/eks_images.py, owner 602401143452). moto loads them into every
-region when the region's EC2 backend is created, so they exist in every
-region and survive /moto-api/reset, like real public images.
+by hack/moto/eks_images.py, owner 602401143452; the Windows ones owner
+801119661308, platform windows). moto loads them into every region when the
+region's EC2 backend is created, so they exist in every region and survive
+/moto-api/reset, like real public images. DescribeImages reports each image's
+PlatformDetails and UsageOperation as EC2 does ("Windows" / "RunInstances:0002"
+for Windows images, "Linux/UNIX" / "RunInstances" otherwise), which moto 5.2.5
+leaves out.
 
 Everything except the SSM parameters is created through the ordinary AWS APIs
 (boto3 against this very server), so it is what any client could create. moto
@@ -811,6 +816,22 @@ def _status_checks_can_be_set() -> None:
         setattr(Instance, attr, property(patched))
 
 
+def _images_report_platform_details() -> None:
+    """Give moto's images the PlatformDetails and UsageOperation EC2 reports.
+
+    moto 5.2.5's Ami has a `platform` ("windows" or none) but no platform details,
+    so DescribeImages leaves both fields out. They follow from the platform here
+    (an image made from an instance inherits the instance's platform in moto).
+    """
+    from moto.ec2.models.amis import Ami
+
+    def windows(ami) -> bool:
+        return (getattr(ami, "platform", None) or "").lower() == "windows"
+
+    Ami.platform_details = property(lambda self: "Windows" if windows(self) else "Linux/UNIX")
+    Ami.usage_operation = property(lambda self: "RunInstances:0002" if windows(self) else "RunInstances")
+
+
 def _split_names(values) -> list[str]:
     names: list[str] = []
     for value in values:
@@ -867,6 +888,7 @@ def main(argv=None) -> int:
 
     _fleets_use_launch_template_security_groups()
     _status_checks_can_be_set()
+    _images_report_platform_details()
     placement.install_instance_placement()
     reservations.install_instance_reservations()
     seeder = Seeder(eks_version)

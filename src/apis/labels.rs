@@ -220,6 +220,9 @@ pub const RESOURCE_AWS_NEURON_CORE: &str = "aws.amazon.com/neuroncore";
 pub const RESOURCE_HABANA_GAUDI: &str = "habana.ai/gaudi";
 /// Elastic Fabric Adapters.
 pub const RESOURCE_EFA: &str = "vpc.amazonaws.com/efa";
+/// The secondary private IPv4 addresses a Windows node gives its pods (the VPC resource
+/// controller advertises them).
+pub const RESOURCE_PRIVATE_IPV4_ADDRESS: &str = "vpc.amazonaws.com/PrivateIPv4Address";
 /// Branch network interfaces for security groups for pods.
 pub const RESOURCE_POD_ENI: &str = "vpc.amazonaws.com/pod-eni";
 

@@ -1,9 +1,10 @@
 """Tests of the kubelet stand-in (hack/kubelet-standin.py).
 
 Unit tests of its user-data parsers, against the user data the Rust generator
-(src/cloudprovider/aws/userdata.rs) writes, and an end-to-end test against the
+(src/cloudprovider/aws/userdata.rs) writes, and end-to-end tests against the
 AWS emulator and the local API server: instances launched with each kind of
-user data get a Node, instances terminated lose it.
+user data get a Node (a Windows Node for a Windows image), instances
+terminated lose it.
 
     eval "$(hack/cluster-up.sh)"
     "$(hack/moto-up.sh --venv)"/bin/python -m pytest -q tests/aws_emulator/test_kubelet_standin.py
@@ -16,6 +17,7 @@ cluster does not see them (nor this one theirs).
 from __future__ import annotations
 
 import base64
+import collections
 import gzip
 import importlib.util
 import os
@@ -116,6 +118,20 @@ dedicated = ["gpu:NoSchedule"]
 "karpenter.sh/unregistered" = [":NoExecute"]
 """
 
+# Windows (2019, 2022, 2025): the class's own PowerShell (here `Write-Host 'before'`), then the
+# EKS bootstrap script's call, in one <powershell> block; the Rust golden string (checked below).
+WINDOWS = r"""<powershell>
+Write-Host 'before'
+[string]$EKSBootstrapScriptFile = "$env:ProgramFiles\Amazon\EKS\Start-EKSBootstrap.ps1"
+& $EKSBootstrapScriptFile -EKSClusterName 'demo' -APIServerEndpoint 'https://example.eks.amazonaws.com' -Base64ClusterCA 'Q0E=' -KubeletExtraArgs '--node-labels="karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default" --register-with-taints="dedicated=gpu:NoSchedule,karpenter.sh/unregistered:NoExecute" --max-pods=29' -DNSClusterIP '172.20.0.10'
+</powershell>"""
+
+# The same without the class's user data, the CA bundle and the DNS address (both optional).
+WINDOWS_MINIMAL = r"""<powershell>
+[string]$EKSBootstrapScriptFile = "$env:ProgramFiles\Amazon\EKS\Start-EKSBootstrap.ps1"
+& $EKSBootstrapScriptFile -EKSClusterName 'demo' -APIServerEndpoint 'https://example.eks.amazonaws.com' -KubeletExtraArgs '--node-labels="karpenter.sh/capacity-type=on-demand,karpenter.sh/nodepool=default" --register-with-taints="karpenter.sh/unregistered:NoExecute" --max-pods=110'
+</powershell>"""
+
 LABELS = {"karpenter.sh/capacity-type": "spot", "karpenter.sh/nodepool": "default"}
 TAINTS = [
     standin.Taint(key="dedicated", value="gpu", effect="NoSchedule"),
@@ -134,6 +150,27 @@ def _rust_golden(test_name: str) -> str:
     return match.group(1)
 
 
+def _rust_string(test_name: str) -> str:
+    """The first `let want = "...";` (an ordinary Rust string literal) of a Rust test, unescaped."""
+    source = USERDATA_RS.read_text()
+    match = re.search(rf'fn {test_name}\(\).*?let want = "((?:[^"\\]|\\.)*)";', source, re.DOTALL)
+    assert match, f"no golden string in fn {test_name} of {USERDATA_RS.relative_to(REPO)}"
+    escapes = {"n": "\n", "r": "\r", "t": "\t", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
+    literal, out, i = match.group(1), [], 0
+    while i < len(literal):
+        if literal[i] != "\\":
+            out.append(literal[i])
+            i += 1
+        elif literal[i + 1] == "\n":  # a line continuation drops the newline and the indentation
+            i += 2
+            while i < len(literal) and literal[i] in " \t\r\n":
+                i += 1
+        else:
+            out.append(escapes[literal[i + 1]])
+            i += 2
+    return "".join(out)
+
+
 # --- user data -------------------------------------------------------------------------------
 
 
@@ -145,8 +182,13 @@ def test_fixtures_are_the_generators_golden_output(fixture: str, test_name: str)
     assert fixture == _rust_golden(test_name)
 
 
+def test_windows_fixture_is_the_generators_golden_output() -> None:
+    assert WINDOWS == _rust_string("windows_bootstraps_with_powershell_as_upstream")
+
+
 @pytest.mark.parametrize(
-    "text,family", [(AL2023, "AL2023"), (AL2, "AL2"), (BOTTLEROCKET, "Bottlerocket")]
+    "text,family",
+    [(AL2023, "AL2023"), (AL2, "AL2"), (BOTTLEROCKET, "Bottlerocket"), (WINDOWS, "Windows")],
 )
 def test_parses_each_family(text: str, family: str) -> None:
     boot = standin.parse_user_data(text)
@@ -183,10 +225,80 @@ def test_later_node_configs_override_earlier_ones() -> None:
     assert boot.max_pods == 29
 
 
+def test_windows_without_custom_user_data_and_optional_arguments() -> None:
+    boot = standin.parse_user_data(WINDOWS_MINIMAL)
+    assert boot.family == "Windows"
+    assert boot.labels == {"karpenter.sh/capacity-type": "on-demand", "karpenter.sh/nodepool": "default"}
+    assert boot.taints == [standin.Taint(key="karpenter.sh/unregistered", effect="NoExecute")]
+    assert boot.max_pods == 110
+    # Windows line endings and upper-case tags change nothing.
+    crlf = WINDOWS_MINIMAL.replace("\n", "\r\n").replace("<powershell>", "<PowerShell>")
+    assert standin.parse_user_data(crlf) == boot
+
+
+def test_windows_quotes_are_doubled() -> None:
+    # A quote in a PowerShell single-quoted string is doubled ('o''brien' is o'brien), as the
+    # generator writes label values (the API server would refuse this one on a Node).
+    text = WINDOWS.replace("nodepool=default", "nodepool=default,team=o''brien").replace(
+        "-EKSClusterName 'demo'", "-EKSClusterName 'de''mo'")
+    boot = standin.parse_user_data(text)
+    assert boot.labels == {**LABELS, "team": "o'brien"}
+    assert (boot.taints, boot.max_pods) == (TAINTS, 29)
+    words = standin.powershell_words("& $f -KubeletExtraArgs '--node-labels=\"a=it''s\"' 'x'''")
+    assert [w.text for w in words] == ["&", "$f", "-KubeletExtraArgs", "--node-labels=\"a=it's\"", "x'"]
+    assert [w.parameter for w in words] == [False, False, True, False, False]
+
+
+def test_windows_custom_user_data_that_mentions_the_bootstrap_script() -> None:
+    # Only a statement that calls the script counts: not a comment, an assignment, a string,
+    # nor a multi-line string's lines.
+    custom = "\n".join([
+        "# & $EKSBootstrapScriptFile -EKSClusterName 'other' -KubeletExtraArgs '--max-pods=1'",
+        r'$EKSBootstrapScriptFile = "C:\Program Files\Amazon\EKS\Start-EKSBootstrap.ps1"',
+        "Write-Host '& $EKSBootstrapScriptFile -KubeletExtraArgs ''--max-pods=2'''",
+        "$Env:Note = 'a multi-line",
+        "string'; Write-Host \"done\"",
+    ])
+    boot = standin.parse_user_data(WINDOWS.replace("Write-Host 'before'", custom))
+    assert (boot.family, boot.labels, boot.taints, boot.max_pods) == ("Windows", LABELS, TAINTS, 29)
+
+
+@pytest.mark.parametrize(
+    "call,labels,pods",
+    [
+        # the script's path called directly, a colon-bound value
+        (r"& 'C:\Program Files\Amazon\EKS\Start-EKSBootstrap.ps1' -EKSClusterName demo "
+         "-KubeletExtraArgs:'--max-pods=7'", {}, 7),
+        # a backtick line continuation; a second statement after `;`
+        ("& $EKSBootstrapScriptFile -EKSClusterName 'demo' `\n  -KubeletExtraArgs '--node-labels=a=b' "
+         "; Write-Host ok", {"a": "b"}, None),
+        # double-quoted PowerShell strings: "" and `" are quotes
+        ('& $EKSBootstrapScriptFile -EKSClusterName "demo" -KubeletExtraArgs "--node-labels=""a=b"" '
+         '--max-pods=`"3`""', {"a": "b"}, 3),
+        # parameter names are case-insensitive; a switch takes no value; `-Name: value`
+        ("& $EKSBootstrapScriptFile -eksclustername 'demo' -Verbose -kubeletextraargs '--max-pods=5'", {}, 5),
+        ("& $EKSBootstrapScriptFile -EKSClusterName: 'demo' -KubeletExtraArgs: '--max-pods=6' -Verbose", {}, 6),
+        # no -KubeletExtraArgs: no kubelet flags
+        ("& $EKSBootstrapScriptFile -EKSClusterName 'demo'", {}, None),
+    ],
+)
+def test_windows_bootstrap_call_forms(call: str, labels: dict[str, str], pods: int | None) -> None:
+    boot = standin.parse_user_data(f"<powershell>\n{call}\n</powershell>\n")
+    assert (boot.family, boot.labels, boot.max_pods) == ("Windows", labels, pods)
+
+
+def test_windows_last_bootstrap_call_counts() -> None:
+    first = "& $EKSBootstrapScriptFile -EKSClusterName 'demo' -KubeletExtraArgs '--node-labels=x=y --max-pods=3'"
+    boot = standin.parse_user_data(WINDOWS.replace("Write-Host 'before'", first))
+    assert (boot.labels, boot.taints, boot.max_pods) == (LABELS, TAINTS, 29)
+
+
 @pytest.mark.parametrize(
     "text,family,labels,pods",
     [
         ("", "Custom", {}, None),
+        # PowerShell that never calls the bootstrap script: Windows, without kubelet flags
+        ("<powershell>\nWrite-Host 'hello'\n</powershell>\n<persist>true</persist>\n", "Windows", {}, None),
         ("#!/bin/sh\necho x\n", "Custom", {}, None),
         (
             "#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--node-labels a=b --max-pods 7'\n",
@@ -227,6 +339,33 @@ def test_custom_user_data(text: str, family: str, labels: dict[str, str], pods: 
 def test_malformed_user_data_raises(text: str) -> None:
     with pytest.raises(standin.UserDataError):
         standin.parse_user_data(text)
+
+
+_CALL = "& $EKSBootstrapScriptFile -EKSClusterName 'demo'"
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (f"{_CALL} -KubeletExtraArgs '--max-pods=29", "unterminated single-quoted string"),
+        (f'{_CALL} -KubeletExtraArgs "--max-pods=29', "unterminated double-quoted string"),
+        (f"{_CALL} -KubeletExtraArgs", "-KubeletExtraArgs has no value"),
+        (f"{_CALL} -KubeletExtraArgs -DNSClusterIP '10.0.0.10'", "-KubeletExtraArgs has no value"),
+        (f"{_CALL} -KubeletExtraArgs '--max-pods=1' -KubeletExtraArgs '--max-pods=2'", "given twice"),
+        ("& $EKSBootstrapScriptFile -KubeletExtraArgs '--max-pods=29'", "no -EKSClusterName"),
+        (f"{_CALL} -KubeletExtraArgs '--max-pods=many'", "--max-pods is not an integer"),
+        (f"{_CALL} -KubeletExtraArgs '--register-with-taints=novalue'", "bad taint"),
+        (f"{_CALL} -KubeletExtraArgs '--node-labels=\"a=b'", "cannot split -KubeletExtraArgs"),
+    ],
+)
+def test_malformed_windows_user_data_raises(body: str, message: str) -> None:
+    with pytest.raises(standin.UserDataError, match=re.escape(message)):
+        standin.parse_user_data(f"<powershell>\n{body}\n</powershell>\n")
+
+
+def test_windows_user_data_without_closing_tag_raises() -> None:
+    with pytest.raises(standin.UserDataError, match="without </powershell>"):
+        standin.parse_user_data(WINDOWS.replace("</powershell>", ""))
 
 
 def test_decode_user_data() -> None:
@@ -317,8 +456,112 @@ def test_build_node() -> None:
         "topology.kubernetes.io/region": "us-west-2",
         "topology.k8s.aws/zone-id": "usw2-az1",
     }
+    assert labels["beta.kubernetes.io/os"] == "linux"
+    assert "node.kubernetes.io/windows-build" not in labels
+    assert node["status"]["nodeInfo"] == {"architecture": "amd64", "operatingSystem": "linux"}
     assert {"type": "InternalIP", "address": "10.0.32.7"} in node["status"]["addresses"]
     assert standin.instance_id_of(node["spec"]["providerID"]) == instance["InstanceId"]
+
+
+WINDOWS_INSTANCE = {
+    "InstanceId": "i-0fedcba9876543210",
+    "InstanceType": "m5.large",
+    "Architecture": "x86_64",
+    "ImageId": "ami-0123456789abcdef0",
+    "Placement": {"AvailabilityZone": "us-west-2a"},
+    "PrivateIpAddress": "10.0.1.9",
+    "PrivateDnsName": "ip-10-0-1-9.us-west-2.compute.internal",
+}
+
+
+def _image_info(name: str, platform: str | None = "windows", description: str = "") -> Any:
+    image = {"ImageId": "ami-0123456789abcdef0", "Name": name, "Description": description}
+    if platform:
+        image["Platform"] = platform
+    return standin.ImageInfo.from_api(image)
+
+
+WIN2022 = _image_info("Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.11.12")
+AL2023_IMAGE = _image_info("amazon-eks-node-al2023-x86_64-standard-1.34-v20251112", platform=None)
+
+
+@pytest.mark.parametrize(
+    "name,build",
+    [
+        ("Windows_Server-2019-English-Core-EKS_Optimized-1.34-2025.11.12", "10.0.17763"),
+        ("Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.11.12", "10.0.20348"),
+        ("Windows_Server-2025-English-Core-EKS_Optimized-1.33-2025.10.15", "10.0.26100"),
+        ("Windows_Server-2022-English-Full-Base-2025.11.12", "10.0.20348"),
+        ("my-golden-windows-image", None),
+    ],
+)
+def test_windows_build_of_the_image(name: str, build: str | None) -> None:
+    info = _image_info(name)
+    assert (info.windows, info.windows_build) == (True, build)
+    # An image name that tells nothing: its description may.
+    described = _image_info(name, description="Microsoft Windows Server 2019 Core optimized for EKS")
+    assert described.windows_build == (build or "10.0.17763")
+    assert (AL2023_IMAGE.windows, AL2023_IMAGE.windows_build) == (False, None)
+    # DescribeImages' PlatformDetails tells Windows as well.
+    details = standin.ImageInfo.from_api({"ImageId": "ami-1", "Name": name, "PlatformDetails": "Windows"})
+    assert details.windows
+
+
+@pytest.mark.parametrize(
+    "user_data,image,platform,os_name,build,notes",
+    [
+        (WINDOWS, WIN2022, None, "windows", "10.0.20348", 0),
+        (AL2023, AL2023_IMAGE, None, "linux", None, 0),
+        ("", WIN2022, None, "windows", "10.0.20348", 0),  # custom user data tells nothing
+        (AL2023, WIN2022, None, "windows", "10.0.20348", 1),  # the image wins, and it is logged
+        (WINDOWS, AL2023_IMAGE, None, "linux", None, 1),
+        (WINDOWS, None, None, "windows", None, 1),  # the image is gone: no build to report
+        (AL2, None, "windows", "windows", None, 2),  # the instance's platform, over the user data
+        (AL2, None, None, "linux", None, 0),
+        ("", None, None, "linux", None, 0),
+        (WINDOWS, _image_info("my-windows"), None, "windows", None, 1),
+    ],
+)
+def test_decide_os(user_data: str, image: Any, platform: str | None, os_name: str, build: str | None,
+                   notes: int) -> None:
+    instance = dict(WINDOWS_INSTANCE, **({"Platform": platform} if platform else {}))
+    node_os, got_notes = standin.decide_os(standin.parse_user_data(user_data), image, instance)
+    assert (node_os.name, node_os.windows_build) == (os_name, build)
+    assert len(got_notes) == notes, got_notes
+
+
+def test_build_windows_node() -> None:
+    name = WINDOWS_INSTANCE["PrivateDnsName"]
+    boot = standin.parse_user_data(WINDOWS_MINIMAL)
+    node_os, notes = standin.decide_os(boot, WIN2022, WINDOWS_INSTANCE)
+    assert notes == []
+    node = standin.build_node(WINDOWS_INSTANCE, boot, M5_LARGE, name, "demo", "us-west-2", "usw2-az2",
+                              node_os=node_os)
+    labels = node["metadata"]["labels"]
+    assert labels == labels | {
+        "kubernetes.io/os": "windows",
+        "beta.kubernetes.io/os": "windows",
+        "node.kubernetes.io/windows-build": "10.0.20348",
+        "kubernetes.io/arch": "amd64",
+        "kubernetes.io/hostname": name,
+        "karpenter.sh/capacity-type": "on-demand",
+        "karpenter.sh/nodepool": "default",
+    }
+    assert node["spec"]["taints"] == [{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}]
+    assert node["status"]["nodeInfo"] == {"architecture": "amd64", "operatingSystem": "windows"}
+    # Capacity and allocatable as for Linux, max pods from the flag.
+    linux = standin.build_node(WINDOWS_INSTANCE, boot, M5_LARGE, name, "demo", "us-west-2", "usw2-az2")
+    assert node["status"]["capacity"] == linux["status"]["capacity"]
+    assert node["status"]["allocatable"] == linux["status"]["allocatable"]
+    assert node["status"]["capacity"]["pods"] == node["status"]["allocatable"]["pods"] == "110"
+    # Only the OS labels differ from the Linux Node of the same instance.
+    linux_labels = linux["metadata"]["labels"]
+    assert {k: v for k, v in labels.items() if linux_labels.get(k) != v} == {
+        "kubernetes.io/os": "windows",
+        "beta.kubernetes.io/os": "windows",
+        "node.kubernetes.io/windows-build": "10.0.20348",
+    }
+    assert set(linux_labels) <= set(labels)
 
 
 def test_in_cluster() -> None:
@@ -473,3 +716,90 @@ def test_registers_and_deletes_nodes(ec2: Any, kube: Any, launched: dict[str, An
     kube.request("PATCH", f"/api/v1/nodes/{kept['metadata']['name']}", {"metadata": {"finalizers": None}},
                  "application/merge-patch+json")
     assert _node_of(kube, cases["al2023"][0]) is None
+
+
+class _CountingEC2:
+    """An EC2 client that counts the calls made through it."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.meta = client.meta
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if not callable(attr) or name.startswith("get_"):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_registers_windows_nodes(ec2: Any, kube: Any, launched: dict[str, Any], capsys: Any) -> None:
+    windows = "/aws/service/ami-windows-latest/Windows_Server-{}-English-Core-EKS_Optimized-1.34/image_id"
+    win = {version: _image(ec2, windows.format(version)) for version in ("2019", "2022", "2025")}
+    al2023 = _image(ec2, "/aws/service/eks/optimized-ami/1.34/amazon-linux-2023/x86_64/standard/recommended/image_id")
+    image = ec2.describe_images(ImageIds=[win["2022"]])["Images"][0]
+    assert (image["Name"], image.get("Platform")) == (
+        "Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.11.12", "windows")
+    launch = launched["launch"]
+    minimal_labels = {"karpenter.sh/capacity-type": "on-demand", "karpenter.sh/nodepool": "default"}
+    unregistered = [{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}]
+    # case: (instance, os, Windows build, labels, taints, pods)
+    cases = {
+        "2022": (launch(WINDOWS, win["2022"], "m5.large"), "windows", "10.0.20348", LABELS, K8S_TAINTS, "29"),
+        "2022-minimal": (launch(WINDOWS_MINIMAL, win["2022"], "m5.xlarge"), "windows", "10.0.20348",
+                         minimal_labels, unregistered, "110"),
+        "2019": (launch(WINDOWS_MINIMAL, win["2019"], "m5.large"), "windows", "10.0.17763",
+                 minimal_labels, unregistered, "110"),
+        "2025": (launch(WINDOWS, win["2025"], "c5.xlarge"), "windows", "10.0.26100", LABELS, K8S_TAINTS, "29"),
+        # The user data and the image disagree: the image wins (and the stand-in says so).
+        "al2023-on-windows": (launch(AL2023, win["2022"], "m5.large"), "windows", "10.0.20348",
+                              LABELS, K8S_TAINTS, "29"),
+        "powershell-on-linux": (launch(WINDOWS, al2023, "m5.large"), "linux", None, LABELS, K8S_TAINTS, "29"),
+        "linux": (launch(AL2023, al2023, "m5.large"), "linux", None, LABELS, K8S_TAINTS, "29"),
+    }
+    broken = launch(f"<powershell>\n{_CALL} -KubeletExtraArgs '--max-pods=many'\n</powershell>",
+                    win["2022"], "m5.large")
+
+    counting = _CountingEC2(ec2)
+    options = standin.Options(cluster=launched["cluster"], region=ec2.meta.region_name)
+    stand_in = standin.StandIn(counting, kube, options)
+    result = stand_in.reconcile()
+
+    assert result.errors == [broken["InstanceId"]]
+    assert len(result.created) == len(cases)
+    assert _node_of(kube, broken) is None
+    # One DescribeImages per image, however many instances run it.
+    assert counting.calls["describe_images"] == 4, counting.calls
+    err = capsys.readouterr().err.splitlines()
+    assert any(broken["InstanceId"] in line and "--max-pods is not an integer" in line for line in err), err
+    for case, (instance, *_) in cases.items():
+        warned = any(instance["InstanceId"] in line and '"level": "warning"' in line for line in err)
+        assert warned == (case in ("al2023-on-windows", "powershell-on-linux")), (case, err)
+
+    for case, (instance, os_name, build, labels, taints, pods) in cases.items():
+        node = _node_of(kube, instance)
+        assert node is not None, case
+        meta, spec, status = node["metadata"], node["spec"], node["status"]
+        assert meta["labels"] == meta["labels"] | labels | {
+            "kubernetes.io/os": os_name,
+            "beta.kubernetes.io/os": os_name,
+            "kubernetes.io/arch": "amd64",
+            "kubernetes.io/hostname": meta["name"],
+            "node.kubernetes.io/instance-type": instance["InstanceType"],
+        }, case
+        assert meta["labels"].get("node.kubernetes.io/windows-build") == build, case
+        assert status["nodeInfo"]["operatingSystem"] == os_name, case
+        # The node lifecycle controller may add node.kubernetes.io/not-ready until kwok reports Ready.
+        own = [t for t in spec.get("taints") or [] if not t["key"].startswith("node.kubernetes.io/")]
+        assert own == taints, case
+        assert status["capacity"]["pods"] == status["allocatable"]["pods"] == pods, case
+
+    # Nothing new to register: the images are not described again.
+    again = stand_in.reconcile()
+    assert (again.created, again.deleted, again.errors) == ([], [], [broken["InstanceId"]])
+    assert counting.calls["describe_images"] == 4, counting.calls

@@ -23,6 +23,9 @@ from botocore.config import Config
 CLUSTER = os.environ.get("CLUSTER_NAME") or "karpenter-demo"
 DISCOVERY_TAG = "karpenter.sh/discovery"
 EKS_OWNER = "602401143452"
+WINDOWS_OWNER = "801119661308"  # Amazon's Windows images, the EKS-optimized ones included
+WINDOWS_VERSIONS = ["2019", "2022", "2025"]
+WINDOWS_PREFIX = "/aws/service/ami-windows-latest"
 K8S_MINORS = ["1.32", "1.33", "1.34"]
 UP_HINT = 'start it with: eval "$(hack/moto-up.sh)"'
 # The emulator is local: talk to it directly even when a proxy is configured.
@@ -149,12 +152,87 @@ def test_bottlerocket_parameter_points_at_registered_image(client, arch, flavor)
     assert img["Name"].startswith(f"bottlerocket-aws-k8s-1.34{flavor}-{arch}-v")
 
 
+def windows_parameter(version: str, k8s: str) -> str:
+    return f"{WINDOWS_PREFIX}/Windows_Server-{version}-English-Core-EKS_Optimized-{k8s}/image_id"
+
+
+@pytest.mark.parametrize("version", WINDOWS_VERSIONS)
+@pytest.mark.parametrize("k8s", K8S_MINORS)
+def test_windows_parameter_points_at_registered_image(client, k8s, version):
+    image_id = client("ssm").get_parameter(Name=windows_parameter(version, k8s))["Parameter"]["Value"]
+    img = image(client, image_id)
+    assert img["Name"].startswith(f"Windows_Server-{version}-English-Core-EKS_Optimized-{k8s}-")
+    assert (img["Architecture"], img["OwnerId"], img["Platform"]) == ("x86_64", WINDOWS_OWNER, "windows")
+    assert img["State"] == "available"
+
+
+def test_windows2022_on_1_34_resolves_to_the_newest_release(client):
+    image_id = client("ssm").get_parameter(Name=windows_parameter("2022", "1.34"))["Parameter"]["Value"]
+    img = image(client, image_id)
+    assert img["Name"] == "Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.11.12"
+    assert img["Platform"] == "windows"
+    assert img["PlatformDetails"] == "Windows"
+    assert img["UsageOperation"] == "RunInstances:0002"
+    assert img["Architecture"] == "x86_64"
+    assert img["OwnerId"] == WINDOWS_OWNER
+    assert img["ImageOwnerAlias"] == "amazon"
+    assert img["BootMode"] == "legacy-bios"
+    assert img["RootDeviceName"] == "/dev/sda1"
+    assert img["Public"] is True
+    assert img["CreationDate"].startswith("2025-11-12")
+    assert "Windows Server 2022" in img["Description"]
+
+    # The platform filter and the owner find it, as they do on EC2.
+    windows = client("ec2").describe_images(
+        Owners=[WINDOWS_OWNER], Filters=[{"Name": "platform", "Values": ["windows"]}]
+    )["Images"]
+    assert image_id in {i["ImageId"] for i in windows}
+    assert len(windows) == len(K8S_MINORS) * len(WINDOWS_VERSIONS) * 2
+
+
+def test_older_windows_release_is_describable_by_name(client):
+    latest = client("ssm").get_parameter(Name=windows_parameter("2022", "1.34"))["Parameter"]["Value"]
+    name = "Windows_Server-2022-English-Core-EKS_Optimized-1.34-2025.10.15"
+    found = client("ec2").describe_images(
+        Owners=[WINDOWS_OWNER], Filters=[{"Name": "name", "Values": [name]}]
+    )["Images"]
+    assert len(found) == 1, found
+    older = found[0]
+    assert older["ImageId"] != latest
+    assert (older["Platform"], older["Architecture"]) == ("windows", "x86_64")
+    assert older["CreationDate"] < image(client, latest)["CreationDate"]
+    # Both releases match the family's name pattern, newest last by creation date.
+    both = client("ec2").describe_images(
+        Owners=[WINDOWS_OWNER],
+        Filters=[{"Name": "name", "Values": ["Windows_Server-2022-English-Core-EKS_Optimized-1.34-*"]}],
+    )["Images"]
+    assert [i["ImageId"] for i in sorted(both, key=lambda i: i["CreationDate"])] == [older["ImageId"], latest]
+
+
+@pytest.mark.parametrize(
+    "parameter",
+    [
+        "/aws/service/eks/optimized-ami/1.34/amazon-linux-2023/x86_64/standard/recommended/image_id",
+        "/aws/service/eks/optimized-ami/1.34/amazon-linux-2/recommended/image_id",
+        "/aws/service/bottlerocket/aws-k8s-1.34/arm64/latest/image_id",
+    ],
+)
+def test_linux_images_have_no_platform(client, parameter):
+    img = image(client, client("ssm").get_parameter(Name=parameter)["Parameter"]["Value"])
+    assert "Platform" not in img, img
+    assert img["PlatformDetails"] == "Linux/UNIX"
+    assert img["UsageOperation"] == "RunInstances"
+    assert img["OwnerId"] == EKS_OWNER
+
+
 def test_eks_images_listed_by_owner(client):
     images = client("ec2").describe_images(Owners=[EKS_OWNER])["Images"]
     names = {i["Name"] for i in images}
     assert len(images) >= 3 * 12
     assert any(n.startswith("amazon-eks-node-al2023-arm64-standard-1.34-") for n in names)
     assert any(n.startswith("bottlerocket-aws-k8s-1.34-x86_64-") for n in names)
+    assert not any(n.startswith("Windows_Server-") for n in names), "Windows images are Amazon's, not EKS's"
+    assert all("Platform" not in i for i in images)
 
 
 def test_eks_cluster(client, region):

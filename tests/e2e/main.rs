@@ -609,6 +609,7 @@ async fn getting_started_with_aws() {
     assert_eq!(live, 5, "one instance per NodeClaim under the limit");
     static_pool_with_aws(&f, &controller, &ec2).await;
     reserved_capacity_with_aws(&f, &controller, &ec2).await;
+    windows_pool_with_aws(&f, &controller, &ec2).await;
 
     f.cleanup().await;
     assert!(
@@ -1400,23 +1401,14 @@ async fn static_pool_with_aws(f: &Fixture, controller: &Controller, ec2: &aws_sd
         .await
         .unwrap();
     let group_id = group.placement_group().and_then(|g| g.group_id()).unwrap().to_string();
-    // The journey's class, named anew, in the group.
-    let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
-    let mut class = classes.get(&f.class).await.unwrap();
-    let class_name = format!("{}-placed", f.class);
-    class.metadata = kube::api::ObjectMeta { name: Some(class_name.clone()), ..Default::default() };
-    class.status = None;
-    class.spec.placement_group_selector = Some(serde_json::from_value(json!({"name": group_name})).unwrap());
-    // And the capacity reservations of the cluster, of which there are none.
-    class.spec.capacity_reservation_selector_terms =
-        serde_json::from_value(json!([{"tags": {"karpenter.sh/discovery": cluster_name()}}])).unwrap();
-    classes.create(&PostParams::default(), &class).await.unwrap();
-    wait_for("the placed class Ready, its group found", Duration::from_secs(60), controller, || async {
-        classes.get(&class_name).await.unwrap().status.is_some_and(|s| {
-            ["PlacementGroupReady", "CapacityReservationsReady", "Ready"]
-                .iter()
-                .all(|t| s.conditions.iter().any(|c| c.type_ == *t && format!("{:?}", c.status) == "True"))
-        })
+    // The journey's class, named anew, in the group, and with the capacity reservations of the
+    // cluster, of which there are none.
+    let ready = ["PlacementGroupReady", "CapacityReservationsReady"];
+    let class_name = derived_class(f, controller, "placed", &ready, |class| {
+        class.spec.placement_group_selector =
+            Some(serde_json::from_value(json!({"name": group_name})).unwrap());
+        class.spec.capacity_reservation_selector_terms =
+            serde_json::from_value(json!([{"tags": {"karpenter.sh/discovery": cluster_name()}}])).unwrap();
     })
     .await;
     kubectl_apply(&format!(
@@ -1463,15 +1455,7 @@ spec:
     let instances = pool_instances(ec2, &pool).await;
     assert_eq!(instances.len(), 2, "two launched in all: {instances:?}");
     assert!(controller.log_contains("static.provisioning"), "{}", controller.log_tail());
-    Api::<karpenter::apis::NodePool>::all(f.client.clone())
-        .delete(&pool, &DeleteParams::default())
-        .await
-        .unwrap();
-    classes.delete(&class_name, &DeleteParams::default()).await.unwrap();
-    wait_for("the placed class gone", Duration::from_secs(60), controller, || async {
-        classes.get_opt(&class_name).await.unwrap().is_none()
-    })
-    .await;
+    delete_pool_and_class(f, controller, &pool, &class_name).await;
 }
 
 /// Capacity reservations on the aws provider (`ReservedCapacity`, on by default): an EC2NodeClass
@@ -1485,8 +1469,7 @@ async fn reserved_capacity_with_aws(f: &Fixture, controller: &Controller, ec2: &
     const CT: &str = "karpenter.sh/capacity-type";
     const ID: &str = "karpenter.k8s.aws/capacity-reservation-id";
     let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
-    let mut class = classes.get(&f.class).await.unwrap();
-    let zone = class.status.as_ref().unwrap().subnets[0].zone.clone();
+    let zone = classes.get(&f.class).await.unwrap().status.unwrap().subnets[0].zone.clone();
     let odcr = ec2
         .create_capacity_reservation()
         .instance_type("m5.large")
@@ -1508,39 +1491,22 @@ async fn reserved_capacity_with_aws(f: &Fixture, controller: &Controller, ec2: &
     assert_eq!(code, 200, "{block}");
     let block: serde_json::Value = serde_json::from_str(&block).unwrap();
     let block = block["id"].as_str().unwrap().to_string();
-    let class_name = format!("{}-reserved", f.class);
-    class.metadata = kube::api::ObjectMeta { name: Some(class_name.clone()), ..Default::default() };
-    class.status = None;
-    class.spec.capacity_reservation_selector_terms =
-        serde_json::from_value(json!([{"id": odcr}, {"id": block}])).unwrap();
-    classes.create(&PostParams::default(), &class).await.unwrap();
-    wait_for(
-        "the reserved class Ready with both reservations",
-        Duration::from_secs(60),
-        controller,
-        || async {
-            classes.get(&class_name).await.unwrap().status.is_some_and(|s| {
-                s.capacity_reservations.len() == 2
-                    && s.conditions.iter().any(|c| c.type_ == "Ready" && format!("{:?}", c.status) == "True")
-            })
-        },
-    )
+    let class_name = derived_class(f, controller, "reserved", &["CapacityReservationsReady"], |class| {
+        class.spec.capacity_reservation_selector_terms =
+            serde_json::from_value(json!([{"id": odcr}, {"id": block}])).unwrap();
+    })
     .await;
+    let listed = classes.get(&class_name).await.unwrap().status.unwrap().capacity_reservations.len();
+    assert_eq!(listed, 2, "both reservations listed");
     let pool = format!("{}-reserved", f.pool);
     let ns = &f.ns;
+    let requirements = [
+        "{key: karpenter.sh/capacity-type, operator: In, values: [reserved, on-demand]}".to_string(),
+        "{key: node.kubernetes.io/instance-type, operator: In, values: [m5.large]}".to_string(),
+        format!("{{key: topology.kubernetes.io/zone, operator: In, values: [{zone}]}}"),
+    ];
     kubectl_apply(&format!(
-        r#"apiVersion: karpenter.sh/v1
-kind: NodePool
-metadata: {{name: {pool}}}
-spec:
-  disruption: {{consolidateAfter: Never, budgets: [{{nodes: "100%"}}]}}
-  template:
-    spec:
-      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class_name}}}
-      requirements:
-        - {{key: karpenter.sh/capacity-type, operator: In, values: [reserved, on-demand]}}
-        - {{key: node.kubernetes.io/instance-type, operator: In, values: [m5.large]}}
-        - {{key: topology.kubernetes.io/zone, operator: In, values: [{zone}]}}
+        r#"{}
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -1558,7 +1524,8 @@ spec:
             - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: reserved}}}}}}
       containers:
         - {{name: pause, image: registry.k8s.io/pause:3.9, resources: {{requests: {{cpu: 100m}}}}}}
-"#
+"#,
+        pool_manifest(&pool, &class_name, &requirements)
     ));
     let claims: Api<NodeClaim> = Api::all(f.client.clone());
     let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}"));
@@ -1653,19 +1620,159 @@ spec:
     .await;
 
     kubectl_delete(&format!("deployment reserved -n {ns}"));
+    delete_pool_and_class(f, controller, &pool, &class_name).await;
+}
+
+/// A copy of the journey's EC2NodeClass named `<class>-<suffix>`, as `change` makes it, once it
+/// is Ready with each of the conditions `ready` True; returns its name.
+async fn derived_class(
+    f: &Fixture,
+    controller: &Controller,
+    suffix: &str,
+    ready: &[&str],
+    change: impl FnOnce(&mut EC2NodeClass),
+) -> String {
+    let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
+    let mut class = classes.get(&f.class).await.unwrap();
+    let name = format!("{}-{suffix}", f.class);
+    class.metadata = kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() };
+    class.status = None;
+    change(&mut class);
+    classes.create(&PostParams::default(), &class).await.unwrap();
+    let what = format!("the class {name} Ready");
+    wait_for(&what, Duration::from_secs(60), controller, || async {
+        classes.get(&name).await.unwrap().status.is_some_and(|s| {
+            ready
+                .iter()
+                .chain(&["Ready"])
+                .all(|t| s.conditions.iter().any(|c| c.type_ == *t && format!("{:?}", c.status) == "True"))
+        })
+    })
+    .await;
+    name
+}
+
+/// A NodePool `pool` of the EC2NodeClass `class` with `requirements` (each a flow-style YAML
+/// requirement), never consolidated.
+fn pool_manifest(pool: &str, class: &str, requirements: &[String]) -> String {
+    let requirements: String = requirements.iter().map(|r| format!("\n        - {r}")).collect();
+    format!(
+        r#"apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: {pool}}}
+spec:
+  disruption: {{consolidateAfter: Never, budgets: [{{nodes: "100%"}}]}}
+  template:
+    spec:
+      nodeClassRef: {{group: karpenter.k8s.aws, kind: EC2NodeClass, name: {class}}}
+      requirements:{requirements}"#
+    )
+}
+
+/// Deletes the NodePool `pool` and, once its NodeClaims are gone, the EC2NodeClass `class`.
+async fn delete_pool_and_class(f: &Fixture, controller: &Controller, pool: &str, class: &str) {
     Api::<karpenter::apis::NodePool>::all(f.client.clone())
-        .delete(&pool, &DeleteParams::default())
+        .delete(pool, &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the reserved pool's nodes gone", Duration::from_secs(120), controller, || async {
+    let claims: Api<NodeClaim> = Api::all(f.client.clone());
+    let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}"));
+    wait_for(&format!("the nodes of {pool} gone"), Duration::from_secs(120), controller, || async {
         claims.list(&selector).await.unwrap().items.is_empty()
     })
     .await;
-    classes.delete(&class_name, &DeleteParams::default()).await.unwrap();
-    wait_for("the reserved class gone", Duration::from_secs(60), controller, || async {
-        classes.get_opt(&class_name).await.unwrap().is_none()
+    delete_class(f, controller, class).await;
+}
+
+/// Deletes the EC2NodeClass `name` and waits until it is gone.
+async fn delete_class(f: &Fixture, controller: &Controller, name: &str) {
+    let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
+    classes.delete(name, &DeleteParams::default()).await.unwrap();
+    wait_for(&format!("the class {name} gone"), Duration::from_secs(60), controller, || async {
+        classes.get_opt(name).await.unwrap().is_none()
     })
     .await;
+}
+
+/// A Windows NodePool on the aws provider: an EC2NodeClass with the `windows2022@latest` alias
+/// resolves the EKS-optimized Windows Server 2022 image; a pod that selects
+/// `kubernetes.io/os: windows` gets an amd64 node launched from it, with PowerShell user data
+/// (the bootstrap script with the node's labels and taints), registered as a Windows node of
+/// build 10.0.20348.
+async fn windows_pool_with_aws(f: &Fixture, controller: &Controller, ec2: &aws_sdk_ec2::Client) {
+    let class_name = derived_class(f, controller, "windows", &["AMIsReady"], |class| {
+        class.spec.ami_selector_terms =
+            serde_json::from_value(json!([{"alias": "windows2022@latest"}])).unwrap();
+        class.spec.ami_family = None;
+    })
+    .await;
+    let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
+    let amis = classes.get(&class_name).await.unwrap().status.unwrap().amis;
+    assert_eq!(amis.len(), 1, "{amis:?}");
+    assert!(
+        amis[0]
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("Windows_Server-2022-English-Core-EKS_Optimized-")
+    );
+    let pool = format!("{}-windows", f.pool);
+    let ns = &f.ns;
+    let requirements = [
+        "{key: kubernetes.io/os, operator: In, values: [windows]}".to_string(),
+        "{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}".to_string(),
+    ];
+    kubectl_apply(&format!(
+        r#"{}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: windows, namespace: {ns}}}
+spec:
+  nodeSelector: {{kubernetes.io/os: windows, karpenter.sh/nodepool: {pool}}}
+  containers:
+    - {{name: pause, image: mcr.microsoft.com/oss/kubernetes/pause:3.9, resources: {{requests: {{cpu: 500m}}}}}}
+"#,
+        pool_manifest(&pool, &class_name, &requirements)
+    ));
+    let claims: Api<NodeClaim> = Api::all(f.client.clone());
+    let selector = ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}"));
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), ns);
+    wait_for("the Windows pod running on a Windows node", Duration::from_secs(120), controller, || async {
+        pods.get("windows").await.is_ok_and(|p| is_running(&p))
+    })
+    .await;
+    let listed = claims.list(&selector).await.unwrap().items;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let claim = &listed[0];
+    let labels = claim.labels();
+    assert_eq!(labels.get("kubernetes.io/os").map(String::as_str), Some("windows"), "{labels:?}");
+    assert_eq!(labels.get("kubernetes.io/arch").map(String::as_str), Some("amd64"), "{labels:?}");
+    assert_eq!(labels.get("node.kubernetes.io/windows-build").map(String::as_str), Some("10.0.20348"));
+    let status = claim.status.as_ref().unwrap();
+    assert_eq!(status.image_id.as_deref(), Some(amis[0].id.as_str()));
+    let node_name = status.node_name.clone().unwrap();
+    let node = Api::<Node>::all(f.client.clone()).get(&node_name).await.unwrap();
+    assert_eq!(node.labels().get("kubernetes.io/os").map(String::as_str), Some("windows"));
+    // The instance boots with the EKS bootstrap script in PowerShell.
+    let instance = status.provider_id.as_deref().unwrap().rsplit('/').next().unwrap().to_string();
+    let attribute = ec2
+        .describe_instance_attribute()
+        .instance_id(&instance)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .unwrap();
+    let encoded = attribute.user_data().and_then(|v| v.value()).unwrap_or_default().to_string();
+    use base64::Engine;
+    let user_data =
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(encoded).unwrap()).unwrap();
+    assert!(user_data.starts_with("<powershell>"), "{user_data}");
+    assert!(user_data.contains("Start-EKSBootstrap.ps1"), "{user_data}");
+    assert!(user_data.contains(&format!("karpenter.sh/nodepool={pool}")), "{user_data}");
+
+    kubectl_delete(&format!("pod windows -n {ns}"));
+    delete_pool_and_class(f, controller, &pool, &class_name).await;
 }
 
 /// Where users rely on upstream's exact behaviour (kwok provider, one controller): a NodeClaim

@@ -5,7 +5,8 @@ use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 
 use crate::apis::ec2nodeclass::{AmiFamily, BlockDevice, BlockDeviceMapping, EC2NodeClassSpec, VolumeType};
 use crate::apis::labels::{
-    ARCH_AMD64, ARCH_ARM64, LABEL_ARCH, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT,
+    ARCH_AMD64, ARCH_ARM64, LABEL_ARCH, LABEL_INSTANCE_ACCELERATOR_COUNT, LABEL_INSTANCE_GPU_COUNT, LABEL_OS,
+    LABEL_WINDOWS_BUILD,
 };
 use crate::scheduling::resources::parse_quantity;
 
@@ -85,8 +86,29 @@ fn ec2_arch(arch: &str) -> &'static str {
     if arch == ARCH_ARM64 { "arm64" } else { "x86_64" }
 }
 
-/// The SSM parameters an alias resolves through for Kubernetes `k8s_version` (`1.34`).
-/// Returns an empty list for families without SSM aliases (Windows is not supported yet).
+/// The Windows Server version and build of a Windows family (upstream's figures).
+pub fn windows(family: AmiFamily) -> Option<(&'static str, &'static str)> {
+    match family {
+        AmiFamily::Windows2019 => Some(("2019", "10.0.17763")),
+        AmiFamily::Windows2022 => Some(("2022", "10.0.20348")),
+        AmiFamily::Windows2025 => Some(("2025", "10.0.26100")),
+        _ => None,
+    }
+}
+
+/// Why an alias cannot be resolved on Kubernetes `k8s_version`, as upstream says it: Windows
+/// Server 2025 images exist from EKS 1.35 on.
+pub fn alias_unsupported(family: AmiFamily, k8s_version: &str) -> Option<String> {
+    let minor: u32 = k8s_version.split('.').nth(1)?.parse().ok()?;
+    (family == AmiFamily::Windows2025 && minor < 35).then(|| {
+        format!("Windows Server 2025 requires EKS version 1.35 or higher, current version: {k8s_version}")
+    })
+}
+
+/// The SSM parameters an alias resolves through for Kubernetes `k8s_version` (`1.34`). The
+/// Windows families have only `latest` (the API server refuses other versions): one image, for
+/// `kubernetes.io/os: windows` and the family's `node.kubernetes.io/windows-build`. Empty for
+/// Custom, and for an alias [`alias_unsupported`] refuses.
 pub fn alias_queries(family: AmiFamily, version: &str, k8s_version: &str) -> Vec<AliasQuery> {
     let latest = version == "latest";
     let mut out = Vec::new();
@@ -156,7 +178,19 @@ pub fn alias_queries(family: AmiFamily, version: &str, k8s_version: &str) -> Vec
                 }
             }
         }
-        _ => {}
+        AmiFamily::Windows2019 | AmiFamily::Windows2022 | AmiFamily::Windows2025 => {
+            if let Some((release, build)) = windows(family).filter(|_| latest)
+                && alias_unsupported(family, k8s_version).is_none()
+            {
+                out.push(AliasQuery {
+                    parameter: format!(
+                        "/aws/service/ami-windows-latest/Windows_Server-{release}-English-Core-EKS_Optimized-{k8s_version}/image_id"
+                    ),
+                    requirements: vec![req(LABEL_OS, "In", &["windows"]), req(LABEL_WINDOWS_BUILD, "In", &[build])],
+                });
+            }
+        }
+        AmiFamily::Custom => {}
     }
     out
 }
@@ -275,7 +309,26 @@ mod tests {
         let br = alias_queries(AmiFamily::Bottlerocket, "v1.49.0", "1.34");
         assert_eq!(br[0].parameter, "/aws/service/bottlerocket/aws-k8s-1.34/x86_64/1.49.0/image_id");
         assert_eq!(br[3].parameter, "/aws/service/bottlerocket/aws-k8s-1.34-nvidia/arm64/1.49.0/image_id");
-        assert!(alias_queries(AmiFamily::Windows2022, "latest", "1.34").is_empty());
+        let win = alias_queries(AmiFamily::Windows2022, "latest", "1.34");
+        assert_eq!(win.len(), 1);
+        assert_eq!(
+            win[0].parameter,
+            "/aws/service/ami-windows-latest/Windows_Server-2022-English-Core-EKS_Optimized-1.34/image_id"
+        );
+        assert_eq!(win[0].requirements[0].values.as_deref(), Some(&["windows".to_string()][..]));
+        assert_eq!(win[0].requirements[1].values.as_deref(), Some(&["10.0.20348".to_string()][..]));
+        assert_eq!(
+            alias_queries(AmiFamily::Windows2019, "latest", "1.32")[0].requirements[1].values.as_deref(),
+            Some(&["10.0.17763".to_string()][..])
+        );
+        // Windows Server 2025 from EKS 1.35 on.
+        assert!(alias_queries(AmiFamily::Windows2025, "latest", "1.34").is_empty());
+        assert_eq!(
+            alias_unsupported(AmiFamily::Windows2025, "1.34").as_deref(),
+            Some("Windows Server 2025 requires EKS version 1.35 or higher, current version: 1.34")
+        );
+        assert_eq!(alias_queries(AmiFamily::Windows2025, "latest", "1.35").len(), 1);
+        assert!(alias_unsupported(AmiFamily::Windows2022, "1.34").is_none());
     }
 
     #[test]

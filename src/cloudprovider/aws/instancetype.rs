@@ -363,8 +363,11 @@ pub fn eni_limited_pods(info: &TypeInfo, reserved_enis: i64) -> Option<i64> {
 /// (which Bottlerocket ignores).
 pub fn pods(info: &TypeInfo, settings: &Settings<'_>) -> i64 {
     let kubelet = settings.kubelet;
+    let windows = super::amifamily::windows(settings.ami_family).is_some();
     let mut count = match kubelet.and_then(|k| k.max_pods) {
         Some(max) => i64::from(max),
+        // Windows nodes are not limited by their interfaces' addresses (upstream's figure).
+        None if windows => DEFAULT_MAX_PODS,
         // An EFA-only interface on the default card takes an ENI and gives no address.
         None => {
             let efa_only = settings
@@ -422,6 +425,11 @@ pub fn capacity(info: &TypeInfo, settings: &Settings<'_>) -> Resources {
             as i64
     };
     r.set(RESOURCE_EFA, efa);
+    // A Windows node's pods take the secondary addresses of its primary interface, which the
+    // VPC resource controller advertises as this resource.
+    if super::amifamily::windows(settings.ami_family).is_some() {
+        r.set(RESOURCE_PRIVATE_IPV4_ADDRESS, (info.ipv4_per_eni - 1).max(0));
+    }
     r
 }
 
@@ -588,6 +596,7 @@ pub fn requirements(info: &TypeInfo, region: &str) -> Requirements {
         single(&mut r, LABEL_ARCH, arch);
     }
     single(&mut r, LABEL_OS, "linux");
+    r.add(LABEL_WINDOWS_BUILD, Requirement::does_not_exist());
     single(&mut r, LABEL_TOPOLOGY_REGION, region);
     let (family, size) = info.family_and_size();
     let (category, generation) = category_and_generation(family);
@@ -714,6 +723,21 @@ pub fn placement_requirements(r: &mut Requirements, group: &PlacementGroup) {
     }
 }
 
+/// The labels of a type that depend on the AMI family, as upstream sets them: a Windows node is
+/// `kubernetes.io/os: windows` with its family's `node.kubernetes.io/windows-build`, and only an
+/// amd64 type runs Windows (an arm64 one gets no OS, which no Windows image matches).
+pub fn family_requirements(r: &mut Requirements, info: &TypeInfo, family: AmiFamily) {
+    let Some((_, build)) = super::amifamily::windows(family) else { return };
+    r.remove(LABEL_OS);
+    let os = match info.arch() {
+        Some(ARCH_AMD64) => Requirement::in_values(["windows"]),
+        _ => Requirement::does_not_exist(),
+    };
+    r.add(LABEL_OS, os);
+    r.remove(LABEL_WINDOWS_BUILD);
+    single(r, LABEL_WINDOWS_BUILD, build);
+}
+
 /// Builds the scheduler's instance type.
 pub fn instance_type(
     info: &TypeInfo,
@@ -724,6 +748,7 @@ pub fn instance_type(
     let memory_pods = memory_overhead_pods(info, settings, capacity.pods);
     let overhead = overhead(&capacity, memory_pods, settings.kubelet)?;
     let mut requirements = requirements(info, settings.region);
+    family_requirements(&mut requirements, info, settings.ami_family);
     if let Some(group) = settings.placement_group {
         placement_requirements(&mut requirements, group);
     }

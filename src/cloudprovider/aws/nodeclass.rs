@@ -626,6 +626,8 @@ pub struct Resolution {
     /// The active capacity reservations the class selects; `None` without the
     /// `ReservedCapacity` gate.
     pub capacity_reservations: Option<Vec<CapacityReservationStatus>>,
+    /// Why the class's alias cannot be used on this cluster's Kubernetes version, if it cannot.
+    pub unsupported_alias: Option<String>,
 }
 
 impl Resolution {
@@ -694,13 +696,16 @@ pub fn status(
             ),
             generation,
         ),
-        condition(
-            AMIS_READY,
-            !resolution.amis.is_empty(),
-            "AMINotFound",
-            format!("AMISelector did not match any AMIs: {}", terms_json(&spec.ami_selector_terms)),
-            generation,
-        ),
+        match &resolution.unsupported_alias {
+            Some(why) => condition(AMIS_READY, false, "UnsupportedAlias", why.clone(), generation),
+            None => condition(
+                AMIS_READY,
+                !resolution.amis.is_empty(),
+                "AMINotFound",
+                format!("AMISelector did not match any AMIs: {}", terms_json(&spec.ami_selector_terms)),
+                generation,
+            ),
+        },
         condition(
             INSTANCE_PROFILE_READY,
             resolution.instance_profile.is_some(),
@@ -850,6 +855,29 @@ mod tests {
             fields,
             ["spec.cpuOptions.nestedVirtualization"],
             "placement groups and reservations are honoured"
+        );
+    }
+
+    #[test]
+    fn an_alias_the_cluster_cannot_run_says_why() {
+        let class: EC2NodeClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.k8s.aws/v1", "kind": "EC2NodeClass", "metadata": {"name": "win", "generation": 1},
+            "spec": {"subnetSelectorTerms": [{"id": "subnet-1"}], "securityGroupSelectorTerms": [{"id": "sg-1"}],
+                "amiSelectorTerms": [{"alias": "windows2025@latest"}], "role": "r"}}))
+        .unwrap();
+        let why = crate::cloudprovider::aws::amifamily::alias_unsupported(
+            crate::apis::ec2nodeclass::AmiFamily::Windows2025,
+            "1.34",
+        );
+        let res = Resolution { unsupported_alias: why, ..Default::default() };
+        let st = status(&class, &res, &ValidationState::DependenciesNotReady, None, "t1");
+        let amis = st.conditions.iter().find(|c| c.type_ == conditions::AMIS_READY).unwrap();
+        assert_eq!(
+            (amis.reason.as_str(), amis.message.as_str()),
+            (
+                "UnsupportedAlias",
+                "Windows Server 2025 requires EKS version 1.35 or higher, current version: 1.34"
+            )
         );
     }
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use super::cache::{Clock, SystemClock, TtlCache};
 use super::catalog::{Catalog, CatalogData};
-use super::fleet;
 use super::instance::{self, Ec2Instance, TAG_NODECLAIM};
 use super::instancetype::{self, OfferingInputs, Settings, TypeInfo};
 use super::launchtemplate::{self, LaunchTemplates};
@@ -17,8 +16,11 @@ use super::reservations;
 use super::sdk_error;
 use super::userdata::ClusterInfo;
 use super::validation::{Outcome, VALIDATION_TTL, ValidationState, Verdict};
+use super::{amifamily, fleet};
 use crate::apis::ec2nodeclass::NODE_CLASS_HASH_VERSION;
-use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, PlacementGroupSelector};
+use crate::apis::ec2nodeclass::{
+    AmiFamily, EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus, PlacementGroupSelector,
+};
 use crate::apis::labels::*;
 use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{
@@ -415,6 +417,11 @@ impl AwsCloudProvider {
                 }
                 false => None,
             },
+            unsupported_alias: spec
+                .ami_selector_terms
+                .iter()
+                .filter_map(|t| amifamily::parse_alias(t.alias.as_deref()?))
+                .find_map(|(family, _)| amifamily::alias_unsupported(family, &self.cluster.version)),
         };
         self.remember_placement_group(class, resolution.placement_group.clone());
         let previous = class.status.as_ref();
@@ -738,18 +745,21 @@ impl AwsCloudProvider {
         // Which AMI each instance type would get is judged from the catalog's types; without a
         // catalog, any AMI of the class is taken as current.
         let catalog = self.catalog.get().await.ok();
-        let mut type_requirements: HashMap<&str, Option<Requirements>> = HashMap::new();
+        let mut type_requirements: HashMap<(&str, AmiFamily), Option<Requirements>> = HashMap::new();
         node_claims
             .iter()
             .zip(ids)
             .map(|(claim, id)| {
                 let Some(id) = id? else { return Ok(None) };
-                self.ready_class(&claim.spec.node_class_ref.name)?;
+                let (class, _) = self.ready_class(&claim.spec.node_class_ref.name)?;
                 let inst = by_id.get(id.as_str()).ok_or_else(|| CloudProviderError::NotFound(id.clone()))?;
+                let family = amifamily::family_of(&class.spec);
                 let requirements =
-                    type_requirements.entry(inst.instance_type.as_str()).or_insert_with(|| {
+                    type_requirements.entry((inst.instance_type.as_str(), family)).or_insert_with(|| {
                         let info = catalog.as_ref()?.types.iter().find(|t| t.name == inst.instance_type)?;
-                        Some(instancetype::requirements(info, &self.clients.region))
+                        let mut r = instancetype::requirements(info, &self.clients.region);
+                        instancetype::family_requirements(&mut r, info, family);
+                        Some(r)
                     });
                 self.drift_of(claim, inst, requirements.as_ref())
             })

@@ -88,9 +88,6 @@ pub enum UserDataError {
         "the cluster's service CIDR is unknown (EKS DescribeCluster did not answer); AL2023 nodes need it"
     )]
     MissingServiceCidr,
-    /// Windows families are not supported yet.
-    #[error("AMI family {0:?} is not supported")]
-    Unsupported(AmiFamily),
 }
 
 /// Generates the user data (plain text; the launch template carries it base64-encoded).
@@ -100,8 +97,46 @@ pub fn generate(b: &Bootstrap<'_>) -> Result<String, UserDataError> {
         AmiFamily::AL2 => Ok(al2(b)),
         AmiFamily::Bottlerocket => bottlerocket(b),
         AmiFamily::Custom => Ok(b.custom.unwrap_or_default().to_string()),
-        other => Err(UserDataError::Unsupported(other)),
+        AmiFamily::Windows2019 | AmiFamily::Windows2022 | AmiFamily::Windows2025 => Ok(windows(b)),
     }
+}
+
+/// A PowerShell string literal: single quotes, each inner one doubled.
+fn powershell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Windows: the class's own PowerShell first, then the EKS bootstrap script with the cluster,
+/// the kubelet flags and the cluster DNS address, in one `<powershell>` block, as upstream.
+fn windows(b: &Bootstrap<'_>) -> String {
+    let c = b.cluster;
+    let mut script = String::from("<powershell>\n");
+    if let Some(custom) = b.custom.filter(|c| !c.is_empty()) {
+        script.push_str(custom);
+        script.push('\n');
+    }
+    script.push_str(
+        "[string]$EKSBootstrapScriptFile = \"$env:ProgramFiles\\Amazon\\EKS\\Start-EKSBootstrap.ps1\"\n",
+    );
+    script.push_str(&format!(
+        "& $EKSBootstrapScriptFile -EKSClusterName {} -APIServerEndpoint {}",
+        powershell_quote(&c.name),
+        powershell_quote(&c.endpoint)
+    ));
+    if !c.ca_bundle.is_empty() {
+        script.push_str(&format!(" -Base64ClusterCA {}", powershell_quote(&c.ca_bundle)));
+    }
+    script.push_str(&format!(" -KubeletExtraArgs {}", powershell_quote(&kubelet_extra_args(b).join(" "))));
+    let dns = b
+        .kubelet
+        .and_then(|k| k.cluster_dns.as_ref())
+        .and_then(|d| d.first().cloned())
+        .or_else(|| c.dns_ip());
+    if let Some(dns) = dns {
+        script.push_str(&format!(" -DNSClusterIP {}", powershell_quote(&dns)));
+    }
+    script.push_str("\n</powershell>");
+    script
 }
 
 /// A taint as kubelet's `--register-with-taints` reads it: `key=value:Effect`, or `key:Effect`
@@ -943,10 +978,31 @@ legacy = ["x:NoSchedule"]
             generate(&bootstrap(&c, AmiFamily::Custom, &l, &[], Some("#!/bin/sh\necho x\n"))).unwrap(),
             "#!/bin/sh\necho x\n"
         );
-        assert!(matches!(
-            generate(&bootstrap(&c, AmiFamily::Windows2022, &l, &[], None)),
-            Err(UserDataError::Unsupported(AmiFamily::Windows2022))
-        ));
+    }
+
+    #[test]
+    fn windows_bootstraps_with_powershell_as_upstream() {
+        let (c, l, t) = (cluster(), labels(), taints());
+        let custom = "Write-Host 'before'";
+        let got = generate(&bootstrap(&c, AmiFamily::Windows2022, &l, &t, Some(custom))).unwrap();
+        let want = "<powershell>\n\
+Write-Host 'before'\n\
+[string]$EKSBootstrapScriptFile = \"$env:ProgramFiles\\Amazon\\EKS\\Start-EKSBootstrap.ps1\"\n\
+& $EKSBootstrapScriptFile -EKSClusterName 'demo' -APIServerEndpoint 'https://example.eks.amazonaws.com' \
+-Base64ClusterCA 'Q0E=' -KubeletExtraArgs '--node-labels=\"karpenter.sh/capacity-type=spot,karpenter.sh/nodepool=default\" \
+--register-with-taints=\"dedicated=gpu:NoSchedule,karpenter.sh/unregistered:NoExecute\" --max-pods=29' \
+-DNSClusterIP '172.20.0.10'\n\
+</powershell>";
+        assert_eq!(got, want);
+        // The kubelet settings follow the flags; a quote in a value is doubled for PowerShell.
+        let k = KubeletConfiguration { cluster_dns: Some(vec!["10.0.0.10".into()]), ..full_kubelet() };
+        let quoted = BTreeMap::from([("team".to_string(), "o'brien".to_string())]);
+        let got =
+            generate(&with_kubelet(bootstrap(&c, AmiFamily::Windows2019, &quoted, &[], None), &k)).unwrap();
+        assert!(got.contains("--node-labels=\"team=o''brien\""), "{got}");
+        assert!(got.contains("--kube-reserved="), "{got}");
+        assert!(got.ends_with(" -DNSClusterIP '10.0.0.10'\n</powershell>"), "{got}");
+        assert!(!got.contains("Write-Host"));
     }
 
     #[test]

@@ -284,10 +284,10 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
             )
             .await;
             let mut readings = readings(&state_nodes(&snapshot), Timestamp::now());
-            // A NodePool whose types this pass could not resolve (a new one the overlays have
-            // not been evaluated for yet) prices its nodes from another pool's types, if at all:
-            // no error for that, the next pass prices them.
-            readings.uncosted.retain(|(_, pool)| !snapshot.pool_errors.contains_key(pool));
+            // The nodes of a NodePool whose types this pass did not resolve (a new one the
+            // overlays have not been evaluated for yet, or one being deleted) are priced from
+            // another pool's types, if at all: that is no error of the cost tracker.
+            readings.uncosted.retain(|(_, pool)| snapshot.pool_types.contains_key(pool));
             let mut published = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             record(&ctx.metrics, &readings, &mut published);
         }
