@@ -5,11 +5,12 @@ CancelCapacityReservation with HTTP 500, and its instances run in no reservation
 closes that gap in three parts, installed by hack/moto/server.py:
 
 * `CapacityReservations`, a WSGI middleware in front of moto (behind the placement groups, the
-  call log and the fault injector), answers the three actions itself and refuses launches
-  (RunInstances, an instant CreateFleet) that a targeted reservation cannot take, as EC2 does;
+  call log and the fault injector), answers the three actions itself, refuses launches
+  (RunInstances, an instant CreateFleet) that a targeted reservation cannot take, as EC2 does,
+  and before any EC2 request lets the reservations that have ended release their instances;
 * `install_instance_reservations()` makes moto's launches consume the reservations: an
   instance launched into a reservation takes one of its available instances, and gives it back
-  when it is terminated;
+  when it is terminated (or leaves the reservation when the reservation ends);
 * `create_capacity_block()` and `update()`, behind POST /_karpenter-rs/capacity-block and
   POST /_karpenter-rs/capacity-reservation, make capacity blocks (which EC2 sells through
   PurchaseCapacityBlock) and change a reservation's state or end date.
@@ -56,7 +57,7 @@ end-date-type, reservation-type, capacity-reservation-id, tag:<key> and tag-key 
 wildcards), and pages with MaxResults (1-1000; not with ids) and NextToken.
 
 CancelCapacityReservation sets the state `cancelled` and AvailableInstanceCount 0 (a reservation
-not active or scheduled: IncorrectState).
+not active or scheduled: IncorrectState); its instances leave it (see "When a reservation ends").
 
 Capacity blocks
 ---------------
@@ -64,8 +65,9 @@ POST /_karpenter-rs/capacity-block {"instance_type", "zone", "count", "start", "
 "account", "tags", "platform"} (start defaults to now, end to a day after start) makes a
 reservation of type `capacity-block`, targeted, with EndDateType limited. Its state follows the
 clock when it is described or launched into: `scheduled` before start, `active` from start to end,
-`expired` after end (a capacity block is then left with no available instances). A reservation
-of type `default` with a limited end date expires at its end as well.
+`expired` after end (a capacity block is then left with no available instances, and its
+instances are terminated: see "When a reservation ends"). A reservation of type `default` with a
+limited end date expires at its end as well.
 POST /_karpenter-rs/capacity-reservation {"id", "region", "account", "state", "end"} sets a
 reservation's state (any of EC2's: active, expired, cancelled, pending, failed, scheduled,
 payment-pending, payment-failed, assessing, delayed, unsupported; null goes back to the
@@ -101,6 +103,35 @@ its <capacityReservationSpecification> (the preference, `capacity-reservations-o
 for a targeted launch, else `open` or `none`) and, in a capacity block, the instance lifecycle
 `capacity-block`. An instance that is shutting down or terminated no longer counts against the
 reservation. Dry runs and fleets of type `request` or `maintain` are left to moto.
+
+When a reservation ends
+-----------------------
+A reservation has ended once its state is `cancelled` or `expired`, however it got there:
+CancelCapacityReservation, a state set through POST /_karpenter-rs/capacity-reservation, or the
+clock passing its end date (its own or one set through that endpoint). Its instances then go as
+they do on EC2:
+
+* a reservation of type `default` (an ODCR): its instances run on as ordinary On-Demand
+  instances in no reservation. DescribeInstances (and whatever else shows the instance) drops
+  their <capacityReservationId>, and their <capacityReservationSpecification> becomes
+  <capacityReservationPreference>open</capacityReservationPreference> with no
+  <capacityReservationTarget>, whatever the launch asked; their state, lifecycle and everything
+  else are unchanged;
+* a capacity block: its instances are terminated. EC2 begins that 30 minutes before the block's
+  end; the emulator does it once the block has expired (at or after its end date, or when a state
+  `expired` or `cancelled` is set). moto terminates at once (no shutting-down); the instance keeps
+  its <capacityReservationId> and lifecycle `capacity-block`, as a terminated instance does, with the
+  state transition reason `Service initiated (<time> GMT)` and the state reason
+  Server.ScheduledStop (the emulator's words: EC2 documents no reason of its own for it).
+
+Either way the reservation no longer counts those instances (its available instances are 0 while
+it stays ended). This happens lazily, not on a timer: in front of every EC2 request of the
+account and region (the middleware), and whenever the module looks at a reservation's instances
+(DescribeCapacityReservations, CancelCapacityReservation, the extension endpoints, a launch); each
+reservation lets go of its instances once, under the module's lock. An instance that has left a
+reservation stays out of it, also when the reservation is made active again through the
+extension endpoint (a state set back to null, an end date moved to the future), and does not move
+into another open reservation that matches it.
 
 Not emulated: capacity reservation fleets, groups (resource-group targets), splitting, moving,
 modifying (ModifyCapacityReservation), PurchaseCapacityBlock and its offerings, billing owners,
@@ -138,6 +169,10 @@ PLATFORMS = ("Linux/UNIX", "Red Hat Enterprise Linux", "SUSE Linux", "Windows", 
              "RHEL with HA and SQL Server Enterprise", "Ubuntu Pro")
 DEFAULT_PLATFORM = "Linux/UNIX"
 CAPACITY_BLOCK = "capacity-block"
+# The states of a reservation that has ended: its instances leave it (see Reservation.release).
+ENDED = ("cancelled", "expired")
+# The states of an instance that no longer counts against its reservation.
+GONE = ("terminated", "shutting-down")
 EXHAUSTED = "ReservationCapacityExceeded"
 MAX_RESULTS = 1000
 FILTERS = ("instance-type", "availability-zone", "availability-zone-id", "owner-id", "state",
@@ -210,18 +245,39 @@ class Reservation:
         return "active"
 
     def used(self, backend: Any) -> int:
-        """The instances running in the reservation (those terminated given back)."""
+        """The instances running in the reservation (those terminated given back, none once it ended)."""
         with _lock:
+            self.release(backend)
             for iid in list(self.instances):
                 instance = _instance(backend, iid)
-                if instance is None or instance.state in ("terminated", "shutting-down"):
+                if instance is None or instance.state in GONE:
                     self.instances.discard(iid)
             return len(self.instances)
 
     def available(self, backend: Any) -> int:
+        used = self.used(backend)
         if self.state() in ("cancelled", "expired", "failed"):
             return 0
-        return max(self.count - self.used(backend), 0)
+        return max(self.count - used, 0)
+
+    def release(self, backend: Any, now: datetime.datetime | None = None) -> None:
+        """Once the reservation has ended (ENDED), do to its instances what EC2 does: those of a
+        `default` reservation leave it and run on as On-Demand instances, those of a capacity block
+        are terminated. Idempotent: the reservation keeps no instance afterwards."""
+        with _lock:
+            if not self.instances or self.state(now) not in ENDED:
+                return
+            for iid in sorted(self.instances):
+                instance = _instance(backend, iid)
+                if instance is None or instance.state in GONE:
+                    continue
+                if self.reservation_type == CAPACITY_BLOCK:
+                    _reclaim(instance, self)
+                else:
+                    _detach(instance, self)
+            # Whatever became of them (an instance moto could not terminate cleanly is left as it
+            # is), they are no longer the reservation's: the next look does not try again.
+            self.instances.clear()
 
     def filter_values(self, name: str) -> list[str]:
         if name.startswith("tag:"):
@@ -278,6 +334,54 @@ def _instance(backend: Any, iid: str) -> Any:
         return backend.get_instance(iid)
     except Exception:
         return None
+
+
+def _detach(instance: Any, reservation: Reservation) -> None:
+    """The moto instance `instance` leaves the ended `default` reservation `reservation`: it runs
+    on in no reservation, its preference `open` and no target."""
+    if getattr(instance, "capacity_reservation_id", None) not in (None, reservation.id):
+        return
+    instance.capacity_reservation_id = None
+    instance.capacity_reservation_specification = {"CapacityReservationPreference": "open"}
+
+
+def _reclaim(instance: Any, reservation: Reservation) -> None:
+    """EC2 terminates the instances of a capacity block that has ended (moto: at once, no
+    shutting-down); the instance keeps showing the block, as a terminated one does."""
+    from moto.ec2.models.instances import StateReason
+
+    try:
+        instance.terminate()
+    except Exception:
+        # moto's terminate() trips over a fleet it no longer has; the instance is terminated
+        # all the same (release() runs in front of every EC2 request: it must not fail them).
+        instance._state.name, instance._state.code = "terminated", 48
+    when = _now().strftime("%Y-%m-%d %H:%M:%S GMT")
+    instance._reason = f"Service initiated ({when})"
+    instance.state_reason = StateReason(
+        f"Server.ScheduledStop: the capacity block {reservation.id} ended", "Server.ScheduledStop")
+
+
+def _settle_scope(account: str, region: str) -> None:
+    """settle() the backend of a request's account and region, when it has reservations."""
+    from moto.ec2.models import ec2_backends
+
+    # The backends made already (dict.get: moto's own lookups would make them).
+    by_region = dict.get(ec2_backends, account)
+    backend = dict.get(by_region, region) if by_region is not None else None
+    if backend is not None:
+        settle(backend)
+
+
+def settle(backend: Any, now: datetime.datetime | None = None) -> None:
+    """Release the instances of every reservation of `backend` that has ended (Reservation.release)."""
+    store = backend.__dict__.get(_STORE)
+    if not store:
+        return
+    now = now or _now()
+    with _lock:
+        for reservation in list(store.values()):
+            reservation.release(backend, now)
 
 
 # -- the reservations of an account's region ----------------------------------------------------
@@ -407,21 +511,28 @@ def update(body: dict, default_region: str) -> tuple[str, dict]:
     reservation = find(backend, body.get("id") or "")
     if reservation is None:
         return "404 Not Found", {"error": f"no capacity reservation {body.get('id')!r} in {region}"}
-    if "state" in body:
-        state = body["state"]
-        if state is not None and state not in STATES:
-            return "400 Bad Request", {"error": f"state {state!r} is none of {', '.join(STATES)}"}
-        reservation.state_set = state
+    state = body.get("state")
+    if state is not None and state not in STATES:
+        return "400 Bad Request", {"error": f"state {state!r} is none of {', '.join(STATES)}"}
+    end = None
     if body.get("end"):
         try:
-            reservation.end = parse_time(body["end"], "end")
+            end = parse_time(body["end"], "end")
         except faults.Ec2Error as error:
             return "400 Bad Request", {"error": error.message}
-        reservation.end_date_type = "limited"
-    return "200 OK", summary(reservation, backend)
+    with _lock:
+        if "state" in body:
+            reservation.state_set = state
+        if end is not None:
+            reservation.end = end
+            reservation.end_date_type = "limited"
+        # An end reached (or a state `cancelled`/`expired` set) releases the instances now.
+        reservation.release(backend)
+        return "200 OK", summary(reservation, backend)
 
 
 def summary(reservation: Reservation, backend: Any) -> dict:
+    reservation.release(backend)
     return {"id": reservation.id, "arn": reservation.arn, "state": reservation.state(),
             "reservation_type": reservation.reservation_type, "instance_type": reservation.instance_type,
             "zone": reservation.zone, "total": reservation.count, "available": reservation.available(backend),
@@ -436,6 +547,7 @@ def _default_account() -> str:
 
 
 def describe(backend: Any, ids: Sequence[str] = (), filters: Sequence[tuple[str, list[str]]] = ()) -> list[Reservation]:
+    settle(backend)
     store = reservations(backend)
     for rid in ids:
         if rid not in store:
@@ -461,6 +573,7 @@ def cancel(backend: Any, rid: str) -> None:
                                    f"The capacity reservation '{rid}' is in the {reservation.state()} state "
                                    "and cannot be cancelled.")
         reservation.state_set = "cancelled"
+        reservation.release(backend)
 
 
 # -- launches -------------------------------------------------------------------------------------
@@ -651,12 +764,15 @@ class CapacityReservations:
         scope = placement.request_scope(environ)
         if scope is None or scope[0] != "ec2":
             return self.app(environ, start_response)
+        _, region, account = scope
+        # Whatever the action shows (DescribeInstances, a launch's answer, ...), the reservations
+        # that have ended by now have released their instances.
+        _settle_scope(account, region)
         body = call_log.read_body(environ)
         params = call_log.query_params(environ, body)
         action = params.get("Action", "")
         if action not in ACTIONS and action not in LAUNCHES:
             return self.app(environ, start_response)
-        _, region, account = scope
         dry_run = params.get("DryRun", "").lower() == "true"
         try:
             if action in ACTIONS:

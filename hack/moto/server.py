@@ -164,7 +164,13 @@ launch). Without a target, an instance (preference `open`, the default) runs in 
 `open` reservation of its type, zone, platform and tenancy while one has room.
 DescribeInstances shows capacityReservationId, capacityReservationSpecification and, in a
 capacity block, the instance lifecycle `capacity-block`; a terminated instance gives its
-instance back. Reservations belong to the account and region; /moto-api/reset removes them.
+instance back. Once a reservation is cancelled or expired (CancelCapacityReservation, its end
+date passing, or a state set through POST /_karpenter-rs/capacity-reservation), its instances
+go as on EC2: those of an ODCR (type `default`) keep running as plain On-Demand instances,
+shown with no capacityReservationId and the preference `open` without a target; those of a
+capacity block are terminated. That is applied lazily, when a request looks (any EC2 request
+of the account and region, the extension endpoints), not on a timer. Reservations belong to
+the account and region; /moto-api/reset removes them.
 
 Account seed (per cluster name and region)
 ------------------------------------------

@@ -20,6 +20,7 @@ import json
 import re
 import sys
 import threading
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -409,6 +410,138 @@ def test_open_reservations_take_matching_instances(ec2, made, image, subnet, zon
         assert made.described(launched(from_fleet))[launched(from_fleet)[0]]["CapacityReservationId"] == rid
     finally:
         ec2.cancel_capacity_reservation(CapacityReservationId=rid)
+
+
+# -- when a reservation ends ------------------------------------------------------------------------------
+
+
+def reserved_in(made: Made, rid: str, image: str, subnet: str) -> str:
+    """An instance launched by RunInstances into the targeted reservation `rid`; its id."""
+    target = {"CapacityReservationPreference": "capacity-reservations-only",
+              "CapacityReservationTarget": {"CapacityReservationId": rid}}
+    instance = made.run(ImageId=image, InstanceType=TYPE, SubnetId=subnet, CapacityReservationSpecification=target)[0]
+    assert instance["CapacityReservationId"] == rid
+    shown = made.described([instance["InstanceId"]])[instance["InstanceId"]]
+    assert (shown["CapacityReservationId"], shown["CapacityReservationSpecification"]) == (rid, target)
+    return instance["InstanceId"]
+
+
+def assert_on_demand(made: Made, instance_id: str) -> None:
+    """The instance runs on, in no reservation: as EC2 leaves the instances of an ODCR that ended."""
+    shown = made.described([instance_id])[instance_id]
+    assert "CapacityReservationId" not in shown, shown
+    assert shown["CapacityReservationSpecification"] == {"CapacityReservationPreference": "open"}
+    assert shown["State"]["Name"] == "running" and "InstanceLifecycle" not in shown
+
+
+def counted(made: Made, rid: str) -> list[str]:
+    """The instances the emulator counts against the reservation (the extension endpoint's answer)."""
+    status, answer = post(made.endpoint, "capacity-reservation", {"id": rid, "region": REGION})
+    assert status == 200, answer
+    return answer["instances"]
+
+
+def test_a_cancelled_reservation_lets_its_instances_run_on_demand(ec2, made, image, subnet, zone) -> None:
+    rid = made.reservation(zone, count=2, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    other = made.reservation(zone, count=2, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    leaving, staying = reserved_in(made, rid, image, subnet), reserved_in(made, other, image, subnet)
+    assert counted(made, rid) == [leaving]
+
+    ec2.cancel_capacity_reservation(CapacityReservationId=rid)
+    assert_on_demand(made, leaving)
+    assert_on_demand(made, leaving)  # once is enough: looking again changes nothing
+    found = made.get(rid)
+    assert (found["State"], found["AvailableInstanceCount"], found["TotalInstanceCount"]) == ("cancelled", 0, 2)
+    assert counted(made, rid) == []
+    # Given back to the clock (active again), it has both its instances: the one that left is not counted.
+    status, answer = post(made.endpoint, "capacity-reservation", {"id": rid, "state": None, "region": REGION})
+    assert (status, answer["state"], answer["available"], answer["instances"]) == (200, "active", 2, [])
+    assert_on_demand(made, leaving)
+
+    # The instance of a reservation still active is unaffected.
+    shown = made.described([staying])[staying]
+    assert shown["CapacityReservationId"] == other
+    assert shown["CapacityReservationSpecification"]["CapacityReservationTarget"] == {"CapacityReservationId": other}
+    assert (made.get(other)["AvailableInstanceCount"], counted(made, other)) == (1, [staying])
+
+
+def test_an_open_reservation_that_ends_lets_its_instances_go(ec2, made, image, subnet, zone) -> None:
+    rid = made.reservation(zone, count=1, instance_type=OPEN_TYPE)["CapacityReservationId"]
+    instance = made.run(ImageId=image, InstanceType=OPEN_TYPE, SubnetId=subnet)[0]
+    assert instance["CapacityReservationId"] == rid
+    ec2.cancel_capacity_reservation(CapacityReservationId=rid)
+    assert_on_demand(made, instance["InstanceId"])
+    assert counted(made, rid) == []
+
+
+@pytest.mark.parametrize("change", [{"state": "expired"}, {"end": "past"}], ids=["state", "end"])
+def test_an_expired_reservation_lets_its_instances_run_on_demand(ec2, made, image, subnet, zone,
+                                                                 change: dict) -> None:
+    rid = made.reservation(zone, count=2, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    other = made.reservation(zone, count=1, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    # Launched as Karpenter launches: an instant fleet from a launch template with the target.
+    ids = launched(made.fleet(made.template(image, target=rid), subnet))
+    staying = launched(made.fleet(made.template(image, target=other), subnet))
+    assert len(ids) == 1 and made.described(ids)[ids[0]]["CapacityReservationId"] == rid
+
+    if change.get("end"):
+        change = {"end": iso(-datetime.timedelta(minutes=1))}
+    status, answer = post(made.endpoint, "capacity-reservation", {"id": rid, "region": REGION, **change})
+    assert (status, answer["state"], answer["available"], answer["instances"]) == (200, "expired", 0, [])
+    assert_on_demand(made, ids[0])
+    found = made.get(rid)
+    assert (found["State"], found["AvailableInstanceCount"]) == ("expired", 0)
+    # Expired, it takes no launch; the instance that left it keeps running.
+    assert fleet_errors(made.fleet(made.template(image, target=rid), subnet)) == [("ReservationCapacityExceeded", TYPE)]
+    assert_on_demand(made, ids[0])
+    assert made.described(staying)[staying[0]]["CapacityReservationId"] == other
+
+
+def test_a_reservation_that_reaches_its_end_date_lets_its_instances_go(ec2, made, image, subnet, zone) -> None:
+    end = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(seconds=4)
+    rid = made.reservation(zone, count=1, InstanceMatchCriteria="targeted", EndDateType="limited",
+                           EndDate=end)["CapacityReservationId"]
+    instance_id = reserved_in(made, rid, image, subnet)
+    left = (end - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    assert left > 0, "launched after the end: the test is too slow for its end date"
+    time.sleep(left + 0.5)
+    # Nothing else is asked first: DescribeInstances alone sees the reservation ended by the clock,
+    # and every one of several at once sees the instance the same (it leaves the reservation once).
+    shown: list[dict] = []
+
+    def describe() -> None:
+        shown.append(made.described([instance_id])[instance_id])
+
+    threads = [threading.Thread(target=describe) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(shown) == 6
+    assert all("CapacityReservationId" not in s and s["CapacityReservationSpecification"] ==
+               {"CapacityReservationPreference": "open"} and s["State"]["Name"] == "running" for s in shown), shown
+    assert_on_demand(made, instance_id)
+    found = made.get(rid)
+    assert (found["State"], found["AvailableInstanceCount"]) == ("expired", 0)
+    assert counted(made, rid) == []
+
+
+def test_a_capacity_block_that_ends_terminates_its_instances(ec2, made, image, subnet, zone) -> None:
+    block = made.block(zone, count=1, start=iso(-datetime.timedelta(minutes=5)), end=iso(datetime.timedelta(hours=2)))
+    ids = launched(made.fleet(made.template(image, target=block["id"], market="capacity-block"), subnet,
+                              capacity="capacity-block"))
+    assert len(ids) == 1 and made.described(ids)[ids[0]]["State"]["Name"] == "running"
+
+    status, answer = post(made.endpoint, "capacity-reservation",
+                          {"id": block["id"], "region": REGION, "end": iso(-datetime.timedelta(minutes=1))})
+    assert (status, answer["state"], answer["available"], answer["instances"]) == (200, "expired", 0, [])
+    shown = made.described(ids)[ids[0]]
+    assert shown["State"]["Name"] == "terminated"
+    assert shown["StateReason"]["Code"] == "Server.ScheduledStop"
+    assert shown["StateTransitionReason"].startswith("Service initiated")
+    # A terminated instance still shows where it ran.
+    assert (shown["CapacityReservationId"], shown["InstanceLifecycle"]) == (block["id"], "capacity-block")
+    assert made.get(block["id"])["AvailableInstanceCount"] == 0
 
 
 def test_dry_runs(ec2, zone) -> None:

@@ -1459,28 +1459,33 @@ spec:
 }
 
 /// Capacity reservations on the aws provider (`ReservedCapacity`, on by default): an EC2NodeClass
-/// selects an On-Demand Capacity Reservation and a capacity block of one instance each. Three pods
-/// that each need a node of the reserved type get the reservation first, then the capacity block
-/// (launched with its market type), then on-demand capacity: each reserved node is labelled with
-/// its reservation and its instance runs in it. Once the capacity block is within 40 minutes of
-/// its end its node is drained and replaced (on-demand, the block no longer offered); a
+/// selects two On-Demand Capacity Reservations and a capacity block of one instance each. Four
+/// pods that each need a node of the reserved type get the reservations first, then the capacity
+/// block (launched with its market type), then on-demand capacity: each reserved node is labelled
+/// with its reservation and its instance runs in it. Once the capacity block is within 40 minutes
+/// of its end its node is drained and replaced (on-demand, the block no longer offered); a
+/// cancelled reservation's node, now an on-demand instance, is relabelled on-demand; a
 /// reservation the class stops selecting drifts its node.
 async fn reserved_capacity_with_aws(f: &Fixture, controller: &Controller, ec2: &aws_sdk_ec2::Client) {
     const CT: &str = "karpenter.sh/capacity-type";
     const ID: &str = "karpenter.k8s.aws/capacity-reservation-id";
     let classes: Api<EC2NodeClass> = Api::all(f.client.clone());
     let zone = classes.get(&f.class).await.unwrap().status.unwrap().subnets[0].zone.clone();
-    let odcr = ec2
-        .create_capacity_reservation()
-        .instance_type("m5.large")
-        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
-        .availability_zone(&zone)
-        .instance_count(1)
-        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
-        .send()
-        .await
-        .unwrap();
-    let odcr = odcr.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+    let reserve = || async {
+        let made = ec2
+            .create_capacity_reservation()
+            .instance_type("m5.large")
+            .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
+            .availability_zone(&zone)
+            .instance_count(1)
+            .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
+            .send()
+            .await
+            .unwrap();
+        made.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string()
+    };
+    // One reservation to drift from, one to be cancelled.
+    let (odcr, cancelled) = (reserve().await, reserve().await);
     let end = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(3);
     let endpoint = aws_var("AWS_ENDPOINT_URL");
     let (code, block) = http_post_json(
@@ -1493,11 +1498,11 @@ async fn reserved_capacity_with_aws(f: &Fixture, controller: &Controller, ec2: &
     let block = block["id"].as_str().unwrap().to_string();
     let class_name = derived_class(f, controller, "reserved", &["CapacityReservationsReady"], |class| {
         class.spec.capacity_reservation_selector_terms =
-            serde_json::from_value(json!([{"id": odcr}, {"id": block}])).unwrap();
+            serde_json::from_value(json!([{"id": odcr}, {"id": cancelled}, {"id": block}])).unwrap();
     })
     .await;
     let listed = classes.get(&class_name).await.unwrap().status.unwrap().capacity_reservations.len();
-    assert_eq!(listed, 2, "both reservations listed");
+    assert_eq!(listed, 3, "every reservation listed");
     let pool = format!("{}-reserved", f.pool);
     let ns = &f.ns;
     let requirements = [
@@ -1512,7 +1517,7 @@ apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: reserved, namespace: {ns}}}
 spec:
-  replicas: 3
+  replicas: 4
   selector: {{matchLabels: {{app: reserved}}}}
   template:
     metadata: {{labels: {{app: reserved}}}}
@@ -1547,14 +1552,15 @@ spec:
         out
     };
     wait_for(
-        "three nodes: the reservation, the capacity block, on-demand",
+        "four nodes: two reservations, the capacity block, on-demand",
         Duration::from_secs(150),
         controller,
-        || async { running().await == 3 && by_reservation().await.len() == 3 },
+        || async { running().await == 4 && by_reservation().await.len() == 4 },
     )
     .await;
     let nodes = by_reservation().await;
     assert_eq!(nodes.get(&odcr).map(|n| n.0.as_str()), Some("reserved"), "{nodes:?}");
+    assert_eq!(nodes.get(&cancelled).map(|n| n.0.as_str()), Some("reserved"), "{nodes:?}");
     assert_eq!(nodes.get(&block).map(|n| n.0.as_str()), Some("reserved"), "{nodes:?}");
     assert_eq!(nodes.get("").map(|n| n.0.as_str()), Some("on-demand"), "{nodes:?}");
     let block_claim = nodes[&block].1.clone();
@@ -1590,7 +1596,7 @@ spec:
             let nodes = by_reservation().await;
             claims.get_opt(&block_claim).await.unwrap().is_none()
                 && !nodes.contains_key(&block)
-                && running().await == 3
+                && running().await == 4
         },
     )
     .await;
@@ -1599,6 +1605,29 @@ spec:
         "{}",
         controller.log_tail()
     );
+
+    // A reservation is cancelled: EC2 runs its instance on as on-demand, and the node is
+    // relabelled so (its reservation's id and type gone), on its NodeClaim and its Node.
+    let cancelled_claim = by_reservation().await[&cancelled].1.clone();
+    ec2.cancel_capacity_reservation().capacity_reservation_id(&cancelled).send().await.unwrap();
+    let relabelled = |labels: &std::collections::BTreeMap<String, String>| {
+        labels.get(CT).map(String::as_str) == Some("on-demand")
+            && !labels.contains_key(ID)
+            && !labels.contains_key("karpenter.k8s.aws/capacity-reservation-type")
+    };
+    wait_for(
+        "the cancelled reservation's node relabelled on-demand",
+        Duration::from_secs(100),
+        controller,
+        || async {
+            let Some(claim) = claims.get_opt(&cancelled_claim).await.unwrap() else { return false };
+            let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            let node = Api::<Node>::all(f.client.clone()).get(&node).await.unwrap();
+            relabelled(claim.labels()) && relabelled(node.labels())
+        },
+    )
+    .await;
+    assert!(controller.log_contains("updated capacity type for nodeclaims"), "{}", controller.log_tail());
 
     // The class stops selecting the reservation: its node drifts.
     let odcr_claim = by_reservation().await[&odcr].1.clone();

@@ -91,6 +91,15 @@ impl ProviderControllers for Controllers {
                 reservations::CONTROLLER,
                 Box::pin(reservations::run(ctx.clone(), state.clone(), stop.clone())),
             ));
+            tasks.push((
+                reservations::CAPACITY_TYPE_CONTROLLER,
+                Box::pin(reservations::run_capacity_type(
+                    ctx.clone(),
+                    state.clone(),
+                    ctx.cloud.clone(),
+                    stop.clone(),
+                )),
+            ));
         }
         (tasks, Some(fetched))
     }
