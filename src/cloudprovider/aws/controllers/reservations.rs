@@ -28,16 +28,25 @@ use crate::apis::labels::{
 };
 use crate::cloudprovider::CloudProvider;
 use crate::controllers::Context;
-use crate::controllers::kit::{Next, Options, Timer, run_singleton};
+use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::controllers::nodeclaim;
-use crate::state::ClusterState;
+use crate::state::{ClusterState, Interest};
 
 /// Name of the expiration controller, in logs and metrics.
 pub const CONTROLLER: &str = "capacityreservation.expiration";
 /// Name of the capacity type controller, in logs and metrics.
 pub const CAPACITY_TYPE_CONTROLLER: &str = "capacityreservation.capacitytype";
-/// How often it looks (upstream's period).
+/// How often they look (upstream's period). They also look as soon as an EC2NodeClass's status
+/// changes: a reservation that turns `expiring`, or that is no longer listed, shows there first.
 pub const PERIOD: Duration = Duration::from_secs(60);
+
+/// What wakes them between periods: a change of an EC2NodeClass (its status), once settled.
+fn class_changes(state: &ClusterState) -> Coalesced {
+    Coalesced {
+        changes: state.feed().subscribe(Interest { nodeclasses: true, ..Interest::default() }),
+        settle: Duration::from_secs(1),
+    }
+}
 
 /// The NodeClaims to delete: those not being deleted whose capacity reservation one of the
 /// `classes` lists as expiring.
@@ -86,14 +95,16 @@ pub fn on_demand_labels() -> serde_json::Value {
     }}})
 }
 
-/// Runs the capacity type controller until `stop`: a pass every [`PERIOD`].
+/// Runs the capacity type controller until `stop`: a pass every [`PERIOD`], and when a class
+/// changes.
 pub async fn run_capacity_type(
     ctx: Context,
     state: ClusterState,
     cloud: Arc<dyn CloudProvider>,
     stop: watch::Receiver<bool>,
 ) {
-    run_singleton(Options::new(CAPACITY_TYPE_CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, || async {
+    let wake = class_changes(&state);
+    run_singleton(Options::new(CAPACITY_TYPE_CONTROLLER), Some(ctx.metrics.clone()), wake, stop, || async {
         let instances = match cloud.list().await {
             Ok(instances) => instances,
             Err(error) => return Err(Error::List(error)),
@@ -154,7 +165,8 @@ pub enum Error {
 
 /// Runs the expiration controller until `stop`.
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
-    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, || async {
+    let wake = class_changes(&state);
+    run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, || async {
         let claims = state.nodeclaims.state();
         let classes = state.nodeclasses.state();
         let mut failed = None;
