@@ -52,13 +52,7 @@ fn catalog() -> Vec<Arc<InstanceType>> {
                 Requirements::new(),
                 Resources::from_pairs([("cpu", cpu * 1000), ("memory", (cpu * 4) << 30), ("pods", 110)]),
                 Default::default(),
-                vec![Offering {
-                    zone: "z1".into(),
-                    capacity_type: "on-demand".into(),
-                    price: VCPU_PRICE * cpu as f64,
-                    available: true,
-                    reservation: None,
-                }],
+                vec![Offering::new("z1", "on-demand", VCPU_PRICE * cpu as f64, true)],
             ))
         })
         .collect()

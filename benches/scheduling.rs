@@ -64,13 +64,7 @@ fn instance_types() -> Vec<Arc<InstanceType>> {
             let cpu = i + 1;
             let mem = 2 * (i + 1) * GI;
             let price = 0.1 * cpu as f64 + 0.1 * mem as f64 / 1e9;
-            let offering = |zone: &str, capacity_type: &str| Offering {
-                zone: zone.into(),
-                capacity_type: capacity_type.into(),
-                price,
-                available: true,
-                reservation: None,
-            };
+            let offering = |zone: &str, capacity_type: &str| Offering::new(zone, capacity_type, price, true);
             let offerings = vec![
                 offering("test-zone-1", "spot"),
                 offering("test-zone-2", "spot"),

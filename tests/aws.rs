@@ -137,6 +137,25 @@ async fn last_launch_template(
     versions.launch_template_versions()[0].launch_template_data().unwrap().clone()
 }
 
+/// `claim` as its lifecycle records the instance `launched` for it: its provider id, labels and
+/// annotations.
+fn as_launched(claim: &NodeClaim, launched: &karpenter::cloudprovider::Instance) -> NodeClaim {
+    let mut claimed = claim.clone();
+    claimed.metadata.labels.get_or_insert_with(Default::default).extend(launched.labels.clone());
+    claimed.metadata.annotations = Some(launched.annotations.clone());
+    claimed.status = Some(karpenter::apis::NodeClaimStatus {
+        provider_id: Some(launched.provider_id.clone()),
+        ..Default::default()
+    });
+    claimed
+}
+
+/// The user data of launch template `data`, decoded.
+fn user_data_of(data: &aws_sdk_ec2::types::ResponseLaunchTemplateData) -> String {
+    let encoded = data.user_data().unwrap();
+    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(encoded).unwrap()).unwrap()
+}
+
 /// A provider for a freshly seeded cluster with its resolved, ready `default` node class.
 async fn provider(prefix: &str) -> (AwsCloudProvider, String) {
     let (p, cluster, _) = provider_with_faults(prefix).await;
@@ -388,12 +407,7 @@ async fn a_newer_image_replaces_the_selected_one_and_drifts_its_nodes() {
     let claim = node_claim("newami-1", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
     let launched = p.create(&claim).await.unwrap();
     assert_eq!(launched.image_id, first);
-    let mut claimed = claim.clone();
-    claimed.status = Some(karpenter::apis::NodeClaimStatus {
-        provider_id: Some(launched.provider_id.clone()),
-        ..Default::default()
-    });
-    claimed.metadata.annotations = Some(launched.annotations.clone());
+    let claimed = as_launched(&claim, &launched);
     // The instance has the launch template's security groups, as EC2 gives them.
     let id = launched.provider_id.rsplit('/').next().unwrap().to_string();
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
@@ -485,13 +499,7 @@ async fn a_placement_group_takes_the_launches_and_labels_the_nodes() {
 
     // Not drifted while it is in the group the class resolves to; drifted when the group its
     // label names is another (the group was made again, or the node was placed by hand).
-    let mut claimed = claim.clone();
-    claimed.metadata.labels = Some(launched.labels.clone());
-    claimed.metadata.annotations = Some(launched.annotations.clone());
-    claimed.status = Some(karpenter::apis::NodeClaimStatus {
-        provider_id: Some(launched.provider_id.clone()),
-        ..Default::default()
-    });
+    let mut claimed = as_launched(&claim, &launched);
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
     claimed
         .metadata
@@ -663,13 +671,7 @@ async fn reserved_claims_launch_into_their_reservation_until_it_is_exhausted() {
     assert!(!launched.labels.contains_key(LABEL_CAPACITY_RESERVATION_ID));
 
     // The class stops selecting the reservation: the reserved node drifts.
-    let mut claimed = node_claim("reserved-1", &["m5.large"], "reserved");
-    claimed.metadata.labels = Some(first.labels.clone());
-    claimed.metadata.annotations = Some(first.annotations.clone());
-    claimed.status = Some(karpenter::apis::NodeClaimStatus {
-        provider_id: Some(first.provider_id.clone()),
-        ..Default::default()
-    });
+    let claimed = as_launched(&node_claim("reserved-1", &["m5.large"], "reserved"), &first);
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
     class.spec.capacity_reservation_selector_terms = Vec::new();
     class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
@@ -711,10 +713,7 @@ async fn a_windows_class_launches_windows_nodes() {
     let data = last_launch_template(&p, &faults).await;
     assert_eq!(data.block_device_mappings()[0].device_name(), Some("/dev/sda1"));
     assert_eq!(data.block_device_mappings()[0].ebs().and_then(|e| e.volume_size()), Some(50));
-    let user_data = String::from_utf8(
-        base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap(),
-    )
-    .unwrap();
+    let user_data = user_data_of(&data);
     assert!(user_data.starts_with("<powershell>\n"), "{user_data}");
     assert!(user_data.contains(&format!("-EKSClusterName '{cluster}'")), "{user_data}");
     assert!(user_data.contains("--max-pods=110"), "{user_data}");
@@ -828,10 +827,7 @@ async fn create_is_idempotent_and_delete_terminates() {
         let versions =
             ec2.describe_launch_template_versions().launch_template_name(&name).send().await.unwrap();
         let data = versions.launch_template_versions()[0].launch_template_data().unwrap().clone();
-        let text = String::from_utf8(
-            base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap(),
-        )
-        .unwrap();
+        let text = user_data_of(&data);
         if text.contains("maxPods: 29") {
             used = Some((name, data));
         }
@@ -848,10 +844,7 @@ async fn create_is_idempotent_and_delete_terminates() {
     let bdm = &data.block_device_mappings()[0];
     assert_eq!(bdm.device_name(), Some("/dev/xvda"));
     assert_eq!(bdm.ebs().and_then(|e| e.volume_size()), Some(20));
-    let user_data = String::from_utf8(
-        base64::engine::general_purpose::STANDARD.decode(data.user_data().unwrap()).unwrap(),
-    )
-    .unwrap();
+    let user_data = user_data_of(&data);
     assert!(user_data.contains("kind: NodeConfig"), "{user_data}");
     assert!(user_data.contains(&format!("name: {cluster}")), "{user_data}");
     assert!(user_data.contains("cidr: 172.20.0.0/16"), "{user_data}");
@@ -877,12 +870,7 @@ async fn create_is_idempotent_and_delete_terminates() {
     );
 
     // Not drifted; then the class stops selecting the AMI.
-    let mut claimed = claim.clone();
-    claimed.status = Some(karpenter::apis::NodeClaimStatus {
-        provider_id: Some(launched.provider_id.clone()),
-        ..Default::default()
-    });
-    claimed.metadata.annotations = Some(launched.annotations.clone());
+    let claimed = as_launched(&claim, &launched);
     // The instance has its launch template's security groups, as EC2 gives them.
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), None);
     // Moved to another group behind Karpenter's back: drifted; moved back: not.

@@ -194,13 +194,12 @@ pub fn kwok_instance_types() -> Vec<Arc<InstanceType>> {
                         (CAPACITY_TYPE_ON_DEMAND, on_demand),
                         (CAPACITY_TYPE_SPOT, on_demand * KWOK_SPOT_FRACTION),
                     ] {
-                        offerings.push(Offering {
-                            zone: zone.to_string(),
-                            capacity_type: capacity_type.to_string(),
+                        offerings.push(Offering::new(
+                            zone.to_string(),
+                            capacity_type.to_string(),
                             price,
-                            available: true,
-                            reservation: None,
-                        });
+                            true,
+                        ));
                     }
                 }
                 types.push(Arc::new(InstanceType::new(
@@ -289,13 +288,7 @@ pub fn parse_catalog(text: &str, file: &str) -> Result<Vec<Arc<InstanceType>>, C
         let offerings = e
             .offerings
             .iter()
-            .map(|o| Offering {
-                zone: o.zone.clone(),
-                capacity_type: o.capacity_type.clone(),
-                price: o.price,
-                available: o.available,
-                reservation: None,
-            })
+            .map(|o| Offering::new(o.zone.clone(), o.capacity_type.clone(), o.price, o.available))
             .collect();
         types.push(Arc::new(InstanceType::new(
             e.name.clone(),

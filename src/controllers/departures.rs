@@ -278,13 +278,7 @@ mod tests {
             )])),
             Resources::from_pairs([("cpu", 2000), ("pods", pods)]),
             Default::default(),
-            vec![Offering {
-                zone: "z".into(),
-                capacity_type: "on-demand".into(),
-                price,
-                available: true,
-                reservation: None,
-            }],
+            vec![Offering::new("z", "on-demand", price, true)],
         ))
     }
 

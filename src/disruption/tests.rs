@@ -26,21 +26,9 @@ pub(crate) fn obj<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
 
 /// An instance type with `cpu` vCPUs, on-demand at `od` and spot at `spot` (if any).
 fn itype(name: &str, cpu: i64, od: f64, spot: Option<f64>) -> Arc<InstanceType> {
-    let mut offerings = vec![Offering {
-        zone: "z1".into(),
-        capacity_type: "on-demand".into(),
-        price: od,
-        available: true,
-        reservation: None,
-    }];
+    let mut offerings = vec![Offering::new("z1", "on-demand", od, true)];
     if let Some(p) = spot {
-        offerings.push(Offering {
-            zone: "z1".into(),
-            capacity_type: "spot".into(),
-            price: p,
-            available: true,
-            reservation: None,
-        });
+        offerings.push(Offering::new("z1", "spot", p, true));
     }
     Arc::new(InstanceType::new(
         name,

@@ -159,13 +159,7 @@ mod tests {
             Requirements::new(),
             Resources::from_pairs([(CPU, cpu * 1000), (MEMORY, mem_gi * GI), (PODS, 100)]),
             Overhead::default(),
-            vec![Offering {
-                zone: "z1".into(),
-                capacity_type: "on-demand".into(),
-                price,
-                available: true,
-                reservation: None,
-            }],
+            vec![Offering::new("z1", "on-demand", price, true)],
         ))
     }
 

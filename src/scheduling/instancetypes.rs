@@ -336,13 +336,7 @@ mod tests {
             Overhead { kube_reserved: Resources::from_pairs([(CPU, 100)]), ..Default::default() },
             offerings
                 .iter()
-                .map(|(z, c, p, a)| Offering {
-                    zone: z.to_string(),
-                    capacity_type: c.to_string(),
-                    price: *p,
-                    available: *a,
-                    reservation: None,
-                })
+                .map(|(z, c, p, a)| Offering::new(z.to_string(), c.to_string(), *p, *a))
                 .collect(),
         )
     }

@@ -57,21 +57,9 @@ fn build_it(i: usize, s: &ItSpec) -> Arc<InstanceType> {
     for (z, on) in ZONES.iter().zip(&s.zones) {
         if *on {
             let price = f64::from(s.price) / 100.0;
-            offerings.push(Offering {
-                zone: z.to_string(),
-                capacity_type: "on-demand".into(),
-                price,
-                available: true,
-                reservation: None,
-            });
+            offerings.push(Offering::new(z.to_string(), "on-demand", price, true));
             if s.spot {
-                offerings.push(Offering {
-                    zone: z.to_string(),
-                    capacity_type: "spot".into(),
-                    price: price / 2.0,
-                    available: !i.is_multiple_of(5),
-                    reservation: None,
-                });
+                offerings.push(Offering::new(z.to_string(), "spot", price / 2.0, !i.is_multiple_of(5)));
             }
         }
     }

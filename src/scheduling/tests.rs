@@ -30,20 +30,8 @@ pub(crate) fn instance_type(
 ) -> Arc<InstanceType> {
     let mut offerings = Vec::new();
     for z in zones {
-        offerings.push(Offering {
-            zone: z.to_string(),
-            capacity_type: "on-demand".into(),
-            price,
-            available: true,
-            reservation: None,
-        });
-        offerings.push(Offering {
-            zone: z.to_string(),
-            capacity_type: "spot".into(),
-            price: price * 0.5,
-            available: true,
-            reservation: None,
-        });
+        offerings.push(Offering::new(z.to_string(), "on-demand", price, true));
+        offerings.push(Offering::new(z.to_string(), "spot", price * 0.5, true));
     }
     let labels: BTreeMap<String, String> = [
         (LABEL_ARCH.to_string(), ARCH_AMD64.to_string()),
@@ -803,13 +791,7 @@ fn gpu_type(name: &str, gpus: i64, category: &str) -> Arc<InstanceType> {
         Requirements::from_labels(&labels),
         capacity,
         Overhead::default(),
-        vec![Offering {
-            zone: "z1".into(),
-            capacity_type: "on-demand".into(),
-            price: gpus as f64,
-            available: true,
-            reservation: None,
-        }],
+        vec![Offering::new("z1", "on-demand", gpus as f64, true)],
     ))
 }
 
@@ -1197,13 +1179,7 @@ fn priced_type(
     for (k, v) in extra {
         capacity.set(k, *v);
     }
-    let offering = Offering {
-        zone: "z1".into(),
-        capacity_type: "on-demand".into(),
-        price,
-        available: true,
-        reservation: None,
-    };
+    let offering = Offering::new("z1", "on-demand", price, true);
     Arc::new(InstanceType::new(
         name,
         Requirements::from_labels(&all),

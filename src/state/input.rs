@@ -338,13 +338,7 @@ mod tests {
             )])),
             Resources::from_pairs([("cpu", 4000), ("pods", 110)]),
             Default::default(),
-            vec![crate::scheduling::Offering {
-                zone: "z".into(),
-                capacity_type: "on-demand".into(),
-                price: 0.1,
-                available: true,
-                reservation: None,
-            }],
+            vec![crate::scheduling::Offering::new("z", "on-demand", 0.1, true)],
         ))
     }
 

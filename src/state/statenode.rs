@@ -442,13 +442,7 @@ mod tests {
                 Requirements::new(),
                 Resources::from_pairs([("cpu", cpu * 1000)]),
                 Default::default(),
-                vec![Offering {
-                    zone: "z1".into(),
-                    capacity_type: "spot".into(),
-                    price,
-                    available: true,
-                    reservation: None,
-                }],
+                vec![Offering::new("z1", "spot", price, true)],
             ))
         };
         [("small".to_string(), t("small", 2, 0.05)), ("big".to_string(), t("big", 8, 0.2))].into()

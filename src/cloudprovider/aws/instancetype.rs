@@ -699,13 +699,8 @@ pub fn offerings(info: &TypeInfo, inputs: &OfferingInputs<'_>) -> Vec<Offering> 
     for zone in inputs.offered_zones {
         for ct in &capacity_types {
             let Some(price) = (inputs.price)(zone, ct) else { continue };
-            out.push(Offering {
-                zone: zone.clone(),
-                capacity_type: ct.to_string(),
-                price,
-                available: inputs.subnet_zones.contains(zone) && !(inputs.unavailable)(zone, ct),
-                reservation: None,
-            });
+            let available = inputs.subnet_zones.contains(zone) && !(inputs.unavailable)(zone, ct);
+            out.push(Offering::new(zone.clone(), *ct, price, available));
         }
     }
     out

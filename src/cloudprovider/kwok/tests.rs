@@ -14,16 +14,7 @@ fn it(name: &str, cpu: i64, offerings: &[(&str, &str, f64, bool)]) -> Arc<Instan
         Requirements::from_labels(&BTreeMap::from([(LABEL_ARCH.to_string(), "amd64".to_string())])),
         Resources::from_pairs([(CPU, cpu * 1000), (MEMORY, cpu << 30), (PODS, 10)]),
         Overhead { kube_reserved: Resources::from_pairs([(CPU, 100)]), ..Default::default() },
-        offerings
-            .iter()
-            .map(|(z, c, p, a)| Offering {
-                zone: z.to_string(),
-                capacity_type: c.to_string(),
-                price: *p,
-                available: *a,
-                reservation: None,
-            })
-            .collect(),
+        offerings.iter().map(|(z, c, p, a)| Offering::new(z.to_string(), c.to_string(), *p, *a)).collect(),
     ))
 }
 

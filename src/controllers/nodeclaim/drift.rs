@@ -502,13 +502,7 @@ mod tests {
     fn instance_types_the_pool_can_no_longer_launch() {
         use crate::scheduling::instancetypes::{Offering, Overhead};
         use crate::scheduling::{Requirements, Resources};
-        let offering = |zone: &str, capacity_type: &str| Offering {
-            zone: zone.into(),
-            capacity_type: capacity_type.into(),
-            price: 0.1,
-            available: false,
-            reservation: None,
-        };
+        let offering = |zone: &str, capacity_type: &str| Offering::new(zone, capacity_type, 0.1, false);
         let m5 = Arc::new(InstanceType::new(
             "m5.large",
             Requirements::default(),

@@ -160,13 +160,7 @@ mod tests {
         let mut offerings = Vec::new();
         for zone in zones {
             for (capacity_type, price) in [("on-demand", price), ("spot", price / 2.0)] {
-                offerings.push(Offering {
-                    zone: zone.to_string(),
-                    capacity_type: capacity_type.to_string(),
-                    price,
-                    available,
-                    reservation: None,
-                });
+                offerings.push(Offering::new(zone.to_string(), capacity_type.to_string(), price, available));
             }
         }
         Arc::new(InstanceType::new(

@@ -133,13 +133,7 @@ fn it(name: &str, arch: &str, gpus: Option<&str>, price: f64) -> InstanceType {
         Some(n) => reqs.add(LABEL_INSTANCE_GPU_COUNT, Requirement::in_values([n])),
         None => reqs.add(LABEL_INSTANCE_GPU_COUNT, Requirement::does_not_exist()),
     }
-    let offering = Offering {
-        zone: "z".into(),
-        capacity_type: "on-demand".into(),
-        price,
-        available: true,
-        reservation: None,
-    };
+    let offering = Offering::new("z", "on-demand", price, true);
     InstanceType::new(name, reqs, Resources::default(), Overhead::default(), vec![offering])
 }
 
