@@ -69,7 +69,14 @@ What each operation authorises (after the Service Authorization Reference)
   ec2:CreateCapacityReservation: capacity-reservation/* with its request tags, and ec2:CreateTags
   on it (ec2:CreateAction=CreateCapacityReservation) when tagged; ec2:CancelCapacityReservation:
   the reservation, with its resource tags. DescribeCapacityReservations is a Describe call (`*`).
-  A launch without a target that runs in an open reservation is not modelled on it.
+  A launch without a target that runs in an open reservation is not modelled on it. A launch
+  into an interruptible reservation (market type interruptible-capacity-reservation, and for
+  CreateFleet the target type reserved-capacity) or a capacity block is judged like any other
+  targeted launch: on the ARN of the reservation it targets.
+  ec2:CreateInterruptibleCapacityReservationAllocation: the source reservation (its resource
+  tags) and the new one (capacity-reservation/*, its request tags; ec2:CreateTags on it with
+  ec2:CreateAction=CreateInterruptibleCapacityReservationAllocation when tagged);
+  ec2:UpdateInterruptibleCapacityReservationAllocation: the source reservation.
 * iam instance-profile operations: the instance profile (its resource tags; request tags
   for CreateInstanceProfile and TagInstanceProfile); AddRoleToInstanceProfile also
   iam:PassRole on the role (iam:PassedToService=ec2.amazonaws.com).
@@ -427,25 +434,40 @@ class Model:
             used.setdefault(reservation.arn, (dict(reservation.tags), True))
 
     def _ec2_CreateCapacityReservation(self, auth, action, params) -> None:
-        # Its member is TagSpecifications.N (most actions': TagSpecification.N).
+        self._new_reservation(auth, action, params)
+
+    def _new_reservation(self, auth: Authorisations, action: str, params: dict) -> None:
+        """`action` creating a capacity reservation, with its request tags (the member is
+        TagSpecifications.N; most actions': TagSpecification.N)."""
         specs = tag_specifications(params, "TagSpecifications") or tag_specifications(params)
         tags = specs.get("capacity-reservation", {})
         resource = self.ec2_arn("capacity-reservation", "*")
         auth.add(action, resource, request_tags=tags)
         if tags:
             auth.add("ec2:CreateTags", resource, request_tags=tags,
-                     **{"ec2:CreateAction": "CreateCapacityReservation"})
+                     **{"ec2:CreateAction": action.split(":", 1)[-1]})
 
     def _ec2_CancelCapacityReservation(self, auth, action, params) -> None:
+        self._on_reservation(auth, action, params.get("CapacityReservationId", ""))
+
+    def _on_reservation(self, auth: Authorisations, action: str, rid: str) -> None:
+        """`action` on the capacity reservation `rid`, with its resource tags."""
         import reservations  # the emulator's own reservations
 
-        rid = params.get("CapacityReservationId", "")
         reservation = reservations.find(self.ec2(), rid) if rid else None
         if reservation is None:
             auth.add(action, self.ec2_arn("capacity-reservation", rid or "?"), resource_tags={},
                      resource_found=False)
         else:
             auth.add(action, reservation.arn, resource_tags=dict(reservation.tags), resource_found=True)
+
+    def _ec2_CreateInterruptibleCapacityReservationAllocation(self, auth, action, params) -> None:
+        # The source reservation, and the interruptible reservation it makes (with its request tags).
+        self._on_reservation(auth, action, params.get("CapacityReservationId", ""))
+        self._new_reservation(auth, action, params)
+
+    def _ec2_UpdateInterruptibleCapacityReservationAllocation(self, auth, action, params) -> None:
+        self._on_reservation(auth, action, params.get("CapacityReservationId", ""))
 
     def _placement_group_uses(self, placement: dict | None,
                               used: dict[str, tuple[dict[str, str], bool | None]]) -> None:

@@ -1,11 +1,14 @@
-"""EC2 On-Demand Capacity Reservations and capacity blocks in the AWS emulator (moto 5.2.5 has none).
+"""EC2 On-Demand Capacity Reservations, capacity blocks and interruptible reservations in the AWS
+emulator (moto 5.2.5 has none).
 
 moto answers CreateCapacityReservation, DescribeCapacityReservations and
-CancelCapacityReservation with HTTP 500, and its instances run in no reservation. This module
-closes that gap in three parts, installed by hack/moto/server.py:
+CancelCapacityReservation with HTTP 500 (and knows neither
+CreateInterruptibleCapacityReservationAllocation nor UpdateInterruptibleCapacityReservationAllocation),
+and its instances run in no reservation. This module closes that gap in three parts, installed
+by hack/moto/server.py:
 
 * `CapacityReservations`, a WSGI middleware in front of moto (behind the placement groups, the
-  call log and the fault injector), answers the three actions itself, refuses launches
+  call log and the fault injector), answers the five actions itself, refuses launches
   (RunInstances, an instant CreateFleet) that a targeted reservation cannot take, as EC2 does,
   and before any EC2 request lets the reservations that have ended release their instances;
 * `install_instance_reservations()` makes moto's launches consume the reservations: an
@@ -46,18 +49,21 @@ and region, so that POST /moto-api/reset removes them. Answers, as EC2's:
       </capacityReservation>
     </CreateCapacityReservationResponse>
 
-(endDate only when the reservation has one.) DescribeCapacityReservationsResponse lists the
-same elements as items of <capacityReservationSet> (and <nextToken> when there are more);
-CancelCapacityReservationResponse is <return>true</return>.
+(endDate only when the reservation has one; <interruptibleCapacityAllocation>, <interruptionInfo>
+and <zeroSizePreference> as "Interruptible reservations" says.) DescribeCapacityReservationsResponse
+lists the same elements as items of <capacityReservationSet> (and <nextToken> when there are
+more); CancelCapacityReservationResponse is <return>true</return>.
 
 DescribeCapacityReservations selects by CapacityReservationId.N (an id of no reservation:
 InvalidCapacityReservationId.NotFound), then by Filter.N: instance-type, availability-zone,
 availability-zone-id, owner-id, state, instance-match-criteria, tenancy, instance-platform,
-end-date-type, reservation-type, capacity-reservation-id, tag:<key> and tag-key (EC2's * and ?
-wildcards), and pages with MaxResults (1-1000; not with ids) and NextToken.
+end-date-type, reservation-type, capacity-reservation-id, interruptible (true or false),
+tag:<key> and tag-key (EC2's * and ? wildcards), and pages with MaxResults (1-1000; not with ids)
+and NextToken.
 
 CancelCapacityReservation sets the state `cancelled` and AvailableInstanceCount 0 (a reservation
-not active or scheduled: IncorrectState); its instances leave it (see "When a reservation ends").
+not active or scheduled: IncorrectState; an interruptible one: OperationNotPermitted, it is
+cancelled through its source); its instances leave it (see "When a reservation ends").
 
 Capacity blocks
 ---------------
@@ -73,6 +79,71 @@ reservation's state (any of EC2's: active, expired, cancelled, pending, failed, 
 payment-pending, payment-failed, assessing, delayed, unsupported; null goes back to the
 computed one) or its end date (a capacity block's time line follows it).
 
+Interruptible reservations
+--------------------------
+CreateInterruptibleCapacityReservationAllocation takes CapacityReservationId (the source: an
+active reservation of type `default`, without an end date, with no interruptible allocation
+that is not canceled), InstanceCount (1-1000, at most the source's available instances),
+TagSpecification.N of `capacity-reservation` and ZeroSizePreference (default or retain, default
+default). It makes a new reservation (a new cr- id and ARN) with the source's instance type,
+platform, zone and tenancy, InstanceMatchCriteria targeted, type `default`, EndDateType
+unlimited, the tags asked for, TotalInstanceCount and AvailableInstanceCount InstanceCount, and
+<interruptible>true</interruptible>; the source keeps its TotalInstanceCount, but its
+AvailableInstanceCount no longer counts the instances it lent. Answers, as EC2's (the new id is
+not in the answer: DescribeCapacityReservations of the source shows it):
+
+    <CreateInterruptibleCapacityReservationAllocationResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+      <requestId>...</requestId>
+      <sourceCapacityReservationId>cr-0123456789abcdef0</sourceCapacityReservationId>
+      <targetInstanceCount>2</targetInstanceCount><status>active</status>
+      <interruptionType>adhoc</interruptionType>
+    </CreateInterruptibleCapacityReservationAllocationResponse>
+
+Refused (HTTP 400): no source (InvalidCapacityReservationId.NotFound), a source not active or
+that has an allocation already (IncorrectState), a source that is a capacity block, is
+interruptible itself or has an end date, an InstanceCount above its available instances, or a
+tagged resource type other than `capacity-reservation` (InvalidParameterValue), no
+CapacityReservationId or InstanceCount (MissingParameter). DescribeCapacityReservations then
+shows, after <interruptible>, on the source:
+
+    <interruptibleCapacityAllocation><instanceCount>2</instanceCount>
+      <targetInstanceCount>2</targetInstanceCount><status>active</status>
+      <interruptibleCapacityReservationId>cr-0fedcba9876543210</interruptibleCapacityReservationId>
+      <interruptionType>adhoc</interruptionType><zeroSizePreference>default</zeroSizePreference>
+    </interruptibleCapacityAllocation>
+
+and on the interruptible reservation:
+
+    <interruptionInfo><sourceCapacityReservationId>cr-0123456789abcdef0</sourceCapacityReservationId>
+      <interruptionType>adhoc</interruptionType></interruptionInfo><zeroSizePreference>default</zeroSizePreference>
+
+UpdateInterruptibleCapacityReservationAllocation takes the source's CapacityReservationId,
+TargetInstanceCount (0-1000, changing the allocation by at most 1000) and ZeroSizePreference. More
+instances are taken from the source's available ones (InvalidParameterValue when it has not
+that many; IncorrectState when it is not active); fewer are reclaimed at once: the interruptible
+reservation's unused instances first, then those running in it, the newest launched first, which
+are terminated as EC2 terminates them after its two-minute warning (moto: at once, no
+shutting-down), keeping the reservation's <capacityReservationId> and lifecycle, with the state
+transition reason `Service initiated (<time> GMT)` and the state reason Server.ScheduledStop (the
+emulator's words, as for a capacity block). The capacity goes back to the source's available
+instances. At 0 instances with the preference `default` the interruptible reservation is
+cancelled and the allocation's status is `canceled` (a new allocation can then be made); with
+`retain` it stays active, empty. Refused: the id of no reservation
+(InvalidCapacityReservationId.NotFound), of an interruptible reservation or of a source without
+an allocation (InvalidParameterValue). Answers:
+
+    <UpdateInterruptibleCapacityReservationAllocationResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">
+      <requestId>...</requestId>
+      <interruptibleCapacityReservationId>cr-0fedcba9876543210</interruptibleCapacityReservationId>
+      <sourceCapacityReservationId>cr-0123456789abcdef0</sourceCapacityReservationId>
+      <instanceCount>1</instanceCount><targetInstanceCount>1</targetInstanceCount>
+      <status>active</status><interruptionType>adhoc</interruptionType>
+    </UpdateInterruptibleCapacityReservationAllocationResponse>
+
+(status `canceled` once cancelled.) When the source ends (cancelled or expired), so does the
+capacity it lent: the interruptible reservation is cancelled and its instances terminated. A
+dry run of either action answers DryRunOperation.
+
 Launches
 --------
 A launch's capacity reservation specification is the launch template's
@@ -83,7 +154,9 @@ CapacityReservationTarget.CapacityReservationId); its market type is InstanceMar
 * A target: each instance takes one available instance of that reservation. The reservation must
   exist (else InvalidCapacityReservationId.NotFound), have the instance type and zone of the launch
   (else InvalidParameterCombination), be a capacity block exactly when the market type is
-  `capacity-block` (else InvalidParameterCombination) and be active with an available instance left;
+  `capacity-block` and interruptible exactly when the market type is
+  `interruptible-capacity-reservation` (else InvalidParameterCombination; so is that market type
+  without a target) and be active with an available instance left;
   otherwise the launch fails with ReservationCapacityExceeded, the code Karpenter reads as the
   reservation being exhausted. RunInstances answers that with EC2's error document (HTTP 400; also
   for a MinCount above the available instances: moto launches MinCount instances); an
@@ -91,7 +164,16 @@ CapacityReservationTarget.CapacityReservationId); its market type is InstanceMar
   from the others (no instance when none can), at most as many instances as the reservations of its
   overrides have left.
 * A fleet whose DefaultTargetCapacityType is `capacity-block` is launched as on-demand (its
-  instances carry the capacity block).
+  instances carry the capacity block). So is one whose DefaultTargetCapacityType is
+  `reserved-capacity` (moto knows neither), whose ReservedCapacityOptions.ReservationType.N
+  (on-demand-capacity-reservation, capacity-block, interruptible-capacity-reservation; none:
+  any) name the kinds of reservation its overrides may target: an override whose launch template
+  targets no reservation, or one of another kind, gets an InvalidParameterCombination error item
+  (lifecycle interruptible-capacity-reservation when that kind is listed, else on-demand). Such a
+  fleet must be `instant` and have no OnDemandTargetCapacity or SpotTargetCapacity (else 400,
+  InvalidParameterCombination); as for any targeted fleet, it launches no more than its
+  reservations have left and does not fall back to On-Demand. ReservedCapacityOptions'
+  CapacityReservationTarget and fallback options are not emulated.
 * No target, preference `open` (the default): an instance takes an available instance of an active
   `open` reservation of its instance type, zone, platform (Linux/UNIX or Windows) and tenancy when
   there is one (the oldest first), else it runs as plain On-Demand. Preference `none` never runs
@@ -101,8 +183,12 @@ CapacityReservationTarget.CapacityReservationId); its market type is InstanceMar
 DescribeInstances (and the RunInstances answer) then shows the instance's <capacityReservationId>,
 its <capacityReservationSpecification> (the preference, `capacity-reservations-only` and the target
 for a targeted launch, else `open` or `none`) and, in a capacity block, the instance lifecycle
-`capacity-block`. An instance that is shutting down or terminated no longer counts against the
-reservation. Dry runs and fleets of type `request` or `maintain` are left to moto.
+<instanceLifecycle>capacity-block</instanceLifecycle>, in an interruptible reservation
+<instanceLifecycle>interruptible-capacity-reservation</instanceLifecycle>; an instant fleet's
+answer shows the same as the <lifecycle> of its instances (moto: on-demand). An instance that
+is shutting down or terminated no longer counts against the reservation. Dry runs and fleets of
+type `request` or `maintain` are left to moto (but for the target type reserved-capacity, which
+EC2 takes for `instant` fleets only).
 
 When a reservation ends
 -----------------------
@@ -117,6 +203,8 @@ they do on EC2:
   <capacityReservationPreference>open</capacityReservationPreference> with no
   <capacityReservationTarget>, whatever the launch asked; their state, lifecycle and everything
   else are unchanged;
+* an interruptible reservation (cancelled with its source, or through its allocation): its
+  instances are terminated, as a capacity block's;
 * a capacity block: its instances are terminated. EC2 begins that 30 minutes before the block's
   end; the emulator does it once the block has expired (at or after its end date, or when a state
   `expired` or `cancelled` is set). moto terminates at once (no shutting-down); the instance keeps
@@ -135,13 +223,15 @@ into another open reservation that matches it.
 
 Not emulated: capacity reservation fleets, groups (resource-group targets), splitting, moving,
 modifying (ModifyCapacityReservation), PurchaseCapacityBlock and its offerings, billing owners,
-interruptible reservations, CreateTags on a cr- id, and stopping instances (a stopped instance keeps
-its slot).
+sharing (an interruptible reservation's instances belong to its owner's account, as every
+reservation's), the two-minute interruption warning and EventBridge events, ClientToken,
+CreateTags on a cr- id, and stopping instances (a stopped instance keeps its slot).
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import re
 import secrets
 import threading
@@ -154,7 +244,10 @@ import call_log
 import faults
 import placement
 
-ACTIONS = ("CreateCapacityReservation", "DescribeCapacityReservations", "CancelCapacityReservation")
+ALLOCATION_ACTIONS = ("CreateInterruptibleCapacityReservationAllocation",
+                      "UpdateInterruptibleCapacityReservationAllocation")
+ACTIONS = ("CreateCapacityReservation", "DescribeCapacityReservations", "CancelCapacityReservation",
+           *ALLOCATION_ACTIONS)
 LAUNCHES = ("RunInstances", "CreateFleet")
 STATES = ("active", "expired", "cancelled", "pending", "failed", "scheduled", "payment-pending",
           "payment-failed", "assessing", "delayed", "unsupported")
@@ -169,6 +262,16 @@ PLATFORMS = ("Linux/UNIX", "Red Hat Enterprise Linux", "SUSE Linux", "Windows", 
              "RHEL with HA and SQL Server Enterprise", "Ubuntu Pro")
 DEFAULT_PLATFORM = "Linux/UNIX"
 CAPACITY_BLOCK = "capacity-block"
+# The market type, instance lifecycle and fleet reservation type of an interruptible reservation.
+INTERRUPTIBLE = "interruptible-capacity-reservation"
+# The fleet target capacity type of a launch into reservations (ReservedCapacityOptions).
+RESERVED_CAPACITY = "reserved-capacity"
+# ReservedCapacityOptions.ReservationType.N: the kinds of reservation a reserved-capacity fleet uses.
+FLEET_RESERVATION_TYPES = ("on-demand-capacity-reservation", CAPACITY_BLOCK, INTERRUPTIBLE)
+INTERRUPTION_TYPE = "adhoc"
+ZERO_SIZE_PREFERENCES = ("default", "retain")
+# The most instances an allocation takes, or changes by, at once.
+MAX_ALLOCATION = 1000
 # The states of a reservation that has ended: its instances leave it (see Reservation.release).
 ENDED = ("cancelled", "expired")
 # The states of an instance that no longer counts against its reservation.
@@ -177,13 +280,15 @@ EXHAUSTED = "ReservationCapacityExceeded"
 MAX_RESULTS = 1000
 FILTERS = ("instance-type", "availability-zone", "availability-zone-id", "owner-id", "state",
            "instance-match-criteria", "tenancy", "instance-platform", "end-date-type", "reservation-type",
-           "capacity-reservation-id", "tag-key")  # and tag:<key>
+           "capacity-reservation-id", "interruptible", "tag-key")  # and tag:<key>
 # Where a backend keeps its reservations (an attribute moto's reset clears with the backend's state).
 _STORE = "karpenter_rs_capacity_reservations"
 _ID = re.compile(r"^cr-[0-9a-f]{17}$")
 _lock = threading.RLock()
 # Serialises the launches into reservations: their check and moto's launch.
 _launch_lock = threading.RLock()
+# Numbers the instances put in reservations, in launch order (the newest are reclaimed first).
+_launch_order = itertools.count(1)
 
 
 def not_found(rid: str) -> faults.Ec2Error:
@@ -233,11 +338,24 @@ class Reservation:
     state_set: str | None = None
     # The instances running in it.
     instances: set[str] = field(default_factory=set)
+    # instance id -> its number in launch order (_launch_order).
+    launched: dict[str, int] = field(default_factory=dict)
+    # An interruptible reservation (CreateInterruptibleCapacityReservationAllocation): its
+    # TargetInstanceCount, its ZeroSizePreference, and the source reservation it was allocated from.
+    interruptible: bool = False
+    target: int = 0
+    zero_size_preference: str = "default"
+    source: Reservation | None = field(default=None, repr=False, compare=False)
+    # A source reservation: its (latest) interruptible allocation, kept once canceled.
+    allocation: Reservation | None = field(default=None, repr=False, compare=False)
 
     def state(self, now: datetime.datetime | None = None) -> str:
         if self.state_set:
             return self.state_set
         now = now or _now()
+        if self.source is not None and self.source.state(now) in ENDED:
+            # The source ended: so did the capacity it lent.
+            return "cancelled"
         if self.reservation_type == CAPACITY_BLOCK and now < self.start:
             return "scheduled"
         if self.end is not None and now >= self.end:
@@ -252,19 +370,41 @@ class Reservation:
                 instance = _instance(backend, iid)
                 if instance is None or instance.state in GONE:
                     self.instances.discard(iid)
+                    self.launched.pop(iid, None)
             return len(self.instances)
 
     def available(self, backend: Any) -> int:
         used = self.used(backend)
         if self.state() in ("cancelled", "expired", "failed"):
             return 0
-        return max(self.count - used, 0)
+        return max(self.count - self.allocated() - used, 0)
+
+    def allocated(self) -> int:
+        """The instances a source reservation has lent to its interruptible allocation."""
+        allocation = self.allocation
+        if allocation is None or allocation.state() in ENDED:
+            return 0
+        return allocation.count
+
+    def live_allocation(self) -> Reservation | None:
+        """A source reservation's interruptible allocation, unless it was canceled."""
+        allocation = self.allocation
+        return allocation if allocation is not None and allocation.state() not in ENDED else None
+
+    def allocation_status(self) -> str:
+        """The status of an interruptible reservation's allocation (InterruptibleCapacityAllocation)."""
+        return "canceled" if self.state() in ENDED else "active"
 
     def release(self, backend: Any, now: datetime.datetime | None = None) -> None:
         """Once the reservation has ended (ENDED), do to its instances what EC2 does: those of a
         `default` reservation leave it and run on as On-Demand instances, those of a capacity block
         are terminated. Idempotent: the reservation keeps no instance afterwards."""
         with _lock:
+            if self.allocation is not None:
+                self.allocation.release(backend, now)
+            if self.interruptible and self.state_set is None and self.state(now) in ENDED:
+                # Ended with its source: it stays cancelled, whatever becomes of the source.
+                self.state_set = "cancelled"
             if not self.instances or self.state(now) not in ENDED:
                 return
             for iid in sorted(self.instances):
@@ -272,7 +412,9 @@ class Reservation:
                 if instance is None or instance.state in GONE:
                     continue
                 if self.reservation_type == CAPACITY_BLOCK:
-                    _reclaim(instance, self)
+                    _reclaim(instance, f"the capacity block {self.id} ended")
+                elif self.interruptible:
+                    _reclaim(instance, f"the interruptible capacity reservation {self.id} ended")
                 else:
                     _detach(instance, self)
             # Whatever became of them (an instance moto could not terminate cleanly is left as it
@@ -295,6 +437,7 @@ class Reservation:
             "end-date-type": [self.end_date_type],
             "reservation-type": [self.reservation_type],
             "capacity-reservation-id": [self.id],
+            "interruptible": ["true" if self.interruptible else "false"],
             "tag-key": list(self.tags),
         }
         return values.get(name, [])
@@ -324,9 +467,25 @@ class Reservation:
             "<tagSet>" + "".join(f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>"
                                  for k, v in self.tags.items()) + "</tagSet>",
             f"<reservationType>{self.reservation_type}</reservationType>",
-            "<interruptible>false</interruptible>",
+            f"<interruptible>{'true' if self.interruptible else 'false'}</interruptible>",
         ]
+        if self.allocation is not None:
+            parts.append(f"<interruptibleCapacityAllocation>{self.allocation.allocation_xml()}"
+                         "</interruptibleCapacityAllocation>")
+        if self.interruptible:
+            parts.append(f"<interruptionInfo><sourceCapacityReservationId>{self.source.id if self.source else ''}"
+                         f"</sourceCapacityReservationId><interruptionType>{INTERRUPTION_TYPE}</interruptionType>"
+                         f"</interruptionInfo><zeroSizePreference>{self.zero_size_preference}</zeroSizePreference>")
         return "".join(parts)
+
+    def allocation_xml(self) -> str:
+        """An interruptible reservation as its source shows it (InterruptibleCapacityAllocation)."""
+        status = self.allocation_status()
+        return (f"<instanceCount>{self.count if status == 'active' else 0}</instanceCount>"
+                f"<targetInstanceCount>{self.target}</targetInstanceCount><status>{status}</status>"
+                f"<interruptibleCapacityReservationId>{self.id}</interruptibleCapacityReservationId>"
+                f"<interruptionType>{INTERRUPTION_TYPE}</interruptionType>"
+                f"<zeroSizePreference>{self.zero_size_preference}</zeroSizePreference>")
 
 
 def _instance(backend: Any, iid: str) -> Any:
@@ -345,9 +504,10 @@ def _detach(instance: Any, reservation: Reservation) -> None:
     instance.capacity_reservation_specification = {"CapacityReservationPreference": "open"}
 
 
-def _reclaim(instance: Any, reservation: Reservation) -> None:
-    """EC2 terminates the instances of a capacity block that has ended (moto: at once, no
-    shutting-down); the instance keeps showing the block, as a terminated one does."""
+def _reclaim(instance: Any, why: str) -> None:
+    """EC2 terminates the instances of a capacity block that has ended, and those of an
+    interruptible reservation whose capacity its owner reclaims (moto: at once, no shutting-down);
+    the instance keeps showing the reservation, as a terminated one does."""
     from moto.ec2.models.instances import StateReason
 
     try:
@@ -358,8 +518,7 @@ def _reclaim(instance: Any, reservation: Reservation) -> None:
         instance._state.name, instance._state.code = "terminated", 48
     when = _now().strftime("%Y-%m-%d %H:%M:%S GMT")
     instance._reason = f"Service initiated ({when})"
-    instance.state_reason = StateReason(
-        f"Server.ScheduledStop: the capacity block {reservation.id} ended", "Server.ScheduledStop")
+    instance.state_reason = StateReason(f"Server.ScheduledStop: {why}", "Server.ScheduledStop")
 
 
 def _settle_scope(account: str, region: str) -> None:
@@ -417,8 +576,6 @@ def create(backend: Any, instance_type: str, count: Any, zone: str | None = None
            end_date_type: str | None = None, end: Any = None, tags: dict[str, str] | None = None,
            reservation_type: str = "default", start: Any = None) -> Reservation:
     """CreateCapacityReservation (and the capacity blocks of the extension endpoint)."""
-    from moto.utilities.utils import get_partition
-
     if not instance_type:
         raise faults.Ec2Error("MissingParameter", "The request must contain the parameter instanceType")
     if not platform and reservation_type != CAPACITY_BLOCK:
@@ -458,12 +615,11 @@ def create(backend: Any, instance_type: str, count: Any, zone: str | None = None
         raise faults.Ec2Error("InvalidParameterCombination",
                                "The parameter endDate cannot be used when endDateType is unlimited.")
     zone_name, zone_ident = _zone(backend, zone, zone_id)
-    region, account = backend.region_name, backend.account_id
-    rid = "cr-" + secrets.token_hex(9)[:17]
+    rid, arn = _new_id(backend)
     reservation = Reservation(
         id=rid,
-        arn=f"arn:{get_partition(region)}:ec2:{region}:{account}:capacity-reservation/{rid}",
-        owner_id=account,
+        arn=arn,
+        owner_id=backend.account_id,
         instance_type=instance_type,
         platform=platform,
         zone=zone_name,
@@ -481,6 +637,15 @@ def create(backend: Any, instance_type: str, count: Any, zone: str | None = None
     with _lock:
         reservations(backend)[rid] = reservation
     return reservation
+
+
+def _new_id(backend: Any) -> tuple[str, str]:
+    """A new reservation's id and ARN."""
+    from moto.utilities.utils import get_partition
+
+    region, account = backend.region_name, backend.account_id
+    rid = "cr-" + secrets.token_hex(9)[:17]
+    return rid, f"arn:{get_partition(region)}:ec2:{region}:{account}:capacity-reservation/{rid}"
 
 
 def create_capacity_block(body: dict, default_region: str) -> tuple[str, dict]:
@@ -537,7 +702,7 @@ def summary(reservation: Reservation, backend: Any) -> dict:
             "reservation_type": reservation.reservation_type, "instance_type": reservation.instance_type,
             "zone": reservation.zone, "total": reservation.count, "available": reservation.available(backend),
             "start": timestamp(reservation.start), "end": timestamp(reservation.end) if reservation.end else None,
-            "instances": sorted(reservation.instances)}
+            "instances": sorted(reservation.instances), "interruptible": reservation.interruptible}
 
 
 def _default_account() -> str:
@@ -561,12 +726,23 @@ def describe(backend: Any, ids: Sequence[str] = (), filters: Sequence[tuple[str,
             if all(placement._matches(r.filter_values(name), values) for name, values in filters)]
 
 
-def cancel(backend: Any, rid: str) -> None:
+def _existing(backend: Any, rid: str) -> Reservation:
+    """The reservation `rid` a request names; EC2's error when it names none or an unknown one."""
     if not rid:
         raise faults.Ec2Error("MissingParameter", "The request must contain the parameter capacityReservationId")
     reservation = find(backend, rid)
     if reservation is None:
         raise not_found(rid)
+    return reservation
+
+
+def cancel(backend: Any, rid: str) -> None:
+    reservation = _existing(backend, rid)
+    if reservation.interruptible:
+        raise faults.Ec2Error("OperationNotPermitted",
+                               f"The capacity reservation {rid} is interruptible: reduce the interruptible "
+                               f"allocation of its source {reservation.source.id if reservation.source else ''} "
+                               "to 0 instances instead.")
     with _lock:
         if reservation.state() not in ("active", "scheduled", "pending", "assessing", "delayed"):
             raise faults.Ec2Error("IncorrectState",
@@ -574,6 +750,151 @@ def cancel(backend: Any, rid: str) -> None:
                                    "and cannot be cancelled.")
         reservation.state_set = "cancelled"
         reservation.release(backend)
+
+
+# -- interruptible reservations ---------------------------------------------------------------------
+
+
+def _count(value: Any, name: str, least: int) -> int:
+    if value in (None, ""):
+        raise faults.Ec2Error("MissingParameter", f"The request must contain the parameter {name}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = least - 1
+    if not least <= number <= MAX_ALLOCATION:
+        raise faults.Ec2Error("InvalidParameterValue", f"Value ({value}) for parameter {name} is invalid. "
+                                                        f"It must be between {least} and {MAX_ALLOCATION}.")
+    return number
+
+
+def _zero_size_preference(value: str | None, default: str) -> str:
+    value = value or default
+    if value not in ZERO_SIZE_PREFERENCES:
+        raise faults.Ec2Error("InvalidParameterValue", f"Value ({value}) for parameter zeroSizePreference is invalid.")
+    return value
+
+
+def _source(backend: Any, rid: str) -> Reservation:
+    source = _existing(backend, rid)
+    if source.interruptible:
+        raise faults.Ec2Error("InvalidParameterValue",
+                               f"The capacity reservation {rid} is interruptible: an interruptible allocation is "
+                               f"made and changed through its source reservation "
+                               f"{source.source.id if source.source else ''}.")
+    return source
+
+
+def create_allocation(backend: Any, rid: str, count: Any, tags: dict[str, str] | None = None,
+                      zero_size_preference: str | None = None) -> Reservation:
+    """CreateInterruptibleCapacityReservationAllocation: the interruptible reservation allocated
+    from the source reservation `rid` (see the module's docstring)."""
+    source = _source(backend, rid)
+    with _lock:
+        if source.reservation_type != "default":
+            raise faults.Ec2Error("InvalidParameterValue",
+                                   f"The capacity reservation {rid} is a {source.reservation_type}: only an On-Demand "
+                                   "Capacity Reservation allocates interruptible capacity.")
+        state = source.state()
+        if state != "active":
+            raise faults.Ec2Error("IncorrectState",
+                                   f"The capacity reservation '{rid}' is in the {state} state: only an active "
+                                   "capacity reservation allocates interruptible capacity.")
+        if source.end is not None:
+            raise faults.Ec2Error("InvalidParameterValue",
+                                   f"The capacity reservation {rid} has an end date: only a capacity reservation "
+                                   "without one allocates interruptible capacity.")
+        existing = source.live_allocation()
+        if existing is not None:
+            raise faults.Ec2Error("IncorrectState",
+                                   f"The capacity reservation {rid} already has the interruptible allocation "
+                                   f"{existing.id}: update it instead.")
+        number = _count(count, "instanceCount", 1)
+        unused = source.available(backend)
+        if number > unused:
+            raise faults.Ec2Error("InvalidParameterValue",
+                                   f"The capacity reservation {rid} has {unused} unused instances: it cannot "
+                                   f"allocate {number}.")
+        new_id, arn = _new_id(backend)
+        allocation = Reservation(
+            id=new_id, arn=arn, owner_id=source.owner_id, instance_type=source.instance_type,
+            platform=source.platform, zone=source.zone, zone_id=source.zone_id, count=number,
+            match_criteria="targeted", tenancy=source.tenancy, reservation_type="default",
+            tags=dict(tags or {}), interruptible=True, target=number,
+            zero_size_preference=_zero_size_preference(zero_size_preference, "default"), source=source)
+        source.allocation = allocation
+        reservations(backend)[new_id] = allocation
+        return allocation
+
+
+def update_allocation(backend: Any, rid: str, target: Any, zero_size_preference: str | None = None) -> Reservation:
+    """UpdateInterruptibleCapacityReservationAllocation: the source reservation `rid` lends its
+    interruptible reservation `target` instances; fewer reclaims the difference (terminating the
+    newest instances running in it when it has not that many unused). The interruptible
+    reservation."""
+    source = _source(backend, rid)
+    with _lock:
+        allocation = source.live_allocation()
+        if allocation is None:
+            raise faults.Ec2Error("InvalidParameterValue",
+                                   f"The capacity reservation {rid} has no interruptible allocation.")
+        number = _count(target, "targetInstanceCount", 0)
+        preference = _zero_size_preference(zero_size_preference, allocation.zero_size_preference)
+        if abs(number - allocation.count) > MAX_ALLOCATION:
+            raise faults.Ec2Error("InvalidParameterValue",
+                                   f"An interruptible allocation changes by at most {MAX_ALLOCATION} instances "
+                                   "at once.")
+        if number > allocation.count:
+            state = source.state()
+            if state != "active":
+                raise faults.Ec2Error("IncorrectState",
+                                       f"The capacity reservation '{rid}' is in the {state} state: it allocates "
+                                       "no more interruptible capacity.")
+            unused = source.available(backend)
+            if number - allocation.count > unused:
+                raise faults.Ec2Error("InvalidParameterValue",
+                                       f"The capacity reservation {rid} has {unused} unused instances: it cannot "
+                                       f"allocate {number - allocation.count} more.")
+        elif number < allocation.count:
+            reclaim(backend, allocation, number)
+        allocation.count = allocation.target = number
+        allocation.zero_size_preference = preference
+        if number == 0 and preference == "default":
+            allocation.state_set = "cancelled"
+        return allocation
+
+
+def reclaim(backend: Any, allocation: Reservation, keep: int) -> list[str]:
+    """The source takes back an interruptible reservation's instances beyond `keep`: its unused
+    instances first, then those running in it, the newest first, which EC2 terminates. The ids
+    of the terminated instances."""
+    with _lock:
+        excess = allocation.used(backend) - keep
+        if excess <= 0:
+            return []
+        newest = sorted(allocation.instances, key=lambda iid: (allocation.launched.get(iid, 0), iid), reverse=True)
+        gone = newest[:excess]
+        for iid in gone:
+            instance = _instance(backend, iid)
+            if instance is not None:
+                _reclaim(instance, f"the interruptible capacity reservation {allocation.id} was reclaimed")
+            allocation.instances.discard(iid)
+            allocation.launched.pop(iid, None)
+        return gone
+
+
+def allocation_answer(allocation: Reservation, with_id: bool = False) -> str:
+    """The elements of CreateInterruptibleCapacityReservationAllocationResponse (and, `with_id`,
+    of UpdateInterruptibleCapacityReservationAllocationResponse)."""
+    source = allocation.source.id if allocation.source else ""
+    head = count = ""
+    if with_id:
+        head = f"<interruptibleCapacityReservationId>{allocation.id}</interruptibleCapacityReservationId>"
+        count = f"<instanceCount>{allocation.count}</instanceCount>"
+    return (f"{head}<sourceCapacityReservationId>{source}</sourceCapacityReservationId>{count}"
+            f"<targetInstanceCount>{allocation.target}</targetInstanceCount>"
+            f"<status>{allocation.allocation_status()}</status>"
+            f"<interruptionType>{INTERRUPTION_TYPE}</interruptionType>")
 
 
 # -- launches -------------------------------------------------------------------------------------
@@ -618,6 +939,10 @@ def check(backend: Any, launch: Launch, count: int = 1) -> Reservation | None:
     """The reservation a targeted launch of `count` instances goes into; raises faults.Ec2Error as
     EC2 refuses the launch. None: no target."""
     if not launch.target:
+        if launch.market_type == INTERRUPTIBLE:
+            raise faults.Ec2Error("InvalidParameterCombination",
+                                   "The market type interruptible-capacity-reservation needs a capacity reservation "
+                                   "target: an interruptible capacity reservation.")
         if launch.preference == "capacity-reservations-only":
             if _open_match(backend, launch.instance_type, launch.zone, None, None) is None:
                 raise faults.Ec2Error(EXHAUSTED, "There is no open capacity reservation with available "
@@ -634,12 +959,22 @@ def check(backend: Any, launch: Launch, count: int = 1) -> Reservation | None:
         raise faults.Ec2Error("InvalidParameterCombination",
                                f"The Availability Zone {launch.zone} does not match the Availability Zone "
                                f"{reservation.zone} of the capacity reservation {reservation.id}.")
-    block = reservation.reservation_type == CAPACITY_BLOCK
-    if (launch.market_type == CAPACITY_BLOCK) != block:
-        raise faults.Ec2Error("InvalidParameterCombination",
-                               f"The capacity reservation {reservation.id} is a capacity block: launch with the "
-                               "market type capacity-block." if block else
-                               f"The market type capacity-block needs a capacity block; {reservation.id} is not one.")
+    # A capacity block takes the market type capacity-block, an interruptible reservation the market
+    # type interruptible-capacity-reservation, and neither market type goes anywhere else.
+    market = market_type_of(reservation)
+    if launch.market_type != market and (market or launch.market_type in (CAPACITY_BLOCK, INTERRUPTIBLE)):
+        if market == CAPACITY_BLOCK:
+            message = (f"The capacity reservation {reservation.id} is a capacity block: launch with the market "
+                       "type capacity-block.")
+        elif market == INTERRUPTIBLE:
+            message = (f"The capacity reservation {reservation.id} is interruptible: launch with the market type "
+                       "interruptible-capacity-reservation.")
+        elif launch.market_type == CAPACITY_BLOCK:
+            message = f"The market type capacity-block needs a capacity block; {reservation.id} is not one."
+        else:
+            message = (f"The market type interruptible-capacity-reservation needs an interruptible capacity "
+                       f"reservation; {reservation.id} is not one.")
+        raise faults.Ec2Error("InvalidParameterCombination", message)
     state = reservation.state()
     if state != "active":
         raise faults.Ec2Error(EXHAUSTED, f"The capacity reservation {reservation.id} is {state}: "
@@ -648,6 +983,19 @@ def check(backend: Any, launch: Launch, count: int = 1) -> Reservation | None:
         raise faults.Ec2Error(EXHAUSTED, f"There is insufficient capacity in the capacity reservation "
                                           f"{reservation.id}.")
     return reservation
+
+
+def market_type_of(reservation: Reservation) -> str | None:
+    """The market type (and instance lifecycle) of a launch into `reservation`: a capacity block's
+    and an interruptible reservation's own, None for an ODCR's (on-demand)."""
+    if reservation.reservation_type == CAPACITY_BLOCK:
+        return CAPACITY_BLOCK
+    return INTERRUPTIBLE if reservation.interruptible else None
+
+
+def fleet_reservation_type(reservation: Reservation) -> str:
+    """The kind of `reservation` as ReservedCapacityOptions.ReservationType.N names it."""
+    return market_type_of(reservation) or "on-demand-capacity-reservation"
 
 
 def _platform(instance: Any) -> str:
@@ -681,6 +1029,7 @@ def attach(backend: Any, instance: Any, launch: Launch) -> None:
                                       getattr(instance.placement, "tenancy", None) or "default")
         if reservation is not None:
             reservation.instances.add(instance.id)
+            reservation.launched[instance.id] = next(_launch_order)
             instance.capacity_reservation_id = reservation.id
             if launch.target:
                 instance.capacity_reservation_specification = {
@@ -689,8 +1038,9 @@ def attach(backend: Any, instance: Any, launch: Launch) -> None:
                 }
             else:
                 instance.capacity_reservation_specification = {"CapacityReservationPreference": launch.preference}
-            if reservation.reservation_type == CAPACITY_BLOCK:
-                instance.lifecycle = CAPACITY_BLOCK
+            lifecycle = market_type_of(reservation)
+            if lifecycle:
+                instance.lifecycle = lifecycle
         else:
             instance.capacity_reservation_specification = {
                 "CapacityReservationPreference": "none" if launch.preference == "none" else "open"}
@@ -733,6 +1083,18 @@ def install_instance_reservations() -> None:
         return out
 
     fleets.Fleet.create_on_demand_requests = create_on_demand_requests
+
+    # An instant fleet's answer shows the lifecycle of the instances it launched into a capacity
+    # block or an interruptible reservation (moto: on-demand).
+    original_build = fleets.Fleet._build_instance_data
+
+    def build_instance_data(instance, lifecycle, launch_spec, _original=original_build):
+        data = _original(instance, lifecycle, launch_spec)
+        if getattr(instance, "lifecycle", None) in (CAPACITY_BLOCK, INTERRUPTIBLE):
+            data["Lifecycle"] = instance.lifecycle
+        return data
+
+    fleets.Fleet._build_instance_data = staticmethod(build_instance_data)
 
 
 def _request_members(get: Callable[[str], Any]) -> dict[str, Any]:
@@ -794,13 +1156,24 @@ class CapacityReservations:
             return faults.answer(start_response, error.status, faults.error_document(error.code, error.message))
 
     def _action(self, action: str, params: dict[str, str], backend: Any) -> bytes:
-        if action == "CreateCapacityReservation":
+        if action in ("CreateCapacityReservation", "CreateInterruptibleCapacityReservationAllocation"):
             # CreateCapacityReservation's member is TagSpecifications.N (most actions': TagSpecification.N).
             specs = call_log.tag_specifications(params, "TagSpecifications") or call_log.tag_specifications(params)
             for rtype in specs:
                 if rtype != "capacity-reservation":
                     raise faults.Ec2Error("InvalidParameterValue",
                                            f"'{rtype}' is not a valid taggable resource type for this operation.")
+        if action == "CreateInterruptibleCapacityReservationAllocation":
+            allocation = create_allocation(backend, params.get("CapacityReservationId", ""),
+                                           params.get("InstanceCount"), tags=specs.get("capacity-reservation"),
+                                           zero_size_preference=params.get("ZeroSizePreference"))
+            return faults.ec2_response(action, allocation_answer(allocation))
+        if action == "UpdateInterruptibleCapacityReservationAllocation":
+            allocation = update_allocation(backend, params.get("CapacityReservationId", ""),
+                                           params.get("TargetInstanceCount"),
+                                           zero_size_preference=params.get("ZeroSizePreference"))
+            return faults.ec2_response(action, allocation_answer(allocation, with_id=True))
+        if action == "CreateCapacityReservation":
             reservation = create(
                 backend, params.get("InstanceType", ""), params.get("InstanceCount"),
                 zone=params.get("AvailabilityZone"), zone_id=params.get("AvailabilityZoneId"),
@@ -846,6 +1219,24 @@ class CapacityReservations:
     # -- launches ---------------------------------------------------------------------------------
 
     @staticmethod
+    def _check_reserved_fleet(params: dict[str, str], kinds: list[str]) -> None:
+        """What EC2 refuses of a fleet whose DefaultTargetCapacityType is reserved-capacity."""
+        for kind in kinds:
+            if kind not in FLEET_RESERVATION_TYPES:
+                raise faults.Ec2Error("InvalidParameterValue",
+                                       f"Value ({kind}) for parameter ReservedCapacityOptions.ReservationType is "
+                                       "invalid.")
+        if (params.get("Type") or "maintain") != "instant":
+            raise faults.Ec2Error("InvalidParameterCombination",
+                                   "The target capacity type reserved-capacity is supported only for fleets of type "
+                                   "instant.")
+        for name in ("OnDemandTargetCapacity", "SpotTargetCapacity"):
+            if params.get(f"TargetCapacitySpecification.{name}") not in (None, "", "0"):
+                raise faults.Ec2Error("InvalidParameterCombination",
+                                       f"The parameter {name} cannot be used with the target capacity type "
+                                       "reserved-capacity.")
+
+    @staticmethod
     def _check_run_instances(environ: dict, params: dict[str, str], backend: Any) -> None:
         ref = placement._ref(params, "LaunchTemplate")
         data = placement.template_data(backend, ref) if ref else None
@@ -865,10 +1256,17 @@ class CapacityReservations:
 
     def _create_fleet(self, environ: dict, start_response: Callable, params: dict[str, str],
                       backend: Any) -> Iterable[bytes]:
+        target_type = params.get("TargetCapacitySpecification.DefaultTargetCapacityType")
+        block = target_type == CAPACITY_BLOCK
+        reserved = target_type == RESERVED_CAPACITY
+        kinds = placement._values(params, "ReservedCapacityOptions.ReservationType")
+        if reserved:
+            self._check_reserved_fleet(params, kinds)
         if (params.get("Type") or "maintain") != "instant":
             return self.app(environ, start_response)
-        block = params.get("TargetCapacitySpecification.DefaultTargetCapacityType") == CAPACITY_BLOCK
         lifecycle = faults.fleet_lifecycle(params)
+        if reserved:
+            lifecycle = INTERRUPTIBLE if INTERRUPTIBLE in (kinds or [INTERRUPTIBLE]) else "on-demand"
         errors: list[str] = []
         configs = []  # (config, kept overrides, had overrides)
         targeted: dict[str, int] = {}  # reservation id -> available
@@ -886,6 +1284,15 @@ class CapacityReservations:
                         raise faults.Ec2Error("InvalidParameterCombination",
                                                "A capacity-block fleet launches into a capacity block: its launch "
                                                "template targets none.")
+                    if reserved and reservation is None:
+                        raise faults.Ec2Error("InvalidParameterCombination",
+                                               "A reserved-capacity fleet launches into capacity reservations: its "
+                                               "launch template targets none.")
+                    if reserved and kinds and fleet_reservation_type(reservation) not in kinds:
+                        raise faults.Ec2Error("InvalidParameterCombination",
+                                               f"The capacity reservation {reservation.id} is of the reservation type "
+                                               f"{fleet_reservation_type(reservation)}, which the fleet's "
+                                               "ReservedCapacityOptions do not list.")
                     kept.append(override)
                     if reservation is None:
                         untargeted = True
@@ -895,13 +1302,15 @@ class CapacityReservations:
                     errors.append(faults.fleet_error_item(faults.fleet_override(config, override), lifecycle,
                                                           error.code, error.message))
             configs.append((config, kept, bool(overrides)))
-        if not errors and not targeted and not block:
+        if not errors and not targeted and not block and not reserved:
             return self.app(environ, start_response)
         if not any(kept for _, kept, _ in configs):
             return faults.answer(start_response, 200, faults.unfilled_fleet(errors))
         out = placement._without_overrides(params, configs) if errors else dict(params)
-        if block:
+        if block or reserved:
+            # moto knows neither target type: launched as on-demand, the instances carry their reservation.
             out["TargetCapacitySpecification.DefaultTargetCapacityType"] = "on-demand"
+            out = {k: v for k, v in out.items() if not k.startswith("ReservedCapacityOptions.")}
         if targeted and not untargeted:
             try:
                 wanted = int(params.get("TargetCapacitySpecification.TotalTargetCapacity") or 1)

@@ -131,7 +131,8 @@ to moto (DryRunOperation, whatever the group); so are fleets of type request and
 EC2 capacity reservations
 -------------------------
 moto 5.2.5 has none either (CreateCapacityReservation, DescribeCapacityReservations and
-CancelCapacityReservation answer 500). hack/moto/reservations.py, a WSGI middleware
+CancelCapacityReservation answer 500; the interruptible allocation actions are unknown to
+it). hack/moto/reservations.py, a WSGI middleware
 between the placement groups and moto, answers them as EC2 does (its docstring has the
 XML and the details):
 
@@ -144,9 +145,20 @@ XML and the details):
 * DescribeCapacityReservations: CapacityReservationId.N (an unknown id answers
   InvalidCapacityReservationId.NotFound), filters instance-type, availability-zone,
   availability-zone-id, owner-id, state, instance-match-criteria, tenancy,
-  instance-platform, end-date-type, reservation-type, capacity-reservation-id, tag:<key>,
-  tag-key; MaxResults and NextToken;
-* CancelCapacityReservation: the state `cancelled`, no available instances.
+  instance-platform, end-date-type, reservation-type, capacity-reservation-id,
+  interruptible, tag:<key>, tag-key; MaxResults and NextToken;
+* CancelCapacityReservation: the state `cancelled`, no available instances;
+* CreateInterruptibleCapacityReservationAllocation: CapacityReservationId (an active ODCR of
+  type default without an end date, the source), InstanceCount (at most its available
+  instances), TagSpecifications, ZeroSizePreference; makes an interruptible reservation (a new
+  cr- id, <interruptible>true</interruptible>, targeted, the source's instance type, platform,
+  zone and tenancy, InstanceCount instances) and takes them from the source's available ones;
+  DescribeCapacityReservations shows <interruptibleCapacityAllocation> on the source and
+  <interruptionInfo> on the new one;
+* UpdateInterruptibleCapacityReservationAllocation: the source's CapacityReservationId and
+  TargetInstanceCount; more takes instances from the source, fewer gives them back at once,
+  terminating the newest instances running in the interruptible reservation beyond the target
+  (0 with ZeroSizePreference default cancels it).
 
 Capacity blocks (EC2 sells them through PurchaseCapacityBlock, which is not emulated) are
 made through POST /_karpenter-rs/capacity-block: reservations of type `capacity-block`,
@@ -155,22 +167,32 @@ after. POST /_karpenter-rs/capacity-reservation changes a reservation's state or
 
 An instance launched by RunInstances or an instant CreateFleet whose launch template (or,
 for RunInstances, request) has a CapacityReservationTarget takes an available instance of
-that reservation; the instance type and zone must be the reservation's, and a capacity
-block needs the market type capacity-block (a fleet's DefaultTargetCapacityType
-`capacity-block` is launched as on-demand). A reservation without an available instance,
-or not active, fails the launch with ReservationCapacityExceeded: RunInstances with a 400,
-an instant CreateFleet with an error item per such override (HTTP 200; the other overrides
-launch). Without a target, an instance (preference `open`, the default) runs in an active
-`open` reservation of its type, zone, platform and tenancy while one has room.
-DescribeInstances shows capacityReservationId, capacityReservationSpecification and, in a
-capacity block, the instance lifecycle `capacity-block`; a terminated instance gives its
-instance back. Once a reservation is cancelled or expired (CancelCapacityReservation, its end
-date passing, or a state set through POST /_karpenter-rs/capacity-reservation), its instances
-go as on EC2: those of an ODCR (type `default`) keep running as plain On-Demand instances,
-shown with no capacityReservationId and the preference `open` without a target; those of a
-capacity block are terminated. That is applied lazily, when a request looks (any EC2 request
-of the account and region, the extension endpoints), not on a timer. Reservations belong to
-the account and region; /moto-api/reset removes them.
+that reservation; the instance type and zone must be the reservation's, a capacity block
+needs the market type capacity-block and an interruptible reservation the market type
+interruptible-capacity-reservation (InstanceMarketOptions.MarketType; that market type without
+an interruptible target fails with InvalidParameterCombination). A fleet's
+DefaultTargetCapacityType `capacity-block`, or `reserved-capacity` (with
+ReservedCapacityOptions.ReservationType.N), is launched as on-demand. A reservation without
+an available instance, or not active, fails the launch with ReservationCapacityExceeded:
+RunInstances with a 400, an instant CreateFleet with an error item per such override (HTTP
+200; the other overrides launch). Without a target, an instance (preference `open`, the
+default) runs in an active `open` reservation of its type, zone, platform and tenancy while
+one has room. DescribeInstances shows capacityReservationId,
+capacityReservationSpecification and, in a capacity block, the instance lifecycle
+`capacity-block`, in an interruptible reservation `interruptible-capacity-reservation` (so
+does an instant fleet's answer); a terminated instance gives its instance back. Once a
+reservation is cancelled or expired (CancelCapacityReservation, its end date passing, or a
+state set through POST /_karpenter-rs/capacity-reservation), its instances go as on EC2:
+those of an ODCR (type `default`) keep running as plain On-Demand instances, shown with no
+capacityReservationId and the preference `open` without a target; those of a capacity block
+or of an interruptible reservation are terminated. That is applied lazily, when a request
+looks (any EC2 request of the account and region, the extension endpoints), not on a timer.
+Reservations belong to the account and region; /moto-api/reset removes them.
+
+An instance launched with CpuOptions (the RunInstances request's, else its launch
+template's; a fleet's launch template's) shows them in its <cpuOptions>, e.g.
+<nestedVirtualization>enabled</nestedVirtualization> (moto keeps a launch template's
+CpuOptions but shows none on its instances).
 
 Account seed (per cluster name and region)
 ------------------------------------------
@@ -838,6 +860,61 @@ def _images_report_platform_details() -> None:
     Ami.usage_operation = property(lambda self: "RunInstances:0002" if windows(self) else "RunInstances")
 
 
+def _instances_show_cpu_options() -> None:
+    """Make an instance show the CpuOptions it was launched with.
+
+    moto 5.2.5 keeps a launch template's CpuOptions (CoreCount, ThreadsPerCore, AmdSevSnp,
+    NestedVirtualization) as it keeps any LaunchTemplateData member, but its instances have
+    none: DescribeInstances and the RunInstances answer show no <cpuOptions>. An instance
+    launched by RunInstances (the request's CpuOptions, else its launch template's) or by
+    CreateFleet (its launch template's) with CpuOptions shows them, as given.
+    """
+    from moto.ec2.models import fleets
+    from moto.ec2.responses.instances import InstanceResponse
+
+    def show(instance, options) -> None:
+        if instance is not None and options:
+            instance.cpu_options = {k: v for k, v in dict(options).items() if v not in (None, "")}
+
+    original_run = InstanceResponse.run_instances
+
+    def run_instances(self, _original=original_run):
+        result = _original(self)
+        options = self._get_param("CpuOptions") or (
+            placement.template_data(self.ec2_backend, self._get_param("LaunchTemplate", {}) or {}) or {}
+        ).get("CpuOptions")
+        for instance in getattr(getattr(result, "result", None), "instances", None) or []:
+            show(instance, options)
+        return result
+
+    InstanceResponse.run_instances = run_instances
+
+    def template_options(fleet, spec) -> dict | None:
+        ref = getattr(spec, "launch_template_spec", None) or {}
+        return (placement.template_data(fleet.ec2_backend, ref) or {}).get("CpuOptions")
+
+    original_on_demand = fleets.Fleet.create_on_demand_requests
+
+    def create_on_demand_requests(self, weight, _original=original_on_demand):
+        before = len(self.on_demand_instances)
+        out = _original(self, weight)
+        for item in self.on_demand_instances[before:]:
+            show(item.get("instance"), template_options(self, item.get("launch_spec")))
+        return out
+
+    original_spot = fleets.Fleet.create_spot_requests
+
+    def create_spot_requests(self, weight, _original=original_spot):
+        before = len(self.spot_requests)
+        out = _original(self, weight)
+        for request in self.spot_requests[before:]:
+            show(getattr(request, "instance", None), template_options(self, request.launch_spec))
+        return out
+
+    fleets.Fleet.create_on_demand_requests = create_on_demand_requests
+    fleets.Fleet.create_spot_requests = create_spot_requests
+
+
 def _split_names(values) -> list[str]:
     names: list[str] = []
     for value in values:
@@ -895,6 +972,7 @@ def main(argv=None) -> int:
     _fleets_use_launch_template_security_groups()
     _status_checks_can_be_set()
     _images_report_platform_details()
+    _instances_show_cpu_options()
     placement.install_instance_placement()
     reservations.install_instance_reservations()
     seeder = Seeder(eks_version)

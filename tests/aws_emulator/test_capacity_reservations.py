@@ -1,13 +1,15 @@
-"""EC2 capacity reservations and capacity blocks in the AWS emulator (hack/moto/reservations.py),
-which moto lacks.
+"""EC2 capacity reservations, capacity blocks and interruptible reservations in the AWS emulator
+(hack/moto/reservations.py), which moto lacks.
 
 Most tests run against the running emulator (hack/moto-up.sh), through boto3 pointed at
 $AWS_ENDPOINT_URL, as the controller's calls reach it: the reservation actions, capacity blocks
-made through POST /_karpenter-rs/capacity-block, and instances launched by CreateFleet and
-RunInstances into reservations. They tag their reservations with a tag of their own, cancel them
-and remove what they launched. The call-log test runs an emulator of its own in this process
-(moto behind the call log, the placement groups and the reservations, as hack/moto/server.py
-composes them), since it switches its call log.
+made through POST /_karpenter-rs/capacity-block, interruptible allocations, instances launched by
+CreateFleet and RunInstances into reservations, and the CPU options a launch template keeps and
+its instances show (hack/moto/server.py). They tag their reservations with a tag of their own,
+cancel them (an interruptible reservation ends with its source) and remove what they launched.
+The call-log tests run an emulator of their own in this process (moto behind the call log, the
+placement groups and the reservations, as hack/moto/server.py composes them), since they switch
+its call log.
 
     eval "$(hack/moto-up.sh)"
     "$(hack/moto-up.sh --venv)"/bin/python -m pytest tests/aws_emulator/test_capacity_reservations.py
@@ -44,6 +46,9 @@ RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{17}$")
 # Instance types no other test launches: an open reservation of one takes only this file's instances.
 OPEN_TYPE = "x2iedn.xlarge"
 TYPE = "m5.large"
+# The market type (and instance lifecycle) of a launch into an interruptible reservation.
+INTERRUPTIBLE = "interruptible-capacity-reservation"
+CAPACITY_BLOCK_TYPE = "capacity-block"
 
 
 def post(endpoint: str, path: str, body: dict) -> tuple[int, dict]:
@@ -99,6 +104,15 @@ class Made:
         self.reservations.append(answer["id"])
         return answer
 
+    def allocation(self, source: str, count: int, **kwargs: Any) -> str:
+        """The id of an interruptible reservation allocated from `source` (it ends with its source,
+        which remove() cancels)."""
+        tags = [{"Key": "test-run", "Value": self.run_tag}] + kwargs.pop("Tags", [])
+        self.ec2.create_interruptible_capacity_reservation_allocation(
+            CapacityReservationId=source, InstanceCount=count,
+            TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": tags}], **kwargs)
+        return self.get(source)["InterruptibleCapacityAllocation"]["InterruptibleCapacityReservationId"]
+
     def get(self, rid: str) -> dict:
         return self.ec2.describe_capacity_reservations(CapacityReservationIds=[rid])["CapacityReservations"][0]
 
@@ -116,14 +130,16 @@ class Made:
         return template
 
     def fleet(self, template: dict, subnet: str, count: int = 1, capacity: str = "on-demand",
-              instance_type: str = TYPE) -> dict:
+              instance_type: str = TYPE, **kwargs: Any) -> dict:
         answer = self.ec2.create_fleet(
-            Type="instant",
-            TargetCapacitySpecification={"TotalTargetCapacity": count, "DefaultTargetCapacityType": capacity},
+            Type=kwargs.pop("Type", "instant"),
+            TargetCapacitySpecification={"TotalTargetCapacity": count, "DefaultTargetCapacityType": capacity,
+                                         **kwargs.pop("TargetCapacitySpecification", {})},
             LaunchTemplateConfigs=[{
                 "LaunchTemplateSpecification": {"LaunchTemplateId": template["LaunchTemplateId"], "Version": "$Latest"},
                 "Overrides": [{"InstanceType": instance_type, "SubnetId": subnet}],
             }],
+            **kwargs,
         )
         self.instances += [i for launched in answer.get("Instances", []) for i in launched["InstanceIds"]]
         return answer
@@ -544,11 +560,291 @@ def test_a_capacity_block_that_ends_terminates_its_instances(ec2, made, image, s
     assert made.get(block["id"])["AvailableInstanceCount"] == 0
 
 
+# -- interruptible reservations ---------------------------------------------------------------------
+
+
+def reserved_fleet(made: Made, template: dict, subnet: str, count: int = 1,
+                   types: tuple[str, ...] = (INTERRUPTIBLE,), **kwargs: Any) -> dict:
+    """An instant fleet into reservations, as the controller launches into interruptible ones."""
+    return made.fleet(template, subnet, count=count, capacity="reserved-capacity",
+                      ReservedCapacityOptions={"ReservationTypes": list(types)}, **kwargs)
+
+
+def lent_by(made: Made, zone: str, count: int, lent: int, **kwargs: Any) -> tuple[str, str]:
+    """A targeted source reservation of `count` instances lending `lent` to an interruptible
+    reservation: (source id, interruptible id)."""
+    source = made.reservation(zone, count=count, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    return source, made.allocation(source, lent, **kwargs)
+
+
+def test_an_interruptible_allocation_answers_as_ec2(ec2, made, zone) -> None:
+    source = made.reservation(zone, count=4, InstanceMatchCriteria="targeted", Tenancy="default")
+    sid = source["CapacityReservationId"]
+    answer = ec2.create_interruptible_capacity_reservation_allocation(
+        CapacityReservationId=sid, InstanceCount=3, TagSpecifications=[{
+            "ResourceType": "capacity-reservation",
+            "Tags": [{"Key": "test-run", "Value": made.run_tag}, {"Key": "team", "Value": "batch"}]}])
+    answer.pop("ResponseMetadata")
+    assert answer == {"SourceCapacityReservationId": sid, "TargetInstanceCount": 3, "Status": "active",
+                      "InterruptionType": "adhoc"}
+
+    # The source lends 3 of its 4 instances: its total stays, its available instances go down.
+    lender = made.get(sid)
+    allocation = lender["InterruptibleCapacityAllocation"]
+    rid = allocation["InterruptibleCapacityReservationId"]
+    assert RESERVATION_ID.match(rid) and rid != sid
+    assert allocation == {"InstanceCount": 3, "TargetInstanceCount": 3, "Status": "active",
+                          "InterruptibleCapacityReservationId": rid, "InterruptionType": "adhoc",
+                          "ZeroSizePreference": "default"}
+    assert (lender["TotalInstanceCount"], lender["AvailableInstanceCount"], lender["Interruptible"]) == (4, 1, False)
+    assert "InterruptionInfo" not in lender
+
+    interruptible = made.get(rid)
+    assert interruptible["Interruptible"] is True
+    assert interruptible["CapacityReservationArn"] == f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{rid}"
+    assert (interruptible["TotalInstanceCount"], interruptible["AvailableInstanceCount"]) == (3, 3)
+    assert (interruptible["InstanceType"], interruptible["AvailabilityZone"], interruptible["InstancePlatform"],
+            interruptible["Tenancy"]) == (TYPE, zone, "Linux/UNIX", "default")
+    assert (interruptible["InstanceMatchCriteria"], interruptible["ReservationType"], interruptible["State"],
+            interruptible["OwnerId"]) == ("targeted", "default", "active", ACCOUNT)
+    assert interruptible["InterruptionInfo"] == {"SourceCapacityReservationId": sid, "InterruptionType": "adhoc"}
+    assert "InterruptibleCapacityAllocation" not in interruptible
+    assert {t["Key"]: t["Value"] for t in interruptible["Tags"]} == {"test-run": made.run_tag, "team": "batch"}
+
+    def ids(*filters: dict) -> list[str]:
+        found = ec2.describe_capacity_reservations(Filters=[made.mine, *filters])["CapacityReservations"]
+        return [r["CapacityReservationId"] for r in found]
+
+    # Only the interruptible one has the test's tag here: the source was tagged by made.reservation too.
+    assert ids({"Name": "interruptible", "Values": ["true"]}) == [rid]
+    assert ids({"Name": "interruptible", "Values": ["false"]}) == [sid]
+
+
+def test_allocations_ec2_refuses(ec2, made, image, subnet, zone) -> None:
+    def refused(**call: Any) -> tuple[int, str]:
+        status, code, _ = error_of(lambda: ec2.create_interruptible_capacity_reservation_allocation(**call))
+        return status, code
+
+    assert refused(CapacityReservationId="cr-0123456789abcdef0", InstanceCount=1) == \
+        (400, "InvalidCapacityReservationId.NotFound")
+    source = made.reservation(zone, count=2, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    # Only unused instances can be lent: one of the two runs an instance.
+    reserved_in(made, source, image, subnet)
+    assert refused(CapacityReservationId=source, InstanceCount=2) == (400, "InvalidParameterValue")
+    assert refused(CapacityReservationId=source, InstanceCount=0) == (400, "InvalidParameterValue")
+    assert refused(CapacityReservationId=source, InstanceCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "a", "Value": "b"}]}]) == (400, "InvalidParameterValue")
+    interruptible = made.allocation(source, 1)
+    # One allocation per source; none from an interruptible reservation.
+    assert refused(CapacityReservationId=source, InstanceCount=1) == (400, "IncorrectState")
+    assert refused(CapacityReservationId=interruptible, InstanceCount=1) == (400, "InvalidParameterValue")
+    # Nor from a capacity block, a reservation with an end date, or one no longer active.
+    block = made.block(zone, count=2, start=iso(-datetime.timedelta(minutes=5)), end=iso(datetime.timedelta(hours=2)))
+    assert refused(CapacityReservationId=block["id"], InstanceCount=1) == (400, "InvalidParameterValue")
+    ending = made.reservation(zone, count=2, EndDateType="limited",
+                              EndDate=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1))
+    assert refused(CapacityReservationId=ending["CapacityReservationId"], InstanceCount=1) == \
+        (400, "InvalidParameterValue")
+    cancelled = made.reservation(zone, count=2)["CapacityReservationId"]
+    ec2.cancel_capacity_reservation(CapacityReservationId=cancelled)
+    assert refused(CapacityReservationId=cancelled, InstanceCount=1) == (400, "IncorrectState")
+    # An interruptible reservation is not cancelled directly, and its allocation is changed
+    # through its source only.
+    assert error_of(lambda: ec2.cancel_capacity_reservation(CapacityReservationId=interruptible))[:2] == \
+        (400, "OperationNotPermitted")
+    assert error_of(lambda: ec2.update_interruptible_capacity_reservation_allocation(
+        CapacityReservationId=interruptible, TargetInstanceCount=0))[:2] == (400, "InvalidParameterValue")
+    assert error_of(lambda: ec2.update_interruptible_capacity_reservation_allocation(
+        CapacityReservationId=cancelled, TargetInstanceCount=1))[:2] == (400, "InvalidParameterValue")
+    # More than the source has unused (none left: one runs an instance, one is lent).
+    assert error_of(lambda: ec2.update_interruptible_capacity_reservation_allocation(
+        CapacityReservationId=source, TargetInstanceCount=2))[:2] == (400, "InvalidParameterValue")
+    assert made.get(interruptible)["TotalInstanceCount"] == 1
+
+
+def test_a_targeted_launch_into_an_interruptible_reservation_needs_its_market_type(ec2, made, image, subnet,
+                                                                                    zone) -> None:
+    _, rid = lent_by(made, zone, count=3, lent=2)
+    target = {"CapacityReservationPreference": "capacity-reservations-only",
+              "CapacityReservationTarget": {"CapacityReservationId": rid}}
+    market = {"MarketType": INTERRUPTIBLE}
+
+    def refused(**call: Any) -> tuple[int, str]:
+        status, code, _ = error_of(lambda: made.run(ImageId=image, InstanceType=TYPE, SubnetId=subnet, **call))
+        return status, code
+
+    # Without the market type; the market type without a target, or into a plain ODCR.
+    assert refused(CapacityReservationSpecification=target) == (400, "InvalidParameterCombination")
+    assert refused(InstanceMarketOptions=market) == (400, "InvalidParameterCombination")
+    plain = made.reservation(zone, InstanceMatchCriteria="targeted")["CapacityReservationId"]
+    assert refused(InstanceMarketOptions=market, CapacityReservationSpecification={
+        "CapacityReservationTarget": {"CapacityReservationId": plain}}) == (400, "InvalidParameterCombination")
+    assert fleet_errors(made.fleet(made.template(image, target=rid), subnet)) == [
+        ("InvalidParameterCombination", TYPE)]
+    assert made.get(rid)["AvailableInstanceCount"] == 2
+
+    # With it: RunInstances' request, and a launch template's.
+    instance = made.run(ImageId=image, InstanceType=TYPE, SubnetId=subnet, CapacityReservationSpecification=target,
+                        InstanceMarketOptions=market)[0]
+    assert (instance["CapacityReservationId"], instance["InstanceLifecycle"]) == (rid, INTERRUPTIBLE)
+    template = made.template(image, target=rid, market=INTERRUPTIBLE)
+    again = made.run(LaunchTemplate={"LaunchTemplateId": template["LaunchTemplateId"]}, InstanceType=TYPE,
+                     SubnetId=subnet)[0]
+    for shown in made.described([instance["InstanceId"], again["InstanceId"]]).values():
+        assert (shown["CapacityReservationId"], shown["InstanceLifecycle"]) == (rid, INTERRUPTIBLE)
+        assert shown["CapacityReservationSpecification"] == {
+            "CapacityReservationPreference": "capacity-reservations-only",
+            "CapacityReservationTarget": {"CapacityReservationId": rid}}
+    assert made.get(rid)["AvailableInstanceCount"] == 0
+    assert refused(CapacityReservationSpecification=target, InstanceMarketOptions=market) == \
+        (400, "ReservationCapacityExceeded")
+
+
+def test_reserved_capacity_fleets(ec2, made, image, subnet, zone) -> None:
+    source, rid = lent_by(made, zone, count=3, lent=1)
+    template = made.template(image, target=rid, market=INTERRUPTIBLE)
+    # Two wanted, one lent: one instance, and the error of the capacity it could not find.
+    answer = reserved_fleet(made, template, subnet, count=2)
+    ids = launched(answer)
+    assert len(ids) == 1
+    assert [item["Lifecycle"] for item in answer["Instances"]] == [INTERRUPTIBLE]
+    assert fleet_errors(answer) == [("ReservationCapacityExceeded", TYPE)]
+    assert [e["Lifecycle"] for e in answer["Errors"]] == [INTERRUPTIBLE]
+    shown = made.described(ids)[ids[0]]
+    assert (shown["CapacityReservationId"], shown["InstanceLifecycle"]) == (rid, INTERRUPTIBLE)
+    assert made.get(rid)["AvailableInstanceCount"] == 0
+    assert made.get(source)["AvailableInstanceCount"] == 2
+    assert fleet_errors(reserved_fleet(made, template, subnet)) == [("ReservationCapacityExceeded", TYPE)]
+
+    # Each override must target a reservation of a kind the fleet lists.
+    ec2.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source, TargetInstanceCount=2)
+    assert fleet_errors(reserved_fleet(made, made.template(image), subnet)) == [("InvalidParameterCombination", TYPE)]
+    assert fleet_errors(reserved_fleet(made, template, subnet, types=(CAPACITY_BLOCK_TYPE,))) == [
+        ("InvalidParameterCombination", TYPE)]
+    assert launched(reserved_fleet(made, template, subnet, types=(CAPACITY_BLOCK_TYPE, INTERRUPTIBLE)))
+    # An instant fleet only, its capacity all of the default type.
+    assert error_of(lambda: reserved_fleet(made, template, subnet, Type="request"))[:2] == \
+        (400, "InvalidParameterCombination")
+    assert error_of(lambda: reserved_fleet(made, template, subnet, TargetCapacitySpecification={
+        "OnDemandTargetCapacity": 1}))[:2] == (400, "InvalidParameterCombination")
+
+
+def test_a_capacity_block_fleet_answers_its_lifecycle(ec2, made, image, subnet, zone) -> None:
+    block = made.block(zone, count=1, start=iso(-datetime.timedelta(minutes=5)), end=iso(datetime.timedelta(hours=2)))
+    answer = made.fleet(made.template(image, target=block["id"], market="capacity-block"), subnet,
+                        capacity="capacity-block")
+    assert [item["Lifecycle"] for item in answer["Instances"]] == ["capacity-block"]
+
+
+def test_reducing_an_allocation_reclaims_unused_then_the_newest_instances(ec2, made, image, subnet, zone) -> None:
+    source, rid = lent_by(made, zone, count=5, lent=4)
+    target = {"CapacityReservationPreference": "capacity-reservations-only",
+              "CapacityReservationTarget": {"CapacityReservationId": rid}}
+    first, second, third = (made.run(ImageId=image, InstanceType=TYPE, SubnetId=subnet,
+                                     CapacityReservationSpecification=target,
+                                     InstanceMarketOptions={"MarketType": INTERRUPTIBLE})[0]["InstanceId"]
+                            for _ in range(3))
+    assert (made.get(rid)["AvailableInstanceCount"], made.get(source)["AvailableInstanceCount"]) == (1, 1)
+
+    # 4 -> 3: the unused instance goes back first; nothing is terminated.
+    answer = ec2.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source,
+                                                                     TargetInstanceCount=3)
+    answer.pop("ResponseMetadata")
+    assert answer == {"InterruptibleCapacityReservationId": rid, "SourceCapacityReservationId": source,
+                      "InstanceCount": 3, "TargetInstanceCount": 3, "Status": "active", "InterruptionType": "adhoc"}
+    assert {i: s["State"]["Name"] for i, s in made.described([first, second, third]).items()} == {
+        first: "running", second: "running", third: "running"}
+
+    # 3 -> 1: the two newest are terminated, as EC2 reclaims them; their capacity goes back.
+    ec2.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source, TargetInstanceCount=1)
+    shown = made.described([first, second, third])
+    assert shown[first]["State"]["Name"] == "running"
+    for gone in (second, third):
+        assert shown[gone]["State"]["Name"] == "terminated"
+        assert shown[gone]["StateReason"]["Code"] == "Server.ScheduledStop"
+        assert shown[gone]["StateTransitionReason"].startswith("Service initiated")
+        assert (shown[gone]["CapacityReservationId"], shown[gone]["InstanceLifecycle"]) == (rid, INTERRUPTIBLE)
+    lender, interruptible = made.get(source), made.get(rid)
+    assert (lender["TotalInstanceCount"], lender["AvailableInstanceCount"]) == (5, 4)
+    assert (lender["InterruptibleCapacityAllocation"]["InstanceCount"],
+            lender["InterruptibleCapacityAllocation"]["TargetInstanceCount"]) == (1, 1)
+    assert (interruptible["TotalInstanceCount"], interruptible["AvailableInstanceCount"]) == (1, 0)
+
+    # 1 -> 2: lent again from the source's unused instances.
+    ec2.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source, TargetInstanceCount=2)
+    assert (made.get(rid)["AvailableInstanceCount"], made.get(source)["AvailableInstanceCount"]) == (1, 3)
+
+    # 0 with the default preference: the interruptible reservation is cancelled, its last
+    # instance terminated, and all the capacity is the source's again.
+    answer = ec2.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source,
+                                                                     TargetInstanceCount=0)
+    assert (answer["InstanceCount"], answer["Status"]) == (0, "canceled")
+    assert made.described([first])[first]["State"]["Name"] == "terminated"
+    assert made.get(rid)["State"] == "cancelled"
+    lender = made.get(source)
+    assert (lender["AvailableInstanceCount"], lender["InterruptibleCapacityAllocation"]["Status"]) == (5, "canceled")
+    # A canceled allocation makes room for a new one.
+    assert made.allocation(source, 2) != rid
+
+
+def test_an_allocation_that_retains_its_zero_size_stays_active(ec2, made, zone) -> None:
+    source, rid = lent_by(made, zone, count=2, lent=1, ZeroSizePreference="retain")
+    ec2.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source, TargetInstanceCount=0)
+    interruptible = made.get(rid)
+    assert (interruptible["State"], interruptible["TotalInstanceCount"], interruptible["ZeroSizePreference"]) == \
+        ("active", 0, "retain")
+    assert made.get(source)["InterruptibleCapacityAllocation"]["Status"] == "active"
+    ec2.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source, TargetInstanceCount=2)
+    assert (made.get(rid)["AvailableInstanceCount"], made.get(source)["AvailableInstanceCount"]) == (2, 0)
+
+
+def test_a_cancelled_source_ends_its_interruptible_reservation(ec2, made, image, subnet, zone) -> None:
+    source, rid = lent_by(made, zone, count=2, lent=1)
+    ids = launched(reserved_fleet(made, made.template(image, target=rid, market=INTERRUPTIBLE), subnet))
+    assert len(ids) == 1
+    ec2.cancel_capacity_reservation(CapacityReservationId=source)
+    assert made.get(rid)["State"] == "cancelled"
+    assert made.get(source)["InterruptibleCapacityAllocation"]["Status"] == "canceled"
+    shown = made.described(ids)[ids[0]]
+    assert (shown["State"]["Name"], shown["InstanceLifecycle"]) == ("terminated", INTERRUPTIBLE)
+
+
+# -- launch templates' CPU options ---------------------------------------------------------------------
+
+
+def test_launch_templates_keep_cpu_options(ec2, made, image, subnet) -> None:
+    template = made.template(image, CpuOptions={"CoreCount": 1, "ThreadsPerCore": 2,
+                                                "NestedVirtualization": "enabled"})
+    second = ec2.create_launch_template_version(
+        LaunchTemplateId=template["LaunchTemplateId"],
+        LaunchTemplateData={"ImageId": image, "CpuOptions": {"NestedVirtualization": "disabled"}},
+    )["LaunchTemplateVersion"]
+    versions = {v["VersionNumber"]: v["LaunchTemplateData"] for v in ec2.describe_launch_template_versions(
+        LaunchTemplateId=template["LaunchTemplateId"])["LaunchTemplateVersions"]}
+    assert versions[1]["CpuOptions"] == {"CoreCount": 1, "ThreadsPerCore": 2, "NestedVirtualization": "enabled"}
+    assert versions[second["VersionNumber"]]["CpuOptions"]["NestedVirtualization"] == "disabled"
+
+    # Its instances show them: from RunInstances ($Default, version 1) and from a fleet ($Latest).
+    run = made.run(LaunchTemplate={"LaunchTemplateId": template["LaunchTemplateId"]}, InstanceType="m8i.large",
+                   SubnetId=subnet)[0]
+    assert run["CpuOptions"]["NestedVirtualization"] == "enabled"
+    fleet = launched(made.fleet(template, subnet, instance_type="m8i.large"))
+    shown = made.described([run["InstanceId"], *fleet])
+    assert shown[run["InstanceId"]]["CpuOptions"] == {"CoreCount": 1, "ThreadsPerCore": 2,
+                                                      "NestedVirtualization": "enabled"}
+    assert shown[fleet[0]]["CpuOptions"]["NestedVirtualization"] == "disabled"
+    own = made.run(ImageId=image, InstanceType="m8i.large", SubnetId=subnet,
+                   CpuOptions={"NestedVirtualization": "enabled"})[0]
+    assert made.described([own["InstanceId"]])[own["InstanceId"]]["CpuOptions"] == {"NestedVirtualization": "enabled"}
+
+
 def test_dry_runs(ec2, zone) -> None:
     status, code, _ = error_of(lambda: ec2.create_capacity_reservation(
         DryRun=True, InstanceType=TYPE, InstancePlatform="Linux/UNIX", AvailabilityZone=zone, InstanceCount=1))
     assert (status, code) == (412, "DryRunOperation")
     assert error_of(lambda: ec2.describe_capacity_reservations(DryRun=True))[1] == "DryRunOperation"
+    assert error_of(lambda: ec2.create_interruptible_capacity_reservation_allocation(
+        DryRun=True, CapacityReservationId="cr-0123456789abcdef0", InstanceCount=1))[1] == "DryRunOperation"
 
 
 # -- the call log (an emulator of this process) ----------------------------------------------------------
@@ -637,3 +933,71 @@ def test_the_call_log_models_capacity_reservations(own_emulator) -> None:
     cancel = [r for r in records if r["operation"] == "ec2:CancelCapacityReservation"]
     assert [(r["resource"], r["resource_found"], r["context"]["aws:ResourceTag/team"]) for r in cancel] == [
         (f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{other}", True, "ml")]
+
+
+def test_the_call_log_models_interruptible_reservations(own_emulator, tmp_path) -> None:
+    endpoint, recorder, _ = own_emulator
+    log = tmp_path / "interruptible.jsonl"
+    ec2 = ec2_client(endpoint)  # the test's own calls: not recorded
+    controller = ec2_client(endpoint, controller=True)
+    zone = f"{REGION}a"
+    source = ec2.create_capacity_reservation(
+        InstanceType=TYPE, InstancePlatform="Linux/UNIX", AvailabilityZone=zone, InstanceCount=3,
+        InstanceMatchCriteria="targeted", TagSpecifications=[
+            {"ResourceType": "capacity-reservation", "Tags": [{"Key": "team", "Value": "ml"}]}],
+    )["CapacityReservation"]["CapacityReservationId"]
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    vpc = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.1.0.0/19", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+    recorder.set_path(str(log))
+    try:
+        controller.create_interruptible_capacity_reservation_allocation(
+            CapacityReservationId=source, InstanceCount=2, TagSpecifications=[
+                {"ResourceType": "capacity-reservation", "Tags": [{"Key": "team", "Value": "batch"}]}])
+        rid = ec2.describe_capacity_reservations(CapacityReservationIds=[source])["CapacityReservations"][0][
+            "InterruptibleCapacityAllocation"]["InterruptibleCapacityReservationId"]
+        template = ec2.create_launch_template(LaunchTemplateName="interruptible", LaunchTemplateData={
+            "ImageId": image, "InstanceMarketOptions": {"MarketType": INTERRUPTIBLE},
+            "CapacityReservationSpecification": {
+                "CapacityReservationPreference": "capacity-reservations-only",
+                "CapacityReservationTarget": {"CapacityReservationId": rid}}})["LaunchTemplate"]
+        answer = controller.create_fleet(
+            Type="instant",
+            TargetCapacitySpecification={"TotalTargetCapacity": 1, "DefaultTargetCapacityType": "reserved-capacity"},
+            ReservedCapacityOptions={"ReservationTypes": [INTERRUPTIBLE]},
+            LaunchTemplateConfigs=[{
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template["LaunchTemplateId"], "Version": "$Latest"},
+                "Overrides": [{"InstanceType": TYPE, "SubnetId": subnet}]}],
+        )
+        assert launched(answer) and not answer.get("Errors")
+        with pytest.raises(ClientError):
+            controller.run_instances(DryRun=True, ImageId=image, InstanceType=TYPE, SubnetId=subnet,
+                                     MinCount=1, MaxCount=1, InstanceMarketOptions={"MarketType": INTERRUPTIBLE},
+                                     CapacityReservationSpecification={
+                                         "CapacityReservationTarget": {"CapacityReservationId": rid}})
+        controller.update_interruptible_capacity_reservation_allocation(CapacityReservationId=source,
+                                                                        TargetInstanceCount=0)
+    finally:
+        recorder.set_path(None)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all(r["modelled"] and not r.get("error") for r in records), [r for r in records if not r["modelled"]]
+
+    # A launch into the interruptible reservation is judged on its ARN, as any targeted launch.
+    arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{rid}"
+    for operation, actions in (("ec2:RunInstances", {"ec2:RunInstances"}),
+                               ("ec2:CreateFleet", {"ec2:RunInstances", "ec2:CreateFleet"})):
+        on_reservation = [r for r in records if r["operation"] == operation and r["resource"] == arn]
+        assert {r["action"] for r in on_reservation} == actions, operation
+        assert all(r["resource_found"] and r["context"]["aws:ResourceTag/team"] == "batch" for r in on_reservation)
+
+    source_arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/{source}"
+    new = f"arn:aws:ec2:{REGION}:{ACCOUNT}:capacity-reservation/*"
+    create = [r for r in records if r["operation"] == "ec2:CreateInterruptibleCapacityReservationAllocation"]
+    assert [(r["action"], r["resource"], r["context"].get("aws:ResourceTag/team"),
+             r["context"].get("aws:RequestTag/team"), r["context"].get("ec2:CreateAction")) for r in create] == [
+        ("ec2:CreateInterruptibleCapacityReservationAllocation", source_arn, "ml", None, None),
+        ("ec2:CreateInterruptibleCapacityReservationAllocation", new, None, "batch", None),
+        ("ec2:CreateTags", new, None, "batch", "CreateInterruptibleCapacityReservationAllocation")]
+    update = [r for r in records if r["operation"] == "ec2:UpdateInterruptibleCapacityReservationAllocation"]
+    assert [(r["action"], r["resource"], r["resource_found"]) for r in update] == [
+        ("ec2:UpdateInterruptibleCapacityReservationAllocation", source_arn, True)]
