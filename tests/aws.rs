@@ -26,6 +26,7 @@ use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
 use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
 use karpenter::cloudprovider::aws::launchtemplate::LAUNCH_TEMPLATE_TTL;
 use karpenter::cloudprovider::aws::nodeclass::conditions;
+use karpenter::cloudprovider::aws::unavailable::Scope;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
 use karpenter::controllers::nodeclaim::garbagecollection::{
@@ -508,6 +509,24 @@ async fn a_placement_group_takes_the_launches_and_labels_the_nodes() {
         .unwrap()
         .insert(LABEL_PLACEMENT_GROUP_ID.into(), "pg-0123456789abcdef0".into());
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::PlacementGroup));
+    // Out of capacity inside the group: only launches into that partition of the group leave
+    // the offering out, never launches elsewhere.
+    faults.fail_instance_type("m5.large");
+    let mut full = node_claim("placed-3", &["m5.large"], CAPACITY_TYPE_ON_DEMAND);
+    full.spec.requirements = claim.spec.requirements.clone();
+    let err = p.create(&full).await.unwrap_err();
+    assert!(matches!(err, CloudProviderError::InsufficientCapacity { .. }), "{err}");
+    faults.heal_instance_type("m5.large");
+    let key = |zone: &str| OfferingKey {
+        instance_type: "m5.large".into(),
+        zone: zone.into(),
+        capacity_type: CAPACITY_TYPE_ON_DEMAND.into(),
+    };
+    let zone = format!("{}a", region());
+    assert!(p.unavailable_offerings().marked(&key(&zone), Scope::Partition(id.clone(), 2)));
+    assert!(!p.unavailable_offerings().marked(&key(&zone), Scope::Everywhere));
+    assert!(!p.unavailable_offerings().contains(&key(&zone), None));
+
     // A group in use is not deleted.
     let refused = p.clients().ec2.delete_placement_group().group_name(&name).send().await;
     assert!(refused.is_err());
@@ -677,6 +696,73 @@ async fn reserved_claims_launch_into_their_reservation_until_it_is_exhausted() {
     class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
     p.node_classes().upsert(class.clone());
     assert_eq!(p.is_drifted(&claimed).await.unwrap(), Some(DriftReason::CapacityReservation));
+}
+
+/// An interruptible capacity reservation (unused instances of another team's reservation, lent
+/// out until it takes them back) is launched into with its own market type and fleet target type.
+#[tokio::test]
+#[ignore = "needs the AWS emulator: make test"]
+async fn interruptible_reservations_launch_with_their_market_type() {
+    let (p, cluster, faults) = provider_with_faults("interruptible").await;
+    let ec2 = &p.clients().ec2;
+    let zone = format!("{}a", region());
+    let source = ec2
+        .create_capacity_reservation()
+        .instance_type("m5.large")
+        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
+        .availability_zone(&zone)
+        .instance_count(3)
+        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
+        .send()
+        .await
+        .unwrap();
+    let source_id =
+        source.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+    ec2.create_interruptible_capacity_reservation_allocation()
+        .capacity_reservation_id(&source_id)
+        .instance_count(2)
+        .send()
+        .await
+        .unwrap();
+    let described =
+        ec2.describe_capacity_reservations().capacity_reservation_ids(&source_id).send().await.unwrap();
+    let id = described.capacity_reservations()[0]
+        .interruptible_capacity_allocation()
+        .and_then(|a| a.interruptible_capacity_reservation_id())
+        .unwrap()
+        .to_string();
+    let mut class = node_class(&cluster, "al2023@latest");
+    class.spec.capacity_reservation_selector_terms = serde_json::from_value(json!([{"id": id}])).unwrap();
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    let listed = &class.status.as_ref().unwrap().capacity_reservations;
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].id.as_str(), listed[0].interruptible), (id.as_str(), Some(true)));
+    p.node_classes().upsert(class.clone());
+
+    let launched = p.create(&node_claim("interruptible-1", &["m5.large"], "reserved")).await.unwrap();
+    assert_eq!(launched.capacity_type, "reserved");
+    assert_eq!(launched.labels.get(LABEL_CAPACITY_RESERVATION_ID), Some(&id));
+    assert_eq!(
+        launched.labels.get(LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(p.reservations().left(&id), 1);
+    let request = faults.create_fleet_requests().pop().unwrap();
+    for expected in [
+        "TargetCapacitySpecification.DefaultTargetCapacityType=reserved-capacity",
+        "ReservedCapacityOptions.ReservationType.1=interruptible-capacity-reservation",
+    ] {
+        assert!(request.split('&').any(|p| p == expected), "{expected} missing from {request}");
+    }
+    assert!(!request.contains("OnDemandOptions"), "{request}");
+    let instance_id = launched.provider_id.rsplit('/').next().unwrap().to_string();
+    let described = ec2.describe_instances().instance_ids(&instance_id).send().await.unwrap();
+    let inst = &described.reservations()[0].instances()[0];
+    assert_eq!(inst.instance_lifecycle().map(|l| l.as_str()), Some("interruptible-capacity-reservation"));
+    assert_eq!(inst.capacity_reservation_id(), Some(id.as_str()));
+    // Found again (after a restart), the instance is still an interruptible reserved one.
+    let listed = p.get(&launched.provider_id).await.unwrap();
+    assert_eq!(listed.labels.get(LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE).map(String::as_str), Some("true"));
 }
 
 #[tokio::test]
@@ -952,19 +1038,19 @@ async fn spot_launches_the_cheapest_offering_and_skips_exhausted_ones() {
         zone: zone.into(),
         capacity_type: CAPACITY_TYPE_SPOT.into(),
     };
-    p.unavailable_offerings().insert(ice("us-west-2b", "c5.large"), ());
+    p.unavailable_offerings().mark(ice("us-west-2b", "c5.large"), Scope::Everywhere);
     let second =
         p.create(&node_claim("spot-2", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
     assert_eq!((second.instance_type.as_str(), second.zone.as_str()), ("c5.large", "us-west-2a"));
 
     for zone in ["us-west-2a", "us-west-2c"] {
-        p.unavailable_offerings().insert(ice(zone, "c5.large"), ());
+        p.unavailable_offerings().mark(ice(zone, "c5.large"), Scope::Everywhere);
     }
     let third = p.create(&node_claim("spot-3", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap();
     assert_eq!(third.instance_type, "m5.large");
 
     for zone in ["us-west-2a", "us-west-2b", "us-west-2c"] {
-        p.unavailable_offerings().insert(ice(zone, "m5.large"), ());
+        p.unavailable_offerings().mark(ice(zone, "m5.large"), Scope::Everywhere);
     }
     let err =
         p.create(&node_claim("spot-4", &["m5.large", "c5.large"], CAPACITY_TYPE_SPOT)).await.unwrap_err();
@@ -1136,6 +1222,21 @@ async fn the_v1_14_networking_fields_reach_the_launch() {
     let groups: Vec<String> =
         inst.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)).collect();
     assert_eq!(groups, class_groups);
+
+    // Nested virtualization: only the types that support it, turned on in the template.
+    class.spec.cpu_options =
+        Some(serde_json::from_value(json!({"nestedVirtualization": "enabled"})).unwrap());
+    p.node_classes().upsert(class.clone());
+    let nested =
+        p.create(&node_claim("nested", &["m5.large", "c7i.large"], CAPACITY_TYPE_ON_DEMAND)).await.unwrap();
+    assert_eq!(nested.instance_type, "c7i.large", "m5.large has no nested virtualization");
+    let id = nested.provider_id.rsplit('/').next().unwrap().to_string();
+    let described = ec2.describe_instances().instance_ids(&id).send().await.unwrap();
+    let cpu = described.reservations()[0].instances()[0].cpu_options().cloned();
+    assert_eq!(
+        cpu.and_then(|c| c.nested_virtualization().cloned()),
+        Some(aws_sdk_ec2::types::NestedVirtualizationSpecification::Enabled)
+    );
 }
 
 /// The network interfaces of the launch template the instance launched from `launched` was
@@ -1288,11 +1389,12 @@ async fn insufficient_capacity_moves_on_to_the_next_offering() {
     assert_eq!(faults.injected(), 1);
     assert!(instances_tagged(&p, "ice-1").await.is_empty(), "nothing was launched");
     for zone in ["us-west-2a", "us-west-2b", "us-west-2c"] {
-        assert!(p.unavailable_offerings().contains(&OfferingKey {
+        let key = OfferingKey {
             instance_type: "c5.large".into(),
             zone: zone.into(),
             capacity_type: CAPACITY_TYPE_ON_DEMAND.into(),
-        }));
+        };
+        assert!(p.unavailable_offerings().marked(&key, Scope::Everywhere));
     }
 
     // The retry (as the lifecycle controller would) launches the next cheapest type.

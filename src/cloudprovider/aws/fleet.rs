@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::unavailable::Scope;
 use crate::apis::ec2nodeclass::AmiStatus;
 use crate::apis::labels::{
     CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_RESERVED, CAPACITY_TYPE_SPOT, LABEL_CAPACITY_TYPE,
@@ -12,8 +13,51 @@ use crate::cloudprovider::OfferingKey;
 use crate::scheduling::instancetypes::{InstanceType, Reservation, compare_price};
 use crate::scheduling::requirements::Requirements;
 
-/// The `capacity-reservation-type` of a capacity block.
+/// The `capacity-reservation-type` of a capacity block, also the EC2 market type, instance
+/// lifecycle and fleet target type of its launches.
 pub const CAPACITY_BLOCK: &str = "capacity-block";
+/// The EC2 market type (and instance lifecycle) of a launch into an interruptible capacity
+/// reservation.
+pub const INTERRUPTIBLE_RESERVATION: &str = "interruptible-capacity-reservation";
+/// The fleet target type of a launch into interruptible capacity reservations.
+pub const RESERVED_CAPACITY: &str = "reserved-capacity";
+
+/// The EC2 market type of a launch into the reservation `r`: a capacity block's or an
+/// interruptible reservation's own; `None` for a plain one (an on-demand launch).
+pub fn reserved_market_type(r: &Reservation) -> Option<&'static str> {
+    if r.reservation_type == CAPACITY_BLOCK {
+        Some(CAPACITY_BLOCK)
+    } else if r.interruptible {
+        Some(INTERRUPTIBLE_RESERVATION)
+    } else {
+        None
+    }
+}
+
+/// The reservation `id` an instance of EC2 lifecycle `lifecycle` runs in, as far as the instance
+/// shows it (its kind; the instances it has left are not known from the instance).
+pub fn instance_reservation(id: &str, lifecycle: Option<&str>) -> Reservation {
+    Reservation {
+        id: id.to_string(),
+        reservation_type: if lifecycle == Some(CAPACITY_BLOCK) { CAPACITY_BLOCK } else { "default" }
+            .to_string(),
+        interruptible: lifecycle == Some(INTERRUPTIBLE_RESERVATION),
+        capacity: 0,
+    }
+}
+
+/// The CreateFleet target capacity type of a launch of `capacity_type` whose reservations (a
+/// reserved launch's, all of one kind) launch with the market type `market`, as upstream's: a
+/// reserved launch is an on-demand one, a capacity block's and an interruptible reservation's
+/// have their own target types.
+pub fn fleet_target_type<'a>(capacity_type: &'a str, market: Option<&str>) -> &'a str {
+    match (capacity_type, market) {
+        (CAPACITY_TYPE_RESERVED, Some(CAPACITY_BLOCK)) => CAPACITY_BLOCK,
+        (CAPACITY_TYPE_RESERVED, Some(INTERRUPTIBLE_RESERVATION)) => RESERVED_CAPACITY,
+        (CAPACITY_TYPE_RESERVED, _) => CAPACITY_TYPE_ON_DEMAND,
+        (other, _) => other,
+    }
+}
 
 /// At most this many instance types go into one CreateFleet request.
 pub const MAX_INSTANCE_TYPES: usize = 60;
@@ -202,17 +246,42 @@ pub struct FleetError {
     pub zone: Option<String>,
 }
 
-/// The offerings a fleet's errors show to be out of capacity.
-pub fn unavailable_offerings(errors: &[FleetError], capacity_type: &str) -> Vec<OfferingKey> {
-    let mut out: Vec<OfferingKey> = errors
+/// Part of EC2's message when a spread placement group has its most instances in a zone.
+const SPREAD_GROUP_LIMIT: &str = "limit of instances in this spread placement group";
+
+/// The offerings a fleet's errors show to be out of capacity, with where, as upstream scopes
+/// them: a launch into a placement group (`scope`) only there; a spread group that reached its
+/// limit in a zone makes every type the launch tried (`types`) unavailable in that zone, for
+/// that group.
+pub fn unavailable_offerings(
+    errors: &[FleetError],
+    capacity_type: &str,
+    scope: &Scope,
+    types: &[&str],
+) -> Vec<(OfferingKey, Scope)> {
+    let key = |instance_type: &str, zone: &str| OfferingKey {
+        instance_type: instance_type.to_string(),
+        zone: zone.to_string(),
+        capacity_type: capacity_type.to_string(),
+    };
+    let group = match scope {
+        Scope::Group(g) | Scope::Partition(g, _) => Some(g),
+        Scope::Everywhere => None,
+    };
+    let mut out: Vec<(OfferingKey, Scope)> = errors
         .iter()
         .filter(|e| is_insufficient_capacity(&e.code))
-        .filter_map(|e| {
-            Some(OfferingKey {
-                instance_type: e.instance_type.clone()?,
-                zone: e.zone.clone()?,
-                capacity_type: capacity_type.to_string(),
-            })
+        .flat_map(|e| {
+            let zone = e.zone.as_deref().unwrap_or_default();
+            match group {
+                Some(g) if e.message.contains(SPREAD_GROUP_LIMIT) && !zone.is_empty() => {
+                    types.iter().map(|t| (key(t, zone), Scope::Group(g.clone()))).collect()
+                }
+                _ => match (&e.instance_type, &e.zone) {
+                    (Some(t), Some(z)) => vec![(key(t, z), scope.clone())],
+                    _ => Vec::new(),
+                },
+            }
         })
         .collect();
     out.sort();
@@ -375,6 +444,23 @@ mod tests {
     }
 
     #[test]
+    fn each_kind_of_reservation_launches_with_its_market_and_fleet_target_type() {
+        let odcr = instance_reservation("cr-1", None);
+        let block = instance_reservation("cr-2", Some("capacity-block"));
+        let interruptible = instance_reservation("cr-3", Some("interruptible-capacity-reservation"));
+        assert_eq!((odcr.reservation_type.as_str(), odcr.interruptible), ("default", false));
+        assert_eq!((block.reservation_type.as_str(), block.interruptible), ("capacity-block", false));
+        assert_eq!((interruptible.reservation_type.as_str(), interruptible.interruptible), ("default", true));
+        let markets: Vec<Option<&str>> =
+            [&odcr, &block, &interruptible].into_iter().map(reserved_market_type).collect();
+        assert_eq!(markets, [None, Some("capacity-block"), Some("interruptible-capacity-reservation")]);
+        let targets: Vec<&str> = markets.iter().map(|m| fleet_target_type("reserved", *m)).collect();
+        assert_eq!(targets, ["on-demand", "capacity-block", "reserved-capacity"]);
+        assert_eq!(fleet_target_type("spot", None), "spot");
+        assert_eq!(fleet_target_type("on-demand", None), "on-demand");
+    }
+
+    #[test]
     fn exhausted_reservations_are_named_by_their_override() {
         let m5 = with_reservations(
             it("m5.large", &[]),
@@ -457,21 +543,32 @@ mod tests {
             instance_type: Some(it.into()),
             zone: Some("a".into()),
         };
-        let got = unavailable_offerings(
-            &[
-                e("InsufficientInstanceCapacity", "m5.large"),
-                e("InvalidParameter", "c5.large"),
-                e("InsufficientInstanceCapacity", "m5.large"),
-            ],
-            "spot",
-        );
-        assert_eq!(
-            got,
-            vec![OfferingKey {
-                instance_type: "m5.large".into(),
-                zone: "a".into(),
-                capacity_type: "spot".into()
-            }]
-        );
+        let errors = [
+            e("InsufficientInstanceCapacity", "m5.large"),
+            e("InvalidParameter", "c5.large"),
+            e("InsufficientInstanceCapacity", "m5.large"),
+        ];
+        let key = |it: &str| OfferingKey {
+            instance_type: it.into(),
+            zone: "a".into(),
+            capacity_type: "spot".into(),
+        };
+        let got = unavailable_offerings(&errors, "spot", &Scope::Everywhere, &["m5.large", "c5.large"]);
+        assert_eq!(got, vec![(key("m5.large"), Scope::Everywhere)]);
+        // In a placement group: only there (and in the partition the launch targeted).
+        let partition = Scope::of_launch(Some("pg-1"), Some(2));
+        let got = unavailable_offerings(&errors, "spot", &partition, &["m5.large", "c5.large"]);
+        assert_eq!(got, vec![(key("m5.large"), partition.clone())]);
+        // A spread group full in the zone: every type tried, for the group.
+        let spread = FleetError {
+            message: "You have reached the limit of instances in this spread placement group.".into(),
+            ..e("InsufficientInstanceCapacity", "m5.large")
+        };
+        let group = Scope::of_launch(Some("pg-1"), None);
+        let got =
+            unavailable_offerings(std::slice::from_ref(&spread), "spot", &group, &["m5.large", "c5.large"]);
+        assert_eq!(got, vec![(key("c5.large"), group.clone()), (key("m5.large"), group.clone())]);
+        let got = unavailable_offerings(&[spread], "spot", &Scope::Everywhere, &["m5.large", "c5.large"]);
+        assert_eq!(got, vec![(key("m5.large"), Scope::Everywhere)], "without a group: the one offering");
     }
 }

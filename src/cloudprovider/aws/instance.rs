@@ -9,6 +9,7 @@ use aws_sdk_ec2::types as ec2;
 use super::sdk_error;
 use crate::apis::labels::{CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT, LABEL_NODEPOOL, TENANCY_DEFAULT};
 use crate::cloudprovider::{CloudProviderError, Result};
+use crate::scheduling::instancetypes::Reservation;
 
 pub use crate::apis::labels::{TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM};
 
@@ -51,8 +52,8 @@ pub struct Ec2Instance {
     pub partition: Option<i32>,
     /// The capacity reservation it was launched into (targeted: its preference is
     /// `capacity-reservations-only`, as upstream tells reserved instances from those that landed
-    /// in an open reservation), and whether that is a capacity block.
-    pub reservation: Option<(String, bool)>,
+    /// in an open reservation), of the kind its lifecycle shows.
+    pub reservation: Option<Reservation>,
 }
 
 impl Ec2Instance {
@@ -95,9 +96,7 @@ impl Ec2Instance {
                         .and_then(|s| s.capacity_reservation_preference())
                         .is_some_and(|p| p.as_str() == "capacity-reservations-only")
                 })
-                .map(|id| {
-                    (id.to_string(), i.instance_lifecycle().is_some_and(|l| l.as_str() == "capacity-block"))
-                }),
+                .map(|id| super::fleet::instance_reservation(id, i.instance_lifecycle().map(|l| l.as_str()))),
             tags: i
                 .tags()
                 .iter()

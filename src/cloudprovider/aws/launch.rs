@@ -13,6 +13,7 @@ use super::fleet::{self, FleetError, Override};
 use super::instance::{self, TAG_EKS_CLUSTER_NAME, TAG_NODECLAIM, cluster_tag};
 use super::launchtemplate::{CLUSTER_TAG, LaunchTemplate, Nic, ec2_tags};
 use super::provider::AwsCloudProvider;
+use super::unavailable::Scope;
 use super::userdata::{self, Bootstrap};
 use super::{amifamily, sdk_error};
 use crate::apis::ec2nodeclass::{EC2NodeClass, EC2NodeClassStatus, InstanceStorePolicy};
@@ -173,7 +174,7 @@ impl AwsCloudProvider {
         let Wanted { reqs, requests, types } = wanted;
         let candidates: Vec<&InstanceType> = sched::filter(types, reqs, requests).collect();
         if candidates.is_empty() {
-            return Err(self.no_candidates(&claim.name, wanted));
+            return Err(self.no_candidates(claim, wanted));
         }
         let capacity_type = fleet::capacity_type(&candidates, reqs)
             .ok_or(CloudProviderError::InsufficientCapacity { offerings: vec![] })?;
@@ -188,8 +189,9 @@ impl AwsCloudProvider {
 
     /// The error when no instance type is compatible with the claim and fits it: insufficient
     /// capacity when some that would do ran out of capacity recently.
-    fn no_candidates(&self, claim_name: &str, wanted: &Wanted) -> CloudProviderError {
+    fn no_candidates(&self, claim: &Claim<'_>, wanted: &Wanted) -> CloudProviderError {
         let Wanted { reqs, requests, types } = wanted;
+        let group = self.placement_group_of(&claim.class).ok().flatten().map(|g| g.id);
         // Types that would do but whose offerings all ran out of capacity recently.
         let exhausted: Vec<OfferingKey> = types
             .iter()
@@ -201,13 +203,13 @@ impl AwsCloudProvider {
                     capacity_type: o.capacity_type.clone(),
                 })
             })
-            .filter(|key| self.unavailable.contains(key))
+            .filter(|key| self.unavailable.contains(key, group.as_deref()))
             .collect();
         if !exhausted.is_empty() {
             return CloudProviderError::InsufficientCapacity { offerings: exhausted };
         }
         CloudProviderError::NoCompatibleInstanceTypes {
-            node_claim: claim_name.to_string(),
+            node_claim: claim.name.clone(),
             reason: format!("none of {} instance types is compatible and fits {requests}", types.len()),
         }
     }
@@ -292,13 +294,14 @@ impl AwsCloudProvider {
     ) -> Result<CreateFleetOutput> {
         let tags = self.instance_tags(claim.node_claim, &claim.class);
         // Reserved overrides are all of one kind (see `fleet::overrides`).
-        let in_block = groups
+        let market = groups
             .iter()
             .flat_map(|g| &g.overrides)
-            .any(|o| o.reservation.as_ref().is_some_and(|r| r.reservation_type == fleet::CAPACITY_BLOCK));
-        let fleet_type = if in_block { fleet::CAPACITY_BLOCK } else { capacity_type };
+            .find_map(|o| o.reservation.as_deref())
+            .and_then(fleet::reserved_market_type);
+        let target_type = fleet::fleet_target_type(capacity_type, market);
         let request =
-            self.fleet_request(&tags, fleet_type, configs).set_context(claim.class.spec.context.clone());
+            self.fleet_request(&tags, target_type, configs).set_context(claim.class.spec.context.clone());
         // Not retried by the SDK: when an answer is lost (a timeout, a dropped connection, a 5xx
         // after EC2 acted), a blind retry could launch a second instance. The error goes back to
         // the NodeClaim's lifecycle, whose next attempt first looks for an instance tagged for the
@@ -324,21 +327,15 @@ impl AwsCloudProvider {
         sent
     }
 
-    /// The CreateFleet request of an instant fleet of one instance of `capacity_type` from
-    /// `configs`, whose instance, volumes and fleet get `tags`.
+    /// The CreateFleet request of an instant fleet of one instance of the target capacity type
+    /// `target_type` (see [`fleet::fleet_target_type`]) from `configs`, whose instance, volumes
+    /// and fleet get `tags`.
     pub(super) fn fleet_request(
         &self,
         tags: &BTreeMap<String, String>,
-        capacity_type: &str,
+        target_type: &str,
         configs: Vec<ec2::FleetLaunchTemplateConfigRequest>,
     ) -> CreateFleetFluentBuilder {
-        // A reserved launch is an on-demand one into the templates' reservations; a capacity
-        // block's has the capacity block's own target type, and no on-demand options.
-        let capacity_block = capacity_type == fleet::CAPACITY_BLOCK;
-        let target_type = match capacity_type {
-            CAPACITY_TYPE_RESERVED => CAPACITY_TYPE_ON_DEMAND,
-            other => other,
-        };
         let target = ec2::TargetCapacitySpecificationRequest::builder()
             .total_target_capacity(1)
             .default_target_capacity_type(ec2::DefaultTargetCapacityType::from(target_type))
@@ -359,20 +356,24 @@ impl AwsCloudProvider {
                     .build(),
             );
         }
-        if capacity_type == CAPACITY_TYPE_SPOT {
-            request.spot_options(
+        // A capacity block's launch has no options of its own.
+        match target_type {
+            CAPACITY_TYPE_SPOT => request.spot_options(
                 ec2::SpotOptionsRequest::builder()
                     .allocation_strategy(ec2::SpotAllocationStrategy::PriceCapacityOptimized)
                     .build(),
-            )
-        } else if capacity_block {
-            request
-        } else {
-            request.on_demand_options(
+            ),
+            CAPACITY_TYPE_ON_DEMAND => request.on_demand_options(
                 ec2::OnDemandOptionsRequest::builder()
                     .allocation_strategy(ec2::FleetOnDemandAllocationStrategy::LowestPrice)
                     .build(),
-            )
+            ),
+            fleet::RESERVED_CAPACITY => request.reserved_capacity_options(
+                ec2::ReservedCapacityOptionsRequest::builder()
+                    .reservation_types(ec2::FleetReservationType::InterruptibleCapacityReservation)
+                    .build(),
+            ),
+            _ => request,
         }
     }
 
@@ -398,9 +399,18 @@ impl AwsCloudProvider {
                 self.reservations.exhausted(&id);
             }
         } else {
-            for key in fleet::unavailable_offerings(&errors, capacity_type) {
-                tracing::info!(offering = %key, "offering has insufficient capacity; leaving it out for a while");
-                self.unavailable.insert(key, ());
+            // A launch into a placement group ran out there (upstream's scope: the group, and the
+            // partition the claim targets).
+            let template = groups.first().map(|g| &g.template);
+            let scope = Scope::of_launch(
+                template.and_then(|t| t.placement_group_id.as_deref()),
+                template.and_then(|t| t.partition),
+            );
+            let tried: Vec<&str> =
+                groups.iter().flat_map(|g| &g.overrides).map(|o| o.instance_type.as_str()).collect();
+            for (key, scope) in fleet::unavailable_offerings(&errors, capacity_type, &scope, &tried) {
+                tracing::info!(offering = %key, scope = ?scope, "offering has insufficient capacity; leaving it out for a while");
+                self.unavailable.mark(key, scope);
             }
         }
         if let Some(id) = out.instances().iter().flat_map(|i| i.instance_ids()).next() {
@@ -428,8 +438,8 @@ impl AwsCloudProvider {
         types: &[InstanceType],
     ) -> Result<Instance> {
         let launched = instance::get(&self.clients.ec2, id).await?;
-        if let Some((reservation, _)) = &launched.reservation {
-            self.reservations.launched(reservation);
+        if let Some(reservation) = &launched.reservation {
+            self.reservations.launched(&reservation.id);
         }
         let mut result = self.to_instance(&launched).await;
         if let Some(it) = types.iter().find(|t| t.name == launched.instance_type) {
@@ -517,6 +527,7 @@ impl AwsCloudProvider {
             partition: group.as_ref().filter(|g| g.is_partitioned()).and(node.partition),
             placement_group_id: group.map(|g| g.id),
             ipv6: self.cluster.is_ipv6(),
+            nested_virtualization: spec.cpu_options.as_ref().and_then(|c| c.nested_virtualization.clone()),
             capacity_reservation: None,
         })
     }

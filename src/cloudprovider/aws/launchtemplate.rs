@@ -80,6 +80,9 @@ pub struct LaunchTemplate {
     /// The partition of that group, when the NodeClaim names one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<i32>,
+    /// `cpuOptions.nestedVirtualization` of the class (`enabled` or `disabled`), when it sets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nested_virtualization: Option<String>,
     /// How its instances use capacity reservations, with the `ReservedCapacity` gate; without
     /// it EC2's default (open reservations), left out of the hash.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -93,12 +96,14 @@ pub enum ReservationUse {
     /// On-demand and spot instances: never in a reservation (not even an open one), so that
     /// reserved capacity is only used by the NodeClaims that plan for it.
     None,
-    /// Only in the reservation `id`; a capacity block launches with its own market type.
+    /// Only in the reservation `id`; a capacity block and an interruptible reservation launch
+    /// with their own market types.
     Target {
         /// The reservation's id.
         id: String,
-        /// Whether it is a capacity block.
-        capacity_block: bool,
+        /// The market type of its launches (see [`super::fleet::reserved_market_type`]).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        market_type: Option<&'static str>,
     },
 }
 
@@ -155,7 +160,7 @@ impl LaunchTemplate {
         let capacity_reservation = gate.then(|| match reservation {
             Some(r) => ReservationUse::Target {
                 id: r.id.clone(),
-                capacity_block: r.reservation_type == super::fleet::CAPACITY_BLOCK,
+                market_type: super::fleet::reserved_market_type(r),
             },
             None => ReservationUse::None,
         });
@@ -272,7 +277,7 @@ impl LaunchTemplate {
                         .build(),
                 );
             }
-            Some(ReservationUse::Target { id, capacity_block }) => {
+            Some(ReservationUse::Target { id, market_type }) => {
                 data = data.capacity_reservation_specification(
                     ec2::LaunchTemplateCapacityReservationSpecificationRequest::builder()
                         .capacity_reservation_preference(ec2::CapacityReservationPreference::from(
@@ -283,14 +288,21 @@ impl LaunchTemplate {
                         )
                         .build(),
                 );
-                if *capacity_block {
+                if let Some(market_type) = market_type {
                     data = data.instance_market_options(
                         ec2::LaunchTemplateInstanceMarketOptionsRequest::builder()
-                            .market_type(ec2::MarketType::from("capacity-block"))
+                            .market_type(ec2::MarketType::from(*market_type))
                             .build(),
                     );
                 }
             }
+        }
+        if let Some(nested) = &self.nested_virtualization {
+            data = data.cpu_options(
+                ec2::LaunchTemplateCpuOptionsRequest::builder()
+                    .nested_virtualization(ec2::NestedVirtualizationSpecification::from(nested.as_str()))
+                    .build(),
+            );
         }
         if self.tenancy.is_some() || self.placement_group_id.is_some() {
             data = data.placement(
@@ -592,6 +604,7 @@ mod tests {
             placement_group_id: None,
             partition: None,
             ipv6: false,
+            nested_virtualization: None,
             capacity_reservation: None,
         }
     }
@@ -645,7 +658,12 @@ mod tests {
         };
         let block =
             Reservation { id: "cr-2".into(), reservation_type: "capacity-block".into(), ..odcr.clone() };
-        for (r, market) in [(&odcr, None), (&block, Some("capacity-block"))] {
+        let interruptible = Reservation { id: "cr-3".into(), interruptible: true, ..odcr.clone() };
+        for (r, market) in [
+            (&odcr, None),
+            (&block, Some("capacity-block")),
+            (&interruptible, Some("interruptible-capacity-reservation")),
+        ] {
             let data = template().in_reservation(true, Some(r)).request_data().unwrap();
             let spec = data.capacity_reservation_specification().unwrap();
             assert_eq!(
@@ -717,6 +735,13 @@ mod tests {
         let dedicated =
             LaunchTemplate { tenancy: Some("dedicated".into()), ..template() }.request_data().unwrap();
         assert_eq!(dedicated.placement().and_then(|p| p.tenancy()), Some(&ec2::Tenancy::Dedicated));
+        assert!(data.cpu_options().is_none(), "nested virtualization left to EC2 unless the class sets it");
+        let nested = LaunchTemplate { nested_virtualization: Some("enabled".into()), ..template() };
+        assert_ne!(nested.name(), template().name());
+        assert_eq!(
+            nested.request_data().unwrap().cpu_options().and_then(|c| c.nested_virtualization()),
+            Some(&ec2::NestedVirtualizationSpecification::Enabled)
+        );
     }
 
     #[test]

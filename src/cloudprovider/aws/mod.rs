@@ -19,6 +19,7 @@ pub mod pricing;
 pub mod provider;
 pub mod reservations;
 pub mod sqs;
+pub mod unavailable;
 pub mod userdata;
 pub mod validation;
 

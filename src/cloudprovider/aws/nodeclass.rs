@@ -16,8 +16,8 @@ use super::sdk_error;
 use super::validation::ValidationState;
 use crate::apis::ec2nodeclass::{
     AmiSelectorTerm, AmiStatus, CapacityReservationSelectorTerm, CapacityReservationStatus, EC2NodeClass,
-    EC2NodeClassSpec, EC2NodeClassStatus, PlacementGroupSelector, SecurityGroupSelectorTerm,
-    SecurityGroupStatus, SubnetSelectorTerm, SubnetStatus,
+    EC2NodeClassStatus, PlacementGroupSelector, SecurityGroupSelectorTerm, SecurityGroupStatus,
+    SubnetSelectorTerm, SubnetStatus,
 };
 use crate::apis::labels::{LABEL_EC2NODECLASS, TAG_EKS_CLUSTER_NAME};
 use crate::apis::{Condition, ConditionStatus};
@@ -54,16 +54,6 @@ pub struct Subnet {
     pub zone_id: Option<String>,
     /// Free IPv4 addresses.
     pub available_ips: i64,
-}
-
-/// What karpenter-rs accepts in `spec` but does not act on yet, as sentences for the log and
-/// the class's events (none when every field it sets is honoured).
-pub fn ignored_fields(spec: &EC2NodeClassSpec) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if spec.cpu_options.as_ref().and_then(|c| c.nested_virtualization.as_deref()) == Some("enabled") {
-        out.push("spec.cpuOptions.nestedVirtualization is not turned on at launch yet: the instance types are limited to those that support it");
-    }
-    out
 }
 
 /// Orders subnets by free addresses, most first (then by id), without duplicates.
@@ -832,30 +822,6 @@ mod tests {
         // A criteria this version does not know is refused, not guessed.
         let odd = base().instance_match_criteria(InstanceMatchCriteria::from("some-new-criteria")).build();
         assert!(reservation_status(&odd, now).is_err());
-    }
-
-    #[test]
-    fn fields_not_acted_on_are_named() {
-        let spec = |extra: serde_json::Value| -> EC2NodeClassSpec {
-            let mut base = serde_json::json!({"role": "r", "subnetSelectorTerms": [{"id": "subnet-1"}],
-                "securityGroupSelectorTerms": [{"id": "sg-1"}], "amiSelectorTerms": [{"alias": "al2023@latest"}]});
-            base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-            serde_json::from_value(base).unwrap()
-        };
-        assert!(ignored_fields(&spec(serde_json::json!({}))).is_empty());
-        let honoured = spec(serde_json::json!({"cpuOptions": {"nestedVirtualization": "disabled"},
-            "networkInterfaces": [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}]}));
-        assert!(ignored_fields(&honoured).is_empty());
-        let ignored = ignored_fields(&spec(serde_json::json!({
-            "placementGroupSelector": {"name": "training"},
-            "capacityReservationSelectorTerms": [{"id": "cr-0123"}],
-            "cpuOptions": {"nestedVirtualization": "enabled"}})));
-        let fields: Vec<&str> = ignored.iter().map(|m| m.split(' ').next().unwrap()).collect();
-        assert_eq!(
-            fields,
-            ["spec.cpuOptions.nestedVirtualization"],
-            "placement groups and reservations are honoured"
-        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::nodeclass::{self, PlacementGroup, Resolution};
 use super::pricing::Pricing;
 use super::reservations;
 use super::sdk_error;
+use super::unavailable::UnavailableOfferings;
 use super::userdata::ClusterInfo;
 use super::validation::{Outcome, VALIDATION_TTL, ValidationState, Verdict};
 use super::{amifamily, fleet};
@@ -26,7 +27,7 @@ use crate::apis::{NodeClaim, NodePool};
 use crate::cloudprovider::{
     BoxFuture, CloudProvider, CloudProviderError, DriftReason, Instance, OfferingKey, Result, provider_id,
 };
-use crate::scheduling::instancetypes::{InstanceType, Reservation};
+use crate::scheduling::instancetypes::InstanceType;
 use crate::scheduling::requirements::Requirements;
 use crate::scheduling::resources::Resources;
 use kube::ResourceExt;
@@ -294,7 +295,7 @@ pub struct AwsCloudProvider {
     node_classes: NodeClassStore,
     catalog: Catalog,
     pricing: Pricing,
-    pub(super) unavailable: TtlCache<OfferingKey, ()>,
+    pub(super) unavailable: UnavailableOfferings,
     pub(super) launch_templates: LaunchTemplates,
     /// Each class's last validation verdict, with the key of what it was made from.
     pub(super) validations: TtlCache<String, (String, Verdict)>,
@@ -317,7 +318,7 @@ impl AwsCloudProvider {
         Ok(AwsCloudProvider {
             catalog: Catalog::new(clients.ec2.clone(), options.catalog_refresh, clock.clone()),
             launch_templates: LaunchTemplates::new(clients.ec2.clone(), &options.cluster_name, clock.clone()),
-            unavailable: TtlCache::new(UNAVAILABLE_OFFERING_TTL, clock.clone()),
+            unavailable: UnavailableOfferings::new(UNAVAILABLE_OFFERING_TTL, clock.clone()),
             validations: TtlCache::new(VALIDATION_TTL, clock),
             pricing: Pricing::default(),
             node_classes: NodeClassStore::default(),
@@ -357,7 +358,7 @@ impl AwsCloudProvider {
     }
 
     /// Offerings that recently ran out of capacity.
-    pub fn unavailable_offerings(&self) -> &TtlCache<OfferingKey, ()> {
+    pub fn unavailable_offerings(&self) -> &UnavailableOfferings {
         &self.unavailable
     }
 
@@ -554,11 +555,12 @@ impl AwsCloudProvider {
             let name = info.name.clone();
             let price_of = |zone: &str, ct: &str| price(&name, zone, ct);
             let unavailable_of = |zone: &str, ct: &str| {
-                self.unavailable.contains(&OfferingKey {
+                let key = OfferingKey {
                     instance_type: name.clone(),
                     zone: zone.to_string(),
                     capacity_type: ct.to_string(),
-                })
+                };
+                self.unavailable.contains(&key, group.map(|g| g.id.as_str()))
             };
             let inputs = OfferingInputs {
                 offered_zones: offered,
@@ -656,15 +658,8 @@ impl AwsCloudProvider {
         }
         // As upstream, an instance is reserved only with the gate: one in an open reservation
         // stays on-demand.
-        if let Some((id, capacity_block)) = i.reservation.as_ref().filter(|_| self.options.reserved_capacity)
-        {
+        if let Some(reservation) = i.reservation.as_ref().filter(|_| self.options.reserved_capacity) {
             out.capacity_type = CAPACITY_TYPE_RESERVED.to_string();
-            let reservation = Reservation {
-                id: id.clone(),
-                reservation_type: if *capacity_block { fleet::CAPACITY_BLOCK } else { "default" }.to_string(),
-                interruptible: false,
-                capacity: 0,
-            };
             out.labels.insert(LABEL_CAPACITY_TYPE.to_string(), CAPACITY_TYPE_RESERVED.to_string());
             for (k, v) in reservation.labels() {
                 out.labels.insert(k.to_string(), v);
@@ -788,8 +783,8 @@ impl AwsCloudProvider {
             return Ok(drifted);
         }
         // In a reservation the class no longer selects (as upstream, with the gate).
-        if let Some((id, _)) = inst.reservation.as_ref().filter(|_| self.options.reserved_capacity)
-            && !status.capacity_reservations.iter().any(|r| r.id == *id)
+        if let Some(reservation) = inst.reservation.as_ref().filter(|_| self.options.reserved_capacity)
+            && !status.capacity_reservations.iter().any(|r| r.id == reservation.id)
         {
             return Ok(Some(DriftReason::CapacityReservation));
         }

@@ -41,6 +41,7 @@ use crate::cloudprovider::aws::AwsCloudProvider;
 use crate::cloudprovider::aws::instancestatus::{self, FirstSeen};
 use crate::cloudprovider::aws::interruption::{self, Action, Kind};
 use crate::cloudprovider::aws::sqs::{Queue, Received};
+use crate::cloudprovider::aws::unavailable::Scope;
 use crate::controllers::events::reasons;
 use crate::controllers::kit::count_disrupted;
 use crate::controllers::kit::{Backoff, Next, Options, Timer, run_singleton};
@@ -158,7 +159,7 @@ async fn act(
         }
         if let Some(key) = decision.unavailable {
             tracing::info!(controller, messageKind = %kind, NodeClaim = %claim.name_any(), instance_type = %key.instance_type, zone = %key.zone, capacity_type = %key.capacity_type, "marking offering unavailable after an interruption");
-            aws.unavailable_offerings().insert(key, ());
+            aws.unavailable_offerings().mark(key, Scope::Everywhere);
         }
         if let Some(id) = &decision.reclaimed {
             tracing::info!(controller, messageKind = %kind, NodeClaim = %claim.name_any(), capacity_reservation_id = %id, "marking capacity reservation unavailable");

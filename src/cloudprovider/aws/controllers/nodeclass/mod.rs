@@ -66,8 +66,6 @@ pub mod reasons {
     pub const FAILED_RESOLVING_NODE_CLASS: &str = "FailedResolvingNodeClass";
     /// Cleaning up after a deleted class failed.
     pub const FAILED_DELETING_NODE_CLASS: &str = "FailedDeletingNodeClass";
-    /// The class sets a field karpenter-rs does not act on yet.
-    pub const SETTING_IGNORED: &str = "SettingIgnored";
 }
 
 /// Why a reconciliation failed.
@@ -233,8 +231,6 @@ struct Reconciler {
     events: Events,
     /// The NodeClaims last announced as blocking each class's deletion.
     waiting: Mutex<HashMap<String, Vec<String>>>,
-    /// The generation of each class whose ignored fields were last told.
-    told_ignored: Mutex<HashMap<String, Option<i64>>>,
 }
 
 impl Reconciler {
@@ -250,7 +246,6 @@ impl Reconcile for Reconciler {
     async fn reconcile(&self, name: &String) -> Result<Next, Error> {
         let Some(class) = self.cluster.nodeclass(name) else {
             self.waiting.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
-            self.told_ignored.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
             return Ok(Next::Wait);
         };
         match step(&class) {
@@ -291,7 +286,6 @@ pub(crate) async fn run_selected(
         provider,
         events,
         waiting: Mutex::new(HashMap::new()),
-        told_ignored: Mutex::new(HashMap::new()),
     });
     let queue: Arc<Queue<String>> = Arc::new(Queue::new());
     let select = Arc::new(select);
@@ -370,30 +364,7 @@ async fn add_finalizer(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<
     Ok(Next::Wait)
 }
 
-/// Tells, once per generation of the class, the fields it sets that karpenter-rs does not act
-/// on yet: a warning log line and a warning event each.
-async fn tell_ignored_fields(class: &EC2NodeClass, reconciler: &Reconciler) {
-    let name = class.name_any();
-    let ignored = crate::cloudprovider::aws::nodeclass::ignored_fields(&class.spec);
-    let generation = class.metadata.generation;
-    {
-        let mut told = reconciler.told_ignored.lock().unwrap_or_else(PoisonError::into_inner);
-        if ignored.is_empty() {
-            told.remove(&name);
-            return;
-        }
-        if told.insert(name.clone(), generation) == Some(generation) {
-            return;
-        }
-    }
-    for field in ignored {
-        tracing::warn!(ec2nodeclass = %name, setting = field, "setting ignored");
-        reconciler.events.warning(class, reasons::SETTING_IGNORED, field.to_string()).await;
-    }
-}
-
 async fn resolve(class: &EC2NodeClass, reconciler: &Reconciler) -> Result<Next, Error> {
-    tell_ignored_fields(class, reconciler).await;
     let name = class.name_any();
     let provider = &reconciler.provider;
     let pools = reconciler.cluster.nodepools.state();
