@@ -43,6 +43,13 @@ pub struct Reservation {
     pub capacity: i64,
 }
 
+/// The labels of an offering's reservation.
+pub const RESERVATION_LABELS: [&str; 3] = [
+    LABEL_CAPACITY_RESERVATION_ID,
+    LABEL_CAPACITY_RESERVATION_TYPE,
+    LABEL_CAPACITY_RESERVATION_INTERRUPTIBLE,
+];
+
 impl Reservation {
     /// The labels a node launched into it gets (besides `karpenter.sh/capacity-type: reserved`).
     pub fn labels(&self) -> [(&'static str, String); 3] {
@@ -71,12 +78,15 @@ impl Offering {
         }
     }
 
-    /// Whether `reqs` allow this offering's zone and capacity type, and for a reserved offering
-    /// its reservation's labels.
+    /// Whether `reqs` allow this offering's zone and capacity type, and its reservation's labels:
+    /// those of its reservation, or (as upstream's offerings say `DoesNotExist`) their absence.
     pub fn is_compatible(&self, reqs: &Requirements) -> bool {
         reqs.allows(LABEL_TOPOLOGY_ZONE, &self.zone)
             && reqs.allows(LABEL_CAPACITY_TYPE, &self.capacity_type)
-            && self.reservation.as_ref().is_none_or(|r| r.labels().iter().all(|(k, v)| reqs.allows(k, v)))
+            && match &self.reservation {
+                Some(r) => r.labels().iter().all(|(k, v)| reqs.allows(k, v)),
+                None => RESERVATION_LABELS.iter().all(|k| reqs.get(k).is_none_or(Requirement::allows_absent)),
+            }
     }
 
     /// The id of the reservation it launches into.

@@ -9,9 +9,15 @@ use std::sync::Arc;
 use crate::apis::labels::{LABEL_CAPACITY_TYPE, LABEL_TOPOLOGY_ZONE};
 
 use super::input::{NodePoolInput, SchedulingInput};
-use super::instancetypes::{InstanceType, compare_price, unit_price};
+use super::instancetypes::{InstanceType, RESERVATION_LABELS, compare_price, unit_price};
 use super::requirements::Requirements;
 use super::resources::{NODES, Resources};
+
+/// Whether `key` is a label of offerings rather than of instance types: the zone, the capacity
+/// type and the reservation labels.
+pub(super) fn is_offering_label(key: &str) -> bool {
+    key == LABEL_TOPOLOGY_ZONE || key == LABEL_CAPACITY_TYPE || RESERVATION_LABELS.contains(&key)
+}
 
 /// Bit masks of zones and capacity types, to test offerings without string lookups.
 #[derive(Default)]
@@ -53,6 +59,13 @@ impl OfferingIndex {
 
     pub(super) fn full_zone_mask(&self) -> u64 {
         self.zones.values().fold(0u64, |m, i| m | 1u64.checked_shl(*i).unwrap_or(0))
+    }
+
+    /// The zone and capacity type masks of `reqs`, when they tell which offerings `reqs` allow:
+    /// not when the index is too large, nor when `reqs` constrain the reservation labels (which
+    /// the masks do not cover).
+    pub(super) fn masks_for(&self, reqs: &Requirements) -> Option<(u64, u64)> {
+        (self.usable() && !RESERVATION_LABELS.iter().any(|k| reqs.has(k))).then(|| self.masks(reqs))
     }
 
     pub(super) fn masks(&self, reqs: &Requirements) -> (u64, u64) {

@@ -311,6 +311,11 @@ impl Requirement {
         }
     }
 
+    /// Whether a node without the label satisfies it (`NotIn`, `DoesNotExist`).
+    pub fn allows_absent(&self) -> bool {
+        matches!(self.operator(), Operator::NotIn | Operator::DoesNotExist)
+    }
+
     /// A short description of the allowed values, for messages: `spot`, `[a, b]`, `not [a]`,
     /// `any value`, `no value`, `> 4`.
     pub fn describe(&self) -> String {
@@ -607,8 +612,7 @@ pub fn keys_compatible(existing: &Requirement, incoming: &Requirement) -> bool {
     if existing.intersects(incoming) {
         return true;
     }
-    let excludes = |r: &Requirement| matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist);
-    excludes(existing) && excludes(incoming)
+    existing.allows_absent() && incoming.allows_absent()
 }
 
 /// Checks one key shared by both sides.

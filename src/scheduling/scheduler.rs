@@ -34,7 +34,7 @@ pub use super::input::{
 
 use super::hostports::{HostPort, first_conflict, pod_host_ports};
 use super::instancetypes::{InstanceType, compare_price};
-use super::pools::{OfferingIndex, Pool, PoolCosts, limited_amount, max_alloc};
+use super::pools::{OfferingIndex, Pool, PoolCosts, is_offering_label, limited_amount, max_alloc};
 use super::requirements::{Requirement, Requirements, keys_compatible, pod_node_requirements};
 use super::reservations::Book;
 use super::resources::{Resources, format_quantity, pod_requests};
@@ -798,7 +798,7 @@ impl<'a> Scheduler<'a> {
                 reqs.add(LABEL_CAPACITY_TYPE, Requirement::in_values([CAPACITY_TYPE_RESERVED]));
                 reqs.add(LABEL_CAPACITY_RESERVATION_ID, Requirement::in_values(claim.holds.iter().cloned()));
             }
-            let masks = self.offer_idx.usable().then(|| self.offer_idx.masks(&reqs));
+            let masks = self.offer_idx.masks_for(&reqs);
             let mut options: Vec<(Option<f64>, &Arc<InstanceType>)> = claim
                 .its
                 .iter()
@@ -1057,13 +1057,9 @@ impl<'x, 'a> Narrowing<'x, 'a> {
         offer_idx: &OfferingIndex,
         cost_aware: bool,
     ) -> Self {
-        let offers_changed = changed.contains(LABEL_TOPOLOGY_ZONE) || changed.contains(LABEL_CAPACITY_TYPE);
-        let label_keys: Vec<&str> = changed
-            .iter()
-            .copied()
-            .filter(|k| *k != LABEL_TOPOLOGY_ZONE && *k != LABEL_CAPACITY_TYPE)
-            .collect();
-        let masks = (offers_changed && offer_idx.usable()).then(|| offer_idx.masks(reqs));
+        let offers_changed = changed.iter().any(|k| is_offering_label(k));
+        let label_keys: Vec<&str> = changed.iter().copied().filter(|k| !is_offering_label(k)).collect();
+        let masks = offers_changed.then(|| offer_idx.masks_for(reqs)).flatten();
         Narrowing { pool, cost, reqs, label_keys, offers_changed, masks, cost_aware }
     }
 

@@ -1436,6 +1436,28 @@ fn reservations_are_used_first_and_never_overbooked() {
 }
 
 #[test]
+fn a_pod_that_selects_a_reservation_gets_only_its_types() {
+    // The reservation's label is an offering's, not a type's: a pod that selects it is planned
+    // only on the types with an offering of it, and not at all once it is used up.
+    let selecting = |p| with_node_selector(p, LABEL_CAPACITY_RESERVATION_ID, "cr-1");
+    for fallback in [false, true] {
+        let mut inp =
+            input(pods_n(1, selecting), vec![NodePoolInput::new("default", types_with_reservation(1))]);
+        inp.options.reserved_fallback = fallback;
+        let r = schedule(&inp);
+        assert!(r.errors.is_empty(), "{}", error_of(&r));
+        let names: Vec<&str> =
+            r.new_node_claims.iter().flat_map(|c| c.instance_type_names.iter().map(String::as_str)).collect();
+        assert_eq!(names, ["m.2x"], "{:?}", r.new_node_claims);
+    }
+    let mut inp = input(pods_n(1, selecting), vec![NodePoolInput::new("default", types_with_reservation(0))]);
+    inp.options.reserved_fallback = true;
+    let r = schedule(&inp);
+    assert!(r.new_node_claims.is_empty(), "{:?}", r.new_node_claims);
+    assert_eq!(r.errors.len(), 1);
+}
+
+#[test]
 fn a_reserved_claim_does_not_outgrow_its_reservation() {
     // One instance left of a 2-CPU type: the first pod's claim holds it; pods that fit with it
     // join it, and the claim stays on the reserved type (strict) instead of growing.
