@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmarks of docs/benchmarks.md, with the release build:
 #   1. the scheduling simulation (criterion, `cargo bench --bench scheduling`) and consolidation
-#      decisions over 500 and 2000 nodes (`cargo bench --bench disruption`);
+#      decisions over 500 and 2000 nodes (`cargo bench --bench disruption`), and the full cost of
+#      plans (`cargo bench --bench nodecost`);
 #   2. on the local control plane with the kwok provider: 1000 pods of two Deployments, 500 pods
 #      that each need a node of their own (a leader and a standby replica run), 200 nodes left
 #      at 25 % CPU consolidating under a 10 % budget, and 50 drifted nodes replaced under a 10 %
@@ -18,6 +19,8 @@ log "== scheduling simulation (cargo bench --bench scheduling)"
 cargo bench --locked --bench scheduling
 log "== consolidation decisions (cargo bench --bench disruption)"
 cargo bench --locked --bench disruption
+log "== full cost of plans (cargo bench --bench nodecost)"
+cargo bench --locked --bench nodecost
 
 log "== release binary, local control plane"
 cargo build --locked --release --bin karpenter

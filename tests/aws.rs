@@ -26,6 +26,7 @@ use karpenter::cloudprovider::aws::faults::{FaultInjector, requested_overrides};
 use karpenter::cloudprovider::aws::instancetype::{self, Settings, TypeInfo};
 use karpenter::cloudprovider::aws::launchtemplate::LAUNCH_TEMPLATE_TTL;
 use karpenter::cloudprovider::aws::nodeclass::conditions;
+use karpenter::cloudprovider::aws::nodecost::NodeCost;
 use karpenter::cloudprovider::aws::unavailable::Scope;
 use karpenter::cloudprovider::aws::{AwsClients, AwsCloudProvider, Options};
 use karpenter::cloudprovider::{CloudProvider, CloudProviderError, DriftReason, OfferingKey};
@@ -634,7 +635,9 @@ async fn reserved_claims_launch_into_their_reservation_until_it_is_exhausted() {
         (reserved.zone.as_str(), reserved.reservation_id(), reserved.available),
         (zone.as_str(), Some(id.as_str()), true)
     );
-    assert!(reserved.price < 0.0001);
+    assert!(reserved.list_price < 0.0001);
+    let on_demand = m5.offerings.iter().find(|o| o.capacity_type == "on-demand").unwrap();
+    assert!(reserved.price < on_demand.price, "the node's own costs come on top of both");
     assert_eq!(p.reservations().left(&id), 2);
 
     // A claim that allows reserved capacity launches into the reservation, with its labels.
@@ -833,7 +836,39 @@ async fn instance_types_of_a_node_pool() {
     let types = p.instance_types(&pool).await.unwrap();
     let m5 = types.iter().find(|t| t.name == "m5.large").expect("m5.large");
     let od: Vec<_> = m5.offerings.iter().filter(|o| o.capacity_type == CAPACITY_TYPE_ON_DEMAND).collect();
-    assert!(od.iter().all(|o| o.price == 0.096));
+    // The list price, and in full with the class's root volume (its subnets give no public IPv4).
+    let root = NodeCost::of_class(&p.node_classes().get("default").unwrap().spec, false).per_hour();
+    assert!(root > 0.002, "{root}");
+    assert!(od.iter().all(|o| o.list_price == 0.096 && (o.price - 0.096 - root).abs() < 1e-12), "{od:?}");
+    // A burstable type plans the CPU it sustains, unless the pool names it.
+    let t3 = types.iter().find(|t| t.name == "t3.medium").expect("t3.medium");
+    assert_eq!(t3.capacity.cpu, 2000);
+    assert_eq!(t3.allocatable().cpu, 400 - t3.overhead.kube_reserved.cpu);
+    let mut asking = pool.clone();
+    asking.spec.template.spec.requirements = serde_json::from_value(
+        json!([{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["t3"]}]),
+    )
+    .unwrap();
+    let types = p.instance_types(&asking).await.unwrap();
+    let t3 = types.iter().find(|t| t.name == "t3.medium").unwrap();
+    assert_eq!(t3.allocatable().cpu, 2000 - t3.overhead.kube_reserved.cpu);
+    // Subnets that map public IPv4 addresses on launch: each node pays for one.
+    let mut class = (*p.node_classes().get("default").unwrap()).clone();
+    let ec2 = &p.clients().ec2;
+    for subnet in &class.status.as_ref().unwrap().subnets {
+        ec2.modify_subnet_attribute()
+            .subnet_id(&subnet.id)
+            .map_public_ip_on_launch(aws_sdk_ec2::types::AttributeBooleanValue::builder().value(true).build())
+            .send()
+            .await
+            .unwrap();
+    }
+    class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
+    p.node_classes().upsert(class);
+    let types = p.instance_types(&pool).await.unwrap();
+    let m5_public = types.iter().find(|t| t.name == "m5.large").unwrap();
+    let public = m5_public.offerings.iter().find(|o| o.capacity_type == CAPACITY_TYPE_ON_DEMAND).unwrap();
+    assert!((public.price - 0.096 - root - 0.005).abs() < 1e-12, "{public:?}");
     assert!(od.iter().any(|o| o.zone == "us-west-2a" && o.available));
     // us-west-2d has no subnet of the class.
     assert!(od.iter().filter(|o| o.zone == "us-west-2d").all(|o| !o.available));

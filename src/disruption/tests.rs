@@ -293,6 +293,32 @@ fn nothing_cheaper_means_no_replacement_and_a_reason() {
 }
 
 #[test]
+fn a_replacement_cheaper_at_list_price_but_dearer_in_full_cost_is_refused() {
+    use crate::cloudprovider::aws::nodecost::{BurstableCpu, NodeCost, priced};
+    // A t3a.medium lists at less than half an m5.large, but its pod's 1.5 vCPU are far above the
+    // 0.4 it sustains: in unlimited mode the surplus credits make it the dearer node.
+    let catalog = |mode| -> Vec<Arc<InstanceType>> {
+        [itype("m5.large", 2, 0.096, None), itype("t3a.medium", 2, 0.0376, None)]
+            .iter()
+            .map(|t| Arc::new(priced(t, &NodeCost::default(), mode)))
+            .collect()
+    };
+    let run = |mode| {
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.types = catalog(mode);
+        c.node("n1", "p", "m5.large", "on-demand", json!({})).pod("w", "n1", "1500m", json!({}));
+        c.decide()
+    };
+    let pass = run(BurstableCpu::Unlimited);
+    assert!(pass.command.is_none(), "{:?}", pass.command);
+    assert_eq!(pass.unconsolidatable["n1"].code, Code::NoCheaperReplacement);
+    // At list price alone (upstream's rule), the burstable type wins.
+    let pass = run(BurstableCpu::Ignore);
+    let command = pass.command.as_ref().unwrap();
+    assert_eq!(command.plan.replacement_types(), ["t3a.medium"]);
+}
+
+#[test]
 fn spot_to_spot_needs_the_gate_and_fifteen_cheaper_types() {
     let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["spot"])]);
     c.types = spot_catalog(14);

@@ -206,8 +206,10 @@ pub struct Metrics {
     pub nodes_system_overhead: NodeGaugeFamily,
     /// `karpenter_nodes_current_lifetime_seconds{node_name, ...}`.
     pub nodes_current_lifetime_seconds: NodeGaugeFamily,
-    /// `karpenter_nodes_price_per_hour{node_name, ...}` (not upstream's).
+    /// `karpenter_nodes_price_per_hour{node_name, ...}` (not upstream's): the list price.
     pub nodes_price_per_hour: NodeGaugeFamily,
+    /// `karpenter_nodes_cost_per_hour{node_name, ...}` (not upstream's): the full cost.
+    pub nodes_cost_per_hour: NodeGaugeFamily,
     /// `karpenter_cluster_utilization_percent{resource_type}`.
     pub cluster_utilization_percent: GaugeFamily,
     /// `karpenter_cluster_state_node_count`.
@@ -537,7 +539,10 @@ impl Metrics {
                 "Seconds since a node was created.";
             nodes_price_per_hour: NodeGaugeFamily::default(),
                 "karpenter_nodes_price_per_hour",
-                "Hourly price of a node's offering (instance type, capacity type, zone).";
+                "Hourly list price of a node's offering (instance type, capacity type, zone).";
+            nodes_cost_per_hour: NodeGaugeFamily::default(),
+                "karpenter_nodes_cost_per_hour",
+                "Hourly cost of a node: its offering's list price and what comes with the node (volumes, public IPv4 address, burstable CPU surplus) where the cloud provider prices it.";
             cluster_utilization_percent: GaugeFamily::default(),
                 "karpenter_cluster_utilization_percent",
                 "Requests of the pods bound to nodes over the nodes' allocatable, in percent, by resource type.";

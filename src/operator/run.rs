@@ -563,6 +563,7 @@ async fn cloud_provider(
                 }
             };
             options.reserved_enis = i64::from(settings.reserved_enis);
+            options.burstable_cpu = settings.burstable_cpu;
             options.vm_memory_overhead_percent = settings.vm_memory_overhead_percent;
             options.kube_dns_ip = crate::cloudprovider::aws::provider::kube_dns_ip(client).await;
             options.overlays = overlays.cloned();

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 
+use crate::cloudprovider::aws::nodecost::BurstableCpu;
 use crate::cloudprovider::catalog::Catalog;
 use crate::controllers::settings::FeatureGates;
 use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
@@ -106,6 +107,12 @@ pub struct Settings {
     /// (karpenter-rs only; needs `INTERRUPTION_QUEUE`).
     #[arg(long, env = "REBALANCE_REPLACEMENT", default_value_t = false, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub rebalance_replacement: bool,
+    /// How plans treat burstable (T) types' CPU: `baseline` plans only what the type sustains
+    /// unless the NodePool asks for the type, `unlimited` prices the CPU above it at the
+    /// surplus-credit rate, `ignore` plans its full CPU at the list price, as upstream
+    /// (karpenter-rs only; the `aws` provider).
+    #[arg(long, env = "BURSTABLE_CPU", default_value = "baseline", value_parser = parse_burstable_cpu)]
+    pub burstable_cpu: BurstableCpu,
     /// How long after a launch the kwok provider creates the Node.
     #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub kwok_registration_delay: Duration,
@@ -361,6 +368,10 @@ impl Settings {
             ("rebalanceReplacement", self.rebalance_replacement.to_string()),
         ])
     }
+}
+
+fn parse_burstable_cpu(s: &str) -> Result<BurstableCpu, String> {
+    s.parse()
 }
 
 #[cfg(test)]

@@ -21,8 +21,12 @@ pub struct Offering {
     pub zone: String,
     /// `spot`, `on-demand` or `reserved`.
     pub capacity_type: String,
-    /// Hourly price.
+    /// Hourly price: what decisions compare, the full cost of a node where the cloud provider
+    /// adds what comes with every node to the list price.
     pub price: f64,
+    /// The hourly list price, without what comes with the node (equal to `price` unless the
+    /// cloud provider added some).
+    pub list_price: f64,
     /// Whether it can be launched now (not known to be out of capacity).
     pub available: bool,
     /// For a `reserved` offering, the capacity reservation it launches into.
@@ -73,9 +77,24 @@ impl Offering {
             zone: zone.into(),
             capacity_type: capacity_type.into(),
             price,
+            list_price: price,
             available,
             reservation: None,
         }
+    }
+
+    /// Adds `per_hour`, a cost that comes with every node of it, to its price (not to its list
+    /// price).
+    pub fn add_node_cost(&mut self, per_hour: f64) {
+        self.price += per_hour;
+    }
+
+    /// Sets its list price to `change` of it (a NodeOverlay's), keeping what comes with the node
+    /// on top.
+    pub fn reprice(&mut self, change: impl FnOnce(f64) -> f64) {
+        let extra = self.price - self.list_price;
+        self.list_price = change(self.list_price);
+        self.price = self.list_price + extra;
     }
 
     /// Whether `reqs` allow this offering's zone and capacity type, and its reservation's labels:
@@ -104,12 +123,15 @@ pub struct Overhead {
     pub system_reserved: Resources,
     /// Kept free so that kubelet's hard eviction does not trigger.
     pub eviction_threshold: Resources,
+    /// CPU of a burstable type above what it sustains, which plans leave unused (see
+    /// `BURSTABLE_CPU`); the node itself has it.
+    pub above_baseline: Resources,
 }
 
 impl Overhead {
     /// The total overhead.
     pub fn total(&self) -> Resources {
-        self.kube_reserved.add(&self.system_reserved).add(&self.eviction_threshold)
+        self.kube_reserved.add(&self.system_reserved).add(&self.eviction_threshold).add(&self.above_baseline)
     }
 }
 
@@ -190,6 +212,12 @@ impl InstanceType {
             overlays: Some(Arc::new(marks)),
             allocatable,
         }
+    }
+
+    /// This type with `overhead` instead of its own (the NodeOverlays' marks kept).
+    pub fn with_overhead(&self, overhead: Overhead) -> Self {
+        let allocatable = self.capacity.sub(&overhead.total());
+        InstanceType { overhead, allocatable, ..self.clone() }
     }
 
     /// This type offered as `offerings` instead (other zones, capacity types or reservations):

@@ -180,7 +180,7 @@ impl TypeUpdate {
             .map(|o| {
                 let mut o = o.clone();
                 if let Some(update) = self.prices.get(&(o.zone.clone(), o.capacity_type.clone())) {
-                    o.price = update.change.apply(o.price);
+                    o.reprice(|p| update.change.apply(p));
                     price_by.insert(update.overlay.clone());
                 }
                 o

@@ -69,8 +69,11 @@ pub struct StateNode {
     pub nominated: bool,
     /// When a pod last bound to or left the node (`status.lastPodEventTime` of the NodeClaim).
     pub last_pod_event_time: Option<Timestamp>,
-    /// Hourly price of its offering (instance type, zone, capacity type), when known.
+    /// Hourly price of its offering (instance type, zone, capacity type), when known: the full
+    /// cost of the node where the cloud provider prices what comes with it.
     pub price: Option<f64>,
+    /// Hourly list price of its offering, without what comes with the node.
+    pub list_price: Option<f64>,
 }
 
 impl StateNode {
@@ -195,14 +198,20 @@ fn claim_requests(claim: &NodeClaim) -> Option<Resources> {
     resources(claim.spec.resources.as_ref().and_then(|r| r.requests.as_ref()))
 }
 
-/// The hourly price of the offering `labels` describe (in the NodePool they name, with its
-/// NodeOverlays), from `snapshot`'s instance types.
-pub fn offering_price(labels: &BTreeMap<String, String>, snapshot: &Snapshot) -> Option<f64> {
-    let pool = labels.get(LABEL_NODEPOOL).map(String::as_str);
-    let it = snapshot.instance_type(pool, labels.get(LABEL_INSTANCE_TYPE)?)?;
-    let zone = labels.get(LABEL_TOPOLOGY_ZONE)?;
-    let capacity_type = labels.get(LABEL_CAPACITY_TYPE)?;
-    it.offerings.iter().find(|o| &o.zone == zone && &o.capacity_type == capacity_type).map(|o| o.price)
+/// The hourly price and list price of the offering `labels` describe (in the NodePool they
+/// name, with its NodeOverlays), from `snapshot`'s instance types.
+pub fn offering_price(labels: &BTreeMap<String, String>, snapshot: &Snapshot) -> (Option<f64>, Option<f64>) {
+    let find = || {
+        let pool = labels.get(LABEL_NODEPOOL).map(String::as_str);
+        let it = snapshot.instance_type(pool, labels.get(LABEL_INSTANCE_TYPE)?)?;
+        let zone = labels.get(LABEL_TOPOLOGY_ZONE)?;
+        let capacity_type = labels.get(LABEL_CAPACITY_TYPE)?;
+        it.offerings
+            .iter()
+            .find(|o| &o.zone == zone && &o.capacity_type == capacity_type)
+            .map(|o| (o.price, o.list_price))
+    };
+    find().unzip()
 }
 
 struct Built {
@@ -287,8 +296,10 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
                 .as_ref()
                 .and_then(|c| c.metadata.name.as_ref())
                 .is_some_and(|n| snapshot.nominated.contains(n));
+        let (price, list_price) = offering_price(&labels, snapshot);
         out.push(StateNode {
-            price: offering_price(&labels, snapshot),
+            price,
+            list_price,
             name,
             provider_id: pid.map(str::to_string),
             taints: taints_of(node.spec.as_ref().and_then(|s| s.taints.as_ref())),
@@ -330,8 +341,10 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
         let allocatable = resources(status.and_then(|s| s.allocatable.as_ref()))
             .or_else(|| claim_requests(claim))
             .unwrap_or_default();
+        let (price, list_price) = offering_price(&labels, snapshot);
         out.push(StateNode {
-            price: offering_price(&labels, snapshot),
+            price,
+            list_price,
             nominated: snapshot.nominated.contains(&name),
             marked_for_deletion: claim_deleting(claim, snapshot),
             name,

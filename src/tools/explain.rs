@@ -389,8 +389,10 @@ pub struct NodeExplanation {
     pub capacity_type: Option<String>,
     /// The zone.
     pub zone: Option<String>,
-    /// Its offering's price.
+    /// What it costs in full (its offering's list price and what comes with the node).
     pub price_per_hour: Option<f64>,
+    /// Its offering's list price.
+    pub list_price_per_hour: Option<f64>,
     /// Pods that would have to move.
     pub reschedulable_pods: usize,
     /// The CapacityBuffers (`namespace/name`) whose headroom it keeps, with their placeholders on
@@ -620,6 +622,7 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
         capacity_type: target.capacity_type().map(str::to_string),
         zone: target.zone().map(str::to_string),
         price_per_hour: target.price.map(round_price),
+        list_price_per_hour: target.list_price.map(round_price),
         reschedulable_pods: target.reschedulable_pods().count(),
         buffers: inputs
             .snapshot
@@ -659,11 +662,16 @@ impl NodeExplanation {
         line(
             "Offering",
             format!(
-                "{} {} {} at {}",
+                "{} {} {} at {}{}",
                 dash(&self.instance_type),
                 dash(&self.capacity_type),
                 dash(&self.zone),
-                price(self.price_per_hour)
+                price(self.price_per_hour),
+                match self.list_price_per_hour {
+                    Some(list) if Some(list) != self.price_per_hour =>
+                        format!(" (list {})", price(Some(list))),
+                    _ => String::new(),
+                }
             ),
         );
         line("Pods to move", self.reschedulable_pods.to_string());

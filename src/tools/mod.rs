@@ -301,8 +301,9 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
         let name = np.metadata.name.clone().unwrap_or_default();
         match snapshot.node_class_ready(np) {
             Ok(()) => {
-                let class = snapshot.node_class_of(np).and_then(|c| c.status.as_ref());
-                pool_types.insert(name, with_reservations(types, class));
+                let class = snapshot.node_class_of(np);
+                let reserved = with_reservations(types, class.and_then(|c| c.status.as_ref()));
+                pool_types.insert(name, planned_for(&reserved, np, class));
             }
             Err(problem) => {
                 pool_errors.insert(name, problem.to_string());
@@ -316,6 +317,29 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
         snapshot.types_by_name.entry(t.name.clone()).or_insert_with(|| Arc::clone(t));
     }
     snapshot
+}
+
+/// The types the NodePool `np` plans with, as the aws provider gives them for its EC2NodeClass
+/// `class`: priced with what comes with every node (its volumes; a public IPv4 address when the
+/// class asks for one, since the commands do not see what its subnets give) and burstable types
+/// planned at their baseline unless the pool asks for them (`BURSTABLE_CPU`'s default). Without
+/// a class, `types` as they are.
+pub fn planned_for(
+    types: &[Arc<InstanceType>],
+    np: &crate::apis::NodePool,
+    class: Option<&crate::apis::EC2NodeClass>,
+) -> Vec<Arc<InstanceType>> {
+    use crate::cloudprovider::aws::nodecost::{self, BurstableCpu, NodeCost};
+    let Some(class) = class else { return types.to_vec() };
+    let cost = NodeCost::of_class(&class.spec, false);
+    let mode = BurstableCpu::default();
+    let priced: Vec<Arc<InstanceType>> =
+        types.iter().map(|t| Arc::new(nodecost::priced(t, &cost, mode))).collect();
+    match crate::scheduling::Requirements::from_nodepool(&np.spec.template.spec.requirements) {
+        Ok(pool) => nodecost::for_pool(&priced, &pool, mode),
+        // The scheduler input refuses the pool with its own message.
+        Err(_) => priced,
+    }
 }
 
 /// `types` with the `reserved` offerings of the capacity reservations a class's `status` lists,

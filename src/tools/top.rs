@@ -46,8 +46,10 @@ pub struct NodeRow {
     pub capacity_type: String,
     /// Zone.
     pub zone: String,
-    /// $/h, when known.
+    /// $/h, when known: the node's full cost (see the README's "What a node costs").
     pub price_per_hour: Option<f64>,
+    /// $/h at list price, when known.
+    pub list_price_per_hour: Option<f64>,
     /// Seconds since it was created.
     pub age_seconds: i64,
     /// CPU requested by its pods (cores) and allocatable.
@@ -70,6 +72,8 @@ pub struct Totals {
     pub nodes: usize,
     /// $/h of those with a known price.
     pub price_per_hour: f64,
+    /// $/h at list price of those with a known price.
+    pub list_price_per_hour: f64,
     /// CPU requested and allocatable (cores).
     pub cpu: (f64, f64),
     /// Memory requested and allocatable (bytes).
@@ -80,6 +84,7 @@ impl Totals {
     fn add(&mut self, row: &NodeRow) {
         self.nodes += 1;
         self.price_per_hour += row.price_per_hour.unwrap_or(0.0);
+        self.list_price_per_hour += row.list_price_per_hour.unwrap_or(0.0);
         self.cpu = (self.cpu.0 + row.cpu.0, self.cpu.1 + row.cpu.1);
         self.memory = (self.memory.0 + row.memory.0, self.memory.1 + row.memory.1);
     }
@@ -201,6 +206,7 @@ pub fn view(snapshot: &Snapshot, now: Timestamp) -> View {
             capacity_type: node.capacity_type().unwrap_or("-").to_string(),
             zone: node.zone().unwrap_or("-").to_string(),
             price_per_hour: node.price,
+            list_price_per_hour: node.list_price,
             age_seconds: created.map(|t| now.duration_since(t.0).as_secs().max(0)).unwrap_or(0),
             cpu: (node.pod_requests.get("cpu") as f64 / 1000.0, node.allocatable.get("cpu") as f64 / 1000.0),
             memory: (node.pod_requests.get("memory") as f64, node.allocatable.get("memory") as f64),
@@ -329,6 +335,14 @@ fn money(per_hour: f64) -> String {
     format!("${per_hour:.4}/h (${:.2}/month)", per_hour * HOURS_PER_MONTH)
 }
 
+/// The totals' cost, and their list price when what comes with the nodes adds to it.
+fn with_list_price(t: &Totals) -> String {
+    if (t.price_per_hour - t.list_price_per_hour).abs() < 5e-5 {
+        return money(t.price_per_hour);
+    }
+    format!("{} (list ${:.4}/h)", money(t.price_per_hour), t.list_price_per_hour)
+}
+
 fn totals_line(t: &Totals) -> String {
     if t.nodes == 0 {
         return "no nodes".to_string();
@@ -337,7 +351,7 @@ fn totals_line(t: &Totals) -> String {
         "{} node{}, {}, CPU {}/{} {}, memory {}/{} {}",
         t.nodes,
         if t.nodes == 1 { "" } else { "s" },
-        money(t.price_per_hour),
+        with_list_price(t),
         cpu(t.cpu.0),
         cpu(t.cpu.1),
         bar(t.cpu.0, t.cpu.1, 10),

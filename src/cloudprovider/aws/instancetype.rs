@@ -580,6 +580,7 @@ pub fn overhead(
         kube_reserved: kube_reserved(capacity, memory_pods, kubelet)?,
         system_reserved: system_reserved(kubelet)?,
         eviction_threshold: eviction_threshold(capacity, kubelet)?,
+        above_baseline: Resources::default(),
     })
 }
 

@@ -15,6 +15,7 @@ pub mod interruption;
 mod launch;
 pub mod launchtemplate;
 pub mod nodeclass;
+pub mod nodecost;
 pub mod pricing;
 pub mod provider;
 pub mod reservations;

@@ -54,6 +54,8 @@ pub struct Subnet {
     pub zone_id: Option<String>,
     /// Free IPv4 addresses.
     pub available_ips: i64,
+    /// Whether instances launched into it get a public IPv4 address (`MapPublicIpOnLaunch`).
+    pub public_ipv4: bool,
 }
 
 /// Orders subnets by free addresses, most first (then by id), without duplicates.
@@ -103,6 +105,7 @@ pub async fn resolve_subnets(ec2: &Ec2Client, terms: &[SubnetSelectorTerm]) -> R
                 zone: zone.to_string(),
                 zone_id: s.availability_zone_id().map(str::to_string),
                 available_ips: i64::from(s.available_ip_address_count().unwrap_or(0)),
+                public_ipv4: s.map_public_ip_on_launch().unwrap_or(false),
             });
         }
     }
@@ -779,7 +782,7 @@ mod tests {
     use crate::cloudprovider::aws::validation::Verdict;
 
     fn subnet(id: &str, zone: &str, ips: i64) -> Subnet {
-        Subnet { id: id.into(), zone: zone.into(), zone_id: None, available_ips: ips }
+        Subnet { id: id.into(), zone: zone.into(), zone_id: None, available_ips: ips, public_ipv4: false }
     }
 
     #[test]

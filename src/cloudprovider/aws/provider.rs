@@ -11,6 +11,7 @@ use super::instance::{self, Ec2Instance, TAG_NODECLAIM};
 use super::instancetype::{self, OfferingInputs, Settings, TypeInfo};
 use super::launchtemplate::{self, LaunchTemplates};
 use super::nodeclass::{self, PlacementGroup, Resolution};
+use super::nodecost::{self, BurstableCpu, NodeCost};
 use super::pricing::Pricing;
 use super::reservations;
 use super::sdk_error;
@@ -134,6 +135,8 @@ pub struct Options {
     /// `status.capacityReservations`, which the scheduler sees as `reserved` offerings and
     /// launches into.
     pub reserved_capacity: bool,
+    /// How plans treat burstable types' CPU (`BURSTABLE_CPU`, see [`super::nodecost`]).
+    pub burstable_cpu: BurstableCpu,
 }
 
 impl Options {
@@ -152,6 +155,7 @@ impl Options {
             disable_dry_run: false,
             overlays: None,
             reserved_capacity: true,
+            burstable_cpu: BurstableCpu::default(),
         }
     }
 }
@@ -301,6 +305,8 @@ pub struct AwsCloudProvider {
     pub(super) validations: TtlCache<String, (String, Verdict)>,
     /// Each class's placement group as last resolved, with the selector it was resolved for.
     placement_groups: std::sync::RwLock<HashMap<String, (PlacementGroupSelector, Option<PlacementGroup>)>>,
+    /// The subnets of the resolved classes that give their instances a public IPv4 address.
+    public_subnets: RwLock<BTreeSet<String>>,
     /// Instances left in the capacity reservations the classes select.
     pub(super) reservations: reservations::Availability,
 }
@@ -323,6 +329,7 @@ impl AwsCloudProvider {
             pricing: Pricing::default(),
             node_classes: NodeClassStore::default(),
             placement_groups: Default::default(),
+            public_subnets: Default::default(),
             reservations: Default::default(),
             clients,
             options,
@@ -425,6 +432,16 @@ impl AwsCloudProvider {
                 .find_map(|(family, _)| amifamily::alias_unsupported(family, &self.cluster.version)),
         };
         self.remember_placement_group(class, resolution.placement_group.clone());
+        {
+            let mut public = self.public_subnets.write().unwrap_or_else(PoisonError::into_inner);
+            for subnet in &resolution.subnets {
+                if subnet.public_ipv4 {
+                    public.insert(subnet.id.clone());
+                } else {
+                    public.remove(&subnet.id);
+                }
+            }
+        }
         let previous = class.status.as_ref();
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         if !resolution.is_complete() {
@@ -548,6 +565,13 @@ impl AwsCloudProvider {
             .filter_map(|a| Requirements::from_node_selector(&a.requirements).ok())
             .collect();
         let price = |it: &str, zone: &str, ct: &str| self.pricing.price(it, zone, ct);
+        // What comes with every node: its volumes, and a public IPv4 address when the class or
+        // its subnets give one.
+        let subnets_public = {
+            let public = self.public_subnets.read().unwrap_or_else(PoisonError::into_inner);
+            status.subnets.iter().any(|s| public.contains(&s.id))
+        };
+        let node_cost = NodeCost::of_class(spec, subnets_public);
         let empty = BTreeSet::new();
         let mut out = Vec::new();
         for info in catalog.types.iter().filter(|info| instancetype::compatible(info, spec, group)) {
@@ -590,7 +614,7 @@ impl AwsCloudProvider {
                 }
             };
             if ami_reqs.iter().any(|r| it.requirements.intersects(r).is_ok()) {
-                out.push(it);
+                out.push(nodecost::priced(&it, &node_cost, self.options.burstable_cpu));
             }
         }
         Ok(out)
@@ -892,7 +916,11 @@ impl CloudProvider for AwsCloudProvider {
     ) -> BoxFuture<'a, Result<Vec<Arc<InstanceType>>>> {
         Box::pin(async move {
             let (class, _) = self.ready_class(&node_pool.spec.template.spec.node_class_ref.name)?;
-            Ok(self.instance_types_for_class(&class).await?.into_iter().map(Arc::new).collect())
+            let types: Vec<Arc<InstanceType>> =
+                self.instance_types_for_class(&class).await?.into_iter().map(Arc::new).collect();
+            let pool = Requirements::from_nodepool(&node_pool.spec.template.spec.requirements)
+                .map_err(|e| CloudProviderError::Config(format!("requirements of the nodepool: {e}")))?;
+            Ok(nodecost::for_pool(&types, &pool, self.options.burstable_cpu))
         })
     }
 

@@ -75,16 +75,18 @@ pub fn offerings(
             let capacity = left(&r.id);
             let expiring = r.state.as_deref() == Some(STATE_EXPIRING);
             Offering {
-                zone: r.availability_zone.clone(),
-                capacity_type: CAPACITY_TYPE_RESERVED.to_string(),
-                price: on_demand.map(|p| p / RESERVED_PRICE_DIVISOR).unwrap_or(0.0),
-                available: capacity > 0 && !expiring && subnet_zones.contains(&r.availability_zone),
                 reservation: Some(Arc::new(Reservation {
                     id: r.id.clone(),
                     reservation_type: r.reservation_type.clone().unwrap_or_else(|| "default".to_string()),
                     interruptible: r.interruptible.unwrap_or(false),
                     capacity,
                 })),
+                ..Offering::new(
+                    r.availability_zone.clone(),
+                    CAPACITY_TYPE_RESERVED,
+                    on_demand.map(|p| p / RESERVED_PRICE_DIVISOR).unwrap_or(0.0),
+                    capacity > 0 && !expiring && subnet_zones.contains(&r.availability_zone),
+                )
             }
         })
         .collect()

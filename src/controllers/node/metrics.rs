@@ -13,10 +13,12 @@
 //!   (bytes, counts); `resource_type` is the resource name lowercased with `-` as `_`.
 //! - `karpenter_cluster_utilization_percent{resource_type}`: the requests of every pod bound to a
 //!   Node over the Nodes' allocatable, in percent.
-//! - Cost, in dollars per hour at each node's offering price: `karpenter_nodepools_cost_total
+//! - Cost, in dollars per hour at each node's offering list price: `karpenter_nodepools_cost_total
 //!   {nodepool}` (upstream's name; the NodeClaims of the NodePool, launched or coming) and, beyond
 //!   upstream, `karpenter_nodes_price_per_hour` with the node labels above (without
-//!   `resource_type`), so that a dashboard can sum cost by any of them.
+//!   `resource_type`), so that a dashboard can sum cost by any of them; beside it
+//!   `karpenter_nodes_cost_per_hour`, the node's full cost (with its volumes, public IPv4 address
+//!   and burstable surplus, where the cloud provider prices them).
 //!
 //! Series of nodes and NodePools that went away go with the next pass; the others are updated in
 //! place, so that a scrape never finds a family half rebuilt.
@@ -64,8 +66,10 @@ pub struct NodeReading {
     pub system_overhead: Vec<(String, f64)>,
     /// `karpenter_nodes_current_lifetime_seconds`.
     pub lifetime_seconds: Option<f64>,
-    /// `karpenter_nodes_price_per_hour`.
+    /// `karpenter_nodes_price_per_hour`: the list price.
     pub price_per_hour: Option<f64>,
+    /// `karpenter_nodes_cost_per_hour`: the full cost, with what comes with the node.
+    pub cost_per_hour: Option<f64>,
 }
 
 /// Every reading of one pass.
@@ -121,7 +125,7 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
     let mut allocatable = Resources::default();
     for node in nodes {
         if let (Some(pool), Some(claim)) = (node.nodepool(), node.claim.as_deref()) {
-            match node.price {
+            match node.list_price {
                 Some(price) => *out.nodepool_cost.entry(pool.to_string()).or_default() += price,
                 None if [LABEL_INSTANCE_TYPE, LABEL_TOPOLOGY_ZONE, LABEL_CAPACITY_TYPE]
                     .iter()
@@ -154,7 +158,8 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
             daemon_limits: by_type(&node.daemonset_limits),
             system_overhead: by_type(&node.capacity.sub_floored(&node.allocatable)),
             lifetime_seconds: lifetime,
-            price_per_hour: node.price,
+            price_per_hour: node.list_price,
+            cost_per_hour: node.price,
         });
     }
     for (resource, total) in allocatable.iter() {
@@ -221,6 +226,7 @@ pub fn record(m: &crate::metrics::Metrics, readings: &Readings, published: &mut 
         &m.nodes_total_daemon_limits,
         &m.nodes_current_lifetime_seconds,
         &m.nodes_price_per_hour,
+        &m.nodes_cost_per_hour,
     ]);
     for node in &readings.nodes {
         let series = |resource_type: Option<&String>| NodeSeries {
@@ -247,6 +253,9 @@ pub fn record(m: &crate::metrics::Metrics, readings: &Readings, published: &mut 
         }
         if let Some(price) = node.price_per_hour {
             pass.set(7, series(None), price);
+        }
+        if let Some(cost) = node.cost_per_hour {
+            pass.set(8, series(None), cost);
         }
     }
     pass.retire(&mut published.nodes);

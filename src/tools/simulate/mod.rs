@@ -160,7 +160,10 @@ pub fn scheduling_input(
     let pool_types = manifests
         .nodepools
         .iter()
-        .map(|np| (np.metadata.name.clone().unwrap_or_default(), instance_types.to_vec()))
+        .map(|np| {
+            let types = crate::tools::planned_for(instance_types, np, snapshot.node_class_of(np));
+            (np.metadata.name.clone().unwrap_or_default(), types)
+        })
         .collect();
     let snapshot = snapshot.with_instance_types(pool_types);
     let nodes = state_nodes(&snapshot);

@@ -9,11 +9,13 @@
 //!     "zone": "test-zone-a",
 //!     "capacityType": "spot",
 //!     "pricePerHour": 0.01560,
+//!     "listPricePerHour": 0.01340,
 //!     "pods": ["default/inflate-0"]
 //!   }],
 //!   "existingPlacements": [{"node": "node-1", "pods": ["default/web-0"]}],
 //!   "unschedulable": [{"pod": "default/huge", "reasons": ["nodepool \"default\": ..."]}],
 //!   "totalPricePerHour": 0.01560,
+//!   "totalListPricePerHour": 0.01340,
 //!   "lowerBoundPerHour": 0.01248,
 //!   "priceToLowerBound": 1.25
 //! }
@@ -21,7 +23,10 @@
 //!
 //! `instanceType`, `zone`, `capacityType` and `pricePerHour` describe the cheapest launch: the
 //! first instance type option (options are cheapest first) and its cheapest offering the claim's
-//! requirements allow. Prices are rounded to six decimals. `lowerBoundPerHour` is a price no plan
+//! requirements allow. `pricePerHour` is what the node costs in full (for a NodePool of an
+//! EC2NodeClass: its list price, its volumes, a public IPv4 address when the class asks for one;
+//! see [`nodecost`](crate::cloudprovider::aws::nodecost)) and `listPricePerHour` its list price
+//! alone. Prices are rounded to six decimals. `lowerBoundPerHour` is a price no plan
 //! for the pods placed on new NodeClaims can beat (the fractional bound of
 //! [`cost`](crate::scheduling::cost), at least the per-resource one); `priceToLowerBound` is the
 //! plan's total over it, to three decimals (absent when the bound is zero). The JSON and YAML list every pod; the table summarises long lists.
@@ -43,6 +48,8 @@ pub struct Report {
     pub unschedulable: Vec<UnschedulableReport>,
     /// Sum of the NodeClaims' prices.
     pub total_price_per_hour: f64,
+    /// Sum of the NodeClaims' list prices.
+    pub total_list_price_per_hour: f64,
     /// The least any plan could cost for the pods placed on new NodeClaims.
     pub lower_bound_per_hour: f64,
     /// `total_price_per_hour` over `lower_bound_per_hour`, when the bound is not zero.
@@ -64,8 +71,10 @@ pub struct NodeClaimReport {
     pub zone: String,
     /// Capacity type of the cheapest offering.
     pub capacity_type: String,
-    /// Price of the cheapest offering, per hour.
+    /// Price of the cheapest offering, per hour: the node's full cost.
     pub price_per_hour: f64,
+    /// List price of that offering, per hour.
+    pub list_price_per_hour: f64,
     /// The NodeOverlays that set that price, if any.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub price_overlays: Vec<String>,
@@ -105,9 +114,9 @@ pub fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
     let cheapest = first.and_then(|it| {
         it.compatible_offerings(&claim.requirements)
             .min_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.zone.cmp(&b.zone)))
-            .map(|o| (it.name.clone(), o.zone.clone(), o.capacity_type.clone(), o.price))
+            .map(|o| (it.name.clone(), o.zone.clone(), o.capacity_type.clone(), o.price, o.list_price))
     });
-    let (instance_type, zone, capacity_type, price) = cheapest.unwrap_or_default();
+    let (instance_type, zone, capacity_type, price, list_price) = cheapest.unwrap_or_default();
     NodeClaimReport {
         node_pool: claim.nodepool.clone(),
         instance_type,
@@ -115,6 +124,7 @@ pub fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
         zone,
         capacity_type,
         price_per_hour: round_price(price),
+        list_price_per_hour: round_price(list_price),
         price_overlays: first
             .and_then(|it| it.overlays.as_ref())
             .map(|m| m.price.clone())
@@ -143,6 +153,7 @@ impl Report {
     pub fn from_results(input: &SchedulingInput, results: &SchedulingResults) -> Self {
         let node_claims: Vec<NodeClaimReport> = results.new_node_claims.iter().map(claim_report).collect();
         let total = round_price(node_claims.iter().map(|c| c.price_per_hour).sum());
+        let total_list = round_price(node_claims.iter().map(|c| c.list_price_per_hour).sum());
         let bound = round_price(fractional_lower_bound(input, results));
         Report {
             node_claims,
@@ -166,6 +177,7 @@ impl Report {
                 })
                 .collect(),
             total_price_per_hour: total,
+            total_list_price_per_hour: total_list,
             lower_bound_per_hour: bound,
             price_to_lower_bound: (bound > 0.0).then(|| (total / bound * 1000.0).round() / 1000.0),
         }
@@ -178,7 +190,7 @@ impl Report {
             out.push_str("No new NodeClaims.\n");
         } else {
             let mut rows = vec![
-                ["NODEPOOL", "INSTANCE-TYPE", "ZONE", "CAPACITY-TYPE", "$/H", "PODS"]
+                ["NODEPOOL", "INSTANCE-TYPE", "ZONE", "CAPACITY-TYPE", "LIST $/H", "$/H", "PODS"]
                     .map(String::from)
                     .to_vec(),
             ];
@@ -188,6 +200,7 @@ impl Report {
                     c.instance_type.clone(),
                     c.zone.clone(),
                     c.capacity_type.clone(),
+                    format!("{:.4}", c.list_price_per_hour),
                     format!("{:.4}", c.price_per_hour),
                     summarise_pods(&c.pods),
                 ]);
@@ -210,7 +223,10 @@ impl Report {
             }
             push_table(&mut out, &rows);
         }
-        out.push_str(&format!("\nTOTAL $/h: {:.4}\n", self.total_price_per_hour));
+        out.push_str(&format!(
+            "\nTOTAL $/h: {:.4} (list prices {:.4})\n",
+            self.total_price_per_hour, self.total_list_price_per_hour
+        ));
         if let Some(ratio) = self.price_to_lower_bound {
             out.push_str(&format!(
                 "LOWER BOUND $/h: {:.4} (the plan costs {ratio:.3}x that; no plan for these pods costs less)\n",

@@ -75,7 +75,7 @@ pub fn readings(
         for o in &it.offerings {
             let key: Dimensions = (it.name.clone(), o.capacity_type.clone(), o.zone.clone());
             *out.available.entry(key.clone()).or_insert(false) |= o.available;
-            out.price.insert(key, o.price);
+            out.price.insert(key, o.list_price);
             zones.insert(o.zone.as_str());
         }
         if reserved_capacity {
