@@ -791,13 +791,9 @@ async fn cost_and_utilisation_metrics(f: &Fixture, controller: &Controller) {
     .await;
     let node_prices = controller.metric_sum_where("karpenter_nodes_price_per_hour", &pool).await;
     assert!((node_prices - expected).abs() < 1e-6, "{node_prices} != {expected}");
-    // In full, each node also pays for the root volume of the example EC2NodeClass (the
-    // emulator's subnets give no public IPv4 address).
-    let class: karpenter::apis::EC2NodeClass = read_example("ec2nodeclass.yaml");
-    let per_node = karpenter::cloudprovider::aws::nodecost::NodeCost::of_class(&class.spec, false).per_hour();
+    // The kwok provider prices nodes at their list price: their full cost is the same.
     let costs = controller.metric_sum_where("karpenter_nodes_cost_per_hour", &pool).await;
-    let want = expected + per_node * claims.len() as f64;
-    assert!(per_node > 0.0 && (costs - want).abs() < 1e-6, "{costs} != {want}");
+    assert!((costs - expected).abs() < 1e-6, "{costs} != {expected}");
     // Published every 5 s: the pass that got the prices right may predate the pods' binding.
     let nodes: Vec<String> =
         claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.clone())).collect();

@@ -370,7 +370,7 @@ pub fn cluster_name() -> String {
 
 /// An example manifest; the examples name the cluster `karpenter-demo` (discovery tags, node
 /// role), which becomes the cluster of the journeys.
-pub fn read_example<K: DeserializeOwned>(file: &str) -> K {
+fn read_example<K: DeserializeOwned>(file: &str) -> K {
     let text = std::fs::read_to_string(repo().join("examples").join(file)).unwrap();
     let text = text.replace("karpenter-demo", &cluster_name());
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("examples/{file}: {e}"))
