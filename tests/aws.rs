@@ -604,24 +604,28 @@ async fn capacity_reservations_are_resolved_into_the_status() {
     assert_eq!(ids, [targeted_id.as_str()]);
 }
 
+/// The id of a new targeted On-Demand Capacity Reservation of `count` m5.large in `zone`.
+async fn targeted_m5_reservation(ec2: &aws_sdk_ec2::Client, zone: &str, count: i32) -> String {
+    let out = ec2
+        .create_capacity_reservation()
+        .instance_type("m5.large")
+        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
+        .availability_zone(zone)
+        .instance_count(count)
+        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
+        .send()
+        .await
+        .unwrap();
+    out.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string()
+}
+
 #[tokio::test]
 #[ignore = "needs the AWS emulator: make test"]
 async fn reserved_claims_launch_into_their_reservation_until_it_is_exhausted() {
     let (p, cluster, faults) = provider_with_faults("reserved").await;
     let ec2 = &p.clients().ec2;
     let zone = format!("{}a", region());
-    let reservation = ec2
-        .create_capacity_reservation()
-        .instance_type("m5.large")
-        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
-        .availability_zone(&zone)
-        .instance_count(2)
-        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
-        .send()
-        .await
-        .unwrap();
-    let id =
-        reservation.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+    let id = targeted_m5_reservation(ec2, &zone, 2).await;
     let mut class = node_class(&cluster, "al2023@latest");
     class.spec.capacity_reservation_selector_terms = serde_json::from_value(json!([{"id": id}])).unwrap();
     class.status = Some(p.resolve_node_class(&class, &[]).await.unwrap().status);
@@ -709,18 +713,7 @@ async fn interruptible_reservations_launch_with_their_market_type() {
     let (p, cluster, faults) = provider_with_faults("interruptible").await;
     let ec2 = &p.clients().ec2;
     let zone = format!("{}a", region());
-    let source = ec2
-        .create_capacity_reservation()
-        .instance_type("m5.large")
-        .instance_platform(aws_sdk_ec2::types::CapacityReservationInstancePlatform::LinuxUnix)
-        .availability_zone(&zone)
-        .instance_count(3)
-        .instance_match_criteria(aws_sdk_ec2::types::InstanceMatchCriteria::Targeted)
-        .send()
-        .await
-        .unwrap();
-    let source_id =
-        source.capacity_reservation().and_then(|r| r.capacity_reservation_id()).unwrap().to_string();
+    let source_id = targeted_m5_reservation(ec2, &zone, 3).await;
     ec2.create_interruptible_capacity_reservation_allocation()
         .capacity_reservation_id(&source_id)
         .instance_count(2)
