@@ -31,7 +31,7 @@ use karpenter::apis::labels::{
 };
 use karpenter::apis::{NodeSelectorRequirementWithMinValues, Operator};
 use karpenter::cloudprovider::aws::amifamily::default_block_device_mappings;
-use karpenter::cloudprovider::aws::nodecost::{self, BurstableCpu, NodeCost, SURPLUS_PER_VCPU_HOUR};
+use karpenter::cloudprovider::aws::nodecost::{self, BurstableCpu, NodeCost};
 use karpenter::scheduling::{
     InstanceType, NewNodeClaim, NodePoolInput, Requirements, SchedulingInput, SchedulingResults, cost,
     schedule,
@@ -87,8 +87,7 @@ fn costed(claim: &NewNodeClaim, node: &NodeCost) -> Option<(f64, f64)> {
     let it = claim.instance_type_options.first()?;
     let o =
         it.compatible_offerings(&claim.requirements).min_by(|a, b| a.list_price.total_cmp(&b.list_price))?;
-    let surplus = nodecost::baseline_millis(&it.name)
-        .map_or(0.0, |b| (claim.requests.cpu - b).max(0) as f64 / 1000.0 * SURPLUS_PER_VCPU_HOUR);
+    let surplus = nodecost::surplus_per_hour(&it.name, claim.requests.cpu);
     Some((o.list_price, o.list_price + node.per_hour() + surplus))
 }
 

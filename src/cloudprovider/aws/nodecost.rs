@@ -11,7 +11,9 @@
 //! only when the pods fit there (a NodePool that names the family, category or type keeps its
 //! full CPU: it asked for bursts); `unlimited` plans its full CPU and prices the CPU above the
 //! baseline at the surplus-credit rate, as if the pods used what they request; `ignore` plans
-//! its full CPU at its list price (upstream's behaviour).
+//! its full CPU at its list price (upstream's behaviour). A t1 type states no baseline and has
+//! no unlimited mode: in both `baseline` and `unlimited` it is planned with no CPU unless the
+//! NodePool asks for it.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -163,19 +165,40 @@ pub fn credits_per_hour(instance_type: &str) -> Option<f64> {
     Some(credits)
 }
 
-/// The CPU a burstable type sustains, in millicores (its credits per hour over 60 minutes).
+/// Whether `instance_type` is of a burstable family that publishes no baseline and has no
+/// unlimited mode: t1, the previous generation's, which runs a small, unstated share of a vCPU
+/// and bursts when the host has cycles to spare. Nothing of its CPU can be counted on.
+fn bursts_without_baseline(instance_type: &str) -> bool {
+    instance_type.split_once('.').is_some_and(|(family, _)| family == "t1")
+}
+
+/// The CPU a burstable type sustains, in millicores (its credits per hour over 60 minutes); none
+/// for a t1 type, which states none.
 pub fn baseline_millis(instance_type: &str) -> Option<i64> {
+    if bursts_without_baseline(instance_type) {
+        return Some(0);
+    }
     credits_per_hour(instance_type).map(|c| (c / 60.0 * 1000.0).round() as i64)
+}
+
+/// What the surplus credits of `cpu` millicores, used all the time on an `instance_type` in
+/// unlimited mode, cost per hour: the CPU above the type's baseline at the surplus rate; nothing
+/// on a type that is not burstable, or (t1) cannot buy surplus.
+pub fn surplus_per_hour(instance_type: &str, cpu: i64) -> f64 {
+    match baseline_millis(instance_type) {
+        Some(baseline) if !bursts_without_baseline(instance_type) => {
+            (cpu - baseline).max(0) as f64 / 1000.0 * SURPLUS_PER_VCPU_HOUR
+        }
+        _ => 0.0,
+    }
 }
 
 /// `it` priced at its full cost: each offering's price plus `cost` and, in unlimited mode, the
 /// surplus credits of a burstable type whose allocatable CPU is all requested. The list price
 /// stays on each offering.
 pub fn priced(it: &InstanceType, cost: &NodeCost, mode: BurstableCpu) -> InstanceType {
-    let surplus = match (mode, baseline_millis(&it.name)) {
-        (BurstableCpu::Unlimited, Some(baseline)) => {
-            (it.allocatable().cpu - baseline).max(0) as f64 / 1000.0 * SURPLUS_PER_VCPU_HOUR
-        }
+    let surplus = match mode {
+        BurstableCpu::Unlimited => surplus_per_hour(&it.name, it.allocatable().cpu),
         _ => 0.0,
     };
     let extra = cost.per_hour() + surplus;
@@ -199,7 +222,9 @@ fn asked_for(pool: &Requirements, it: &InstanceType) -> bool {
 }
 
 /// The types a NodePool with requirements `pool` plans with: in baseline mode, a burstable type
-/// it does not ask for keeps only its baseline CPU usable (the rest counts as overhead).
+/// it does not ask for keeps only its baseline CPU usable (the rest counts as overhead). A t1
+/// type, with no baseline stated and no unlimited mode to buy more, keeps none in unlimited mode
+/// too.
 pub fn for_pool(
     types: &[Arc<InstanceType>],
     pool: &Requirements,
@@ -208,7 +233,11 @@ pub fn for_pool(
     types
         .iter()
         .map(|it| match baseline_millis(&it.name) {
-            Some(baseline) if mode == BurstableCpu::Baseline && !asked_for(pool, it) => {
+            Some(baseline)
+                if (mode == BurstableCpu::Baseline
+                    || (mode == BurstableCpu::Unlimited && bursts_without_baseline(&it.name)))
+                    && !asked_for(pool, it) =>
+            {
                 let unusable = (it.capacity.cpu - baseline).max(0);
                 let mut overhead = it.overhead.clone();
                 overhead.above_baseline = Resources::from_pairs([(CPU, unusable)]);
@@ -281,6 +310,7 @@ mod tests {
             ("t3.2xlarge", Some(3200)),
             ("t2.micro", Some(100)),
             ("t2.2xlarge", Some(1350)),
+            ("t1.micro", Some(0)),
             ("m5.large", None),
             ("t3.metal", None),
         ] {
@@ -307,6 +337,7 @@ mod tests {
     fn a_node_is_priced_with_what_comes_with_it() {
         let t3a = it("t3a.small", "t3a", 2000, 0.0188);
         let m5 = it("m5.large", "m5", 2000, 0.096);
+        let t1 = it("t1.micro", "t1", 1000, 0.02);
         let cost = NodeCost { volumes: 0.002, public_ipv4: 0.005 };
         // (type, mode, full price)
         let table = [
@@ -316,6 +347,8 @@ mod tests {
             (&t3a, BurstableCpu::Ignore, 0.0188 + 0.007),
             // 1930m allocatable, 400m sustained: 1.53 vCPU of surplus credits.
             (&t3a, BurstableCpu::Unlimited, 0.0188 + 0.007 + 1.53 * 0.05),
+            // No unlimited mode: no surplus to buy.
+            (&t1, BurstableCpu::Unlimited, 0.02 + 0.007),
         ];
         for (it, mode, want) in table {
             let got = priced(it, &cost, mode);
@@ -345,6 +378,16 @@ mod tests {
             pool.add(key, Requirement::in_values([value, "m5"]));
             assert_eq!(for_pool(&types, &pool, BurstableCpu::Baseline)[0].allocatable().cpu, 1930, "{key}");
         }
+        // A t1 type sustains nothing stated, and cannot buy more.
+        let t1 = [it("t1.micro", "t1", 1000, 0.02)];
+        for (mode, want) in
+            [(BurstableCpu::Baseline, 0), (BurstableCpu::Unlimited, 0), (BurstableCpu::Ignore, 930)]
+        {
+            assert_eq!(for_pool(&t1, &any, mode)[0].allocatable().cpu.max(0), want, "{mode:?}");
+        }
+        let mut t1_pool = Requirements::new();
+        t1_pool.add(LABEL_INSTANCE_FAMILY, Requirement::in_values(["t1"]));
+        assert_eq!(for_pool(&t1, &t1_pool, BurstableCpu::Unlimited)[0].allocatable().cpu, 930);
         let mut not_t = Requirements::new();
         not_t.add(LABEL_INSTANCE_CATEGORY, Requirement::not_in(["c"]));
         assert_eq!(for_pool(&types, &not_t, BurstableCpu::Baseline)[0].allocatable().cpu, 330);
