@@ -29,7 +29,9 @@
 //! NodeClaim at its cheapest launch) of today's rule ([`Packing::LargestFit`]) and of the
 //! cost-aware one, each over the per-resource and the fractional lower bounds ([`cost`]), and
 //! over a per-pod yardstick; then the same for 1,000 pods of 250m / 256Mi on the EC2 catalog's
-//! on-demand amd64 types under 32 vCPUs, with and without the burstable (`t`) types.
+//! on-demand amd64 types under 32 vCPUs, with and without the burstable (`t`) types. Last, the
+//! cost-aware rule's plans on the EC2 catalog at fewer-nodes margins of 0, 1, 3 and 5%
+//! (`FEWER_NODES_MARGIN`).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -366,8 +368,39 @@ fn cost_table() {
     }
 }
 
+/// Prints the fewer-nodes margin table: the cost-aware rule's plans on the EC2 catalog at
+/// margins of 0, 1, 3 (the default) and 5%, price and NodeClaims of each.
+fn margin_table() {
+    let margins = [0.0, 0.01, 0.03, 0.05];
+    let head: Vec<String> =
+        margins.iter().map(|m| format!("{:.0}% $/h | {:.0}% NodeClaims", m * 100.0, m * 100.0)).collect();
+    eprintln!("| catalog | pods | n | {} |", head.join(" | "));
+    eprintln!("|{}", " ---: |".repeat(3 + 2 * margins.len()));
+    let np = NodePoolInput::new("default", ec2_types());
+    for n in [1000, 5000] {
+        for (workload, pods) in [("generic", make_pods(&[(Kind::Generic, n)])), ("diverse", diverse_pods(n))]
+        {
+            let mut inp = SchedulingInput {
+                pods: pods.into_iter().map(Arc::new).collect(),
+                nodepools: vec![np.clone()],
+                ..Default::default()
+            };
+            let cells: Vec<String> = margins
+                .iter()
+                .map(|m| {
+                    inp.options.fewer_nodes_margin = *m;
+                    let r = schedule(&inp);
+                    format!("{:.2} | {}", cost::plan_price(&r), r.new_node_claims.len())
+                })
+                .collect();
+            eprintln!("| EC2 | {workload} | {n} | {} |", cells.join(" | "));
+        }
+    }
+}
+
 fn bench(c: &mut Criterion) {
     cost_table();
+    margin_table();
     let types = instance_types();
     let mut group = c.benchmark_group("scheduling");
     group.sample_size(10);

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
+use crate::scheduling::{FEWER_NODES_MARGIN, MinValuesPolicy, PreferencePolicy, SchedulerOptions};
 
 /// The controllers' settings (see [`crate::operator::Settings`] for where each comes from).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     /// `FEATURE_GATES`.
     pub feature_gates: FeatureGates,
@@ -20,6 +20,20 @@ pub struct Settings {
     pub preference_policy: PreferencePolicy,
     /// Whether a rebalance recommendation replaces the spot node before deleting it.
     pub rebalance_replacement: bool,
+    /// `FEWER_NODES_MARGIN`, as a fraction.
+    pub fewer_nodes_margin: f64,
+}
+
+impl Settings {
+    /// The options of the provisioner's and the disruption simulations' scheduling runs.
+    pub fn scheduler_options(&self) -> SchedulerOptions {
+        SchedulerOptions {
+            min_values_policy: self.min_values_policy,
+            preference_policy: self.preference_policy,
+            fewer_nodes_margin: self.fewer_nodes_margin,
+            ..SchedulerOptions::default()
+        }
+    }
 }
 
 impl Default for Settings {
@@ -32,6 +46,7 @@ impl Default for Settings {
             min_values_policy: MinValuesPolicy::default(),
             preference_policy: PreferencePolicy::default(),
             rebalance_replacement: false,
+            fewer_nodes_margin: FEWER_NODES_MARGIN,
         }
     }
 }

@@ -113,6 +113,13 @@ pub struct Settings {
     /// (karpenter-rs only; the `aws` provider).
     #[arg(long, env = "BURSTABLE_CPU", default_value = "baseline", value_parser = parse_burstable_cpu)]
     pub burstable_cpu: BurstableCpu,
+    /// How much dearer per unit (CPU or memory) a larger instance type may be and still take a
+    /// NodeClaim's next pods, in per cent (`3` or `3%`): within it, a plan with fewer, larger
+    /// nodes wins, as each node brings costs its price leaves out (another set of DaemonSets, an
+    /// IP address, API traffic). `0` takes the cheapest per unit however many nodes it needs
+    /// (karpenter-rs only).
+    #[arg(long, env = "FEWER_NODES_MARGIN", default_value = "3%", value_parser = parse_margin)]
+    pub fewer_nodes_margin: f64,
     /// How long after a launch the kwok provider creates the Node.
     #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub kwok_registration_delay: Duration,
@@ -276,6 +283,7 @@ impl Settings {
             min_values_policy: self.min_values_policy,
             preference_policy: self.preference_policy,
             rebalance_replacement: self.rebalance_replacement,
+            fewer_nodes_margin: self.fewer_nodes_margin,
         }
     }
 
@@ -366,12 +374,22 @@ impl Settings {
             ("eksControlPlane", self.eks_control_plane.to_string()),
             ("disableClusterStateObservability", self.disable_cluster_state_observability.to_string()),
             ("rebalanceReplacement", self.rebalance_replacement.to_string()),
+            ("fewerNodesMargin", format!("{}%", self.fewer_nodes_margin * 100.0)),
         ])
     }
 }
 
 fn parse_burstable_cpu(s: &str) -> Result<BurstableCpu, String> {
     s.parse()
+}
+
+/// A margin in per cent, `3` or `3%`, as a fraction; between 0 and 100.
+fn parse_margin(s: &str) -> Result<f64, String> {
+    let number = s.trim().trim_end_matches('%').trim();
+    match number.parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v / 100.0),
+        _ => Err(format!("{s:?} is not a percentage between 0 and 100, such as 3%")),
+    }
 }
 
 #[cfg(test)]
@@ -497,6 +515,23 @@ mod tests {
         assert!(!s.enable_profiling && !s.enable_zonal_shift && !s.eks_control_plane);
         assert_eq!(s.kwok_registration_delay, Duration::ZERO);
         assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_fewer_nodes_margin_is_a_percentage() {
+        assert_eq!(parse(&["--cluster-name", "demo"]).unwrap().fewer_nodes_margin, 0.03);
+        // (value, fraction)
+        for (value, want) in
+            [("1", Some(0.01)), ("2.5%", Some(0.025)), ("0", Some(0.0)), (" 10 % ", Some(0.1))]
+        {
+            assert_eq!(parse_margin(value).ok(), want, "{value}");
+        }
+        for bad in ["", "-1", "101%", "one", "NaN"] {
+            let err = parse_margin(bad).unwrap_err();
+            assert!(err.contains("not a percentage between 0 and 100"), "{bad}: {err}");
+        }
+        let s = parse(&["--cluster-name", "demo", "--fewer-nodes-margin", "1%"]).unwrap();
+        assert_eq!(s.controllers().scheduler_options().fewer_nodes_margin, 0.01);
     }
 
     #[test]

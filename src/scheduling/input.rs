@@ -92,7 +92,7 @@ pub enum Packing {
     /// Pods are taken largest first, alternating between those heavy in CPU and those heavy in
     /// memory (relative to all pending pods) so that NodeClaims fill both evenly. A NodeClaim
     /// stops growing once no instance type that can hold it comes within
-    /// [`UNIT_PRICE_TOLERANCE`] of the lowest price per unit of its binding resource among its
+    /// the fewer-nodes margin ([`FEWER_NODES_MARGIN`] by default) of the lowest price per unit of its binding resource among its
     /// allowed types (unless the pod rides free on the type it needs already), and exotic types
     /// (see [`InstanceType::is_exotic`]) are dropped from a NodeClaim that other types can hold.
     #[default]
@@ -104,9 +104,11 @@ pub enum Packing {
 }
 
 /// How much dearer per unit of its binding resource than the cheapest allowed type an instance
-/// type may be and still let a NodeClaim grow into it (3%): larger NodeClaims need fewer nodes
-/// and less DaemonSet overhead, so a near tie goes to the larger type.
-pub const UNIT_PRICE_TOLERANCE: f64 = 0.03;
+/// type may be and still let a NodeClaim grow into it, by default ([`SchedulerOptions`]'s
+/// `fewer_nodes_margin`, the `FEWER_NODES_MARGIN` setting): a difference this small is noise
+/// beside what every node brings besides its price (another DaemonSet set, IP address and API
+/// traffic), so a near tie goes to the larger type and the plan with fewer nodes.
+pub const FEWER_NODES_MARGIN: f64 = 0.03;
 
 /// Tunables of a scheduling run.
 #[derive(Clone, Debug)]
@@ -123,6 +125,9 @@ pub struct SchedulerOptions {
     /// other capacity at once (the disruption simulations), rather than waiting for the next run
     /// (the provisioner; see [`super::reservations`]).
     pub reserved_fallback: bool,
+    /// Under [`Packing::CostAware`], how much dearer per unit (a fraction) a larger type may be
+    /// and still take a NodeClaim's next pods ([`FEWER_NODES_MARGIN`] by default).
+    pub fewer_nodes_margin: f64,
 }
 
 impl Default for SchedulerOptions {
@@ -133,6 +138,7 @@ impl Default for SchedulerOptions {
             max_instance_types: 60,
             packing: Packing::default(),
             reserved_fallback: false,
+            fewer_nodes_margin: FEWER_NODES_MARGIN,
         }
     }
 }

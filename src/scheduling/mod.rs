@@ -64,9 +64,9 @@ pub use instancetypes::{InstanceType, Offering, Overhead, OverlayMarks, Reservat
 pub use requirements::{Requirement, Requirements};
 pub use resources::Resources;
 pub use scheduler::{
-    ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, Packing, PodError, PodRef,
-    PreferencePolicy, PreparedRun, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults,
-    UNIT_PRICE_TOLERANCE, prepare, schedule,
+    ExistingNode, ExistingPlacement, FEWER_NODES_MARGIN, MinValuesPolicy, NewNodeClaim, NodePoolInput,
+    Packing, PodError, PodRef, PreferencePolicy, PreparedRun, SchedulerOptions, SchedulingError,
+    SchedulingInput, SchedulingResults, prepare, schedule,
 };
 pub use values::ValueSet;
 pub use volumes::VolumeInput;

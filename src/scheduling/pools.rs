@@ -142,8 +142,11 @@ impl<'a> Pool<'a> {
 pub(super) struct PoolCosts {
     prices: Vec<f64>,
     exotic: Vec<bool>,
-    /// 1 / allocatable CPU and memory (infinite where there is none).
+    /// 1 / the CPU and memory each type leaves its pods: allocatable less the pool's DaemonSets
+    /// (infinite where nothing is left).
     inverse: Vec<[f64; 2]>,
+    /// What the pool's DaemonSets request on every node.
+    daemonsets: Resources,
     /// Per limited resource of the NodePool (in key order): what each type counts toward it.
     pub(super) limits: Vec<LimitedAmounts>,
 }
@@ -158,7 +161,7 @@ impl LimitedAmounts {
 }
 
 impl PoolCosts {
-    pub(super) fn new(np: &NodePoolInput) -> Self {
+    pub(super) fn new(np: &NodePoolInput, daemonsets: &Resources) -> Self {
         let its = &np.instance_types;
         PoolCosts {
             prices: its
@@ -170,9 +173,11 @@ impl PoolCosts {
                 .iter()
                 .map(|it| {
                     let a = it.allocatable();
-                    [a.cpu, a.memory].map(|v| if v > 0 { 1.0 / v as f64 } else { f64::INFINITY })
+                    [a.cpu - daemonsets.cpu, a.memory - daemonsets.memory]
+                        .map(|v| if v > 0 { 1.0 / v as f64 } else { f64::INFINITY })
                 })
                 .collect(),
+            daemonsets: daemonsets.clone(),
             limits: np
                 .remaining_limits
                 .iter()
@@ -182,18 +187,21 @@ impl PoolCosts {
         }
     }
 
-    /// [`unit_price`] of `requests` on type `i`, without divisions when they ask for CPU, memory
-    /// and pod slots only.
-    pub(super) fn unit_price(&self, i: u32, requests: &Resources, types: &[Arc<InstanceType>]) -> f64 {
+    /// The price on type `i` of what a claim's pods request (`pods`, the claim's requests less
+    /// the pool's DaemonSets'): [`unit_price`] over what the type leaves them besides the
+    /// DaemonSets, so that every node's share taken by DaemonSets is paid for and a larger node,
+    /// whose share is smaller, is cheaper per unit at the same price per allocatable unit.
+    /// Without divisions when they ask for CPU, memory and pod slots only.
+    pub(super) fn unit_price(&self, i: u32, pods: &Resources, types: &[Arc<InstanceType>]) -> f64 {
         let price = self.price(i);
         match self.inverse.get(i as usize) {
-            Some(inv) if requests.extended.is_empty() && requests.ephemeral_storage <= 0 => {
+            Some(inv) if pods.extended.is_empty() && pods.ephemeral_storage <= 0 => {
                 let share = |v: i64, inv: f64| if v > 0 { v as f64 * inv } else { 0.0 };
-                price * share(requests.cpu, inv[0]).max(share(requests.memory, inv[1]))
+                price * share(pods.cpu, inv[0]).max(share(pods.memory, inv[1]))
             }
             _ => types
                 .get(i as usize)
-                .map_or(f64::INFINITY, |it| unit_price(price, requests, it.allocatable())),
+                .map_or(f64::INFINITY, |it| unit_price(price, pods, &it.allocatable().sub(&self.daemonsets))),
         }
     }
 

@@ -27,9 +27,9 @@ use crate::apis::labels::{
 };
 
 pub use super::input::{
-    ExistingNode, ExistingPlacement, MinValuesPolicy, NewNodeClaim, NodePoolInput, Packing, PodError, PodRef,
-    PreferencePolicy, SchedulerOptions, SchedulingError, SchedulingInput, SchedulingResults,
-    UNIT_PRICE_TOLERANCE,
+    ExistingNode, ExistingPlacement, FEWER_NODES_MARGIN, MinValuesPolicy, NewNodeClaim, NodePoolInput,
+    Packing, PodError, PodRef, PreferencePolicy, SchedulerOptions, SchedulingError, SchedulingInput,
+    SchedulingResults,
 };
 
 use super::hostports::{HostPort, first_conflict, pod_host_ports};
@@ -398,7 +398,7 @@ impl<'a> Scheduler<'a> {
         }
 
         let rejected = vec![Vec::new(); classes.len()];
-        let costs = pools.iter().map(|p| PoolCosts::new(p.input)).collect();
+        let costs = pools.iter().map(|p| PoolCosts::new(p.input, &p.ds_overhead)).collect();
         let book = Book::new(&input.nodepools, &input.reservations_held, !input.options.reserved_fallback);
         Scheduler {
             input,
@@ -720,9 +720,8 @@ impl<'a> Scheduler<'a> {
         // The narrowed requirements, and the keys that changed.
         let (new_reqs, changed) = narrow(&claim.reqs, reqs, &topo_reqs);
         let eff_reqs = new_reqs.as_ref().unwrap_or(&claim.reqs);
-        let cost_aware = input.options.packing == Packing::CostAware;
         let cost = &costs[claim.pool];
-        let narrowing = Narrowing::new(pool, cost, eff_reqs, &changed, offer_idx, cost_aware);
+        let narrowing = Narrowing::new(pool, cost, eff_reqs, &changed, offer_idx, &input.options);
         let new_requests = claim.requests.add(&pod.requests);
         let (mut kept, outgrown) = narrowing.instance_types(&claim.its, &new_requests, reason)?;
         narrowing.drop_exotic(&mut kept);
@@ -1046,6 +1045,8 @@ struct Narrowing<'x, 'a> {
     masks: Option<(u64, u64)>,
     /// Whether the run packs [`Packing::CostAware`].
     cost_aware: bool,
+    /// The run's fewer-nodes margin.
+    margin: f64,
 }
 
 impl<'x, 'a> Narrowing<'x, 'a> {
@@ -1055,12 +1056,13 @@ impl<'x, 'a> Narrowing<'x, 'a> {
         reqs: &'x Requirements,
         changed: &BTreeSet<&'x str>,
         offer_idx: &OfferingIndex,
-        cost_aware: bool,
+        options: &SchedulerOptions,
     ) -> Self {
+        let (cost_aware, margin) = (options.packing == Packing::CostAware, options.fewer_nodes_margin);
         let offers_changed = changed.iter().any(|k| is_offering_label(k));
         let label_keys: Vec<&str> = changed.iter().copied().filter(|k| !is_offering_label(k)).collect();
         let masks = offers_changed.then(|| offer_idx.masks_for(reqs)).flatten();
-        Narrowing { pool, cost, reqs, label_keys, offers_changed, masks, cost_aware }
+        Narrowing { pool, cost, reqs, label_keys, offers_changed, masks, cost_aware, margin }
     }
 
     /// Whether any key changed.
@@ -1184,7 +1186,8 @@ impl<'x, 'a> Narrowing<'x, 'a> {
             return Ok(None);
         }
         let (cost, types) = (self.cost, &self.pool.input.instance_types);
-        let unit = |i: u32| cost.unit_price(i, requests, types);
+        let pods = requests.sub(&self.pool.ds_overhead);
+        let unit = |i: u32| cost.unit_price(i, &pods, types);
         let ordinary = !kept.iter().any(|i| cost.is_exotic(*i));
         let too_small = claim
             .small
@@ -1197,7 +1200,7 @@ impl<'x, 'a> Narrowing<'x, 'a> {
             .filter(|i| !(ordinary && cost.is_exotic(*i)))
             .map(unit)
             .fold(f64::INFINITY, f64::min);
-        let limit = floor * (1.0 + UNIT_PRICE_TOLERANCE);
+        let limit = floor * (1.0 + self.margin);
         let now = claim.its.first().map_or(f64::INFINITY, |i| cost.price(*i));
         let cheapest = kept.first().map_or(f64::INFINITY, |i| cost.price(*i));
         let mut m = [i64::MIN; 3];

@@ -1468,3 +1468,52 @@ fn a_reserved_claim_does_not_outgrow_its_reservation() {
     assert_eq!(reserved[0].instance_type_names, vec!["m.2x".to_string()]);
     assert!(reserved[0].pods.len() <= 2);
 }
+
+/// Types of 2, 4 and 8 vCPU, the larger 0.5% and 2% dearer per vCPU than the smallest.
+fn near_tie_catalog() -> Vec<Arc<InstanceType>> {
+    vec![
+        priced_type("m.2x", 2, 50, 0.20, &[], &[]),
+        priced_type("m.4x", 4, 50, 0.402, &[], &[]),
+        priced_type("m.8x", 8, 50, 0.816, &[], &[]),
+    ]
+}
+
+/// Within the fewer-nodes margin a claim grows into the larger type: a near tie goes to the plan
+/// with fewer nodes; outside it, to the cheapest per unit.
+#[rstest]
+#[case::none(0.0, &[("m.2x", 4)], 0.80)]
+#[case::one_per_cent(0.01, &[("m.4x", 2)], 0.804)]
+#[case::the_default(FEWER_NODES_MARGIN, &[("m.8x", 1)], 0.816)]
+#[case::five_per_cent(0.05, &[("m.8x", 1)], 0.816)]
+fn near_ties_go_to_fewer_nodes(#[case] margin: f64, #[case] want: &[(&str, usize)], #[case] price: f64) {
+    let mut inp = input(pods_n(8, |p| p), vec![NodePoolInput::new("default", near_tie_catalog())]);
+    inp.options.fewer_nodes_margin = margin;
+    let r = schedule(&inp);
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let mut got: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &r.new_node_claims {
+        *got.entry(c.instance_type_names[0].as_str()).or_default() += 1;
+    }
+    assert_eq!(got, want.iter().copied().collect::<BTreeMap<_, _>>(), "margin {margin}");
+    assert!((cost::plan_price(&r) - price).abs() < 1e-9, "{}", cost::plan_price(&r));
+}
+
+/// The share of every node that its DaemonSets take is paid for: a 4-vCPU type 5% dearer per
+/// vCPU than the 2-vCPU one leaves its pods 3 vCPU beside a 1-vCPU DaemonSet where the small one
+/// leaves 1, so it is the cheaper per vCPU the pods get, and the plan takes it.
+#[test]
+fn the_daemonsets_share_of_a_node_is_priced() {
+    let catalog =
+        vec![priced_type("m.2x", 2, 50, 0.20, &[], &[]), priced_type("m.4x", 4, 50, 0.42, &[], &[])];
+    let ds = pod("ds", "1", "256Mi");
+    let inp = SchedulingInput {
+        daemonsets: vec![ds],
+        ..input(pods_n(8, |p| p), vec![NodePoolInput::new("default", catalog)])
+    };
+    let r = schedule(&inp);
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let names: Vec<&str> = r.new_node_claims.iter().map(|c| c.instance_type_names[0].as_str()).collect();
+    assert_eq!(names, ["m.4x"; 3], "three pods beside the DaemonSet on each");
+    // Eight 2-vCPU nodes, one pod each, would cost $1.60/h.
+    assert!((cost::plan_price(&r) - 1.26).abs() < 1e-9, "{}", cost::plan_price(&r));
+}

@@ -251,6 +251,8 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
             "settings.clusterCABundle=LS0tLS1CRUdJTg==",
             "settings.interruptionQueue=prod-queue",
             "settings.rebalanceReplacement=true",
+            "settings.burstableCPU=unlimited",
+            "settings.fewerNodesMargin=0",
             "settings.batchMaxDuration=20s",
             "settings.batchIdleDuration=2s",
             "settings.vmMemoryOverheadPercent=0.1",
@@ -286,6 +288,9 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
     assert env["CLUSTER_CA_BUNDLE"] == "LS0tLS1CRUdJTg=="
     assert env["INTERRUPTION_QUEUE"] == "prod-queue"
     assert env["REBALANCE_REPLACEMENT"] == "true"
+    assert env["BURSTABLE_CPU"] == "unlimited"
+    # Zero is a margin, not "unset".
+    assert env["FEWER_NODES_MARGIN"] == "0"
     assert env["BATCH_MAX_DURATION"] == "20s"
     assert env["BATCH_IDLE_DURATION"] == "2s"
     assert env["VM_MEMORY_OVERHEAD_PERCENT"] == "0.1"

@@ -43,7 +43,6 @@ use crate::disruption::decide::{self, Command, Inputs, Method, Pass, Rejection};
 use crate::disruption::emptiness;
 use crate::disruption::record::{Outcome, Record, Why};
 use crate::metrics::observe;
-use crate::scheduling::SchedulerOptions;
 use crate::state::statenode::state_nodes;
 use crate::state::{Changes, ClusterState, Interest, Registration, Snapshot, StateNode};
 
@@ -150,11 +149,7 @@ fn pass_inputs(ctx: &Context, snapshot: Snapshot, launched: &Launched) -> Inputs
         launched.retain(|_, at| at.elapsed() < consolidation::CHURN_GUARD);
         launched.keys().cloned().collect()
     };
-    let options = SchedulerOptions {
-        min_values_policy: ctx.settings.min_values_policy,
-        preference_policy: ctx.settings.preference_policy,
-        ..SchedulerOptions::default()
-    };
+    let options = ctx.settings.scheduler_options();
     let spot_to_spot = ctx.settings.feature_gates.spot_to_spot_consolidation;
     Inputs::of(snapshot, options, spot_to_spot, Timestamp::now(), young)
 }

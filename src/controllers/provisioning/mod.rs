@@ -27,7 +27,7 @@ use crate::controllers::departures;
 use crate::controllers::events::reasons;
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::metrics::observe;
-use crate::scheduling::{SchedulerOptions, SchedulingInput, SchedulingResults, schedule};
+use crate::scheduling::{SchedulingInput, SchedulingResults, schedule};
 use crate::state::buffers::{self, is_virtual};
 use crate::state::input::{Built, Scenario, scheduling_input};
 use crate::state::marks::nomination_window;
@@ -240,15 +240,8 @@ impl Provisioner {
         let nodes = state_nodes(&snapshot);
         let pending_count = pending.len();
         let stand_in_count = stand_ins.len();
-        let scenario = Scenario {
-            options: SchedulerOptions {
-                min_values_policy: self.ctx.settings.min_values_policy,
-                preference_policy: self.ctx.settings.preference_policy,
-                ..SchedulerOptions::default()
-            },
-            stand_ins,
-            ..Scenario::default()
-        };
+        let scenario =
+            Scenario { options: self.ctx.settings.scheduler_options(), stand_ins, ..Scenario::default() };
         let Built { input, skipped_pools, displaced_pods } =
             scheduling_input(&snapshot, &nodes, pending, &scenario);
         for (pool, why) in &skipped_pools {
