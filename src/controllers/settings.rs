@@ -1,8 +1,10 @@
 //! What the controllers read of the operator's settings: the feature gates, the provisioner's
 //! batch window and the scheduling policies.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::scheduling::defaultspread::DefaultSpread;
 use crate::scheduling::{FEWER_NODES_MARGIN, MinValuesPolicy, PreferencePolicy, SchedulerOptions};
 
 /// The controllers' settings (see [`crate::operator::Settings`] for where each comes from).
@@ -22,6 +24,8 @@ pub struct Settings {
     pub rebalance_replacement: bool,
     /// `FEWER_NODES_MARGIN`, as a fraction.
     pub fewer_nodes_margin: f64,
+    /// `DEFAULT_POD_TOPOLOGY_SPREAD` and `KUBE_SCHEDULER_CONFIG`: kube-scheduler's default spreads.
+    pub default_spread: Arc<DefaultSpread>,
 }
 
 impl Settings {
@@ -31,13 +35,14 @@ impl Settings {
             min_values_policy: self.min_values_policy,
             preference_policy: self.preference_policy,
             fewer_nodes_margin: self.fewer_nodes_margin,
+            default_spread: Arc::clone(&self.default_spread),
             ..SchedulerOptions::default()
         }
     }
 }
 
 impl Default for Settings {
-    /// Upstream's defaults.
+    /// Upstream's defaults, and karpenter-rs's own for its own settings.
     fn default() -> Self {
         Settings {
             feature_gates: FeatureGates::default(),
@@ -47,6 +52,7 @@ impl Default for Settings {
             preference_policy: PreferencePolicy::default(),
             rebalance_replacement: false,
             fewer_nodes_margin: FEWER_NODES_MARGIN,
+            default_spread: Arc::new(DefaultSpread::builtin()),
         }
     }
 }

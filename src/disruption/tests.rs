@@ -68,6 +68,7 @@ pub(crate) struct Cluster {
     spot_to_spot: bool,
     young: HashSet<String>,
     pdbs: Vec<Arc<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
+    options: SchedulerOptions,
 }
 
 impl Cluster {
@@ -81,6 +82,7 @@ impl Cluster {
             spot_to_spot: false,
             young: HashSet::new(),
             pdbs: vec![],
+            options: SchedulerOptions::default(),
         }
     }
 
@@ -108,6 +110,22 @@ impl Cluster {
             "status": {"providerID": format!("kwok://{name}"), "nodeName": name,
                 "conditions": [{"type": "Initialized", "status": "True", "reason": "Initialized", "message": "",
                     "lastTransitionTime": "2026-11-24T11:00:00Z"}]}})));
+        self
+    }
+
+    /// Moves `node` (and its claim) to `zone`.
+    pub(crate) fn in_zone(&mut self, node: &str, zone: &str) -> &mut Self {
+        let zone_of = |labels: &mut Option<BTreeMap<String, String>>| {
+            labels
+                .get_or_insert_with(Default::default)
+                .insert("topology.kubernetes.io/zone".into(), zone.into());
+        };
+        for n in self.nodes.iter_mut().filter(|n| n.metadata.name.as_deref() == Some(node)) {
+            zone_of(&mut Arc::make_mut(n).metadata.labels);
+        }
+        for c in self.claims.iter_mut().filter(|c| c.metadata.name.as_deref() == Some(node)) {
+            zone_of(&mut Arc::make_mut(c).metadata.labels);
+        }
         self
     }
 
@@ -179,7 +197,7 @@ impl Cluster {
             Setting {
                 nodes: &nodes,
                 pending: snapshot.provisionable_pods(),
-                options: SchedulerOptions::default(),
+                options: self.options.clone(),
                 spot_to_spot: self.spot_to_spot,
                 pools: &pools,
                 now: NOW.parse::<Timestamp>().unwrap(),
@@ -255,6 +273,43 @@ fn underused_nodes_are_consolidated_together_onto_one_cheaper_node() {
     assert_eq!(command.plan.decision, Decision::Replace);
     assert_eq!(command.plan.replacement_types(), ["small"], "only cheaper types");
     assert!((command.plan.savings - (1.2 - 0.10)).abs() < 1e-9, "{}", command.plan.savings);
+}
+
+/// With kube-scheduler's default spreads, consolidation keeps a workload's zones: three nodes in
+/// three zones, one pod of a Deployment each, are replaced one by one with cheaper nodes in their
+/// zones, not merged onto one node.
+#[test]
+fn a_workload_spread_over_zones_stays_spread() {
+    use crate::scheduling::defaultspread::DefaultSpread;
+    let zonal = |name: &str, cpu: i64, price: f64| {
+        Arc::new(InstanceType::new(
+            name,
+            Requirements::new(),
+            Resources::from_pairs([("cpu", cpu * 1000), ("pods", 110)]),
+            Default::default(),
+            ["z1", "z2", "z3"].iter().map(|z| Offering::new(*z, "on-demand", price, true)).collect(),
+        ))
+    };
+    let run = |spread: DefaultSpread| {
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.types = vec![zonal("large", 4, 0.40), zonal("small", 2, 0.10)];
+        c.options.default_spread = Arc::new(spread);
+        for (n, zone) in [("n1", "z1"), ("n2", "z2"), ("n3", "z3")] {
+            let pod = format!("w-{n}");
+            c.node(n, "p", "large", "on-demand", json!({})).in_zone(n, zone).pod(&pod, n, "500m", json!({}));
+            c.pod_labels(&pod, &[("app", "web")]);
+        }
+        c.decide()
+    };
+    let merged = run(DefaultSpread::none());
+    let command = merged.command.as_ref().unwrap();
+    assert_eq!((command.method, command.plan.candidates.len()), (Method::MultiNode, 3), "upstream's plan");
+    let spread = run(DefaultSpread::builtin());
+    let command = spread.command.as_ref().unwrap();
+    assert_eq!(command.method, Method::SingleNode, "{command:?}");
+    assert_eq!(command.plan.decision, Decision::Replace);
+    assert_eq!(command.plan.candidates.len(), 1);
+    assert_eq!(command.plan.replacement_types(), ["small"]);
 }
 
 #[test]

@@ -41,6 +41,9 @@ pub enum RunError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The settings cannot be used.
+    #[error(transparent)]
+    Settings(#[from] super::settings::SettingsError),
     /// Leadership was lost while the controllers ran; the process exits so that its
     /// replacement starts from a clean state.
     #[error("leader election lost")]
@@ -178,7 +181,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     let ctx = Context {
         client: client.clone(),
         cloud,
-        settings: Arc::new(settings.controllers()),
+        settings: Arc::new(settings.controllers()?),
         metrics: metrics.clone(),
         events,
         decisions,

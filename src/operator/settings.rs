@@ -2,6 +2,7 @@
 //! upstream Karpenter's chart sets, with upstream's defaults.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
@@ -9,6 +10,7 @@ use clap::builder::BoolishValueParser;
 use crate::cloudprovider::aws::nodecost::BurstableCpu;
 use crate::cloudprovider::catalog::Catalog;
 use crate::controllers::settings::FeatureGates;
+use crate::scheduling::defaultspread::DefaultSpread;
 use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
 use crate::util::parse_duration;
 
@@ -120,6 +122,17 @@ pub struct Settings {
     /// (karpenter-rs only).
     #[arg(long, env = "FEWER_NODES_MARGIN", default_value = "3%", value_parser = parse_margin)]
     pub fewer_nodes_margin: f64,
+    /// Give pending pods of a workload (ReplicaSet, StatefulSet, ReplicationController) that set
+    /// no topology spread constraints kube-scheduler's default ones when planning capacity, so
+    /// that new nodes are spread over the zones the way kube-scheduler will spread the pods
+    /// (karpenter-rs only; upstream plans such pods as if they had none).
+    #[arg(long, env = "DEFAULT_POD_TOPOLOGY_SPREAD", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub default_pod_topology_spread: bool,
+    /// A KubeSchedulerConfiguration file: the PodTopologySpread args of its default profile give
+    /// the default spreads, as they do kube-scheduler's; empty, kube-scheduler's built-in ones
+    /// (karpenter-rs only).
+    #[arg(long, env = "KUBE_SCHEDULER_CONFIG", default_value = "")]
+    pub kube_scheduler_config: String,
     /// How long after a launch the kwok provider creates the Node.
     #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub kwok_registration_delay: Duration,
@@ -206,6 +219,14 @@ pub enum SettingsError {
         /// Its value.
         value: String,
     },
+    /// The KubeSchedulerConfiguration file cannot be read or is refused.
+    #[error("KUBE_SCHEDULER_CONFIG {path}: {reason}")]
+    KubeSchedulerConfig {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
     /// The idle window cannot exceed the whole batch.
     #[error("BATCH_IDLE_DURATION ({idle:?}) must not exceed BATCH_MAX_DURATION ({max:?})")]
     BatchDurations {
@@ -227,6 +248,7 @@ impl Settings {
         if !(0.0..1.0).contains(&self.vm_memory_overhead_percent) {
             return Err(SettingsError::MemoryOverhead(self.vm_memory_overhead_percent));
         }
+        self.default_spread()?;
         if self.batch_idle_duration > self.batch_max_duration {
             return Err(SettingsError::BatchDurations {
                 idle: self.batch_idle_duration,
@@ -274,9 +296,26 @@ impl Settings {
         u64::try_from(self.memory_limit).ok().filter(|b| *b > 0)
     }
 
-    /// What the controllers read of these settings.
-    pub fn controllers(&self) -> crate::controllers::Settings {
-        crate::controllers::Settings {
+    /// kube-scheduler's default spreads as the simulations plan them: none when
+    /// `DEFAULT_POD_TOPOLOGY_SPREAD` is off, else those of `KUBE_SCHEDULER_CONFIG` or the
+    /// built-in ones.
+    pub fn default_spread(&self) -> Result<DefaultSpread, SettingsError> {
+        let path = self.kube_scheduler_config.trim();
+        if !self.default_pod_topology_spread {
+            return Ok(DefaultSpread::none());
+        }
+        if path.is_empty() {
+            return Ok(DefaultSpread::builtin());
+        }
+        let error = |reason: String| SettingsError::KubeSchedulerConfig { path: path.to_string(), reason };
+        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        DefaultSpread::from_kube_scheduler_config(&text).map_err(|e| error(e.to_string()))
+    }
+
+    /// What the controllers read of these settings; an error when the KubeSchedulerConfiguration
+    /// cannot be read (see [`Settings::validate`]).
+    pub fn controllers(&self) -> Result<crate::controllers::Settings, SettingsError> {
+        Ok(crate::controllers::Settings {
             feature_gates: self.feature_gates.clone(),
             batch_idle_duration: self.batch_idle_duration,
             batch_max_duration: self.batch_max_duration,
@@ -284,7 +323,8 @@ impl Settings {
             preference_policy: self.preference_policy,
             rebalance_replacement: self.rebalance_replacement,
             fewer_nodes_margin: self.fewer_nodes_margin,
-        }
+            default_spread: Arc::new(self.default_spread()?),
+        })
     }
 
     /// The interruption queue's name, when one is set.
@@ -375,6 +415,8 @@ impl Settings {
             ("disableClusterStateObservability", self.disable_cluster_state_observability.to_string()),
             ("rebalanceReplacement", self.rebalance_replacement.to_string()),
             ("fewerNodesMargin", format!("{}%", self.fewer_nodes_margin * 100.0)),
+            ("defaultPodTopologySpread", self.default_pod_topology_spread.to_string()),
+            ("kubeSchedulerConfig", self.kube_scheduler_config.clone()),
         ])
     }
 }
@@ -518,6 +560,35 @@ mod tests {
     }
 
     #[test]
+    fn default_spreads_come_from_kube_schedulers_defaults_or_its_configuration() {
+        let s = parse(&["--cluster-name", "demo"]).unwrap();
+        assert!(s.default_pod_topology_spread);
+        assert_eq!(*s.controllers().unwrap().default_spread, DefaultSpread::builtin());
+        let off = parse(&["--cluster-name", "demo", "--default-pod-topology-spread", "false"]).unwrap();
+        assert_eq!(off.default_spread(), Ok(DefaultSpread::none()));
+        let dir = std::env::temp_dir().join(format!("karpenter-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("scheduler.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nprofiles:\n- pluginConfig:\n  - name: PodTopologySpread\n    args: {defaultingType: List}\n",
+        )
+        .unwrap();
+        let path = file.to_string_lossy().to_string();
+        let listed = parse(&["--cluster-name", "demo", "--kube-scheduler-config", &path]).unwrap();
+        assert_eq!(listed.default_spread(), Ok(DefaultSpread::none()), "an empty list: no defaults");
+        std::fs::write(&file, "kind: Pod\n").unwrap();
+        let refused = parse(&["--cluster-name", "demo", "--kube-scheduler-config", &path]).unwrap();
+        let err = refused.validate().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("KUBE_SCHEDULER_CONFIG {path}: ")), "{err}");
+        assert!(refused.controllers().is_err());
+        let missing =
+            parse(&["--cluster-name", "demo", "--kube-scheduler-config", "/nonexistent/k.yaml"]).unwrap();
+        assert!(missing.validate().unwrap_err().to_string().contains("/nonexistent/k.yaml"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn the_fewer_nodes_margin_is_a_percentage() {
         assert_eq!(parse(&["--cluster-name", "demo"]).unwrap().fewer_nodes_margin, 0.03);
         // (value, fraction)
@@ -531,7 +602,7 @@ mod tests {
             assert!(err.contains("not a percentage between 0 and 100"), "{bad}: {err}");
         }
         let s = parse(&["--cluster-name", "demo", "--fewer-nodes-margin", "1%"]).unwrap();
-        assert_eq!(s.controllers().scheduler_options().fewer_nodes_margin, 0.01);
+        assert_eq!(s.controllers().unwrap().scheduler_options().fewer_nodes_margin, 0.01);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use thiserror::Error;
 use crate::apis::labels::{LABEL_NODEPOOL, node_class_label_key};
 use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 
+use super::defaultspread::DefaultSpread;
 use super::hostports::{HostPort, pod_host_ports};
 use super::instancetypes::InstanceType;
 use super::requirements::{Requirement, RequirementError, Requirements};
@@ -128,6 +129,9 @@ pub struct SchedulerOptions {
     /// Under [`Packing::CostAware`], how much dearer per unit (a fraction) a larger type may be
     /// and still take a NodeClaim's next pods ([`FEWER_NODES_MARGIN`] by default).
     pub fewer_nodes_margin: f64,
+    /// kube-scheduler's default topology spreads, given to pending pods of workloads that set
+    /// none (none by default; the controllers' settings give kube-scheduler's).
+    pub default_spread: Arc<DefaultSpread>,
 }
 
 impl Default for SchedulerOptions {
@@ -139,6 +143,7 @@ impl Default for SchedulerOptions {
             packing: Packing::default(),
             reserved_fallback: false,
             fewer_nodes_margin: FEWER_NODES_MARGIN,
+            default_spread: Arc::new(DefaultSpread::none()),
         }
     }
 }

@@ -43,6 +43,7 @@
 
 pub mod cost;
 pub mod daemonsets;
+pub mod defaultspread;
 pub mod hostports;
 pub mod instancetypes;
 pub mod overlay;

@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::api::core::v1::{Toleration, TopologySpreadConstraint};
 
 use crate::apis::Taint;
 use crate::apis::labels::{
@@ -222,14 +222,21 @@ type Reject = (String, bool);
 impl<'a> Scheduler<'a> {
     fn new(input: &'a SchedulingInput) -> Self {
         let mut topo = Topology::default();
-        // Constraints of pending pods, then of bound pods (for the inverse anti-affinity).
-        let owned: Vec<(Vec<u32>, Vec<u32>)> =
-            input.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect();
+        // Constraints of pending pods (with kube-scheduler's default spreads), then of bound pods
+        // (for the inverse anti-affinity).
+        let defaults: Vec<Vec<TopologySpreadConstraint>> =
+            input.pods.iter().map(|p| input.options.default_spread.for_pod(p)).collect();
+        let owned: Vec<(Vec<u32>, Vec<u32>)> = input
+            .pods
+            .iter()
+            .zip(&defaults)
+            .map(|(p, d)| topo.register_pod(p, d, &input.namespace_labels))
+            .collect();
         let existing_owned: Vec<Vec<(Vec<u32>, Vec<u32>)>> = input
             .existing_nodes
             .iter()
             .map(|n| match n.derived().constrains {
-                true => n.pods.iter().map(|p| topo.register_pod(p, &input.namespace_labels)).collect(),
+                true => n.pods.iter().map(|p| topo.register_pod(p, &[], &input.namespace_labels)).collect(),
                 false => Vec::new(),
             })
             .collect();
@@ -237,7 +244,7 @@ impl<'a> Scheduler<'a> {
         let no_labels = BTreeMap::new();
         let mut pods = Vec::with_capacity(input.pods.len());
         let mut classes: HashMap<ClassKey, usize> = HashMap::new();
-        for (index, (pod, owned)) in input.pods.iter().zip(owned).enumerate() {
+        for (index, ((pod, owned), defaults)) in input.pods.iter().zip(owned).zip(&defaults).enumerate() {
             let meta = &pod.metadata;
             let namespace = meta.namespace.clone().unwrap_or_else(|| "default".to_string());
             let topo_info = topo.pod_topology(owned, &namespace, meta.labels.as_ref().unwrap_or(&no_labels));
@@ -294,7 +301,10 @@ impl<'a> Scheduler<'a> {
                 preferred_terms,
                 has_soft_spread: spec
                     .and_then(|s| s.topology_spread_constraints.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.when_unsatisfiable == "ScheduleAnyway")),
+                    .into_iter()
+                    .flatten()
+                    .chain(defaults)
+                    .any(|c| c.when_unsatisfiable == "ScheduleAnyway"),
                 topo: topo_info,
                 invalid,
                 ignored,

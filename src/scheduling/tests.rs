@@ -1517,3 +1517,51 @@ fn the_daemonsets_share_of_a_node_is_priced() {
     // Eight 2-vCPU nodes, one pod each, would cost $1.60/h.
     assert!((cost::plan_price(&r) - 1.26).abs() < 1e-9, "{}", cost::plan_price(&r));
 }
+/// A Deployment's pods with no spread of their own get kube-scheduler's default ones: new
+/// capacity in every zone, the pods balanced within one; a bare pod, a pod with its own spread,
+/// or no defaults at all: one zone.
+#[test]
+fn a_workloads_pods_get_kube_schedulers_default_spread() {
+    use crate::scheduling::defaultspread::DefaultSpread;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let owned = |mut p: Pod| {
+        p.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "ReplicaSet".into(),
+            name: "web".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        p
+    };
+    let zones = |pods: Vec<Pod>, spread: DefaultSpread| {
+        let mut inp = input(pods, vec![pool("default")]);
+        inp.options.default_spread = Arc::new(spread);
+        let r = schedule(&inp);
+        assert!(r.errors.is_empty(), "{}", error_of(&r));
+        let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+        for c in &r.new_node_claims {
+            *per_zone.entry(zone_of(c)).or_default() += c.pods.len();
+        }
+        per_zone.into_values().collect::<Vec<_>>()
+    };
+    let small = |p: Pod| {
+        let mut p = owned(p);
+        spec(&mut p).containers[0].resources =
+            pod("x", "250m", "256Mi").spec.and_then(|s| s.containers[0].resources.clone());
+        p
+    };
+    assert_eq!(zones(pods_n(30, small), DefaultSpread::builtin()), [10, 10, 10]);
+    assert_eq!(zones(pods_n(30, small), DefaultSpread::none()), [30]);
+    let bare = |p: Pod| {
+        let mut p = small(p);
+        p.metadata.owner_references = None;
+        p
+    };
+    assert_eq!(zones(pods_n(30, bare), DefaultSpread::builtin()), [30]);
+    // Its own (hostname) spread replaces the defaults.
+    let own = |p: Pod| with_spread(small(p), LABEL_HOSTNAME, "web", false);
+    let own_zones = zones(pods_n(30, own), DefaultSpread::builtin());
+    assert_eq!(own_zones.iter().sum::<usize>(), 30);
+    assert!(own_zones.len() < 3 || own_zones.iter().max() != own_zones.iter().min(), "{own_zones:?}");
+}

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, Toleration};
+use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, Toleration, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::apis::Taint;
@@ -423,22 +423,24 @@ impl Topology {
         id
     }
 
-    /// Registers the constraints `pod` has and returns their group ids, and the preferred ones
-    /// in relaxation order. `namespace_labels` maps namespaces to their labels, for affinity
-    /// terms with a namespace selector.
+    /// Registers the constraints `pod` has, with the `defaults` it is given (kube-scheduler's
+    /// default spreads, see [`super::defaultspread`]), and returns their group ids, and the
+    /// preferred ones in relaxation order. `namespace_labels` maps namespaces to their labels,
+    /// for affinity terms with a namespace selector.
     pub fn register_pod(
         &mut self,
         pod: &Pod,
+        defaults: &[TopologySpreadConstraint],
         namespace_labels: &BTreeMap<String, BTreeMap<String, String>>,
     ) -> (Vec<u32>, Vec<u32>) {
         // Most pods have no constraint on other pods: nothing to register.
-        let Some(spec) = pod.spec.as_ref().filter(|_| constrains_others(pod)) else {
+        let Some(spec) = pod.spec.as_ref().filter(|_| !defaults.is_empty() || constrains_others(pod)) else {
             return (vec![], vec![]);
         };
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         let mut owned = Vec::new();
-        for c in spec.topology_spread_constraints.iter().flatten() {
+        for c in spec.topology_spread_constraints.iter().flatten().chain(defaults) {
             let kind = GroupKind::Spread {
                 max_skew: c.max_skew.max(1),
                 min_domains: c.min_domains.unwrap_or(1),

@@ -159,6 +159,7 @@ pub fn apply(
                     &deployment.metadata,
                     &spec.template,
                     format!("{}-simulated-{i}", scale.name),
+                    "ReplicaSet",
                 );
                 snapshot.pods.push(unschedulable(pod));
             }

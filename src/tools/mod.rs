@@ -214,6 +214,12 @@ async fn place_holders(client: &Client, buffers: &Store<CapacityBuffer>, state: 
     state.retain_virtual_pods(&live);
 }
 
+/// The scheduler options the commands plan with: the controller's with its default settings
+/// (kube-scheduler's built-in default spreads among them).
+pub fn scheduler_options() -> crate::scheduling::SchedulerOptions {
+    crate::controllers::Settings::default().scheduler_options()
+}
+
 /// `snapshot` with its CapacityBuffers' placeholders placed as a provisioning pass places them
 /// (after the pending pods): on which nodes they keep headroom, which need new capacity.
 pub fn with_buffers_placed(mut snapshot: Snapshot) -> Snapshot {
@@ -221,7 +227,11 @@ pub fn with_buffers_placed(mut snapshot: Snapshot) -> Snapshot {
         return snapshot;
     }
     let nodes = crate::state::statenode::state_nodes(&snapshot);
-    let scenario = Scenario { stand_ins: snapshot.virtual_pods.clone(), ..Scenario::default() };
+    let scenario = Scenario {
+        stand_ins: snapshot.virtual_pods.clone(),
+        options: scheduler_options(),
+        ..Scenario::default()
+    };
     let built = scheduling_input(&snapshot, &nodes, snapshot.provisionable_pods(), &scenario);
     let results = crate::scheduling::schedule(&built.input);
     snapshot.buffers_placed = BuffersPlaced::new(placements(&built.input.pods, &results));

@@ -253,6 +253,8 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
             "settings.rebalanceReplacement=true",
             "settings.burstableCPU=unlimited",
             "settings.fewerNodesMargin=0",
+            "settings.defaultPodTopologySpread=false",
+            "settings.kubeSchedulerConfig=/etc/karpenter/scheduler.yaml",
             "settings.batchMaxDuration=20s",
             "settings.batchIdleDuration=2s",
             "settings.vmMemoryOverheadPercent=0.1",
@@ -291,6 +293,9 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
     assert env["BURSTABLE_CPU"] == "unlimited"
     # Zero is a margin, not "unset".
     assert env["FEWER_NODES_MARGIN"] == "0"
+    # False is a choice here (the controller's default is true), so it is set.
+    assert env["DEFAULT_POD_TOPOLOGY_SPREAD"] == "false"
+    assert env["KUBE_SCHEDULER_CONFIG"] == "/etc/karpenter/scheduler.yaml"
     assert env["BATCH_MAX_DURATION"] == "20s"
     assert env["BATCH_IDLE_DURATION"] == "2s"
     assert env["VM_MEMORY_OVERHEAD_PERCENT"] == "0.1"

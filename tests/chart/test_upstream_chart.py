@@ -34,7 +34,13 @@ API_VERSIONS = ("--api-versions", "monitoring.coreos.com/v1")
 
 # Environment variables this chart may set that upstream's does not: karpenter-rs's own
 # settings, each set only when asked for (so neither value set here renders them).
-ALLOWED_EXTRA_ENV = {"REBALANCE_REPLACEMENT", "BURSTABLE_CPU", "FEWER_NODES_MARGIN"}
+ALLOWED_EXTRA_ENV = {
+    "REBALANCE_REPLACEMENT",
+    "BURSTABLE_CPU",
+    "FEWER_NODES_MARGIN",
+    "DEFAULT_POD_TOPOLOGY_SPREAD",
+    "KUBE_SCHEDULER_CONFIG",
+}
 
 # Grants this chart gives the controller that upstream's does not, as (scope, API group,
 # resource, resource name, verb); scope is "cluster" or a namespace, "*" any name.

@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -187,6 +187,70 @@ async fn runs_as_the_chart_service_account() {
     controller.stop_and_check();
 }
 
+/// kube-scheduler's default spreading (karpenter-rs's default): a Deployment of 30 pods that sets
+/// no topology spread gets nodes in all three zones. kube-scheduler binds the first pods to the
+/// first node ready, so those split as the nodes come up; pods it places once the nodes are there
+/// (here all 30, recreated) it balances over the zones within one, with no node more.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn default_spread_with_kwok() {
+    let _alone = alone().await;
+    let f = Fixture::new("spread").await;
+    let controller = Controller::start("kwok", &[]);
+    f.apply_class_and_pool(100_000).await;
+    f.apply_deployment("web", 30, "250m", "256Mi", json!({})).await;
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    f.wait_running(30, Duration::from_secs(180), &controller).await;
+    let zone_of = |labels: Option<&BTreeMap<String, String>>| {
+        labels.and_then(|l| l.get("topology.kubernetes.io/zone")).cloned().unwrap_or_default()
+    };
+    let claims = f.claims().await.len();
+    let claim_zones: BTreeSet<String> =
+        f.claims().await.iter().map(|c| zone_of(c.metadata.labels.as_ref())).collect();
+    assert_eq!(claim_zones.len(), 3, "nodes in every zone: {claim_zones:?}");
+    let per_zone = || async {
+        let node_zone: BTreeMap<String, String> = f
+            .nodes()
+            .await
+            .iter()
+            .map(|n| (n.metadata.name.clone().unwrap_or_default(), zone_of(n.metadata.labels.as_ref())))
+            .collect();
+        let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+        for p in f.pods().await {
+            if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+                *per_zone.entry(node_zone.get(node).cloned().unwrap_or_default()).or_default() += 1;
+            }
+        }
+        per_zone
+    };
+    let first = per_zone().await;
+    // Keep the nodes (one may be empty), and have kube-scheduler place every pod again on them.
+    f.patch_pool(json!({"spec": {"disruption": {"consolidateAfter": "Never"}}})).await;
+    let out = std::process::Command::new("kubectl")
+        .args(["delete", "pods", "-n", &f.ns, "-l", "app=web", "--wait=false"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    f.wait_running(30, Duration::from_secs(120), &controller).await;
+    wait_for("the old pods gone", Duration::from_secs(60), &controller, || async {
+        f.pods().await.len() == 30
+    })
+    .await;
+    let again = per_zone().await;
+    let (least, most) = (again.values().min().copied(), again.values().max().copied());
+    assert!(
+        again.len() == 3 && most.zip(least).is_some_and(|(m, l)| m - l <= 1),
+        "kube-scheduler balanced the pods within one: {again:?}"
+    );
+    assert_eq!(f.claims().await.len(), claims, "no node more");
+    eprintln!(
+        "DEFAULT SPREAD: {claims} NodeClaims; pods per zone as the nodes came up {first:?}, placed again {again:?}"
+    );
+    deployments.delete("web", &DeleteParams::default()).await.unwrap();
+    f.cleanup().await;
+    controller.stop_and_check();
+}
+
 /// Many pods at once (upstream's scale test: two Deployments of 500): all run, and the time from
 /// the scale command to the last pod bound and the controller's peak memory are printed for
 /// docs/benchmarks.md.
@@ -197,28 +261,10 @@ async fn a_thousand_pods_with_kwok() {
     let f = Fixture::new("scale").await;
     let controller = Controller::start("kwok", &[]);
     f.apply_class_and_pool(100_000).await;
-    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
     for name in ["scale-a", "scale-b"] {
-        let d: Deployment = serde_json::from_value(json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": f.ns},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {
-                        "terminationGracePeriodSeconds": 0,
-                        "nodeSelector": {"karpenter.sh/nodepool": f.pool},
-                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
-                    }
-                }
-            }
-        }))
-        .unwrap();
-        deployments.create(&PostParams::default(), &d).await.unwrap();
+        f.apply_deployment(name, 0, "100m", "64Mi", json!({})).await;
     }
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
     let start = Instant::now();
     for name in ["scale-a", "scale-b"] {
         deployments
@@ -274,28 +320,10 @@ async fn many_nodes(n: usize) {
     assert!(!standby.log_contains("cluster state synced"), "{}", standby.log_tail());
     let standby_at_start = standby.rss_kib();
     f.apply_class_and_pool(1_000_000).await;
+    let anti_affinity = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}}});
+    f.apply_deployment("spread", 0, "100m", "64Mi", anti_affinity).await;
     let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
-    let d: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "spread", "namespace": f.ns},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"app": "spread"}},
-            "template": {
-                "metadata": {"labels": {"app": "spread"}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 0,
-                    "nodeSelector": {"karpenter.sh/nodepool": f.pool},
-                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}},
-                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
-                }
-            }
-        }
-    }))
-    .unwrap();
-    deployments.create(&PostParams::default(), &d).await.unwrap();
     let requests_before = leader.metric_sum("rest_client_requests_total").await;
     let start = Instant::now();
     let scale = json!({"spec": {"replicas": n}});

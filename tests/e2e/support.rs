@@ -94,15 +94,19 @@ static SHARED_KWOK: StdMutex<Weak<Controller>> = StdMutex::new(Weak::new());
 /// `NodeRepair` gate, which acts only on nodes whose conditions turn unhealthy, the
 /// `NodeOverlay` gate, whose overlays act only on the NodePools they select, the
 /// `StaticCapacity` gate, which acts only on NodePools with `replicas`, and the `CapacityBuffer`
-/// gate, whose buffers keep room only where their pods may go.
+/// gate, whose buffers keep room only where their pods may go. kube-scheduler's default spreads
+/// are off (`DEFAULT_POD_TOPOLOGY_SPREAD=false`): they act on every workload, and these journeys
+/// assert upstream's plans; `default_spread_with_kwok` runs them with a controller of its own.
 pub struct Shared {
     controller: Option<Arc<Controller>>,
     _sharing: Sharing,
 }
 
 impl Shared {
-    pub const ENV: &[(&str, &str)] =
-        &[("FEATURE_GATES", "NodeRepair=true,NodeOverlay=true,StaticCapacity=true,CapacityBuffer=true")];
+    pub const ENV: &[(&str, &str)] = &[
+        ("FEATURE_GATES", "NodeRepair=true,NodeOverlay=true,StaticCapacity=true,CapacityBuffer=true"),
+        ("DEFAULT_POD_TOPOLOGY_SPREAD", "false"),
+    ];
 
     pub async fn kwok() -> Shared {
         let sharing = share().await;
@@ -483,6 +487,41 @@ impl Fixture {
                 &PatchParams::default(),
                 &Patch::Merge(json!({"spec": {"limits": {"cpu": cpu.to_string()}}})),
             )
+            .await
+            .unwrap();
+    }
+
+    /// Creates a Deployment `name` of `replicas` pause pods requesting `cpu` and `memory`, in the
+    /// fixture's namespace and pinned to its pool, with `pod_spec` merged into its pods' spec.
+    pub async fn apply_deployment(
+        &self,
+        name: &str,
+        replicas: i32,
+        cpu: &str,
+        memory: &str,
+        pod_spec: serde_json::Value,
+    ) {
+        let mut spec = json!({
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"karpenter.sh/nodepool": self.pool},
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": cpu, "memory": memory}}}]
+        });
+        if let (Some(spec), serde_json::Value::Object(extra)) = (spec.as_object_mut(), pod_spec) {
+            spec.extend(extra);
+        }
+        let d: Deployment = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": spec}
+            }
+        }))
+        .unwrap();
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &d)
             .await
             .unwrap();
     }

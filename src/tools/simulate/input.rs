@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
     Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodTemplateSpec,
 };
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -245,22 +245,28 @@ fn add_value(value: Value, origin: &Origin<'_>, manifests: &mut Manifests) -> Re
         "Deployment" => {
             let d: Deployment = typed(value, &kind, origin)?;
             let spec = d.spec.unwrap_or_default();
-            expand(&d.metadata, &spec.template, spec.replicas.unwrap_or(1), manifests);
+            expand(&d.metadata, &spec.template, spec.replicas.unwrap_or(1), "ReplicaSet", manifests);
         }
         "ReplicaSet" => {
             let r: ReplicaSet = typed(value, &kind, origin)?;
             let spec = r.spec.unwrap_or_default();
-            expand(&r.metadata, &spec.template.unwrap_or_default(), spec.replicas.unwrap_or(1), manifests);
+            expand(
+                &r.metadata,
+                &spec.template.unwrap_or_default(),
+                spec.replicas.unwrap_or(1),
+                "ReplicaSet",
+                manifests,
+            );
         }
         "StatefulSet" => {
             let s: StatefulSet = typed(value, &kind, origin)?;
             let spec = s.spec.unwrap_or_default();
-            expand(&s.metadata, &spec.template, spec.replicas.unwrap_or(1), manifests);
+            expand(&s.metadata, &spec.template, spec.replicas.unwrap_or(1), "StatefulSet", manifests);
         }
         "Job" => {
             let j: Job = typed(value, &kind, origin)?;
             let spec = j.spec.unwrap_or_default();
-            expand(&j.metadata, &spec.template, spec.parallelism.unwrap_or(1), manifests);
+            expand(&j.metadata, &spec.template, spec.parallelism.unwrap_or(1), "Job", manifests);
         }
         "DaemonSet" => {
             let mut ds: DaemonSet = typed(value, &kind, origin)?;
@@ -290,20 +296,42 @@ fn default_namespace(meta: &mut ObjectMeta) {
     }
 }
 
-/// A pod named `name` from a workload's template, in the workload's namespace.
-pub fn pod_from_template(owner: &ObjectMeta, template: &PodTemplateSpec, name: String) -> Pod {
+/// A pod named `name` from a workload's template, in the workload's namespace, controlled by an
+/// object of kind `controller` (`apps/v1` or `batch/v1`) named as the workload: a Deployment's
+/// pods by a ReplicaSet, as in a cluster.
+pub fn pod_from_template(
+    owner: &ObjectMeta,
+    template: &PodTemplateSpec,
+    name: String,
+    controller: &str,
+) -> Pod {
     let mut metadata = template.metadata.clone().unwrap_or_default();
     metadata.name = Some(name);
     metadata.namespace = owner.namespace.clone();
     default_namespace(&mut metadata);
+    let api_version = if controller == "Job" { "batch/v1" } else { "apps/v1" };
+    metadata.owner_references = Some(vec![OwnerReference {
+        api_version: api_version.into(),
+        kind: controller.into(),
+        name: owner.name.clone().unwrap_or_default(),
+        uid: owner.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
     Pod { metadata, spec: template.spec.clone(), status: None }
 }
 
-/// Adds `count` pods `<name>-<i>` built from `template`.
-fn expand(owner: &ObjectMeta, template: &PodTemplateSpec, count: i32, manifests: &mut Manifests) {
+/// Adds `count` pods `<name>-<i>` built from `template`, controlled by a `controller`.
+fn expand(
+    owner: &ObjectMeta,
+    template: &PodTemplateSpec,
+    count: i32,
+    controller: &str,
+    manifests: &mut Manifests,
+) {
     let base = owner.name.clone().unwrap_or_default();
     for i in 0..count.max(0) {
-        manifests.pods.push(Arc::new(pod_from_template(owner, template, format!("{base}-{i}"))));
+        manifests.pods.push(Arc::new(pod_from_template(owner, template, format!("{base}-{i}"), controller)));
     }
 }
 

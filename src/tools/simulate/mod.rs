@@ -167,7 +167,8 @@ pub fn scheduling_input(
         .collect();
     let snapshot = snapshot.with_instance_types(pool_types);
     let nodes = state_nodes(&snapshot);
-    let built = build_input(&snapshot, &nodes, pending, &Scenario::default());
+    let scenario = Scenario { options: crate::tools::scheduler_options(), ..Scenario::default() };
+    let built = build_input(&snapshot, &nodes, pending, &scenario);
     if let Some((_, why)) = built.skipped_pools.first() {
         return Err(SimulateError::InvalidNodePool(why.clone()));
     }
