@@ -26,6 +26,35 @@ pub struct Settings {
     pub fewer_nodes_margin: f64,
     /// `DEFAULT_POD_TOPOLOGY_SPREAD` and `KUBE_SCHEDULER_CONFIG`: kube-scheduler's default spreads.
     pub default_spread: Arc<DefaultSpread>,
+    /// `CONSOLIDATION_PREFERENCE_POLICY`.
+    pub consolidation_preference_policy: ConsolidationPreferencePolicy,
+}
+
+/// How the disruption simulations treat pods' preferences (preferred node and pod affinity,
+/// `ScheduleAnyway` spreads): `CONSOLIDATION_PREFERENCE_POLICY`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConsolidationPreferencePolicy {
+    /// As kube-scheduler treats them: a pod that fits on a remaining node only without its
+    /// preferences goes there, and a node whose pods do is removed (karpenter-rs's default).
+    #[default]
+    Soft,
+    /// As upstream: a preference that new capacity could honour is kept, so the node stays or is
+    /// replaced.
+    Respect,
+}
+
+impl std::str::FromStr for ConsolidationPreferencePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Soft" => Ok(ConsolidationPreferencePolicy::Soft),
+            "Respect" => Ok(ConsolidationPreferencePolicy::Respect),
+            other => {
+                Err(format!("invalid consolidation preference policy {other:?}: expected Soft or Respect"))
+            }
+        }
+    }
 }
 
 impl Settings {
@@ -37,6 +66,16 @@ impl Settings {
             fewer_nodes_margin: self.fewer_nodes_margin,
             default_spread: Arc::clone(&self.default_spread),
             ..SchedulerOptions::default()
+        }
+    }
+
+    /// The options of the disruption simulations: the provisioner's, with preferences yielding to
+    /// the remaining nodes under [`ConsolidationPreferencePolicy::Soft`].
+    pub fn disruption_options(&self) -> SchedulerOptions {
+        SchedulerOptions {
+            preferences_yield_to_existing: self.consolidation_preference_policy
+                == ConsolidationPreferencePolicy::Soft,
+            ..self.scheduler_options()
         }
     }
 }
@@ -53,6 +92,7 @@ impl Default for Settings {
             rebalance_replacement: false,
             fewer_nodes_margin: FEWER_NODES_MARGIN,
             default_spread: Arc::new(DefaultSpread::builtin()),
+            consolidation_preference_policy: ConsolidationPreferencePolicy::default(),
         }
     }
 }

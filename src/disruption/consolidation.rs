@@ -137,6 +137,9 @@ pub struct Plan {
     pub candidate_price: f64,
     /// Hourly savings at the replacement's cheapest offering.
     pub savings: f64,
+    /// Pods (`namespace/name`) that go to a remaining node leaving a preference unmet (see
+    /// [`Moves`]).
+    pub preferences_broken: Vec<String>,
 }
 
 impl Plan {
@@ -227,12 +230,15 @@ pub(crate) fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>)
     claim.instance_type_options = types;
 }
 
-/// Simulates the cluster without `candidates`: the one NodeClaim their pods need, `None` if none,
-/// or why they cannot go.
-pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<NewNodeClaim>, Why> {
-    let mut needed = simulate_all(world, candidates)?;
-    match needed.len() {
-        0 | 1 => Ok(needed.pop()),
+/// Simulates the cluster without `candidates`: the one NodeClaim their pods need (`None` if none)
+/// and the pods left with a preference unmet (see [`Moves`]), or why they cannot go.
+pub fn simulate(
+    world: &World<'_>,
+    candidates: &[&StateNode],
+) -> Result<(Option<NewNodeClaim>, Vec<String>), Why> {
+    let Moves { mut replacements, preferences_broken } = simulate_all(world, candidates)?;
+    match replacements.len() {
+        0 | 1 => Ok((replacements.pop(), preferences_broken)),
         n => Err(Why::new(
             Code::MoreThanOneReplacement,
             format!("Can't remove without creating {n} candidates"),
@@ -240,9 +246,35 @@ pub fn simulate(world: &World<'_>, candidates: &[&StateNode]) -> Result<Option<N
     }
 }
 
-/// Simulates the cluster without `candidates`: the NodeClaims their pods need (none, one or
-/// more), or why they cannot go.
-pub fn simulate_all(world: &World<'_>, candidates: &[&StateNode]) -> Result<Vec<NewNodeClaim>, Why> {
+/// Where the pods of some candidates would go.
+#[derive(Clone, Debug, Default)]
+pub struct Moves {
+    /// The NodeClaims they need (none, one or more).
+    pub replacements: Vec<NewNodeClaim>,
+    /// Those (`namespace/name`) that would land on a remaining node with a preference left
+    /// unmet: kube-scheduler would place them there, where honouring the preference needed new
+    /// capacity (`CONSOLIDATION_PREFERENCE_POLICY=Soft`).
+    pub preferences_broken: Vec<String>,
+}
+
+impl Moves {
+    /// A plan removing `candidates` (costing `candidate_price`) with these moves, saving
+    /// `savings`.
+    pub fn plan(self, candidates: Vec<String>, candidate_price: f64, savings: f64) -> Plan {
+        let decision = if self.replacements.is_empty() { Decision::Delete } else { Decision::Replace };
+        Plan {
+            candidates,
+            decision,
+            replacements: self.replacements,
+            candidate_price,
+            savings,
+            preferences_broken: self.preferences_broken,
+        }
+    }
+}
+
+/// Simulates the cluster without `candidates`: where their pods go, or why they cannot go.
+pub fn simulate_all(world: &World<'_>, candidates: &[&StateNode]) -> Result<Moves, Why> {
     let without: HashSet<String> = candidates.iter().map(|c| c.name.clone()).collect();
     let pending_count = world.base.pending_count();
     let (pdbs, now) = (&world.snapshot.pdbs, world.now);
@@ -280,7 +312,15 @@ pub fn simulate_all(world: &World<'_>, candidates: &[&StateNode]) -> Result<Vec<
             ));
         }
     }
-    Ok(results.new_node_claims.into_iter().filter(|c| c.pods.iter().any(|p| displaced(p.index))).collect())
+    let preferences_broken = results
+        .preferences_broken
+        .iter()
+        .filter(|p| candidate_pod(p.index))
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    let replacements =
+        results.new_node_claims.into_iter().filter(|c| c.pods.iter().any(|p| displaced(p.index))).collect();
+    Ok(Moves { replacements, preferences_broken })
 }
 
 /// Whether `candidates` can be removed together now, and how; else why not (the text of an
@@ -288,14 +328,13 @@ pub fn simulate_all(world: &World<'_>, candidates: &[&StateNode]) -> Result<Vec<
 pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> Result<Plan, Why> {
     let candidate_price: f64 = candidates.iter().map(|c| c.price.unwrap_or(0.0)).sum();
     let names = candidates.iter().map(|c| c.name.clone()).collect();
-    let Some(mut replacement) = simulate(world, candidates)? else {
-        return Ok(Plan {
-            candidates: names,
-            decision: Decision::Delete,
-            replacements: vec![],
+    let (replacement, preferences_broken) = simulate(world, candidates)?;
+    let Some(mut replacement) = replacement else {
+        return Ok(Moves { replacements: vec![], preferences_broken }.plan(
+            names,
             candidate_price,
-            savings: candidate_price,
-        });
+            candidate_price,
+        ));
     };
     let all_spot = candidates.iter().all(|c| c.capacity_type() == Some(SPOT));
     let spot_to_spot = all_spot && allows(&replacement, SPOT);
@@ -370,13 +409,11 @@ pub fn evaluate(world: &World<'_>, candidates: &[&StateNode], single: bool) -> R
         .filter_map(|it| it.cheapest_price(&replacement.requirements))
         .min_by(f64::total_cmp)
         .unwrap_or(candidate_price);
-    Ok(Plan {
-        candidates: names,
-        decision: Decision::Replace,
-        replacements: vec![replacement],
+    Ok(Moves { replacements: vec![replacement], preferences_broken }.plan(
+        names,
         candidate_price,
-        savings: candidate_price - cheapest,
-    })
+        candidate_price - cheapest,
+    ))
 }
 
 /// What a Balanced NodePool weighs a move against.

@@ -241,13 +241,7 @@ pub fn decide(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
         let price = empty.iter().filter(|n| chosen.contains(&n.name)).map(|n| n.price.unwrap_or(0.0)).sum();
         pass.command = Some(Command {
             method: Method::Emptiness,
-            plan: Plan {
-                candidates: chosen,
-                decision: consolidation::Decision::Delete,
-                replacements: vec![],
-                candidate_price: price,
-                savings: price,
-            },
+            plan: consolidation::Moves::default().plan(chosen, price, price),
             scores: vec![],
         });
         return pass;
@@ -418,26 +412,20 @@ fn drift(world: &World<'_>, in_flight: &HashSet<String>, pass: &mut Pass) -> Opt
         let moving_off = !node.claim.as_deref().is_some_and(|c| c.is_true(DRIFTED));
         let static_pool = world.pools.get(pool).filter(|p| p.is_static());
         let simulated = match static_pool {
-            Some(p) => static_replacement(world, p),
-            None => consolidation::simulate_all(world, &[node]).and_then(|replacements| {
-                if moving_off { without_offering_of(node, replacements) } else { Ok(replacements) }
+            Some(p) => static_replacement(world, p)
+                .map(|replacements| consolidation::Moves { replacements, ..Default::default() }),
+            None => consolidation::simulate_all(world, &[node]).and_then(|moves| {
+                if moving_off {
+                    let replacements = without_offering_of(node, moves.replacements)?;
+                    Ok(consolidation::Moves { replacements, ..moves })
+                } else {
+                    Ok(moves)
+                }
             }),
         };
         match simulated {
-            Ok(replacements) => {
-                let price = node.price.unwrap_or(0.0);
-                let decision = if replacements.is_empty() {
-                    consolidation::Decision::Delete
-                } else {
-                    consolidation::Decision::Replace
-                };
-                let plan = Plan {
-                    candidates: vec![node.name.clone()],
-                    decision,
-                    replacements,
-                    candidate_price: price,
-                    savings: 0.0,
-                };
+            Ok(moves) => {
+                let plan = moves.plan(vec![node.name.clone()], node.price.unwrap_or(0.0), 0.0);
                 return Some(Command { method: Method::Drift, plan, scores: vec![] });
             }
             Err(why) => {

@@ -165,6 +165,18 @@ impl Cluster {
         self
     }
 
+    /// Merges `spec` into the spec of the pod `name`.
+    pub(crate) fn pod_spec(&mut self, name: &str, spec: Value) -> &mut Self {
+        for pod in self.pods.iter_mut().filter(|p| p.metadata.name.as_deref() == Some(name)) {
+            let mut value = serde_json::to_value(pod.as_ref()).unwrap();
+            if let (Some(target), Value::Object(extra)) = (value["spec"].as_object_mut(), spec.clone()) {
+                target.extend(extra);
+            }
+            *pod = obj(value);
+        }
+        self
+    }
+
     /// Sets the labels of the pod `name`.
     pub(crate) fn pod_labels(&mut self, name: &str, labels: &[(&str, &str)]) -> &mut Self {
         for pod in self.pods.iter_mut().filter(|p| p.metadata.name.as_deref() == Some(name)) {
@@ -275,9 +287,9 @@ fn underused_nodes_are_consolidated_together_onto_one_cheaper_node() {
     assert!((command.plan.savings - (1.2 - 0.10)).abs() < 1e-9, "{}", command.plan.savings);
 }
 
-/// With kube-scheduler's default spreads, consolidation keeps a workload's zones: three nodes in
-/// three zones, one pod of a Deployment each, are replaced one by one with cheaper nodes in their
-/// zones, not merged onto one node.
+/// With kube-scheduler's default spreads, consolidation keeps a workload's zones, even with the
+/// pods' own preferences yielding: three nodes in three zones, one pod of a Deployment each, are
+/// replaced one by one with cheaper nodes in their zones, not merged onto one node.
 #[test]
 fn a_workload_spread_over_zones_stays_spread() {
     use crate::scheduling::defaultspread::DefaultSpread;
@@ -294,6 +306,8 @@ fn a_workload_spread_over_zones_stays_spread() {
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         c.types = vec![zonal("large", 4, 0.40), zonal("small", 2, 0.10)];
         c.options.default_spread = Arc::new(spread);
+        // As the controller runs: preferences yield to the remaining nodes, the defaults do not.
+        c.options.preferences_yield_to_existing = true;
         for (n, zone) in [("n1", "z1"), ("n2", "z2"), ("n3", "z3")] {
             let pod = format!("w-{n}");
             c.node(n, "p", "large", "on-demand", json!({})).in_zone(n, zone).pod(&pod, n, "500m", json!({}));
@@ -310,6 +324,36 @@ fn a_workload_spread_over_zones_stays_spread() {
     assert_eq!(command.plan.decision, Decision::Replace);
     assert_eq!(command.plan.candidates.len(), 1);
     assert_eq!(command.plan.replacement_types(), ["small"]);
+}
+
+/// A `ScheduleAnyway` hostname spread of two pods on two nodes: upstream keeps one pod a node and
+/// replaces one node with a smaller one; as kube-scheduler would, the soft policy moves the pod
+/// onto the other node, deletes its node, and says whose preference it leaves unmet.
+#[test]
+fn preferences_yield_to_the_remaining_nodes_and_the_plan_says_whose() {
+    let run = |soft: bool| {
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.options.preferences_yield_to_existing = soft;
+        let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "web"}}}]});
+        for n in ["n1", "n2"] {
+            let pod = format!("w-{n}");
+            c.node(n, "p", "large", "on-demand", json!({})).pod(&pod, n, "500m", json!({}));
+            c.pod_labels(&pod, &[("app", "web")]).pod_spec(&pod, spread.clone());
+        }
+        c.decide()
+    };
+    let respected = run(false);
+    let plan = &respected.command.as_ref().unwrap().plan;
+    assert_eq!(plan.decision, Decision::Replace);
+    assert_eq!(plan.replacement_types(), ["small"]);
+    assert!(plan.preferences_broken.is_empty());
+    let soft = run(true);
+    let plan = &soft.command.as_ref().unwrap().plan;
+    assert_eq!(plan.decision, Decision::Delete, "{plan:?}");
+    assert_eq!(plan.candidates.len(), 1);
+    let moved = format!("ns/w-{}", plan.candidates[0]);
+    assert_eq!(plan.preferences_broken, [moved]);
 }
 
 #[test]
@@ -819,7 +863,9 @@ fn pods_of_a_node_going_away_may_count_on_an_uninitialized_node() {
     }
     let outcome = c.run(|w| {
         let candidate = w.nodes.iter().find(|n| n.name == "c").unwrap();
-        super::consolidation::simulate_all(w, &[candidate]).map(|r| r.len()).map_err(|why| why.message)
+        super::consolidation::simulate_all(w, &[candidate])
+            .map(|r| r.replacements.len())
+            .map_err(|why| why.message)
     });
     assert_eq!(outcome, Ok(0), "c's pod fits on d; going's pod may land on the fresh node");
 }

@@ -9,7 +9,7 @@ use clap::builder::BoolishValueParser;
 
 use crate::cloudprovider::aws::nodecost::BurstableCpu;
 use crate::cloudprovider::catalog::Catalog;
-use crate::controllers::settings::FeatureGates;
+use crate::controllers::settings::{ConsolidationPreferencePolicy, FeatureGates};
 use crate::scheduling::defaultspread::DefaultSpread;
 use crate::scheduling::{MinValuesPolicy, PreferencePolicy};
 use crate::util::parse_duration;
@@ -133,6 +133,13 @@ pub struct Settings {
     /// (karpenter-rs only).
     #[arg(long, env = "KUBE_SCHEDULER_CONFIG", default_value = "")]
     pub kube_scheduler_config: String,
+    /// How the disruption simulations treat pods' preferences (preferred node and pod affinity,
+    /// `ScheduleAnyway` spreads): `Soft` as kube-scheduler, which places a pod on a node that
+    /// leaves a preference unmet when no other has room, so a node whose pods fit on the others
+    /// that way is consolidated; `Respect` as upstream, where a preference new capacity could
+    /// honour keeps the node, or has it replaced (karpenter-rs only).
+    #[arg(long, env = "CONSOLIDATION_PREFERENCE_POLICY", default_value = "Soft")]
+    pub consolidation_preference_policy: ConsolidationPreferencePolicy,
     /// How long after a launch the kwok provider creates the Node.
     #[arg(long, env = "KWOK_REGISTRATION_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub kwok_registration_delay: Duration,
@@ -324,6 +331,7 @@ impl Settings {
             rebalance_replacement: self.rebalance_replacement,
             fewer_nodes_margin: self.fewer_nodes_margin,
             default_spread: Arc::new(self.default_spread()?),
+            consolidation_preference_policy: self.consolidation_preference_policy,
         })
     }
 
@@ -417,6 +425,7 @@ impl Settings {
             ("fewerNodesMargin", format!("{}%", self.fewer_nodes_margin * 100.0)),
             ("defaultPodTopologySpread", self.default_pod_topology_spread.to_string()),
             ("kubeSchedulerConfig", self.kube_scheduler_config.clone()),
+            ("consolidationPreferencePolicy", format!("{:?}", self.consolidation_preference_policy)),
         ])
     }
 }

@@ -132,6 +132,11 @@ pub struct SchedulerOptions {
     /// kube-scheduler's default topology spreads, given to pending pods of workloads that set
     /// none (none by default; the controllers' settings give kube-scheduler's).
     pub default_spread: Arc<DefaultSpread>,
+    /// Whether a pod that fits on an existing node only without its preferences goes there
+    /// rather than to new capacity that would honour them, as kube-scheduler, which only scores
+    /// preferences, would place it (the disruption simulations, `CONSOLIDATION_PREFERENCE_POLICY`
+    /// `Soft`). kube-scheduler's default spreads still hold (see [`super::defaultspread`]).
+    pub preferences_yield_to_existing: bool,
 }
 
 impl Default for SchedulerOptions {
@@ -144,6 +149,7 @@ impl Default for SchedulerOptions {
             reserved_fallback: false,
             fewer_nodes_margin: FEWER_NODES_MARGIN,
             default_spread: Arc::new(DefaultSpread::none()),
+            preferences_yield_to_existing: false,
         }
     }
 }
@@ -448,4 +454,8 @@ pub struct SchedulingResults {
     /// would have left them out before scheduling (its `Validate`): node requirements that cannot
     /// be parsed, volumes that cannot be resolved. Upstream counts them as ignored pods.
     pub ignored: Vec<PodRef>,
+    /// Pods placed on an existing node with a preference left unmet (preferred node or pod
+    /// affinity, a `ScheduleAnyway` spread) where honouring it would have needed new capacity,
+    /// under [`SchedulerOptions`]' `preferences_yield_to_existing`.
+    pub preferences_broken: Vec<PodRef>,
 }

@@ -78,6 +78,8 @@ struct PodInfo<'a> {
     preferred_terms: Vec<Requirements>,
     topo: PodTopology,
     has_soft_spread: bool,
+    /// Whether its soft spreads are kube-scheduler's defaults (it sets none of its own).
+    default_spread: bool,
     invalid: Option<String>,
     /// Whether `invalid` is a reason upstream's provisioner ignores the pod for (see
     /// [`SchedulingResults::ignored`]).
@@ -214,6 +216,9 @@ struct Scheduler<'a> {
     book: Book,
     /// Set when the last claim refused a pod because the reservations it could use are held.
     refused_for_reservation: bool,
+    /// Pods placed on an existing node with a preference given up (see
+    /// [`SchedulerOptions::preferences_yield_to_existing`]).
+    preferences_broken: Vec<usize>,
 }
 
 /// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
@@ -305,6 +310,7 @@ impl<'a> Scheduler<'a> {
                     .flatten()
                     .chain(defaults)
                     .any(|c| c.when_unsatisfiable == "ScheduleAnyway"),
+                default_spread: !defaults.is_empty(),
                 topo: topo_info,
                 invalid,
                 ignored,
@@ -422,6 +428,7 @@ impl<'a> Scheduler<'a> {
             costs,
             book,
             refused_for_reservation: false,
+            preferences_broken: Vec::new(),
         }
     }
 
@@ -501,6 +508,24 @@ impl<'a> Scheduler<'a> {
         for n in 0..self.nodes.len() {
             if self.try_node(n, p, reqs, state).is_ok() {
                 return Ok(());
+            }
+        }
+        if self.input.options.preferences_yield_to_existing {
+            let pod = &self.pods[p];
+            let without = Relax {
+                pod_pref: pod.topo.preferred.len(),
+                pref: pod.preferred_terms.len(),
+                soft: state.soft && pod.default_spread,
+                ..state
+            };
+            if without != state {
+                let reqs = pod.requirements(without).into_owned();
+                for n in 0..self.nodes.len() {
+                    if self.try_node(n, p, &reqs, without).is_ok() {
+                        self.preferences_broken.push(p);
+                        return Ok(());
+                    }
+                }
             }
         }
         // Pods of one class remember the claims that reject the class for good, and skip them
@@ -869,6 +894,7 @@ impl<'a> Scheduler<'a> {
             .map(|info| info.r.clone())
             .collect();
         out.errors = errors.into_values().collect();
+        out.preferences_broken = self.preferences_broken.iter().map(|p| self.pods[*p].r.clone()).collect();
         out
     }
 }

@@ -1565,3 +1565,31 @@ fn a_workloads_pods_get_kube_schedulers_default_spread() {
     assert_eq!(own_zones.iter().sum::<usize>(), 30);
     assert!(own_zones.len() < 3 || own_zones.iter().max() != own_zones.iter().min(), "{own_zones:?}");
 }
+
+/// With preferences yielding to existing nodes (the disruption simulations' `Soft` policy), a
+/// pod whose preferred zone has no room goes to an existing node elsewhere, as kube-scheduler
+/// would place it, and is reported; otherwise new capacity in its preferred zone is planned.
+#[test]
+fn preferences_yield_to_existing_nodes_when_asked() {
+    let p = with_node_affinity(
+        pod("a", "1", "1Gi"),
+        vec![],
+        vec![(1, vec![nsr(LABEL_TOPOLOGY_ZONE, "In", &["z2"])])],
+    );
+    let run = |yield_: bool| {
+        let mut inp = SchedulingInput {
+            existing_nodes: shared(vec![existing_node("n1", 8)]),
+            ..input(vec![p.clone()], vec![pool("default")])
+        };
+        inp.options.preferences_yield_to_existing = yield_;
+        schedule(&inp)
+    };
+    let kept = run(false);
+    assert_eq!(kept.new_node_claims.len(), 1);
+    assert_eq!(zone_of(&kept.new_node_claims[0]), "z2");
+    assert!(kept.preferences_broken.is_empty());
+    let yielded = run(true);
+    assert!(yielded.new_node_claims.is_empty());
+    assert_eq!(yielded.existing_placements[0].node, "n1");
+    assert_eq!(yielded.preferences_broken.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["a"]);
+}

@@ -319,6 +319,7 @@ mod tests {
                 reserved: false,
             }],
             ignored: Vec::new(),
+            preferences_broken: Vec::new(),
         };
         let placed = placements(&pods, &results);
         assert_eq!(placed.len(), 2, "the real pod belongs to no buffer");

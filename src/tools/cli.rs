@@ -66,7 +66,7 @@ pub async fn explain_node(
     let client = target.client().await.map_err(one_line)?;
     let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
     let inputs =
-        Inputs::of(snapshot, super::scheduler_options(), spot_to_spot, Timestamp::now(), HashSet::new());
+        Inputs::of(snapshot, super::disruption_options(), spot_to_spot, Timestamp::now(), HashSet::new());
     let node = find_node(&inputs.nodes, name, claim).map_err(one_line)?;
     let explanation = explain_node_of(&inputs, node);
     render(&explanation, explanation.to_table(), format)
@@ -113,7 +113,7 @@ pub async fn simulate_from_cluster(
     let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
     let live_changes =
         live::Changes { manifests, scale: scaled, remove_nodepools: changes.remove_nodepools.clone() };
-    let options = super::scheduler_options();
+    let options = (super::scheduler_options(), super::disruption_options());
     let now = Timestamp::now();
     let (report, warnings) =
         live::simulate(snapshot, &live_changes, &namespace, &options, spot_to_spot, now).map_err(one_line)?;

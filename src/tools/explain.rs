@@ -23,7 +23,7 @@ use crate::apis::{Taint, TaintEffect};
 use crate::controllers::nodeclaim::expiration::expires_at;
 use crate::disruption::budgets;
 use crate::disruption::candidates;
-use crate::disruption::consolidation::{self, Decision};
+use crate::disruption::consolidation;
 use crate::disruption::decide::{self, Inputs};
 use crate::disruption::emptiness;
 use crate::disruption::record::{Code, Why};
@@ -328,6 +328,9 @@ pub struct PlanReport {
     pub price_per_hour: f64,
     /// What the replacements cost per hour.
     pub replacement_price_per_hour: f64,
+    /// Pods (`namespace/name`) the plan moves onto a remaining node with a preference left unmet.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub preferences_broken: Vec<String>,
 }
 
 /// The node's drift.
@@ -446,6 +449,7 @@ fn plan_report(plan: &consolidation::Plan) -> PlanReport {
         replacement_price_per_hour: round_price(replacements.iter().map(|r| r.price_per_hour).sum()),
         replacements,
         price_per_hour: round_price(plan.candidate_price),
+        preferences_broken: plan.preferences_broken.clone(),
     }
 }
 
@@ -527,37 +531,27 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
         (None, None) => Err(Why::new(Code::NodePoolNotFound, "NodePool not found")),
         (None, Some(pool)) => {
             let decided = if drift.drifted && pool.is_static() {
-                decide::static_replacement(&world, pool).map(|replacements| consolidation::Plan {
-                    candidates: vec![target.name.clone()],
-                    decision: Decision::Replace,
-                    replacements,
-                    candidate_price: target.price.unwrap_or(0.0),
-                    savings: 0.0,
+                decide::static_replacement(&world, pool).map(|replacements| {
+                    consolidation::Moves { replacements, ..Default::default() }.plan(
+                        vec![target.name.clone()],
+                        target.price.unwrap_or(0.0),
+                        0.0,
+                    )
                 })
             } else if pool.is_static() {
                 Err(decide::static_pool_why())
             } else if drift.drifted {
-                consolidation::simulate_all(&world, &[target]).map(|replacements| {
-                    let decision = if replacements.is_empty() { Decision::Delete } else { Decision::Replace };
-                    consolidation::Plan {
-                        candidates: vec![target.name.clone()],
-                        decision,
-                        replacements,
-                        candidate_price: target.price.unwrap_or(0.0),
-                        savings: 0.0,
-                    }
-                })
+                consolidation::simulate_all(&world, &[target])
+                    .map(|moves| moves.plan(vec![target.name.clone()], target.price.unwrap_or(0.0), 0.0))
             } else if emptiness::is_empty(target) && inputs.snapshot.buffers_placed.holds(target) {
                 Err(decide::buffer_pods_why(target))
             } else if emptiness::is_empty(target) {
                 match consolidatable_at {
-                    Some(at) if at <= now => Ok(consolidation::Plan {
-                        candidates: vec![target.name.clone()],
-                        decision: Decision::Delete,
-                        replacements: vec![],
-                        candidate_price: target.price.unwrap_or(0.0),
-                        savings: target.price.unwrap_or(0.0),
-                    }),
+                    Some(at) if at <= now => Ok(consolidation::Moves::default().plan(
+                        vec![target.name.clone()],
+                        target.price.unwrap_or(0.0),
+                        target.price.unwrap_or(0.0),
+                    )),
                     _ => Err(Why::new(Code::ConsolidateAfter, consolidation::NOT_CONSOLIDATABLE_YET)),
                 }
             } else {
@@ -587,7 +581,10 @@ pub fn explain_node(inputs: &Inputs, target: &StateNode) -> NodeExplanation {
     let candidate = why.is_ok() || matches!(&why, Err(w) if w.code == Code::Budget);
     let why = why.unwrap_or_else(|w| w);
     let cheapest_alternative = if why.code == Code::NoCheaperReplacement {
-        consolidation::simulate(&world, &[target]).ok().flatten().map(|claim| claim_report(&claim))
+        consolidation::simulate(&world, &[target])
+            .ok()
+            .and_then(|(claim, _)| claim)
+            .map(|claim| claim_report(&claim))
     } else {
         None
     };
@@ -703,6 +700,12 @@ impl NodeExplanation {
                 )
             };
             line("Plan", what);
+            if !p.preferences_broken.is_empty() {
+                line(
+                    "Preferences",
+                    format!("left unmet for {}", crate::util::summarise_pods(&p.preferences_broken)),
+                );
+            }
         }
         if let Some(c) = &self.cheapest_alternative {
             line(

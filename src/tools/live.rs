@@ -237,12 +237,13 @@ pub struct LiveReport {
     pub at: Timestamp,
 }
 
-/// Simulates on `before` (the live snapshot with instance types) changed by `changes`.
+/// Simulates on `before` (the live snapshot with instance types) changed by `changes`, with
+/// `options` the provisioner's and the disruption simulations' scheduler options.
 pub fn simulate(
     before: Snapshot,
     changes: &Changes,
     namespace: &str,
-    options: &SchedulerOptions,
+    options: &(SchedulerOptions, SchedulerOptions),
     spot_to_spot: bool,
     now: Timestamp,
 ) -> Result<(LiveReport, Vec<String>), ToolError> {
@@ -280,7 +281,7 @@ pub fn simulate(
 
     // As the provisioner: the pending pods, then the CapacityBuffers' placeholders.
     let scenario =
-        Scenario { stand_ins: after.virtual_pods.clone(), options: options.clone(), ..Scenario::default() };
+        Scenario { stand_ins: after.virtual_pods.clone(), options: options.0.clone(), ..Scenario::default() };
     let built = scheduling_input(&after, &nodes_after, after.provisionable_pods(), &scenario);
     let results = schedule(&built.input);
     let provisioning = Report::from_results(&built.input, &results);
@@ -309,7 +310,7 @@ pub fn simulate(
             after.nominated.insert(placement.node.clone());
         }
     }
-    let inputs = Inputs::of(after, options.clone(), spot_to_spot, now, HashSet::new());
+    let inputs = Inputs::of(after, options.1.clone(), spot_to_spot, now, HashSet::new());
     let pass = decide::decide(&inputs.world(), &HashSet::new());
     let disruption = pass.command.as_ref().map(|c| CommandReport {
         reason: c.reason().metric_label().to_string(),
@@ -421,9 +422,7 @@ mod tests {
     }
 
     fn run(c: &Cluster, changes: &Changes) -> LiveReport {
-        simulate(c.snapshot(), changes, "ns", &SchedulerOptions::default(), false, NOW.parse().unwrap())
-            .unwrap()
-            .0
+        simulate(c.snapshot(), changes, "ns", &Default::default(), false, NOW.parse().unwrap()).unwrap().0
     }
 
     #[test]
@@ -447,16 +446,10 @@ mod tests {
         };
         snapshot.virtual_pods = buffers::virtual_pods(&buffer("spare", 1), &template("1"), 1);
         snapshot.virtual_pods.extend(buffers::virtual_pods(&buffer("huge", 1), &template("640"), 1));
-        let report = simulate(
-            snapshot,
-            &Changes::default(),
-            "ns",
-            &SchedulerOptions::default(),
-            false,
-            NOW.parse().unwrap(),
-        )
-        .unwrap()
-        .0;
+        let report =
+            simulate(snapshot, &Changes::default(), "ns", &Default::default(), false, NOW.parse().unwrap())
+                .unwrap()
+                .0;
         assert_eq!(report.disruption, None, "the empty node keeps the buffer's room");
         assert_eq!(report.buffers.len(), 2);
         let spare = report.buffers.iter().find(|b| b.buffer == "ns/spare").unwrap();
@@ -494,8 +487,7 @@ mod tests {
         let scale = Scale { namespace: None, name: "web".into(), replicas: 0 };
         let changes = Changes { scale: vec![(scale, deployment(1))], ..Changes::default() };
         let (report, _) =
-            simulate(snapshot, &changes, "ns", &SchedulerOptions::default(), false, NOW.parse().unwrap())
-                .unwrap();
+            simulate(snapshot, &changes, "ns", &Default::default(), false, NOW.parse().unwrap()).unwrap();
         let command = report.disruption.as_ref().expect("the emptied node goes");
         assert_eq!((command.reason.as_str(), command.decision.as_str()), ("empty", "delete"));
         assert_eq!(command.nodes, ["n1"]);
@@ -516,9 +508,8 @@ mod tests {
         assert_eq!((claim.node_pool.as_str(), claim.capacity_type.as_str()), ("new", "spot"));
         assert!((report.price_after_per_hour - claim.price_per_hour).abs() < 1e-9, "{report:?}");
         let missing = Changes { remove_nodepools: vec!["ghost".into()], ..Changes::default() };
-        let error =
-            simulate(c.snapshot(), &missing, "ns", &SchedulerOptions::default(), false, NOW.parse().unwrap())
-                .unwrap_err();
+        let error = simulate(c.snapshot(), &missing, "ns", &Default::default(), false, NOW.parse().unwrap())
+            .unwrap_err();
         assert_eq!(error.to_string(), "nodepool \"ghost\" not found");
     }
 
@@ -549,8 +540,7 @@ mod tests {
             snapshot.with_instance_types([("any".to_string(), crate::disruption::tests::catalog())].into());
         let changes = Changes { manifests, ..Changes::default() };
         let (report, _) =
-            simulate(snapshot, &changes, "ns", &SchedulerOptions::default(), false, NOW.parse().unwrap())
-                .unwrap();
+            simulate(snapshot, &changes, "ns", &Default::default(), false, NOW.parse().unwrap()).unwrap();
         assert_eq!(report.provisioning.node_claims.len(), 1, "{report:?}");
         assert_eq!(report.provisioning.node_claims[0].node_pool, "extra");
     }

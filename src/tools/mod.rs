@@ -220,6 +220,12 @@ pub fn scheduler_options() -> crate::scheduling::SchedulerOptions {
     crate::controllers::Settings::default().scheduler_options()
 }
 
+/// The options the commands' disruption simulations use: the controller's with its default
+/// settings (preferences yield to the remaining nodes).
+pub fn disruption_options() -> crate::scheduling::SchedulerOptions {
+    crate::controllers::Settings::default().disruption_options()
+}
+
 /// `snapshot` with its CapacityBuffers' placeholders placed as a provisioning pass places them
 /// (after the pending pods): on which nodes they keep headroom, which need new capacity.
 pub fn with_buffers_placed(mut snapshot: Snapshot) -> Snapshot {

@@ -255,6 +255,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
             "settings.fewerNodesMargin=0",
             "settings.defaultPodTopologySpread=false",
             "settings.kubeSchedulerConfig=/etc/karpenter/scheduler.yaml",
+            "settings.consolidationPreferencePolicy=Respect",
             "settings.batchMaxDuration=20s",
             "settings.batchIdleDuration=2s",
             "settings.vmMemoryOverheadPercent=0.1",
@@ -296,6 +297,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
     # False is a choice here (the controller's default is true), so it is set.
     assert env["DEFAULT_POD_TOPOLOGY_SPREAD"] == "false"
     assert env["KUBE_SCHEDULER_CONFIG"] == "/etc/karpenter/scheduler.yaml"
+    assert env["CONSOLIDATION_PREFERENCE_POLICY"] == "Respect"
     assert env["BATCH_MAX_DURATION"] == "20s"
     assert env["BATCH_IDLE_DURATION"] == "2s"
     assert env["VM_MEMORY_OVERHEAD_PERCENT"] == "0.1"

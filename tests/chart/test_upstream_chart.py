@@ -40,6 +40,7 @@ ALLOWED_EXTRA_ENV = {
     "FEWER_NODES_MARGIN",
     "DEFAULT_POD_TOPOLOGY_SPREAD",
     "KUBE_SCHEDULER_CONFIG",
+    "CONSOLIDATION_PREFERENCE_POLICY",
 }
 
 # Grants this chart gives the controller that upstream's does not, as (scope, API group,

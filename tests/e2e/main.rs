@@ -3036,6 +3036,45 @@ spec:
     assert!(!events.list(&disrupted).await.unwrap().items.is_empty(), "a Disrupted event on the pod");
 }
 
+/// Preferences in consolidation (karpenter-rs's `Soft` default): two pods with a `ScheduleAnyway`
+/// hostname spread on a node each (the second launched while the first node was cordoned), each
+/// node with room for both: consolidation moves one pod onto the other node, as kube-scheduler
+/// would place it, deletes its node and names the pod whose preference it leaves unmet. Upstream
+/// keeps both nodes: the spread could be met with new capacity.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn preferences_yield_in_consolidation_with_kwok() {
+    let f = Fixture::new("prefs").await;
+    let controller = Shared::kwok().await;
+    f.apply_class_and_pool(100).await;
+    f.patch_pool(json!({"spec": {"disruption": {"consolidateAfter": "5s"}}})).await;
+    let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "web"}}}]});
+    f.apply_deployment("web", 1, "250m", "256Mi", spread).await;
+    f.wait_running(1, Duration::from_secs(120), &controller).await;
+    let first = f.nodes().await.first().and_then(|n| n.metadata.name.clone()).unwrap();
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new("kubectl").args(args).output().unwrap();
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    kubectl(&["cordon", &first]);
+    kubectl(&["scale", "deployment", "web", "-n", &f.ns, "--replicas", "2"]);
+    f.wait_running(2, Duration::from_secs(120), &controller).await;
+    kubectl(&["uncordon", &first]);
+    wait_for("one node left, both pods running", Duration::from_secs(120), &controller, || async {
+        f.claims().await.len() == 1 && f.pods().await.iter().filter(|p| is_running(p)).count() == 2
+    })
+    .await;
+    let line = format!("preferences left unmet for 1 pod: {}/web-", f.ns);
+    assert!(f.logged(&controller, &line), "the command names the pod\n{}", controller.log_tail());
+    Api::<Deployment>::namespaced(f.client.clone(), &f.ns)
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    f.cleanup().await;
+    controller.release();
+}
+
 /// Disruption (kwok provider): a stale disrupted taint and condition are healed; a `nodes: "0"`
 /// budget holds empty nodes; a do-not-disrupt pod
 /// and a do-not-disrupt node each hold theirs with a `DisruptionBlocked` event while the other

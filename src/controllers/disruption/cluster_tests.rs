@@ -18,7 +18,7 @@ use crate::apis::nodeclaim::conditions::DISRUPTION_REASON;
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::node::termination::tests::{Harness, eventually, with_harness};
 use crate::controllers::{Context, Events};
-use crate::disruption::consolidation::{Decision, Plan};
+use crate::disruption::consolidation::Moves;
 use crate::disruption::decide::{Command, Method};
 use crate::metrics::Metrics;
 use crate::scheduling::{NewNodeClaim, Requirement, Requirements};
@@ -120,13 +120,11 @@ async fn run_command_with(
         launched: Launched::default(),
         command: Command {
             method: Method::SingleNode,
-            plan: Plan {
-                candidates: vec![h.name.clone()],
-                decision: if replacement.is_some() { Decision::Replace } else { Decision::Delete },
-                replacements: replacement.into_iter().collect(),
-                candidate_price: 0.1,
-                savings: 0.1,
-            },
+            plan: Moves { replacements: replacement.into_iter().collect(), ..Default::default() }.plan(
+                vec![h.name.clone()],
+                0.1,
+                0.1,
+            ),
             scores: vec![],
         },
         nodes: vec![node],

@@ -81,14 +81,21 @@ pub struct Run {
     pub timeout: Duration,
 }
 
-/// `<delete|replace>: nodepools=[..]: [nodes] -> [N replacement(s)]`, as upstream logs a command.
+/// `<delete|replace>: [nodes] -> [N replacement(s)]`, as upstream logs a command, and the pods
+/// whose preferences the command leaves unmet.
 pub fn describe(command: &Command) -> String {
     let plan = &command.plan;
     let replacements = match plan.replacements.len() {
         0 => String::new(),
         n => format!(" -> [{n} replacement(s)]"),
     };
-    format!("{}: [{}]{replacements}", plan.decision.as_str(), plan.candidates.join(", "))
+    let broken = match plan.preferences_broken.is_empty() {
+        true => String::new(),
+        false => {
+            format!(" (preferences left unmet for {})", crate::util::summarise_pods(&plan.preferences_broken))
+        }
+    };
+    format!("{}: [{}]{replacements}{broken}", plan.decision.as_str(), plan.candidates.join(", "))
 }
 
 /// Why a command stopped.

@@ -149,7 +149,7 @@ fn pass_inputs(ctx: &Context, snapshot: Snapshot, launched: &Launched) -> Inputs
         launched.retain(|_, at| at.elapsed() < consolidation::CHURN_GUARD);
         launched.keys().cloned().collect()
     };
-    let options = ctx.settings.scheduler_options();
+    let options = ctx.settings.disruption_options();
     let spot_to_spot = ctx.settings.feature_gates.spot_to_spot_consolidation;
     Inputs::of(snapshot, options, spot_to_spot, Timestamp::now(), young)
 }

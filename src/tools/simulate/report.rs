@@ -35,6 +35,7 @@ use serde::Serialize;
 
 use crate::scheduling::cost::fractional_lower_bound;
 use crate::scheduling::{NewNodeClaim, SchedulingInput, SchedulingResults};
+use crate::util::summarise_pods;
 
 /// The plan.
 #[derive(Serialize, Clone, Debug, PartialEq)]
@@ -130,21 +131,6 @@ pub fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
             .map(|m| m.price.clone())
             .unwrap_or_default(),
         pods: claim.pods.iter().map(ToString::to_string).collect(),
-    }
-}
-
-/// Most pod names a table cell lists before summarising the rest.
-const LISTED_PODS: usize = 5;
-
-/// `95 pods: default/a, default/b, default/c, default/d, default/e … (+90)`.
-fn summarise_pods(pods: &[String]) -> String {
-    let noun = if pods.len() == 1 { "pod" } else { "pods" };
-    let listed = pods.iter().take(LISTED_PODS).cloned().collect::<Vec<_>>().join(", ");
-    let rest = pods.len().saturating_sub(LISTED_PODS);
-    if rest == 0 {
-        format!("{} {noun}: {listed}", pods.len())
-    } else {
-        format!("{} {noun}: {listed} … (+{rest})", pods.len())
     }
 }
 
