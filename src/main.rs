@@ -68,6 +68,10 @@ enum Command {
         /// With `--from-cluster`: the controller's feature gates, as its `FEATURE_GATES` setting.
         #[arg(long, value_name = "GATES", default_value = "")]
         feature_gates: karpenter::controllers::settings::FeatureGates,
+        /// How NodePools plan burstable (T) types' CPU, as the controller's `BURSTABLE_CPU`:
+        /// `baseline`, `unlimited` or `ignore`.
+        #[arg(long, env = "BURSTABLE_CPU", value_name = "MODE", default_value = "baseline", value_parser = parse_burstable_cpu)]
+        burstable_cpu: simulate::BurstableCpu,
         /// With `--from-cluster`: the namespace of `--scale` targets given without one
         /// (default: the kubeconfig context's, as kubectl).
         #[arg(long, short = 'n', value_name = "NAMESPACE", requires = "from_cluster")]
@@ -94,6 +98,10 @@ enum Command {
         /// The controller's feature gates, as its `FEATURE_GATES` setting (`SpotToSpotConsolidation=true`).
         #[arg(long, global = true, value_name = "GATES", default_value = "")]
         feature_gates: karpenter::controllers::settings::FeatureGates,
+        /// How NodePools plan burstable (T) types' CPU, as the controller's `BURSTABLE_CPU`:
+        /// `baseline`, `unlimited` or `ignore`.
+        #[arg(long, global = true, env = "BURSTABLE_CPU", value_name = "MODE", default_value = "baseline", value_parser = parse_burstable_cpu)]
+        burstable_cpu: simulate::BurstableCpu,
         #[command(flatten)]
         target: Target,
     },
@@ -109,6 +117,10 @@ enum Command {
         /// Instance-type catalog for prices: `aws` (built in), `kwok` or a catalog file.
         #[arg(long, value_name = "kwok|aws|FILE", default_value = "aws")]
         instance_types: simulate::Catalog,
+        /// How NodePools plan burstable (T) types' CPU, as the controller's `BURSTABLE_CPU`:
+        /// `baseline`, `unlimited` or `ignore`.
+        #[arg(long, env = "BURSTABLE_CPU", value_name = "MODE", default_value = "baseline", value_parser = parse_burstable_cpu)]
+        burstable_cpu: simulate::BurstableCpu,
         #[command(flatten)]
         target: Target,
     },
@@ -154,8 +166,11 @@ fn main() -> ExitCode {
             }
         },
         Some(Command::Convert { files }) => run_convert(&files),
-        Some(Command::Simulate { files, instance_types, output, from_cluster: false, .. }) => {
-            finish(run_simulate(&files, &instance_types.unwrap_or(simulate::Catalog::Kwok), output))
+        Some(Command::Simulate {
+            files, instance_types, output, from_cluster: false, burstable_cpu, ..
+        }) => {
+            let catalog = instance_types.unwrap_or(simulate::Catalog::Kwok);
+            finish(run_simulate(&files, &catalog, output, burstable_cpu))
         }
         Some(Command::Simulate {
             files,
@@ -166,21 +181,30 @@ fn main() -> ExitCode {
             remove_nodepool,
             namespace,
             feature_gates,
+            burstable_cpu,
             target,
         }) => {
             let catalog = instance_types.unwrap_or(simulate::Catalog::Aws);
             let changes = tools::cli::Changes { files, scale, remove_nodepools: remove_nodepool, namespace };
             let spot_to_spot = feature_gates.spot_to_spot_consolidation;
             let run = async {
-                tools::cli::simulate_from_cluster(&target, &catalog, &changes, spot_to_spot, output).await
+                tools::cli::simulate_from_cluster(
+                    &target,
+                    &catalog,
+                    burstable_cpu,
+                    &changes,
+                    spot_to_spot,
+                    output,
+                )
+                .await
             };
             finish(block_on(run))
         }
-        Some(Command::Top { once: true, instance_types, output, target }) => {
-            finish(block_on(tools::cli::top_once(&target, &instance_types, output)))
+        Some(Command::Top { once: true, instance_types, output, burstable_cpu, target }) => {
+            finish(block_on(tools::cli::top_once(&target, &instance_types, burstable_cpu, output)))
         }
-        Some(Command::Top { once: false, instance_types, target, .. }) => {
-            match tools::cli::top(&target, &instance_types) {
+        Some(Command::Top { once: false, instance_types, burstable_cpu, target, .. }) => {
+            match tools::cli::top(&target, &instance_types, burstable_cpu) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
                     eprintln!("error: {message}");
@@ -188,27 +212,62 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Some(Command::Explain { what, instance_types, output, namespace, feature_gates, target }) => {
+        Some(Command::Explain {
+            what,
+            instance_types,
+            output,
+            namespace,
+            feature_gates,
+            burstable_cpu,
+            target,
+        }) => {
             let spot_to_spot = feature_gates.spot_to_spot_consolidation;
             let run = async {
                 match what {
                     Explain::Pod { name } => {
-                        tools::cli::explain_pod(&target, &instance_types, namespace.as_deref(), &name, output)
-                            .await
+                        tools::cli::explain_pod(
+                            &target,
+                            &instance_types,
+                            burstable_cpu,
+                            namespace.as_deref(),
+                            &name,
+                            output,
+                        )
+                        .await
                     }
                     Explain::Node { name } => {
-                        tools::cli::explain_node(&target, &instance_types, &name, false, spot_to_spot, output)
-                            .await
+                        tools::cli::explain_node(
+                            &target,
+                            &instance_types,
+                            burstable_cpu,
+                            &name,
+                            false,
+                            spot_to_spot,
+                            output,
+                        )
+                        .await
                     }
                     Explain::NodeClaim { name } => {
-                        tools::cli::explain_node(&target, &instance_types, &name, true, spot_to_spot, output)
-                            .await
+                        tools::cli::explain_node(
+                            &target,
+                            &instance_types,
+                            burstable_cpu,
+                            &name,
+                            true,
+                            spot_to_spot,
+                            output,
+                        )
+                        .await
                     }
                 }
             };
             finish(block_on(run))
         }
     }
+}
+
+fn parse_burstable_cpu(s: &str) -> Result<simulate::BurstableCpu, String> {
+    s.parse()
 }
 
 /// Runs a command's future on a runtime of its own.
@@ -272,8 +331,9 @@ fn run_simulate(
     files: &[PathBuf],
     catalog: &simulate::Catalog,
     format: simulate::OutputFormat,
+    mode: simulate::BurstableCpu,
 ) -> Result<String, String> {
-    let (out, warnings) = simulate::run(files, catalog, format).map_err(|e| error_chain(&e))?;
+    let (out, warnings) = simulate::run(files, catalog, format, mode).map_err(|e| error_chain(&e))?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }

@@ -8,6 +8,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 
+use crate::cloudprovider::aws::nodecost::BurstableCpu;
 use crate::cloudprovider::catalog::Catalog;
 use crate::disruption::decide::Inputs;
 use crate::tools::simulate::{self, OutputFormat};
@@ -34,6 +35,7 @@ fn render<T: serde::Serialize>(value: &T, table: String, format: OutputFormat) -
 pub async fn explain_pod(
     target: &Target,
     catalog: &Catalog,
+    mode: BurstableCpu,
     namespace: Option<&str>,
     name: &str,
     format: OutputFormat,
@@ -48,7 +50,7 @@ pub async fn explain_pod(
         None => (namespace.map_or_else(|| client.default_namespace().to_string(), str::to_string), name),
     };
     let namespace = namespace.as_str();
-    let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
+    let snapshot = live_snapshot(client, catalog, mode).await.map_err(one_line)?;
     let pod = find_pod(&snapshot, namespace, name).map_err(one_line)?;
     let explanation = explain_pod_of(&snapshot, &pod, &super::scheduler_options());
     render(&explanation, explanation.to_table(), format)
@@ -58,13 +60,14 @@ pub async fn explain_pod(
 pub async fn explain_node(
     target: &Target,
     catalog: &Catalog,
+    mode: BurstableCpu,
     name: &str,
     claim: bool,
     spot_to_spot: bool,
     format: OutputFormat,
 ) -> Result<String, String> {
     let client = target.client().await.map_err(one_line)?;
-    let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
+    let snapshot = live_snapshot(client, catalog, mode).await.map_err(one_line)?;
     let inputs =
         Inputs::of(snapshot, super::disruption_options(), spot_to_spot, Timestamp::now(), HashSet::new());
     let node = find_node(&inputs.nodes, name, claim).map_err(one_line)?;
@@ -89,6 +92,7 @@ pub struct Changes {
 pub async fn simulate_from_cluster(
     target: &Target,
     catalog: &Catalog,
+    mode: BurstableCpu,
     changes: &Changes,
     spot_to_spot: bool,
     format: OutputFormat,
@@ -110,7 +114,7 @@ pub async fn simulate_from_cluster(
             Err(e) => return Err(format!("reading deployment {ns}/{}: {}", s.name, error_chain(&e))),
         }
     }
-    let snapshot = live_snapshot(client, catalog).await.map_err(one_line)?;
+    let snapshot = live_snapshot(client, catalog, mode).await.map_err(one_line)?;
     let live_changes =
         live::Changes { manifests, scale: scaled, remove_nodepools: changes.remove_nodepools.clone() };
     let options = (super::scheduler_options(), super::disruption_options());
@@ -124,10 +128,15 @@ pub async fn simulate_from_cluster(
 }
 
 /// `karpenter top --once`: one frame, as the terminal shows it or as JSON or YAML.
-pub async fn top_once(target: &Target, catalog: &Catalog, format: OutputFormat) -> Result<String, String> {
+pub async fn top_once(
+    target: &Target,
+    catalog: &Catalog,
+    mode: BurstableCpu,
+    format: OutputFormat,
+) -> Result<String, String> {
     let client = target.client().await.map_err(one_line)?;
     let types = catalog.load().map_err(|e| one_line(e.into()))?;
-    let live = super::Live::start(client, types).await.map_err(one_line)?;
+    let live = super::Live::start(client, types, mode).await.map_err(one_line)?;
     let view = super::top::view(&live.snapshot(), Timestamp::now());
     let mut table = super::top::render(&view).join("\n");
     table.push('\n');
@@ -135,7 +144,7 @@ pub async fn top_once(target: &Target, catalog: &Catalog, format: OutputFormat) 
 }
 
 /// `karpenter top`: the terminal view, until the user quits.
-pub fn top(target: &Target, catalog: &Catalog) -> Result<(), String> {
+pub fn top(target: &Target, catalog: &Catalog, mode: BurstableCpu) -> Result<(), String> {
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() {
         return Err("karpenter top draws in a terminal; use --once to print one frame".into());
@@ -149,7 +158,7 @@ pub fn top(target: &Target, catalog: &Catalog) -> Result<(), String> {
     let live = runtime.block_on(async {
         let client = target.client().await.map_err(one_line)?;
         let types = catalog.load().map_err(|e| one_line(e.into()))?;
-        super::Live::start(client, types).await.map_err(one_line)
+        super::Live::start(client, types, mode).await.map_err(one_line)
     })?;
     let _guard = runtime.enter();
     super::top::interactive(&live, std::time::Duration::from_secs(1)).map_err(|e| format!("drawing: {e}"))

@@ -27,6 +27,7 @@ use thiserror::Error;
 
 use crate::apis::labels::LABEL_TOPOLOGY_ZONE;
 use crate::apis::{CapacityBuffer, NodeOverlay};
+use crate::cloudprovider::aws::nodecost::BurstableCpu;
 use crate::cloudprovider::catalog::{Catalog, CatalogError};
 use crate::scheduling::{InstanceType, Offering};
 use crate::state::buffers::placements;
@@ -125,8 +126,12 @@ impl Target {
 
 /// One snapshot of the live cluster, listed by the controller's caches, with `catalog`'s
 /// instance types for every NodePool.
-pub async fn live_snapshot(client: Client, catalog: &Catalog) -> Result<Snapshot, ToolError> {
-    Ok(Live::start(client, catalog.load()?).await?.snapshot())
+pub async fn live_snapshot(
+    client: Client,
+    catalog: &Catalog,
+    mode: BurstableCpu,
+) -> Result<Snapshot, ToolError> {
+    Ok(Live::start(client, catalog.load()?, mode).await?.snapshot())
 }
 
 /// The live cluster: the controller's caches, kept current by their watches (until dropped),
@@ -138,11 +143,18 @@ pub struct Live {
     overlays: Store<NodeOverlay>,
     /// The NodeOverlays' and CapacityBuffers' watches, and the buffers' resolution.
     extras: Vec<tokio::task::JoinHandle<()>>,
+    /// How the NodePools plan burstable types (`BURSTABLE_CPU`).
+    burstable_cpu: BurstableCpu,
 }
 
 impl Live {
-    /// Starts the watches and waits until every kind is listed.
-    pub async fn start(client: Client, types: Vec<Arc<InstanceType>>) -> Result<Self, ToolError> {
+    /// Starts the watches and waits until every kind is listed; the NodePools will plan
+    /// burstable types as `burstable_cpu` says.
+    pub async fn start(
+        client: Client,
+        types: Vec<Arc<InstanceType>>,
+        burstable_cpu: BurstableCpu,
+    ) -> Result<Self, ToolError> {
         // NodeOverlays and CapacityBuffers when the cluster has them (the CRD installed, the tool
         // allowed to list them); without, the catalog's figures and no headroom.
         let (overlays, overlay_driver, _) =
@@ -187,7 +199,7 @@ impl Live {
             }
         };
         extras.push(tokio::spawn(resolver));
-        Ok(Live { state, watches, types, overlays, extras })
+        Ok(Live { state, watches, types, overlays, extras, burstable_cpu })
     }
 
     /// The cluster now, with the catalog's types (in the cluster's zones) for every NodePool, as
@@ -196,7 +208,7 @@ impl Live {
     pub fn snapshot(&self) -> Snapshot {
         let snapshot = self.state.snapshot();
         let zones = cluster_zones(&snapshot);
-        let snapshot = with_catalog(snapshot, &in_zones(&self.types, &zones));
+        let snapshot = with_catalog(snapshot, &in_zones(&self.types, &zones), self.burstable_cpu);
         with_buffers_placed(with_overlays(snapshot, &self.overlays.state()))
     }
 }
@@ -308,9 +320,9 @@ pub fn in_zones(types: &[Arc<InstanceType>], zones: &BTreeSet<String>) -> Vec<Ar
 
 /// `snapshot` with `types` as the instance types of every live NodePool whose node class can
 /// launch nodes (the scheduler keeps those the NodePool's requirements allow), and all of them
-/// known for prices. A NodePool whose node class is missing or not ready launches nothing, as
-/// in the controller, and says why.
-pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot {
+/// known for prices, burstable types planned as `mode` says. A NodePool whose node class is
+/// missing or not ready launches nothing, as in the controller, and says why.
+pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>], mode: BurstableCpu) -> Snapshot {
     let mut pool_types = BTreeMap::new();
     let mut pool_errors = BTreeMap::new();
     for np in snapshot.live_nodepools() {
@@ -319,7 +331,7 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
             Ok(()) => {
                 let class = snapshot.node_class_of(np);
                 let reserved = with_reservations(types, class.and_then(|c| c.status.as_ref()));
-                pool_types.insert(name, planned_for(&reserved, np, class));
+                pool_types.insert(name, planned_for(&reserved, np, class, mode));
             }
             Err(problem) => {
                 pool_errors.insert(name, problem.to_string());
@@ -338,17 +350,16 @@ pub fn with_catalog(snapshot: Snapshot, types: &[Arc<InstanceType>]) -> Snapshot
 /// The types the NodePool `np` plans with, as the aws provider gives them for its EC2NodeClass
 /// `class`: priced with what comes with every node (its volumes; a public IPv4 address when the
 /// class asks for one, since the commands do not see what its subnets give) and burstable types
-/// planned at their baseline unless the pool asks for them (`BURSTABLE_CPU`'s default). Without
-/// a class, `types` as they are.
+/// planned as `mode` says (`BURSTABLE_CPU`). Without a class, `types` as they are.
 pub fn planned_for(
     types: &[Arc<InstanceType>],
     np: &crate::apis::NodePool,
     class: Option<&crate::apis::EC2NodeClass>,
+    mode: BurstableCpu,
 ) -> Vec<Arc<InstanceType>> {
-    use crate::cloudprovider::aws::nodecost::{self, BurstableCpu, NodeCost};
+    use crate::cloudprovider::aws::nodecost::{self, NodeCost};
     let Some(class) = class else { return types.to_vec() };
     let cost = NodeCost::of_class(&class.spec, false);
-    let mode = BurstableCpu::default();
     let priced: Vec<Arc<InstanceType>> =
         types.iter().map(|t| Arc::new(nodecost::priced(t, &cost, mode))).collect();
     match crate::scheduling::Requirements::from_nodepool(&np.spec.template.spec.requirements) {

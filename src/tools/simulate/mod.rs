@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::Node;
 use thiserror::Error;
 
 use crate::apis::{Taint, TaintEffect};
+pub use crate::cloudprovider::aws::nodecost::BurstableCpu;
 use crate::scheduling::{InstanceType, Resources, SchedulingInput, schedule};
 use crate::state::input::{Scenario, scheduling_input as build_input};
 use crate::state::pods;
@@ -123,6 +124,7 @@ fn node_resources(node: &Node, capacity: bool) -> Result<Resources, SimulateErro
 pub fn scheduling_input(
     manifests: &Manifests,
     instance_types: &[Arc<InstanceType>],
+    mode: BurstableCpu,
 ) -> Result<(SchedulingInput, Vec<String>), SimulateError> {
     let mut warnings = Vec::new();
     let node_names: BTreeSet<String> =
@@ -161,7 +163,7 @@ pub fn scheduling_input(
         .nodepools
         .iter()
         .map(|np| {
-            let types = crate::tools::planned_for(instance_types, np, snapshot.node_class_of(np));
+            let types = crate::tools::planned_for(instance_types, np, snapshot.node_class_of(np), mode);
             (np.metadata.name.clone().unwrap_or_default(), types)
         })
         .collect();
@@ -179,8 +181,9 @@ pub fn scheduling_input(
 pub fn simulate(
     manifests: &Manifests,
     instance_types: &[Arc<InstanceType>],
+    mode: BurstableCpu,
 ) -> Result<(Report, Vec<String>), SimulateError> {
-    let (input, warnings) = scheduling_input(manifests, instance_types)?;
+    let (input, warnings) = scheduling_input(manifests, instance_types, mode)?;
     let results = schedule(&input);
     Ok((Report::from_results(&input, &results), warnings))
 }
@@ -199,15 +202,16 @@ pub fn render(report: &Report, format: OutputFormat) -> Result<String, SimulateE
 }
 
 /// What `karpenter simulate` prints, and the warnings for stderr: reads `paths`, loads `catalog`,
-/// schedules and renders in `format`.
+/// schedules (burstable types planned as `mode` says) and renders in `format`.
 pub fn run(
     paths: &[PathBuf],
     catalog: &Catalog,
     format: OutputFormat,
+    mode: BurstableCpu,
 ) -> Result<(String, Vec<String>), SimulateError> {
     let manifests = load_paths(paths)?;
     let instance_types = catalog.load()?;
-    let (report, mut warnings) = simulate(&manifests, &instance_types)?;
+    let (report, mut warnings) = simulate(&manifests, &instance_types, mode)?;
     let mut all = manifests.warnings.clone();
     all.append(&mut warnings);
     Ok((render(&report, format)?, all))

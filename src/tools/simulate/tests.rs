@@ -56,7 +56,8 @@ fn manifests(docs: &[&str]) -> Manifests {
 fn anti_affinity_deployment_gets_one_claim_per_pod_and_huge_pod_is_unschedulable() {
     let m = manifests(&[NODEPOOL, DEPLOYMENT, HUGE]);
     let (report, warnings) =
-        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
+        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types(), BurstableCpu::default())
+            .expect("simulates");
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(report.node_claims.len(), 3);
     let mut pods: Vec<String> = report.node_claims.iter().flat_map(|c| c.pods.clone()).collect();
@@ -104,7 +105,9 @@ spec:
   containers: [{name: c, resources: {requests: {cpu: '1'}}}]
 ";
     let m = manifests(&[NODEPOOL, node, bound, small]);
-    let (report, _) = simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
+    let (report, _) =
+        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types(), BurstableCpu::default())
+            .expect("simulates");
     assert!(report.node_claims.is_empty());
     assert_eq!(report.existing_placements.len(), 1);
     assert_eq!(report.existing_placements[0].node, "node-1");
@@ -115,7 +118,9 @@ spec:
 #[test]
 fn renders_every_format() {
     let m = manifests(&[NODEPOOL, DEPLOYMENT, HUGE]);
-    let (report, _) = simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
+    let (report, _) =
+        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types(), BurstableCpu::default())
+            .expect("simulates");
     let table = render(&report, OutputFormat::Table).expect("table");
     assert!(table.starts_with("NODEPOOL"), "{table}");
     assert!(table.contains("UNSCHEDULABLE-POD") && table.contains("TOTAL $/h:"), "{table}");
@@ -137,7 +142,8 @@ fn renders_every_format() {
 #[test]
 fn runs_the_example_directory() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/simulate");
-    let (out, warnings) = run(&[dir], &Catalog::Kwok, OutputFormat::Json).expect("runs");
+    let (out, warnings) =
+        run(&[dir], &Catalog::Kwok, OutputFormat::Json, BurstableCpu::default()).expect("runs");
     assert!(warnings.is_empty(), "{warnings:?}");
     let json: serde_json::Value = serde_json::from_str(&out).expect("valid json");
     let claims = json["nodeClaims"].as_array().cloned().unwrap_or_default();
@@ -150,7 +156,7 @@ fn runs_the_example_directory() {
 fn the_aws_catalog_schedules_on_ec2_types() {
     let m = manifests(&[NODEPOOL, DEPLOYMENT]);
     let types = Catalog::Aws.load().expect("the embedded catalog loads");
-    let (report, warnings) = simulate(&m, &types).expect("simulates");
+    let (report, warnings) = simulate(&m, &types, BurstableCpu::default()).expect("simulates");
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(report.node_claims.len(), 3);
     assert!(report.unschedulable.is_empty());
@@ -226,7 +232,8 @@ spec:
 ";
     let m = manifests(&[NODEPOOL, volumes, pods]);
     let (report, warnings) =
-        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
+        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types(), BurstableCpu::default())
+            .expect("simulates");
     assert!(warnings.is_empty() && m.warnings.is_empty(), "{warnings:?} {:?}", m.warnings);
     let zone_of = |pod: &str| {
         report.node_claims.iter().find(|c| c.pods.iter().any(|p| p == pod)).map(|c| c.zone.clone())
@@ -255,7 +262,9 @@ spec:
       containers: [{name: c, resources: {requests: {cpu: 100m, memory: 128Mi}}}]
 ";
     let m = manifests(&[NODEPOOL, small]);
-    let (report, _) = simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types()).expect("simulates");
+    let (report, _) =
+        simulate(&m, &crate::cloudprovider::catalog::kwok_instance_types(), BurstableCpu::default())
+            .expect("simulates");
     let table = render(&report, OutputFormat::Table).expect("table");
     let claim = &report.node_claims[0];
     assert!(claim.pods.len() > 5, "{claim:?}");
@@ -283,7 +292,29 @@ spec:
 #[test]
 fn a_plan_with_no_new_nodeclaims_costs_zero_not_minus_zero() {
     let m = manifests(&[NODEPOOL]);
-    let (report, _) = simulate(&m, &Catalog::Kwok.load().unwrap()).expect("simulates");
+    let (report, _) =
+        simulate(&m, &Catalog::Kwok.load().unwrap(), BurstableCpu::default()).expect("simulates");
     assert!(report.total_price_per_hour.is_sign_positive(), "{}", report.total_price_per_hour);
     assert!(report.to_table().contains("TOTAL $/h: 0.0000"), "{}", report.to_table());
+}
+
+/// The command plans burstable types as `BURSTABLE_CPU` says: the full-cost example's pods run
+/// above a t3a's baseline, so `baseline` plans no T type and `ignore` (upstream's rule) does.
+#[test]
+fn burstable_types_are_planned_as_the_setting_says() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/full-cost");
+    let types = |mode| -> Vec<String> {
+        let (out, _) = run(std::slice::from_ref(&dir), &Catalog::Aws, OutputFormat::Json, mode).expect("runs");
+        let report: serde_json::Value = serde_json::from_str(&out).expect("json");
+        report["nodeClaims"]
+            .as_array()
+            .expect("claims")
+            .iter()
+            .filter_map(|c| c["instanceType"].as_str().map(str::to_string))
+            .collect()
+    };
+    let baseline = types(BurstableCpu::Baseline);
+    assert!(!baseline.is_empty() && baseline.iter().all(|t| !t.starts_with('t')), "{baseline:?}");
+    let ignore = types(BurstableCpu::Ignore);
+    assert!(ignore.iter().any(|t| t.starts_with('t')), "{ignore:?}");
 }
