@@ -304,7 +304,8 @@ fn a_plan_with_no_new_nodeclaims_costs_zero_not_minus_zero() {
 fn burstable_types_are_planned_as_the_setting_says() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/full-cost");
     let types = |mode| -> Vec<String> {
-        let (out, _) = run(std::slice::from_ref(&dir), &Catalog::Aws, OutputFormat::Json, mode).expect("runs");
+        let (out, _) =
+            run(std::slice::from_ref(&dir), &Catalog::Aws, OutputFormat::Json, mode).expect("runs");
         let report: serde_json::Value = serde_json::from_str(&out).expect("json");
         report["nodeClaims"]
             .as_array()
