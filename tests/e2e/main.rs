@@ -1805,6 +1805,12 @@ spec:
         pods.get("windows").await.is_ok_and(|p| is_running(&p))
     })
     .await;
+    // The pod may run a moment before the NodeClaim's status names its node.
+    wait_for("the Windows NodeClaim registered", Duration::from_secs(30), controller, || async {
+        let listed = claims.list(&selector).await.map(|l| l.items).unwrap_or_default();
+        listed.iter().any(|c| c.status.as_ref().is_some_and(|s| s.node_name.is_some()))
+    })
+    .await;
     let listed = claims.list(&selector).await.unwrap().items;
     assert_eq!(listed.len(), 1, "{listed:?}");
     let claim = &listed[0];
