@@ -1,14 +1,18 @@
-//! NodeOverlays in the instance types every decision sees: [`Overlaid`] decorates the one
-//! [`CloudProvider`] so that a NodePool's instance types come with the overlays applied, from the
-//! [`Overlays`] the NodeOverlay controller keeps current. The controller itself reads the
-//! undecorated provider, as upstream's does.
+//! What the cluster changes in the instance types every decision sees: [`Overlaid`] decorates the
+//! one [`CloudProvider`] so that a NodePool's instance types come with its [`Adjustments`]
+//! applied: the NodeOverlays, from the [`Overlays`] the NodeOverlay controller keeps current, then
+//! the extended resources the NodePool learned from its nodes ([`crate::scheduling::learned`]),
+//! which only add what a type still lacks. The NodeOverlay controller reads the provider without
+//! either, as upstream's does; the learned-resources controller reads it with the overlays only.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use super::{BoxFuture, CloudProvider, DriftReason, Instance, Result};
 use crate::apis::{NodeClaim, NodePool};
 use crate::scheduling::InstanceType;
-use crate::scheduling::overlay::OverlayStore;
+use crate::scheduling::learned::Learned;
+use crate::scheduling::overlay::{AwaitingEvaluation, OverlayStore};
 
 /// The latest evaluation of the NodeOverlays, shared by the controller that writes it and the
 /// readers that apply it.
@@ -42,16 +46,95 @@ impl Overlays {
     }
 }
 
-/// A provider whose instance types carry the NodeOverlays.
+/// What every NodePool learned, as its learned-resources controller last read (and wrote) it: the
+/// launches read it, since a NodeClaim names its NodePool but does not carry it. Decisions read
+/// the NodePool's own annotation, which is as current as the NodePool they plan with.
+#[derive(Debug, Default)]
+pub struct LearnedStore(RwLock<Arc<BTreeMap<String, Learned>>>);
+
+impl LearnedStore {
+    /// Nothing learned yet.
+    pub fn new() -> Arc<Self> {
+        Arc::new(LearnedStore::default())
+    }
+
+    /// What `pool` learned.
+    pub fn of_pool(&self, pool: &str) -> Option<Learned> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).get(pool).cloned()
+    }
+
+    /// Replaces what every NodePool learned; whether it changed.
+    pub fn replace(&self, learned: BTreeMap<String, Learned>) -> bool {
+        let mut current = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if **current == learned {
+            return false;
+        }
+        *current = Arc::new(learned);
+        true
+    }
+}
+
+/// What the cluster changes in the instance types, each part present when it is on: the
+/// NodeOverlays (the `NodeOverlay` gate) and the learned extended resources.
+#[derive(Clone, Debug, Default)]
+pub struct Adjustments {
+    /// The NodeOverlays' evaluation.
+    pub overlays: Option<Arc<Overlays>>,
+    /// What the NodePools learned, for launches.
+    pub learned: Option<Arc<LearnedStore>>,
+}
+
+impl Adjustments {
+    /// Whether nothing is adjusted.
+    pub fn is_empty(&self) -> bool {
+        self.overlays.is_none() && self.learned.is_none()
+    }
+
+    /// The instance types of `node_pool`, as decisions see them: the overlays, then what the
+    /// NodePool's annotation says it learned (an annotation that cannot be read adds nothing;
+    /// the learned-resources controller reports it).
+    pub fn for_nodepool(
+        &self,
+        node_pool: &NodePool,
+        types: Vec<Arc<InstanceType>>,
+    ) -> std::result::Result<Vec<Arc<InstanceType>>, AwaitingEvaluation> {
+        let name = node_pool.metadata.name.as_deref().unwrap_or_default();
+        let types = match &self.overlays {
+            Some(overlays) => overlays.current().apply(name, types)?,
+            None => types,
+        };
+        Ok(match &self.learned {
+            Some(_) => Learned::of_nodepool(node_pool).map(|l| l.apply(types.clone())).unwrap_or(types),
+            None => types,
+        })
+    }
+
+    /// `types` as a launch for the NodePool `pool` sees them: the overlays (when the NodePool was
+    /// evaluated; a standalone claim, or one whose NodePool is gone, gets the provider's own
+    /// figures), then what the NodePool learned.
+    pub fn for_launch(&self, pool: Option<&str>, types: &[Arc<InstanceType>]) -> Vec<Arc<InstanceType>> {
+        let Some(pool) = pool else { return types.to_vec() };
+        let types = match &self.overlays {
+            Some(overlays) => overlays.for_launch(Some(pool), types),
+            None => types.to_vec(),
+        };
+        match self.learned.as_ref().and_then(|l| l.of_pool(pool)) {
+            Some(learned) => learned.apply(types),
+            None => types,
+        }
+    }
+}
+
+/// A provider whose instance types carry the [`Adjustments`].
 pub struct Overlaid {
     inner: Arc<dyn CloudProvider>,
-    overlays: Arc<Overlays>,
+    adjustments: Adjustments,
 }
 
 impl Overlaid {
-    /// Decorates `inner` with `overlays`.
-    pub fn new(inner: Arc<dyn CloudProvider>, overlays: Arc<Overlays>) -> Self {
-        Overlaid { inner, overlays }
+    /// Decorates `inner` with `adjustments`.
+    pub fn new(inner: Arc<dyn CloudProvider>, adjustments: Adjustments) -> Self {
+        Overlaid { inner, adjustments }
     }
 }
 
@@ -78,8 +161,7 @@ impl CloudProvider for Overlaid {
     ) -> BoxFuture<'a, Result<Vec<Arc<InstanceType>>>> {
         Box::pin(async move {
             let types = self.inner.instance_types(node_pool).await?;
-            let name = node_pool.metadata.name.as_deref().unwrap_or_default();
-            Ok(self.overlays.current().apply(name, types)?)
+            Ok(self.adjustments.for_nodepool(node_pool, types)?)
         })
     }
 
@@ -108,5 +190,43 @@ impl CloudProvider for Overlaid {
 
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apis::NodeOverlay;
+    use crate::disruption::tests::catalog;
+    use crate::scheduling::overlay::{PoolTypes, evaluate};
+
+    #[test]
+    fn a_launch_sees_the_overlays_then_what_its_nodepool_learned() {
+        let overlay: NodeOverlay = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay", "metadata": {"name": "fuse"},
+            "spec": {"requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["small"]}],
+                "capacity": {"example.com/fuse": "4"}}}))
+        .unwrap();
+        let types = catalog();
+        let labels = BTreeMap::new();
+        let pools = [PoolTypes { name: "default", labels: &labels, types: &types }];
+        let overlays = Overlays::new();
+        overlays.replace(evaluate([&overlay], &pools).store);
+        let learned = LearnedStore::new();
+        let taught =
+            Learned::parse(r#"{"small":{"example.com/fuse":"20"},"large":{"example.com/fuse":"8"}}"#)
+                .unwrap();
+        assert!(learned.replace(BTreeMap::from([("default".to_string(), taught)])));
+        let adjustments = Adjustments { overlays: Some(overlays), learned: Some(learned) };
+        let fuse = |types: &[Arc<InstanceType>], name: &str| {
+            types.iter().find(|t| t.name == name).unwrap().capacity.get("example.com/fuse")
+        };
+        let launched = adjustments.for_launch(Some("default"), &types);
+        assert_eq!(fuse(&launched, "small"), 4, "the overlay wins");
+        assert_eq!(fuse(&launched, "large"), 8, "learned where the type lacks it");
+        let standalone = adjustments.for_launch(None, &types);
+        assert_eq!((fuse(&standalone, "small"), fuse(&standalone, "large")), (0, 0));
+        let other = adjustments.for_launch(Some("other"), &types);
+        assert_eq!(fuse(&other, "large"), 0, "what one NodePool learned is its own");
     }
 }

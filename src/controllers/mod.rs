@@ -9,6 +9,7 @@ pub mod departures;
 pub mod disruption;
 pub mod events;
 pub mod kit;
+pub mod learned;
 pub mod node;
 pub mod nodeclaim;
 pub mod nodeoverlay;

@@ -16,7 +16,7 @@ use super::server::{self, Readiness};
 use super::settings::{CloudProviderKind, Settings};
 use crate::cloudprovider::aws::provider::{AwsClients, AwsCloudProvider, Options};
 use crate::cloudprovider::metered::Metered;
-use crate::cloudprovider::overlay::{Overlaid, Overlays};
+use crate::cloudprovider::overlay::{Adjustments, LearnedStore, Overlaid, Overlays};
 use crate::cloudprovider::{CloudProvider, ProviderControllers};
 use crate::controllers::{self, Context, Events};
 use crate::metrics::Metrics;
@@ -164,18 +164,23 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         tokio::spawn(super::memory::run(limit, stop.clone()));
     }
 
-    let overlays = settings.feature_gates.node_overlay.then(Overlays::new);
-    let (cloud, provider_controllers) = cloud_provider(&settings, &client, overlays.as_ref()).await?;
-    let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
-    // With the NodeOverlay gate, every decision sees the overlays; their controller alone reads
-    // the provider's own figures.
-    let (cloud, overlays) = match overlays {
-        Some(overlays) => {
-            let overlaid: Arc<dyn CloudProvider> = Arc::new(Overlaid::new(cloud.clone(), overlays.clone()));
-            (overlaid, Some(OverlaySource { cloud, overlays }))
-        }
-        None => (cloud, None),
+    let adjustments = Adjustments {
+        overlays: settings.feature_gates.node_overlay.then(Overlays::new),
+        learned: settings.learn_extended_resources.then(LearnedStore::new),
     };
+    let (cloud, provider_controllers) = cloud_provider(&settings, &client, &adjustments).await?;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(Metered::new(cloud, metrics.clone()));
+    // Every decision sees the adjustments; the NodeOverlay controller alone reads the provider's
+    // own figures, and the learned-resources controller the overlays without what was learned.
+    let overlays =
+        adjustments.overlays.clone().map(|overlays| OverlaySource { cloud: cloud.clone(), overlays });
+    let learned = adjustments.learned.clone().map(|learned| {
+        let only_overlays = Adjustments { overlays: adjustments.overlays.clone(), learned: None };
+        let cloud: Arc<dyn CloudProvider> = Arc::new(Overlaid::new(cloud.clone(), only_overlays));
+        LearnedSource { cloud, learned }
+    });
+    let cloud: Arc<dyn CloudProvider> =
+        if adjustments.is_empty() { cloud } else { Arc::new(Overlaid::new(cloud, adjustments)) };
     let identity = identity();
     let events = Events::new(client.clone(), Some(identity.clone()));
     let ctx = Context {
@@ -252,7 +257,11 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             tracing::info!("cluster state synced");
         }
         outcome = if synced {
-            let parts = Parts { provider: provider_controllers.as_ref(), overlays: overlays.as_ref() };
+            let parts = Parts {
+                provider: provider_controllers.as_ref(),
+                overlays: overlays.as_ref(),
+                learned: learned.as_ref(),
+            };
             lead(&ctx, &settings, &state, parts, watches, &stop, &mut leading).await
         } else if *leading.borrow() {
             Ok(()) // stopped while syncing
@@ -331,11 +340,20 @@ async fn lead(
 }
 
 /// What the controllers run with besides the context: the cloud provider's own controllers, and
-/// with the NodeOverlay gate, what the overlay controller reads and writes.
+/// with the NodeOverlay gate, what the overlay controller reads and writes, and what the
+/// learned-resources controller reads and writes.
 #[derive(Clone, Copy)]
 struct Parts<'a> {
     provider: &'a dyn ProviderControllers,
     overlays: Option<&'a OverlaySource>,
+    learned: Option<&'a LearnedSource>,
+}
+
+/// The learned-resources controller's inputs: the provider with the NodeOverlays only, and what
+/// it keeps current for the launches.
+struct LearnedSource {
+    cloud: Arc<dyn CloudProvider>,
+    learned: Arc<LearnedStore>,
 }
 
 /// The NodeOverlay controller's inputs: the provider without overlays, and the evaluation it
@@ -452,6 +470,18 @@ fn start_controllers(
             ),
         );
     }
+    if let Some(source) = parts.learned {
+        tasks.spawn(
+            controllers::learned::CONTROLLER,
+            controllers::learned::run(
+                ctx.clone(),
+                source.cloud.clone(),
+                source.learned.clone(),
+                state.clone(),
+                stop.clone(),
+            ),
+        );
+    }
     if controllers::node::health::enabled(ctx) {
         tasks.spawn(
             controllers::node::health::CONTROLLER,
@@ -503,7 +533,7 @@ async fn signals(stop: watch::Sender<bool>) {
 fn kwok_provider(
     client: kube::Client,
     settings: &Settings,
-    overlays: Option<&Arc<Overlays>>,
+    adjustments: &Adjustments,
 ) -> Result<crate::cloudprovider::kwok::KwokCloudProvider, crate::cloudprovider::kwok::KwokError> {
     let types = match &settings.kwok_instance_types {
         crate::cloudprovider::catalog::Catalog::Aws => {
@@ -519,21 +549,18 @@ fn kwok_provider(
     };
     let provider =
         crate::cloudprovider::kwok::KwokCloudProvider::new(client, types, settings.kwok_registration_delay);
-    Ok(match overlays {
-        Some(overlays) => provider.with_overlays(overlays.clone()),
-        None => provider,
-    })
+    Ok(provider.with_adjustments(adjustments.clone()))
 }
 
 /// The cloud provider the settings ask for, and its own controllers.
 async fn cloud_provider(
     settings: &Settings,
     client: &kube::Client,
-    overlays: Option<&Arc<Overlays>>,
+    adjustments: &Adjustments,
 ) -> Result<(Arc<dyn CloudProvider>, Box<dyn ProviderControllers>), RunError> {
     match settings.cloud_provider {
         CloudProviderKind::Kwok => {
-            let provider = kwok_provider(client.clone(), settings, overlays)
+            let provider = kwok_provider(client.clone(), settings, adjustments)
                 .map_err(|e| RunError::CloudProvider { provider: "kwok", source: Box::new(e) })?;
             Ok((Arc::new(provider), Box::new(crate::cloudprovider::kwok::controllers::Controllers)))
         }
@@ -569,7 +596,7 @@ async fn cloud_provider(
             options.burstable_cpu = settings.burstable_cpu;
             options.vm_memory_overhead_percent = settings.vm_memory_overhead_percent;
             options.kube_dns_ip = crate::cloudprovider::aws::provider::kube_dns_ip(client).await;
-            options.overlays = overlays.cloned();
+            options.adjustments = adjustments.clone();
             let provider = Arc::new(AwsCloudProvider::new(clients, options).await.map_err(fail)?);
             let controllers = crate::cloudprovider::aws::controllers::Controllers {
                 provider: provider.clone(),

@@ -128,6 +128,12 @@ pub struct Settings {
     /// (karpenter-rs only; upstream plans such pods as if they had none).
     #[arg(long, env = "DEFAULT_POD_TOPOLOGY_SPREAD", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
     pub default_pod_topology_spread: bool,
+    /// Teach each NodePool's instance types the extended resources (device plugins' `vendor/name`
+    /// resources, huge pages) that its registered nodes report and the types lack, keep them in
+    /// the NodePool's `karpenter-rs.dev/learned-resources` annotation, and provision for pods
+    /// that request them (karpenter-rs only; upstream leaves such pods pending).
+    #[arg(long, env = "LEARN_EXTENDED_RESOURCES", default_value_t = true, action = clap::ArgAction::Set, value_parser = BoolishValueParser::new())]
+    pub learn_extended_resources: bool,
     /// A KubeSchedulerConfiguration file: the PodTopologySpread args of its default profile give
     /// the default spreads, as they do kube-scheduler's; empty, kube-scheduler's built-in ones
     /// (karpenter-rs only).
@@ -425,6 +431,7 @@ impl Settings {
             ("fewerNodesMargin", format!("{}%", self.fewer_nodes_margin * 100.0)),
             ("defaultPodTopologySpread", self.default_pod_topology_spread.to_string()),
             ("kubeSchedulerConfig", self.kube_scheduler_config.clone()),
+            ("learnExtendedResources", self.learn_extended_resources.to_string()),
             ("consolidationPreferencePolicy", format!("{:?}", self.consolidation_preference_policy)),
         ])
     }
@@ -571,7 +578,7 @@ mod tests {
     #[test]
     fn default_spreads_come_from_kube_schedulers_defaults_or_its_configuration() {
         let s = parse(&["--cluster-name", "demo"]).unwrap();
-        assert!(s.default_pod_topology_spread);
+        assert!(s.default_pod_topology_spread && s.learn_extended_resources);
         assert_eq!(*s.controllers().unwrap().default_spread, DefaultSpread::builtin());
         let off = parse(&["--cluster-name", "demo", "--default-pod-topology-spread", "false"]).unwrap();
         assert_eq!(off.default_spread(), Ok(DefaultSpread::none()));

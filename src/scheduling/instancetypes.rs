@@ -214,6 +214,17 @@ impl InstanceType {
         }
     }
 
+    /// This type with `extra` added to its capacity (each resource set to the amount given; the
+    /// NodeOverlays' marks kept).
+    pub fn with_capacity(&self, extra: &BTreeMap<String, i64>) -> Self {
+        let mut capacity = self.capacity.clone();
+        for (name, value) in extra {
+            capacity.set(name, *value);
+        }
+        let allocatable = capacity.sub(&self.overhead.total());
+        InstanceType { capacity, allocatable, ..self.clone() }
+    }
+
     /// This type with `overhead` instead of its own (the NodeOverlays' marks kept).
     pub fn with_overhead(&self, overhead: Overhead) -> Self {
         let allocatable = self.capacity.sub(&overhead.total());

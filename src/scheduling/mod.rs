@@ -46,6 +46,7 @@ pub mod daemonsets;
 pub mod defaultspread;
 pub mod hostports;
 pub mod instancetypes;
+pub mod learned;
 pub mod overlay;
 pub mod requirements;
 pub mod reservations;

@@ -233,7 +233,7 @@ pub fn format_quantity(resource: &str, value: i64) -> String {
     if resource == CPU {
         return if value % 1000 == 0 { (value / 1000).to_string() } else { format!("{value}m") };
     }
-    if resource == MEMORY || resource == EPHEMERAL_STORAGE {
+    if resource == MEMORY || resource == EPHEMERAL_STORAGE || resource.starts_with("hugepages-") {
         for (suffix, unit) in [("Ti", 1i64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
             if value != 0 && value % unit == 0 {
                 return format!("{}{suffix}", value / unit);

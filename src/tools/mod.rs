@@ -209,7 +209,7 @@ impl Live {
         let snapshot = self.state.snapshot();
         let zones = cluster_zones(&snapshot);
         let snapshot = with_catalog(snapshot, &in_zones(&self.types, &zones), self.burstable_cpu);
-        with_buffers_placed(with_overlays(snapshot, &self.overlays.state()))
+        with_buffers_placed(with_learned(with_overlays(snapshot, &self.overlays.state())))
     }
 }
 
@@ -404,6 +404,43 @@ pub fn with_reservations(
         .collect()
 }
 
+/// `snapshot` with what each NodePool learned from its nodes (its
+/// `karpenter-rs.dev/learned-resources` annotation) added to its instance types, as the
+/// controller adds it.
+pub fn with_learned(snapshot: Snapshot) -> Snapshot {
+    let learned: BTreeMap<String, crate::scheduling::learned::Learned> = snapshot
+        .nodepools
+        .iter()
+        .filter_map(|np| {
+            let learned = crate::scheduling::learned::Learned::of_nodepool(np).ok()?;
+            (!learned.is_empty()).then(|| (np.metadata.name.clone().unwrap_or_default(), learned))
+        })
+        .collect();
+    if learned.is_empty() {
+        return snapshot;
+    }
+    map_pool_types(snapshot, |pool, types| match learned.get(pool) {
+        Some(l) => l.apply(types.clone()),
+        None => types.clone(),
+    })
+}
+
+/// `snapshot` with each NodePool's instance types replaced by `change` (pool, types); the types
+/// of nodes keep their prices whatever NodePools exist, as `with_catalog` keeps them.
+fn map_pool_types(
+    snapshot: Snapshot,
+    change: impl Fn(&str, &Vec<Arc<InstanceType>>) -> Vec<Arc<InstanceType>>,
+) -> Snapshot {
+    let pool_types: BTreeMap<String, Vec<Arc<InstanceType>>> =
+        snapshot.pool_types.iter().map(|(pool, types)| (pool.clone(), change(pool, types))).collect();
+    let by_name = snapshot.types_by_name.clone();
+    let mut snapshot = snapshot.with_instance_types(pool_types);
+    for (name, t) in by_name {
+        snapshot.types_by_name.entry(name).or_insert(t);
+    }
+    snapshot
+}
+
 /// `snapshot` with its NodePools' instance types changed by `overlays`: those the controller has
 /// evaluated and applies (`Ready=True`; the controller writes no condition without its
 /// `NodeOverlay` gate, so a cluster that does not use them is priced with the catalog).
@@ -427,21 +464,9 @@ pub fn with_overlays(snapshot: Snapshot, overlays: &[Arc<NodeOverlay>]) -> Snaps
             Some((np.as_ref(), types.as_slice()))
         }),
     );
-    let pool_types: BTreeMap<String, Vec<Arc<InstanceType>>> = snapshot
-        .pool_types
-        .iter()
-        .map(|(pool, types)| {
-            let overlaid = evaluation.store.apply(pool, types.clone()).unwrap_or_else(|_| types.clone());
-            (pool.clone(), overlaid)
-        })
-        .collect();
-    let by_name = snapshot.types_by_name.clone();
-    let mut snapshot = snapshot.with_instance_types(pool_types);
-    // Prices of nodes whatever NodePools exist, as `with_catalog` keeps them.
-    for (name, t) in by_name {
-        snapshot.types_by_name.entry(name).or_insert(t);
-    }
-    snapshot
+    map_pool_types(snapshot, |pool, types| {
+        evaluation.store.apply(pool, types.clone()).unwrap_or_else(|_| types.clone())
+    })
 }
 
 /// Renders `value` as JSON or YAML.
@@ -516,6 +541,31 @@ mod tests {
         let applied = with_overlays(snapshot, &[overlay("applied", "True"), overlay("pending", "False")]);
         assert_eq!(priced(&applied), 0.01);
         assert!(applied.types_by_name.contains_key("small"));
+    }
+
+    #[test]
+    fn the_tools_plan_with_what_the_nodepools_learned() {
+        let pool: crate::apis::NodePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "default", "annotations": {
+                "karpenter-rs.dev/learned-resources": r#"{"small":{"example.com/fuse":"20"}}"#}},
+            "spec": {"template": {"spec": {"requirements": [],
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"}}}}}))
+        .unwrap();
+        let snapshot = Snapshot { nodepools: vec![Arc::new(pool)], ..Snapshot::default() }
+            .with_instance_types([("default".to_string(), catalog())].into());
+        let fuse = |s: &Snapshot, name: &str| {
+            s.pool_types["default"]
+                .iter()
+                .find(|t| t.name == name)
+                .unwrap()
+                .allocatable()
+                .get("example.com/fuse")
+        };
+        assert_eq!(fuse(&snapshot, "small"), 0);
+        let learned = with_learned(snapshot);
+        assert_eq!(fuse(&learned, "small"), 20);
+        assert_eq!(fuse(&learned, "large"), 0, "only the type that learned it");
     }
 
     #[test]

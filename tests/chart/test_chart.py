@@ -254,6 +254,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
             "settings.burstableCPU=unlimited",
             "settings.fewerNodesMargin=0",
             "settings.defaultPodTopologySpread=false",
+            "settings.learnExtendedResources=false",
             "settings.kubeSchedulerConfig=/etc/karpenter/scheduler.yaml",
             "settings.consolidationPreferencePolicy=Respect",
             "settings.batchMaxDuration=20s",
@@ -296,6 +297,7 @@ def test_every_setting_maps_to_its_upstream_env_var() -> None:
     assert env["FEWER_NODES_MARGIN"] == "0"
     # False is a choice here (the controller's default is true), so it is set.
     assert env["DEFAULT_POD_TOPOLOGY_SPREAD"] == "false"
+    assert env["LEARN_EXTENDED_RESOURCES"] == "false"
     assert env["KUBE_SCHEDULER_CONFIG"] == "/etc/karpenter/scheduler.yaml"
     assert env["CONSOLIDATION_PREFERENCE_POLICY"] == "Respect"
     assert env["BATCH_MAX_DURATION"] == "20s"

@@ -3081,6 +3081,67 @@ async fn preferences_yield_in_consolidation_with_kwok() {
     controller.release();
 }
 
+/// Extended resources learned from a node (kwok provider): a pod that requests a resource no
+/// instance type has stays pending; once a node of the NodePool reports it (as a device plugin
+/// would), the NodePool's annotation records it for the node's type, and the pod gets a node of
+/// that type, which comes with the resource.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn extended_resources_learned_with_kwok() {
+    let f = Fixture::new("learn").await;
+    let controller = Shared::kwok().await;
+    f.apply_class_and_pool(100).await;
+    f.apply_deployment("base", 1, "250m", "256Mi", json!({})).await;
+    f.wait_running(1, Duration::from_secs(120), &controller).await;
+    let first = f.nodes().await.into_iter().next().unwrap();
+    let first_type = first.labels()["node.kubernetes.io/instance-type"].clone();
+
+    // Not on the first node: it would take the pod once it has the resource.
+    let fuse = json!({
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {
+            "requests": {"cpu": "250m", "memory": "256Mi", "example.com/fuse": "1"},
+            "limits": {"example.com/fuse": "1"}}}],
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "base"}}}]}}
+    });
+    f.apply_deployment("fuse", 1, "250m", "256Mi", fuse).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(f.claims().await.len(), 1, "no instance type has example.com/fuse yet");
+
+    let status = json!({"status": {"capacity": {"example.com/fuse": "20"}, "allocatable": {"example.com/fuse": "20"}}});
+    Api::<Node>::all(f.client.clone())
+        .patch_status(&first.name_any(), &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let pools = Api::<karpenter::apis::NodePool>::all(f.client.clone());
+    wait_for("the NodePool learns the resource", Duration::from_secs(60), &controller, || async {
+        let pool = pools.get(&f.pool).await.unwrap();
+        let text = pool.annotations().get("karpenter-rs.dev/learned-resources").cloned().unwrap_or_default();
+        let learned: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        learned[&first_type]["example.com/fuse"] == "20"
+    })
+    .await;
+    f.wait_running(2, Duration::from_secs(120), &controller).await;
+    let claims = f.claims().await;
+    assert_eq!(claims.len(), 2);
+    for claim in &claims {
+        assert_eq!(
+            claim.labels()["node.kubernetes.io/instance-type"],
+            first_type,
+            "only the type that learned it"
+        );
+    }
+    assert!(f.logged(&controller, "learned extended resources from nodes"), "{}", controller.log_tail());
+    for name in ["base", "fuse"] {
+        Api::<Deployment>::namespaced(f.client.clone(), &f.ns)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    f.cleanup().await;
+    controller.release();
+}
+
 /// Disruption (kwok provider): a stale disrupted taint and condition are healed; a `nodes: "0"`
 /// budget holds empty nodes; a do-not-disrupt pod
 /// and a do-not-disrupt node each hold theirs with a `DisruptionBlocked` event while the other

@@ -156,10 +156,12 @@ impl AwsCloudProvider {
     async fn claim_instance_types(&self, claim: &Claim<'_>) -> Result<Wanted> {
         let (reqs, requests) = crate::cloudprovider::claim_requirements(claim.node_claim, &claim.name)?;
         let mut types = self.instance_types_for_class(&claim.class).await?;
-        if let Some(overlays) = &self.options.overlays {
+        if !self.options.adjustments.is_empty() {
             let pool = claim.node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL));
             let shared: Vec<Arc<InstanceType>> = types.into_iter().map(Arc::new).collect();
-            types = overlays
+            types = self
+                .options
+                .adjustments
                 .for_launch(pool.map(String::as_str), &shared)
                 .into_iter()
                 .map(Arc::unwrap_or_clone)

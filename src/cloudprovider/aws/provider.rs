@@ -128,9 +128,10 @@ pub struct Options {
     /// No dry-run validation of EC2NodeClasses (`DISABLE_DRY_RUN`): their `ValidationSucceeded`
     /// is True without a call (see [`super::validation`]).
     pub disable_dry_run: bool,
-    /// The NodeOverlays (`NodeOverlay` gate): a launch weighs its claim's instance types as the
-    /// overlays of its NodePool price them, as the decision that planned it did.
-    pub overlays: Option<Arc<crate::cloudprovider::overlay::Overlays>>,
+    /// The NodeOverlays (`NodeOverlay` gate) and the learned extended resources: a launch sees
+    /// its claim's instance types as its NodePool's adjustments leave them, as the decision that
+    /// planned it did.
+    pub adjustments: crate::cloudprovider::overlay::Adjustments,
     /// The `ReservedCapacity` gate: EC2NodeClasses resolve their capacity reservations into
     /// `status.capacityReservations`, which the scheduler sees as `reserved` offerings and
     /// launches into.
@@ -153,7 +154,7 @@ impl Options {
             node_class_refresh: NODE_CLASS_REFRESH,
             kube_dns_ip: None,
             disable_dry_run: false,
-            overlays: None,
+            adjustments: Default::default(),
             reserved_capacity: true,
             burstable_cpu: BurstableCpu::default(),
         }

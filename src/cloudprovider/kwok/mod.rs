@@ -88,7 +88,7 @@ pub struct KwokCloudProvider {
     instance_types: Arc<Vec<Arc<InstanceType>>>,
     registration_delay: Duration,
     pending: Pending,
-    overlays: Option<Arc<crate::cloudprovider::overlay::Overlays>>,
+    adjustments: crate::cloudprovider::overlay::Adjustments,
 }
 
 impl std::fmt::Debug for KwokCloudProvider {
@@ -109,14 +109,14 @@ impl KwokCloudProvider {
             instance_types: Arc::new(instance_types),
             registration_delay,
             pending: Arc::default(),
-            overlays: None,
+            adjustments: Default::default(),
         }
     }
 
-    /// Launches weigh a claim's instance types as the NodeOverlays of its NodePool price them
-    /// (`NodeOverlay` gate), as the decision that planned the claim did.
-    pub fn with_overlays(mut self, overlays: Arc<crate::cloudprovider::overlay::Overlays>) -> Self {
-        self.overlays = Some(overlays);
+    /// Launches see a claim's instance types as its NodePool's adjustments leave them (the
+    /// NodeOverlays, the learned extended resources), as the decision that planned the claim did.
+    pub fn with_adjustments(mut self, adjustments: crate::cloudprovider::overlay::Adjustments) -> Self {
+        self.adjustments = adjustments;
         self
     }
 
@@ -163,13 +163,12 @@ impl KwokCloudProvider {
 
         let (reqs, requests) = claim_requirements(node_claim, &claim_name)?;
         let overlaid;
-        let types: &[Arc<InstanceType>] = match &self.overlays {
-            Some(overlays) => {
-                let pool = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL));
-                overlaid = overlays.for_launch(pool.map(String::as_str), &self.instance_types);
-                &overlaid
-            }
-            None => &self.instance_types,
+        let types: &[Arc<InstanceType>] = if self.adjustments.is_empty() {
+            &self.instance_types
+        } else {
+            let pool = node_claim.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODEPOOL));
+            overlaid = self.adjustments.for_launch(pool.map(String::as_str), &self.instance_types);
+            &overlaid
         };
         let (it, offering) = select_offering(types, &claim_name, &reqs, &requests)?;
         let node = build_node(node_claim, &claim_name, it, offering)?;
