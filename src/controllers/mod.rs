@@ -19,6 +19,7 @@ pub mod provisioning;
 pub mod settings;
 pub mod snapshot;
 pub mod status_metrics;
+pub mod surge;
 
 use std::sync::Arc;
 
@@ -45,6 +46,8 @@ pub struct Context {
     pub events: Events,
     /// The disruption controller's latest per-node decisions, served on the metrics port.
     pub decisions: crate::disruption::record::Decisions,
+    /// Whether surges of opted-in workloads may be under way.
+    pub surges: Arc<surge::Surges>,
 }
 
 impl std::fmt::Debug for Context {

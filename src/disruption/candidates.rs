@@ -22,6 +22,7 @@ use crate::state::StateNode;
 use crate::state::pods::{self, DoNotDisrupt};
 
 use super::record::{Code, Why};
+use super::surge;
 
 /// Why a node is not a disruption candidate; its message is the text of its `DisruptionBlocked`
 /// event.
@@ -107,6 +108,10 @@ pub fn check(
     }
     for pod in node.pdb_relevant_pods(now) {
         if let Some(budgets) = blocking_pdbs(pod, pdbs) {
+            // An opted-in workload is surged past its one budget when the drain gets to it.
+            if surge_gets_past(pod, pdbs) {
+                continue;
+            }
             verdict.blocked = blocked(
                 Code::PodDisruptionBudget,
                 format!("Pdb prevents pod evictions (PodDisruptionBudget=[{}])", budgets.join(" ")),
@@ -137,7 +142,9 @@ pub fn moves(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>], now: Times
     })
 }
 
-fn is_fully_blocking(spec: &k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec) -> bool {
+/// Whether a budget allows no eviction whatever the number of pods (`maxUnavailable: 0`,
+/// `minAvailable: 100%`).
+pub fn is_fully_blocking(spec: &k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec) -> bool {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     let zero = |v: &IntOrString| {
         matches!(v, IntOrString::Int(0))
@@ -152,16 +159,7 @@ fn is_fully_blocking(spec: &k8s_openapi::api::policy::v1::PodDisruptionBudgetSpe
 /// the one that allows no disruption.
 pub fn blocking_pdbs(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>]) -> Option<Vec<String>> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let selecting: Vec<&PodDisruptionBudget> = pdbs
-        .iter()
-        .filter(|b| b.metadata.namespace.as_deref().unwrap_or_default() == namespace)
-        .filter(|b| {
-            let selector = b.spec.as_ref().and_then(|s| s.selector.as_ref());
-            Selector::new(selector, &Default::default(), &[], &[]).matches(&labels)
-        })
-        .map(|b| b.as_ref())
-        .collect();
+    let selecting = selecting_pdbs(pod, pdbs);
     let name =
         |b: &PodDisruptionBudget| format!("{namespace}/{}", b.metadata.name.as_deref().unwrap_or_default());
     match selecting[..] {
@@ -176,6 +174,35 @@ pub fn blocking_pdbs(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>]) ->
             (allowed <= 0 && !unhealthy_allowed).then(|| vec![name(budget)])
         }
         _ => Some(selecting.iter().map(|b| name(b)).collect()),
+    }
+}
+
+/// The PodDisruptionBudgets that select `pod`.
+fn selecting_pdbs<'a>(
+    pod: &Pod,
+    pdbs: &'a [std::sync::Arc<PodDisruptionBudget>],
+) -> Vec<&'a PodDisruptionBudget> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    pdbs.iter()
+        .filter(|b| b.metadata.namespace.as_deref().unwrap_or_default() == namespace)
+        .filter(|b| {
+            let selector = b.spec.as_ref().and_then(|s| s.selector.as_ref());
+            Selector::new(selector, &Default::default(), &[], &[]).matches(&labels)
+        })
+        .map(|b| b.as_ref())
+        .collect()
+}
+
+/// Whether a surge gets `pod` past its budget: it opted in ([`surge::surgeable`]), and one
+/// budget selects it, which allows an eviction once there is one more pod.
+pub fn surge_gets_past(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>]) -> bool {
+    if !surge::surgeable(pod) {
+        return false;
+    }
+    match selecting_pdbs(pod, pdbs)[..] {
+        [budget] => budget.spec.as_ref().is_some_and(|spec| !is_fully_blocking(spec)),
+        _ => false,
     }
 }
 
@@ -293,6 +320,45 @@ mod tests {
         // Drift of a claim with a grace period ignores them.
         let forever = pod("a", json!({}), json!({ANNOTATION_DO_NOT_DISRUPT: "true"}));
         assert_eq!(check_now(&node(vec![forever]), &[], true).blocked, None);
+    }
+
+    #[test]
+    fn an_opted_in_replica_set_under_one_budget_does_not_block() {
+        let solo = |annotations: serde_json::Value, kind: &str| {
+            let mut p = (*pod("solo-1", json!({"app": "solo"}), annotations)).clone();
+            p.metadata.owner_references = Some(vec![
+                serde_json::from_value(json!({"apiVersion": "apps/v1",
+                "kind": kind, "name": "solo", "uid": "rs", "controller": true}))
+                .unwrap(),
+            ]);
+            Arc::new(p)
+        };
+        let opted = json!({surge::ANNOTATION_SURGE_ON_DISRUPTION: "true"});
+        let budget = |spec: serde_json::Value| -> Arc<PodDisruptionBudget> {
+            let mut b = (*pdb("solo", "solo", 0, None)).clone();
+            let extra: k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec =
+                serde_json::from_value(spec).unwrap();
+            let spec = b.spec.get_or_insert_default();
+            spec.min_available = extra.min_available;
+            spec.max_unavailable = extra.max_unavailable;
+            Arc::new(b)
+        };
+        let min_one = budget(json!({"minAvailable": 1}));
+        assert_eq!(
+            blocked(&node(vec![solo(opted.clone(), "ReplicaSet")]), std::slice::from_ref(&min_one)),
+            None
+        );
+        // Without the opt-in, for a StatefulSet, under a budget that never allows an eviction,
+        // or under two budgets, it blocks as upstream.
+        let blocks = |p: Arc<Pod>, pdbs: &[Arc<PodDisruptionBudget>]| blocked(&node(vec![p]), pdbs).is_some();
+        assert!(blocks(solo(json!({}), "ReplicaSet"), std::slice::from_ref(&min_one)));
+        assert!(blocks(solo(opted.clone(), "StatefulSet"), std::slice::from_ref(&min_one)));
+        assert!(blocks(solo(opted.clone(), "ReplicaSet"), &[budget(json!({"maxUnavailable": 0}))]));
+        let second = Arc::new(PodDisruptionBudget {
+            metadata: kube::api::ObjectMeta { name: Some("other".into()), ..min_one.metadata.clone() },
+            ..(*min_one).clone()
+        });
+        assert!(blocks(solo(opted, "ReplicaSet"), &[min_one, second]));
     }
 
     #[rstest::rstest]

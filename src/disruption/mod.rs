@@ -17,6 +17,7 @@ pub mod emptiness;
 pub mod record;
 pub mod repair;
 pub mod static_capacity;
+pub mod surge;
 
 #[cfg(test)]
 pub(crate) mod tests;

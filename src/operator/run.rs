@@ -190,6 +190,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         metrics: metrics.clone(),
         events,
         decisions,
+        surges: Default::default(),
     };
 
     // Leadership. A standby holds nothing of the cluster: its memory does not grow with the
@@ -482,6 +483,7 @@ fn start_controllers(
             ),
         );
     }
+    tasks.spawn(controllers::surge::CONTROLLER, controllers::surge::run(ctx.clone(), stop.clone()));
     if controllers::node::health::enabled(ctx) {
         tasks.spawn(
             controllers::node::health::CONTROLLER,

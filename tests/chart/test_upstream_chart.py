@@ -56,6 +56,12 @@ RBAC_EXTRAS = {
     ("cluster", "", "limitranges", "*", "watch"): (
         "the LimitRange defaults of DaemonSet pods are counted on new nodes"
     ),
+    **{
+        ("cluster", "apps", resource, "*", "patch"): (
+            "opted-in workloads are surged past a budget that refuses the drain"
+        )
+        for resource in ("deployments", "replicasets")
+    },
 }
 
 VALUE_SETS = {

@@ -3142,6 +3142,108 @@ async fn extended_resources_learned_with_kwok() {
     controller.release();
 }
 
+/// Surge of a single-replica Deployment under a `minAvailable: 1` budget (kwok provider), across
+/// a crash: the Deployment opted in, so its node drifts like any other; when the drain's
+/// eviction is refused, its replicas go to 2 with the surge recorded on it. The controller is
+/// killed right then; the next one finishes the drain (the new pod is Ready elsewhere, so the
+/// budget allows the eviction) and restores the replicas to 1.
+#[tokio::test]
+#[ignore = "needs the local control plane: make test"]
+async fn single_replica_surge_across_a_restart_with_kwok() {
+    let _alone = alone().await;
+    let f = Fixture::new("surge").await;
+    let controller = Controller::start("kwok", Shared::ENV);
+    f.apply_class_and_pool(100).await;
+    let disruption =
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": "1"}]});
+    f.patch_pool(json!({"spec": {"disruption": disruption}})).await;
+    kubectl_apply(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: solo, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: solo}}}}
+  template:
+    metadata:
+      labels: {{app: solo}}
+      annotations: {{karpenter-rs.dev/surge-on-disruption: "true"}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: 250m, memory: 256Mi}}}}}}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: solo, namespace: {ns}}}
+spec:
+  minAvailable: 1
+  selector: {{matchLabels: {{app: solo}}}}
+"#,
+        ns = f.ns,
+        pool = f.pool
+    ));
+    f.wait_running(1, Duration::from_secs(120), &controller).await;
+    let old = f.pods().await.into_iter().next().unwrap();
+    let old_node = old.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+
+    f.patch_pool(json!({"spec": {"template": {"metadata": {"labels": {"e2e-drift": "v2"}}}}})).await;
+    let deployments = Api::<Deployment>::namespaced(f.client.clone(), &f.ns);
+    let surging = |d: &Deployment| d.annotations().contains_key("karpenter-rs.dev/surge");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let surged = loop {
+        let d = deployments.get("solo").await.unwrap();
+        if surging(&d) {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "no surge began\n{}", controller.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        f.logged(&controller, "surging workload past its disruption budget"),
+        "{}",
+        controller.log_tail()
+    );
+    controller.kill();
+    assert_eq!(surged.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    assert_eq!(surged.labels().get("karpenter-rs.dev/surging").map(String::as_str), Some("true"));
+    let record: serde_json::Value =
+        serde_json::from_str(&surged.annotations()["karpenter-rs.dev/surge"]).unwrap();
+    assert_eq!(
+        (record["replicas"].as_i64(), record["pod"].as_str()),
+        (Some(1), Some(old.name_any().as_str()))
+    );
+
+    let controller = Controller::start("kwok", Shared::ENV);
+    wait_for(
+        "the old node drained and the replicas restored",
+        Duration::from_secs(180),
+        &controller,
+        || async {
+            let d = deployments.get("solo").await.unwrap();
+            let pods = f.pods().await;
+            let on_old = pods
+                .iter()
+                .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(old_node.as_str()));
+            d.spec.as_ref().and_then(|s| s.replicas) == Some(1)
+                && !surging(&d)
+                && !d.labels().contains_key("karpenter-rs.dev/surging")
+                && !on_old
+                && pods.iter().filter(|p| is_running(p)).count() == 1
+        },
+    )
+    .await;
+    assert!(f.logged(&controller, "finished surge"), "{}", controller.log_tail());
+    let finished = f.ns_events("Deployment", "solo", "SurgeFinished").await;
+    assert!(finished.iter().any(|m| m.starts_with("Restored replicas to 1")), "{finished:?}");
+    wait_for("the drifted node gone", Duration::from_secs(120), &controller, || async {
+        f.nodes().await.iter().all(|n| n.name_any() != old_node)
+    })
+    .await;
+    deployments.delete("solo", &DeleteParams::default()).await.unwrap();
+    f.cleanup().await;
+}
+
 /// Disruption (kwok provider): a stale disrupted taint and condition are healed; a `nodes: "0"`
 /// budget holds empty nodes; a do-not-disrupt pod
 /// and a do-not-disrupt node each hold theirs with a `DisruptionBlocked` event while the other

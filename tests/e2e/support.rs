@@ -696,6 +696,12 @@ impl Fixture {
             .unwrap();
     }
 
+    /// The messages of events with `reason` about the object `kind`/`name` of the fixture's
+    /// namespace.
+    pub async fn ns_events(&self, kind: &str, name: &str, reason: &str) -> Vec<String> {
+        self.events_about(&self.ns, kind, name, reason).await
+    }
+
     async fn events_about(&self, namespace: &str, kind: &str, name: &str, reason: &str) -> Vec<String> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let lp = ListParams::default()

@@ -109,6 +109,7 @@ async fn run_command_with(
         metrics: metrics.clone(),
         events: Events::new(h.client.clone(), Some(h.name.clone())),
         decisions: Default::default(),
+        surges: Default::default(),
     };
     let in_flight = InFlight::default();
     in_flight.lock().unwrap().insert(h.name.clone(), true);

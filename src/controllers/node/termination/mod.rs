@@ -589,6 +589,7 @@ async fn evict(ctx: &Context, node: &str, pod: &Pod, reason: &str) -> Eviction {
     };
     let Ok(result) = tokio::time::timeout(EVICTION_WAIT, pods.evict(&name, &params)).await else {
         tracing::debug!(node, pod = %format!("{namespace}/{name}"), "eviction still refused, retrying later");
+        surge_if_opted_in(ctx, node, pod).await;
         return Eviction::Blocked;
     };
     let code = match &result {
@@ -615,6 +616,7 @@ async fn evict(ctx: &Context, node: &str, pod: &Pod, reason: &str) -> Eviction {
                 message = %status.message,
                 "eviction blocked by a disruption budget"
             );
+            surge_if_opted_in(ctx, node, pod).await;
             Eviction::Blocked
         }
         Err(error) => {
@@ -626,6 +628,14 @@ async fn evict(ctx: &Context, node: &str, pod: &Pod, reason: &str) -> Eviction {
             );
             Eviction::Blocked
         }
+    }
+}
+
+/// Surges the workload of `pod`, whose eviction its budget refuses, when it opted in
+/// (see [`crate::disruption::surge`]).
+async fn surge_if_opted_in(ctx: &Context, node: &str, pod: &Pod) {
+    if crate::disruption::surge::surgeable(pod) {
+        crate::controllers::surge::begin(ctx, node, pod).await;
     }
 }
 

@@ -204,6 +204,7 @@ impl Harness {
             metrics: metrics.clone(),
             events: Events::new(client.clone(), Some(name.clone())),
             decisions: Default::default(),
+            surges: Default::default(),
         };
         let (stop, stop_rx) = watch::channel(false);
         let (cluster, watches) = ClusterState::start(client.clone());

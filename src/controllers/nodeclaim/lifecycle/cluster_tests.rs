@@ -255,6 +255,7 @@ fn start_with(
         metrics,
         events: Events::new(client.clone(), Some("lifecycle-test".into())),
         decisions: Default::default(),
+        surges: Default::default(),
     };
     let (stop, stop_rx) = watch::channel(false);
     let (cluster, watches) = ClusterState::start(client.clone());
