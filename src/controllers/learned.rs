@@ -87,13 +87,17 @@ async fn pass(
     state: &ClusterState,
     reported: &std::sync::Mutex<BTreeSet<(String, String)>>,
 ) -> Result<Next, Error> {
-    let snapshot = state.snapshot();
-    let pools: BTreeMap<String, &Arc<NodePool>> =
-        snapshot.live_nodepools().map(|np| (np.name_any(), np)).collect();
+    // Only the Nodes and NodePools: no snapshot of the whole cluster at every node change.
+    let nodepools = state.all_nodepools();
+    let pools: BTreeMap<String, &Arc<NodePool>> = nodepools
+        .iter()
+        .filter(|np| np.metadata.deletion_timestamp.is_none())
+        .map(|np| (np.name_any(), np))
+        .collect();
     let mut types: BTreeMap<String, Vec<Arc<InstanceType>>> = BTreeMap::new();
     let mut now: BTreeMap<String, BTreeMap<String, BTreeMap<String, i64>>> = BTreeMap::new();
     let mut failed = None;
-    for node in &snapshot.nodes {
+    for node in &state.all_nodes() {
         let labels = node.labels();
         let (Some(pool), Some(type_name)) = (labels.get(LABEL_NODEPOOL), labels.get(LABEL_INSTANCE_TYPE))
         else {

@@ -775,6 +775,16 @@ impl ClusterState {
         stale
     }
 
+    /// Every Node, for a controller that needs no more of the cluster.
+    pub fn all_nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.state()
+    }
+
+    /// Every NodePool, for a controller that needs no more of the cluster.
+    pub fn all_nodepools(&self) -> Vec<Arc<NodePool>> {
+        self.nodepools.state()
+    }
+
     /// A consistent-enough copy of the caches and marks for one decision, without instance types.
     pub fn snapshot(&self) -> Snapshot {
         let nodeclaims = self.nodeclaims.state();
