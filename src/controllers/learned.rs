@@ -10,7 +10,7 @@
 //! is registered; its type is compared with the NodePool's instance types as the NodeOverlays
 //! leave them, so that an overlay that gives a type the resource wins over what nodes report.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +74,13 @@ pub async fn run(
     let interest = Interest { nodes: true, nodepools: true, overlays: true, ..Interest::default() };
     let wake = Coalesced { changes: state.feed().subscribe(interest), settle: SETTLE };
     let reported = std::sync::Mutex::new(BTreeSet::new());
+    // What the NodePools learned before, for the launches, before the provisioner's first batch.
+    let before: BTreeMap<String, Learned> = state
+        .all_nodepools()
+        .iter()
+        .filter_map(|np| Some((np.name_any(), Learned::of_nodepool(np).ok().filter(|l| !l.is_empty())?)))
+        .collect();
+    learned.replace(before);
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, || {
         pass(&ctx, cloud.as_ref(), &learned, &state, &reported)
     })
@@ -94,7 +101,7 @@ async fn pass(
         .filter(|np| np.metadata.deletion_timestamp.is_none())
         .map(|np| (np.name_any(), np))
         .collect();
-    let mut types: BTreeMap<String, Vec<Arc<InstanceType>>> = BTreeMap::new();
+    let mut types: BTreeMap<String, HashMap<String, Arc<InstanceType>>> = BTreeMap::new();
     let mut now: BTreeMap<String, BTreeMap<String, BTreeMap<String, i64>>> = BTreeMap::new();
     let mut failed = None;
     for node in &state.all_nodes() {
@@ -107,6 +114,10 @@ async fn pass(
             continue;
         }
         let Some(status) = &node.status else { continue };
+        // Most nodes report nothing to learn: their quantities are not even read.
+        if !status.capacity.as_ref().is_some_and(|c| c.keys().any(|name| is_learnable(name))) {
+            continue;
+        }
         let list = |l: &Option<_>| l.as_ref().map(Resources::from_list).transpose().ok().flatten();
         let (Some(capacity), Some(allocatable)) = (list(&status.capacity), list(&status.allocatable)) else {
             continue;
@@ -118,17 +129,17 @@ async fn pass(
         if !types.contains_key(pool) {
             match cloud.instance_types(np).await {
                 Ok(resolved) => {
-                    types.insert(pool.clone(), resolved);
+                    types.insert(pool.clone(), resolved.into_iter().map(|t| (t.name.clone(), t)).collect());
                 }
                 Err(source) => {
                     tracing::error!(controller = CONTROLLER, NodePool = %pool, error = %error_chain(&source), "listing instance types for nodepool");
                     failed.get_or_insert(Error::InstanceTypes { pool: pool.clone(), source });
-                    types.insert(pool.clone(), Vec::new());
+                    types.insert(pool.clone(), HashMap::new());
                     continue;
                 }
             }
         }
-        let Some(it) = types.get(pool).and_then(|ts| ts.iter().find(|t| t.name == *type_name)) else {
+        let Some(it) = types.get(pool).and_then(|ts| ts.get(type_name)) else {
             continue;
         };
         fold_taught(now.entry(pool.clone()).or_default(), type_name, taught(&capacity, &allocatable, it));

@@ -9,11 +9,13 @@
 //! It asks the API server nothing while no surge is under way: it lists once at start, and
 //! again only after [`begin`] started one, until none is left.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
@@ -22,11 +24,12 @@ use tokio::sync::watch;
 
 use crate::controllers::Context;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
+use crate::disruption::candidates::surge_gets_past;
 use crate::disruption::surge::{
-    ANNOTATION_SURGE, FinishReason, LABEL_SURGING, PodState, SURGE_TIMEOUT, Step, SurgeRecord, next_step,
-    replica_set_of,
+    ANNOTATION_SURGE, ANNOTATION_SURGE_GAVE_UP, FinishReason, LABEL_SURGING, PodState, SURGE_TIMEOUT, Step,
+    SurgeRecord, next_step, replica_set_of,
 };
-use crate::util::api::is_not_found;
+use crate::util::api::{is_forbidden, is_not_found};
 use crate::util::error_chain;
 
 /// Name of the controller, in logs and metrics.
@@ -111,8 +114,20 @@ impl Workload {
         replicas.unwrap_or(1)
     }
 
+    fn ready(&self) -> i32 {
+        let ready = match self {
+            Workload::Deployment(d) => d.status.as_ref().and_then(|s| s.ready_replicas),
+            Workload::ReplicaSet(r) => r.status.as_ref().and_then(|s| s.ready_replicas),
+        };
+        ready.unwrap_or(0)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&String> {
+        self.meta().annotations.as_ref()?.get(key)
+    }
+
     fn record(&self) -> Option<&String> {
-        self.meta().annotations.as_ref()?.get(ANNOTATION_SURGE)
+        self.annotation(ANNOTATION_SURGE)
     }
 
     async fn patch(&self, ctx: &Context, patch: &serde_json::Value) -> Result<(), kube::Error> {
@@ -145,7 +160,18 @@ impl Workload {
     }
 }
 
-/// The workload that controls `pod`: its ReplicaSet's Deployment, or the ReplicaSet.
+/// The controller owner of an object, as (apiVersion, kind).
+fn controller_of(meta: &kube::api::ObjectMeta) -> Option<(&str, &str)> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.api_version.as_str(), o.kind.as_str()))
+}
+
+/// The workload that controls `pod`: its ReplicaSet's Deployment, or the ReplicaSet when nothing
+/// controls it. A ReplicaSet or Deployment that another controller owns (a rollout controller,
+/// an operator) is not surged: its owner would undo the change.
 async fn workload_of(ctx: &Context, pod: &Pod) -> Result<Option<Workload>, Error> {
     let Some(rs_name) = replica_set_of(pod) else { return Ok(None) };
     let ns = pod.namespace().unwrap_or_default();
@@ -154,18 +180,21 @@ async fn workload_of(ctx: &Context, pod: &Pod) -> Result<Option<Workload>, Error
         .await
         .map_err(kube_error(format!("get replicaset {ns}/{rs_name}")))?;
     let Some(rs) = rs else { return Ok(None) };
-    let deployment = rs
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "Deployment" && o.api_version == "apps/v1")
-        .map(|o| o.name.clone());
-    match deployment {
-        Some(name) => Ok(Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&name)
-            .await
-            .map_err(kube_error(format!("get deployment {ns}/{name}")))?
-            .map(Workload::Deployment)),
+    match controller_of(&rs.metadata) {
         None => Ok(Some(Workload::ReplicaSet(rs))),
+        Some(("apps/v1", "Deployment")) => {
+            let Some(name) =
+                rs.owner_references().iter().find(|o| o.controller == Some(true)).map(|o| o.name.clone())
+            else {
+                return Ok(None);
+            };
+            let deployment = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(&name)
+                .await
+                .map_err(kube_error(format!("get deployment {ns}/{name}")))?;
+            Ok(deployment.filter(|d| controller_of(&d.metadata).is_none()).map(Workload::Deployment))
+        }
+        Some(_) => Ok(None),
     }
 }
 
@@ -173,14 +202,33 @@ async fn workload_of(ctx: &Context, pod: &Pod) -> Result<Option<Workload>, Error
 /// of it is under way: one write raises its replicas by one and records the surge, conditional
 /// on the version read. Failures are logged with the workload's name; the drain asks again.
 pub async fn begin(ctx: &Context, node: &str, pod: &Pod) {
-    if let Err(error) = try_begin(ctx, node, pod).await {
-        tracing::error!(controller = CONTROLLER, pod = %crate::state::pods::key(pod), node, error = %error_chain(&error), "surging workload");
+    static FORBIDDEN_LOGGED: AtomicBool = AtomicBool::new(false);
+    let Err(error) = try_begin(ctx, node, pod).await else { return };
+    let Error::Kube { source, .. } = &error;
+    if is_forbidden(source) {
+        // Upstream's chart grants no patch on workloads: said once, the node waits as upstream's.
+        if !FORBIDDEN_LOGGED.swap(true, Ordering::SeqCst) {
+            tracing::warn!(controller = CONTROLLER, pod = %crate::state::pods::key(pod), node, error = %error_chain(&error), "surging workload: forbidden; grant get and patch on deployments and replicasets to surge");
+        }
+        return;
     }
+    tracing::error!(controller = CONTROLLER, pod = %crate::state::pods::key(pod), node, error = %error_chain(&error), "surging workload");
 }
 
 async fn try_begin(ctx: &Context, node: &str, pod: &Pod) -> Result<(), Error> {
+    let ns = pod.namespace().unwrap_or_default();
+    // Only where one more healthy pod gets the eviction through (the drain of an expiring or
+    // deleted node reaches pods the candidate checks never looked at).
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_error(format!("list poddisruptionbudgets of {ns}")))?;
+    let pdbs: Vec<Arc<PodDisruptionBudget>> = pdbs.items.into_iter().map(Arc::new).collect();
+    if !surge_gets_past(pod, &pdbs) {
+        return Ok(());
+    }
     let Some(workload) = workload_of(ctx, pod).await? else { return Ok(()) };
-    if workload.record().is_some() {
+    if workload.record().is_some() || workload.annotation(ANNOTATION_SURGE_GAVE_UP) == pod.uid().as_ref() {
         return Ok(());
     }
     let replicas = workload.replicas();
@@ -300,7 +348,8 @@ async fn finish_if_done(ctx: &Context, workload: &Workload) -> Result<bool, Erro
         }
         _ => PodState::Left,
     };
-    let Step::Finish { replicas, reason } = next_step(&record, workload.replicas(), state, Timestamp::now())
+    let Step::Finish { replicas, reason } =
+        next_step(&record, workload.replicas(), workload.ready(), state, Timestamp::now())
     else {
         return Ok(false);
     };
@@ -313,6 +362,10 @@ async fn finish_if_done(ctx: &Context, workload: &Workload) -> Result<bool, Erro
     });
     if let Some(replicas) = replicas {
         patch["spec"] = json!({ "replicas": replicas });
+    }
+    if reason == FinishReason::TimedOut {
+        // Not surged again for this pod: the drain would start the same surge at once.
+        patch["metadata"]["annotations"][ANNOTATION_SURGE_GAVE_UP] = json!(record.pod_uid);
     }
     match workload.patch(ctx, &patch).await {
         Ok(()) => {}
@@ -344,7 +397,7 @@ async fn finish_if_done(ctx: &Context, workload: &Workload) -> Result<bool, Erro
             let minutes = SURGE_TIMEOUT.as_secs() / 60;
             tracing::warn!(controller = CONTROLLER, workload = %workload.key(), pod = %pod_key, node = %record.node, replicas = ?replicas, "surge timed out");
             let message = format!(
-                "{restored}: pod {pod_key} was still on node {} after {minutes} minutes (the new pod never became Ready, or the budget still refused)",
+                "{restored}: pod {pod_key} was still on node {} after {minutes} minutes (the new pod never became Ready, or the budget still refused); it is not surged again",
                 record.node
             );
             workload.event(ctx, true, REASON_TIMED_OUT, message).await;

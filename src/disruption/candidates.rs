@@ -142,9 +142,7 @@ pub fn moves(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>], now: Times
     })
 }
 
-/// Whether a budget allows no eviction whatever the number of pods (`maxUnavailable: 0`,
-/// `minAvailable: 100%`).
-pub fn is_fully_blocking(spec: &k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec) -> bool {
+fn is_fully_blocking(spec: &k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec) -> bool {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     let zero = |v: &IntOrString| {
         matches!(v, IntOrString::Int(0))
@@ -195,13 +193,14 @@ fn selecting_pdbs<'a>(
 }
 
 /// Whether a surge gets `pod` past its budget: it opted in ([`surge::surgeable`]), and one
-/// budget selects it, which allows an eviction once there is one more pod.
+/// budget selects it, which allows an eviction once there is one more healthy pod
+/// ([`surge::surge_unblocks`]).
 pub fn surge_gets_past(pod: &Pod, pdbs: &[std::sync::Arc<PodDisruptionBudget>]) -> bool {
     if !surge::surgeable(pod) {
         return false;
     }
     match selecting_pdbs(pod, pdbs)[..] {
-        [budget] => budget.spec.as_ref().is_some_and(|spec| !is_fully_blocking(spec)),
+        [budget] => surge::surge_unblocks(budget),
         _ => false,
     }
 }

@@ -14,6 +14,8 @@
 //! StatefulSets and other kinds are never surged.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +25,8 @@ pub const ANNOTATION_SURGE_ON_DISRUPTION: &str = "karpenter-rs.dev/surge-on-disr
 pub const ANNOTATION_SURGE: &str = "karpenter-rs.dev/surge";
 /// The workload label that finds the surges under way.
 pub const LABEL_SURGING: &str = "karpenter-rs.dev/surging";
+/// The workload annotation naming the pod (by UID) whose surge timed out: it is not surged again.
+pub const ANNOTATION_SURGE_GAVE_UP: &str = "karpenter-rs.dev/surge-gave-up";
 /// How long the new pod may take to be Ready (and the old one to leave) before the surge is
 /// given up and the replicas restored.
 pub const SURGE_TIMEOUT: SignedDuration = SignedDuration::from_mins(10);
@@ -36,6 +40,31 @@ pub fn surgeable(pod: &Pod) -> bool {
         .and_then(|a| a.get(ANNOTATION_SURGE_ON_DISRUPTION))
         .is_some_and(|v| v == "true");
     opted_in && replica_set_of(pod).is_some()
+}
+
+/// Whether `budget` allows an eviction once its workload has one more healthy pod, as the
+/// disruption controller will compute it: only a `minAvailable` budget can (a `maxUnavailable`
+/// one expects one more pod and asks for one more healthy pod), when its healthy pods are at the
+/// minimum (not below it), and only from a status that is current.
+pub fn surge_unblocks(budget: &PodDisruptionBudget) -> bool {
+    let (Some(spec), Some(status)) = (&budget.spec, &budget.status) else { return false };
+    if status.observed_generation != budget.metadata.generation {
+        return false;
+    }
+    let expected = i64::from(status.expected_pods) + 1;
+    let desired = match &spec.min_available {
+        Some(IntOrString::Int(n)) => i64::from(*n),
+        Some(IntOrString::String(text)) => {
+            let Some(percent) = text.trim().strip_suffix('%').and_then(|p| p.trim().parse::<i64>().ok())
+            else {
+                return false;
+            };
+            // Rounded up, as the disruption controller scales it.
+            (percent * expected + 99) / 100
+        }
+        None => return false,
+    };
+    i64::from(status.current_healthy) + 1 - desired >= 1
 }
 
 /// The name of the ReplicaSet that controls `pod`, if one does.
@@ -114,11 +143,15 @@ pub enum FinishReason {
     TimedOut,
 }
 
-/// What to do with the surge `record` of a workload that now has `replicas`, whose old pod is
-/// `pod`, at `now`.
-pub fn next_step(record: &SurgeRecord, replicas: i32, pod: PodState, now: Timestamp) -> Step {
+/// What to do with the surge `record` of a workload that now has `replicas`, `ready` of them
+/// Ready, whose old pod is `pod`, at `now`. Past [`SURGE_TIMEOUT`] a surge whose new pod is Ready
+/// waits on (the drain's next eviction goes through; restoring the replicas now would delete the
+/// new pod), up to twice the timeout.
+pub fn next_step(record: &SurgeRecord, replicas: i32, ready: i32, pod: PodState, now: Timestamp) -> Step {
+    let elapsed = record.started.parse::<Timestamp>().map(|started| now.duration_since(started));
+    let new_pod_ready = ready > record.replicas;
     let timed_out =
-        record.started.parse::<Timestamp>().is_ok_and(|started| now.duration_since(started) >= SURGE_TIMEOUT);
+        elapsed.as_ref().is_ok_and(|e| *e >= SURGE_TIMEOUT * 2 || (*e >= SURGE_TIMEOUT && !new_pod_ready));
     let reason = match (pod, timed_out) {
         (PodState::Left, _) => FinishReason::Done,
         (PodState::Present, true) => FinishReason::TimedOut,
@@ -167,20 +200,59 @@ mod tests {
     }
 
     #[rstest::rstest]
-    #[case::waits_for_the_old_pod(PodState::Present, 2, "2026-11-27T12:05:00Z", Step::Wait)]
-    #[case::restores_once_it_left(PodState::Left, 2, "2026-11-27T12:01:00Z",
+    #[case::waits_for_the_old_pod(PodState::Present, 2, 1, "2026-11-27T12:05:00Z", Step::Wait)]
+    #[case::restores_once_it_left(PodState::Left, 2, 2, "2026-11-27T12:01:00Z",
         Step::Finish { replicas: Some(1), reason: FinishReason::Done })]
-    #[case::leaves_replicas_someone_changed(PodState::Left, 5, "2026-11-27T12:01:00Z",
+    #[case::leaves_replicas_someone_changed(PodState::Left, 5, 5, "2026-11-27T12:01:00Z",
         Step::Finish { replicas: None, reason: FinishReason::Done })]
-    #[case::gives_up_after_the_timeout(PodState::Present, 2, "2026-11-27T12:10:00Z",
+    #[case::gives_up_after_the_timeout(PodState::Present, 2, 1, "2026-11-27T12:10:00Z",
+        Step::Finish { replicas: Some(1), reason: FinishReason::TimedOut })]
+    #[case::waits_on_past_it_while_the_new_pod_is_ready(
+        PodState::Present,
+        2,
+        2,
+        "2026-11-27T12:15:00Z",
+        Step::Wait
+    )]
+    #[case::but_not_past_twice_it(PodState::Present, 2, 2, "2026-11-27T12:20:00Z",
         Step::Finish { replicas: Some(1), reason: FinishReason::TimedOut })]
     fn a_surge_ends_when_the_old_pod_left_or_time_is_up(
         #[case] pod: PodState,
         #[case] replicas: i32,
+        #[case] ready: i32,
         #[case] now: &str,
         #[case] expected: Step,
     ) {
-        assert_eq!(next_step(&record(), replicas, pod, now.parse().unwrap()), expected);
+        assert_eq!(next_step(&record(), replicas, ready, pod, now.parse().unwrap()), expected);
+    }
+
+    fn budget(spec: serde_json::Value, healthy: i32, expected: i32, observed: i64) -> PodDisruptionBudget {
+        serde_json::from_value(json!({"metadata": {"name": "b", "generation": 2}, "spec": spec,
+            "status": {"currentHealthy": healthy, "desiredHealthy": 0, "disruptionsAllowed": 0,
+                "expectedPods": expected, "observedGeneration": observed}}))
+        .unwrap()
+    }
+
+    #[rstest::rstest]
+    #[case::min_available_one_of_one(json!({"minAvailable": 1}), 1, 1, true)]
+    #[case::min_available_two_of_one(json!({"minAvailable": 2}), 1, 1, false)]
+    #[case::min_available_below_the_minimum(json!({"minAvailable": 3}), 2, 3, false)]
+    #[case::min_available_half(json!({"minAvailable": "50%"}), 1, 1, true)]
+    // 80% of 4 rounds up to 4: one more healthy pod of four still allows nothing.
+    #[case::min_available_percent_rounding(json!({"minAvailable": "80%"}), 3, 3, false)]
+    #[case::min_available_all(json!({"minAvailable": "100%"}), 1, 1, false)]
+    #[case::max_unavailable_zero(json!({"maxUnavailable": 0}), 1, 1, false)]
+    #[case::max_unavailable_one(json!({"maxUnavailable": 1}), 1, 2, false)]
+    fn a_surge_unblocks_only_a_min_available_budget_at_its_minimum(
+        #[case] spec: serde_json::Value,
+        #[case] healthy: i32,
+        #[case] expected: i32,
+        #[case] unblocks: bool,
+    ) {
+        assert_eq!(surge_unblocks(&budget(spec.clone(), healthy, expected, 2)), unblocks);
+        if unblocks {
+            assert!(!surge_unblocks(&budget(spec, healthy, expected, 1)), "not from a stale status");
+        }
     }
 
     #[test]

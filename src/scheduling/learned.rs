@@ -7,10 +7,12 @@
 //!
 //! - [`taught`] is what one node teaches its type;
 //! - [`Learned::desired`] folds what every node of a NodePool teaches into what the NodePool
-//!   already learned: per type and resource, the largest amount a node of the type reports now,
-//!   and what was learned before for types no node reports now;
+//!   already learned: per type and resource, the smallest amount a node of the type reports now
+//!   (a plan never counts on more than every node has), and what was learned before for the
+//!   others;
 //! - [`Learned::apply`] adds what was learned to the NodePool's instance types, only where a type
-//!   lacks the resource, so that the catalog and the NodeOverlays always win.
+//!   lacks the resource, so that the catalog and the NodeOverlays always win. Huge pages come out
+//!   of the memory pods can use, as the kubelet takes them.
 //!
 //! What a NodePool learned is kept in its [`ANNOTATION_LEARNED_RESOURCES`] annotation, a JSON
 //! object of instance type to resource to quantity, so that it outlives the controller and can be
@@ -24,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::apis::NodePool;
 
 use super::instancetypes::InstanceType;
-use super::resources::{Resources, format_quantity, parse_quantity_for};
+use super::resources::{MEMORY, Resources, format_quantity, parse_quantity_for};
 
 /// The NodePool annotation that keeps what its instance types learned.
 pub const ANNOTATION_LEARNED_RESOURCES: &str = "karpenter-rs.dev/learned-resources";
@@ -152,10 +154,9 @@ impl Learned {
         self.0.iter().map(|(it, r)| (it.as_str(), r))
     }
 
-    /// What the NodePool should keep: what it learned, with each type that a node teaches now
-    /// (`now`: instance type to the largest amount of each resource its nodes report) taking
-    /// what they teach in place of what it learned before. A type no node of which teaches
-    /// anything now keeps what it learned.
+    /// What the NodePool should keep: what it learned, with each resource that nodes teach now
+    /// (`now`: instance type to the smallest amount of each resource its nodes report) at the
+    /// amount they teach. What no node teaches now is kept as it was learned.
     pub fn desired(&self, now: &BTreeMap<String, BTreeMap<String, i64>>) -> Learned {
         let mut learned = self.0.clone();
         for (it, resources) in now {
@@ -181,18 +182,24 @@ impl Learned {
             .into_iter()
             .map(|it| {
                 let Some(resources) = self.0.get(&it.name) else { return it };
-                let lacking: BTreeMap<String, i64> = resources
+                let mut lacking: BTreeMap<String, i64> = resources
                     .iter()
                     .filter(|(r, _)| it.capacity.get(r) <= 0)
                     .map(|(r, v)| (r.clone(), *v))
                     .collect();
+                let huge_pages: i64 =
+                    lacking.iter().filter(|(r, _)| r.starts_with("hugepages-")).map(|(_, v)| *v).sum();
+                if huge_pages > 0 {
+                    lacking.insert(MEMORY.to_string(), (it.capacity.get(MEMORY) - huge_pages).max(0));
+                }
                 if lacking.is_empty() { it } else { Arc::new(it.with_capacity(&lacking)) }
             })
             .collect()
     }
 }
 
-/// Folds what one node teaches into `now` (instance type to resource to the largest amount).
+/// Folds what one node teaches into `now` (instance type to resource to the smallest amount a
+/// node teaching it reports).
 pub fn fold_taught(
     now: &mut BTreeMap<String, BTreeMap<String, i64>>,
     instance_type: &str,
@@ -203,8 +210,7 @@ pub fn fold_taught(
     }
     let entry = now.entry(instance_type.to_string()).or_default();
     for (resource, amount) in taught {
-        let slot = entry.entry(resource).or_insert(0);
-        *slot = (*slot).max(amount);
+        entry.entry(resource).and_modify(|v| *v = (*v).min(amount)).or_insert(amount);
     }
 }
 
@@ -293,6 +299,12 @@ mod tests {
         assert_eq!(types[0].allocatable().get("example.com/fuse"), 20);
         assert_eq!(types[0].capacity.get("nvidia.com/gpu"), 1, "the type's own amount wins");
         assert!(Arc::ptr_eq(&types[1], &r5), "a type that learned nothing is shared");
+
+        // Huge pages come out of the memory pods can use.
+        let huge = Learned::parse(r#"{"r5.large":{"hugepages-2Mi":"1Gi"}}"#).unwrap();
+        let r5 = &huge.apply(vec![r5])[0];
+        assert_eq!(r5.allocatable().get("hugepages-2Mi"), 1 << 30);
+        assert_eq!(r5.allocatable().get("memory"), 15 << 30);
     }
 
     #[test]
@@ -307,7 +319,7 @@ mod tests {
         fold_taught(&mut now, "r5.large", BTreeMap::new());
         let desired = before.desired(&now);
         let m5 = desired.of_type("m5.xlarge").unwrap();
-        assert_eq!(m5["example.com/fuse"], 12, "the largest amount a node reports now");
+        assert_eq!(m5["example.com/fuse"], 10, "the smallest amount a node reports now");
         assert_eq!(m5["hugepages-2Mi"], 1 << 30);
         assert_eq!(desired.of_type("c5.large").unwrap()["example.com/fuse"], 4);
         assert!(desired.of_type("r5.large").is_none());
