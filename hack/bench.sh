@@ -6,7 +6,8 @@
 #   2. on the local control plane with the kwok provider: 1000 pods of two Deployments, 500 pods
 #      that each need a node of their own (a leader and a standby replica run), 200 nodes left
 #      at 25 % CPU consolidating under a 10 % budget, and 50 drifted nodes replaced under a 10 %
-#      budget.
+#      budget; then 2,000 pods that each need a node (a leader and a standby), and the same with
+#      the leader killed half way, the standby taking over.
 # Each prints its figures; record them in docs/benchmarks.md with the date and the machine's load.
 set -euo pipefail
 
@@ -32,5 +33,10 @@ log "== 1000 pods, then 500 nodes, then consolidating 200 nodes, then rolling 50
 cargo test --locked --test e2e -- --ignored --nocapture --test-threads 1 \
   a_thousand_pods_with_kwok five_hundred_nodes_with_kwok consolidating_two_hundred_nodes_with_kwok \
   rolling_fifty_drifted_nodes_with_kwok 2>&1 | grep --line-buffered -E 'SCALE RESULT|^test |test result'
+
+log "== 2,000 nodes, then a standby taking over half way through 2,000 (kwok)"
+cargo test --locked --test e2e -- --ignored --nocapture --test-threads 1 \
+  two_thousand_nodes_with_kwok standby_takes_over_at_two_thousand_nodes_with_kwok 2>&1 |
+  grep --line-buffered -E 'SCALE RESULT|^test |test result'
 
 log "benchmarks done in $(elapsed "$start")"

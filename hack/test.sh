@@ -66,7 +66,7 @@ step "end-to-end journeys (those sharing the kwok controller side by side)"
 # A thread per journey: the ones that share a controller overlap, the others wait for the cluster
 # to themselves (tests/e2e/support.rs). The 500-node, 200-node consolidation and 50-node drift
 # benchmarks are `make bench`.
-cargo test --locked --test e2e -- --include-ignored --test-threads 16 --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok
+cargo test --locked --test e2e -- --include-ignored --test-threads 16 --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok --skip two_thousand_nodes_with_kwok --skip standby_takes_over_at_two_thousand_nodes_with_kwok
 
 step "AWS emulator, Helm chart and Dockerfile tests"
 "$("$HACK_DIR/moto-up.sh" --venv)/bin/python" -m pytest -q -p no:cacheprovider tests/aws_emulator tests/chart

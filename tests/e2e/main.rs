@@ -305,24 +305,11 @@ async fn a_thousand_pods_with_kwok() {
 async fn many_nodes(n: usize) {
     let _alone = alone().await;
     let f = Fixture::new(&format!("nodes{n}")).await;
-    let env = [("DISABLE_LEADER_ELECTION", "false"), ("SYSTEM_NAMESPACE", f.ns.as_str())];
-    let leader = Controller::start("kwok", &env);
-    wait_for("the leader to lead", Duration::from_secs(30), &leader, || async {
-        leader.log_contains("starting controllers")
-    })
-    .await;
-    let standby = Controller::start("kwok", &env);
-    wait_for("the standby campaigning", Duration::from_secs(30), &standby, || async {
-        standby.log_contains("attempting to acquire leader lease")
-    })
-    .await;
+    let (leader, standby) = leader_and_standby(&f).await;
     // It holds no caches while it waits.
     assert!(!standby.log_contains("cluster state synced"), "{}", standby.log_tail());
     let standby_at_start = standby.rss_kib();
-    f.apply_class_and_pool(1_000_000).await;
-    let anti_affinity = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}}});
-    f.apply_deployment("spread", 0, "100m", "64Mi", anti_affinity).await;
+    apply_spread_pool(&f).await;
     let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
     let requests_before = leader.metric_sum("rest_client_requests_total").await;
     let start = Instant::now();
@@ -375,6 +362,32 @@ async fn many_nodes(n: usize) {
     leader.stop_and_check();
 }
 
+/// A leader and a standby (leader election on, the Lease in the fixture's namespace), the leader
+/// leading and the standby campaigning.
+async fn leader_and_standby(f: &Fixture) -> (Controller, Controller) {
+    let env = [("DISABLE_LEADER_ELECTION", "false"), ("SYSTEM_NAMESPACE", f.ns.as_str())];
+    let leader = Controller::start("kwok", &env);
+    wait_for("the leader to lead", Duration::from_secs(30), &leader, || async {
+        leader.log_contains("starting controllers")
+    })
+    .await;
+    let standby = Controller::start("kwok", &env);
+    wait_for("the standby campaigning", Duration::from_secs(30), &standby, || async {
+        standby.log_contains("attempting to acquire leader lease")
+    })
+    .await;
+    (leader, standby)
+}
+
+/// The fixture's class and an unlimited pool, and the Deployment `spread` at 0 replicas: pods
+/// (100m, 64Mi) with required hostname anti-affinity on each other, a node each.
+async fn apply_spread_pool(f: &Fixture) {
+    f.apply_class_and_pool(1_000_000).await;
+    let anti_affinity = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}}});
+    f.apply_deployment("spread", 0, "100m", "64Mi", anti_affinity).await;
+}
+
 /// [`many_nodes`] at 100 nodes, in `make test`.
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
@@ -387,6 +400,71 @@ async fn a_hundred_nodes_with_kwok() {
 #[ignore = "benchmark: make bench"]
 async fn five_hundred_nodes_with_kwok() {
     many_nodes(500).await;
+}
+
+/// [`many_nodes`] at 2,000 nodes: a benchmark (`make bench`), not part of `make test`.
+#[tokio::test]
+#[ignore = "benchmark: make bench"]
+async fn two_thousand_nodes_with_kwok() {
+    many_nodes(2000).await;
+}
+
+/// Standby takeover at scale (a benchmark, `make bench`): 2,000 pods that each need a node of
+/// their own, a leader and a standby; the leader is killed (SIGKILL) once half the NodeClaims
+/// exist. Prints the time from the kill to the standby's first NodeClaim and to every pod Running,
+/// and checks that there is exactly one NodeClaim per pod at the end.
+#[tokio::test]
+#[ignore = "benchmark: make bench"]
+async fn standby_takes_over_at_two_thousand_nodes_with_kwok() {
+    const N: usize = 2000;
+    let _alone = alone().await;
+    let f = Fixture::new("takeover").await;
+    let (leader, standby) = leader_and_standby(&f).await;
+    apply_spread_pool(&f).await;
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    let start = Instant::now();
+    deployments
+        .patch("spread", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": N}})))
+        .await
+        .unwrap();
+    wait_for("half the NodeClaims", Duration::from_secs(600), &leader, || async {
+        f.claims().await.len() >= N / 2
+    })
+    .await;
+    let claims_at_kill = f.claims().await.len();
+    leader.kill();
+    let killed = Instant::now();
+    wait_for("the standby's first NodeClaim", Duration::from_secs(120), &standby, || async {
+        standby.log_contains("created nodeclaim")
+    })
+    .await;
+    let first_action = killed.elapsed();
+    f.wait_running(N, Duration::from_secs(900), &standby).await;
+    let running = start.elapsed();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let claims = f.claims().await.len();
+    assert_eq!(claims, N, "exactly one NodeClaim per pod after the takeover\n{}", standby.log_tail());
+    eprintln!(
+        "SCALE RESULT: leader killed at {claims_at_kill} of {N} NodeClaims; the standby's first NodeClaim {:.1} s after the kill \
+         (the Lease lasts 15 s); all {N} pods Running {:.1} s after the scale command, on exactly {claims} NodeClaims; \
+         new leader peak RSS {:.1} MiB",
+        first_action.as_secs_f64(),
+        running.as_secs_f64(),
+        standby.peak_rss_kib() as f64 / 1024.0
+    );
+    deployments
+        .patch("spread", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 0}})))
+        .await
+        .unwrap();
+    f.wait_pods_gone(Duration::from_secs(300)).await;
+    f.delete_all_claims().await;
+    wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(900), &standby, || async {
+        f.claims().await.is_empty() && f.nodes().await.is_empty()
+    })
+    .await;
+    deployments.delete("spread", &DeleteParams::default()).await.unwrap();
+    f.cleanup().await;
+    standby.stop_and_check();
 }
 
 /// Consolidation at scale (a benchmark, `make bench`): 200 nodes (c6a.large, kwok) left at about
