@@ -312,6 +312,7 @@ async fn many_nodes(n: usize) {
     apply_spread_pool(&f).await;
     let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
     let requests_before = leader.metric_sum("rest_client_requests_total").await;
+    let by_kind_before = requests_by_kind(&leader).await;
     let start = Instant::now();
     let scale = json!({"spec": {"replicas": n}});
     deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
@@ -326,6 +327,17 @@ async fn many_nodes(n: usize) {
     let claims = f.claims().await.len();
     assert_eq!(claims, n, "exactly one NodeClaim per pod\n{}", leader.log_tail());
     let requests = leader.metric_sum("rest_client_requests_total").await - requests_before;
+    let mut by_kind: Vec<(String, f64)> = requests_by_kind(&leader)
+        .await
+        .into_iter()
+        .map(|(k, v)| {
+            let before = by_kind_before.get(&k).copied().unwrap_or(0.0);
+            (k, (v - before) / n as f64)
+        })
+        .filter(|(_, v)| *v >= 0.05)
+        .collect();
+    by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let by_kind: Vec<String> = by_kind.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
     let leader_peak = leader.peak_rss_kib();
     eprintln!(
         "SCALE RESULT: {n} pods on {claims} NodeClaims, all Running {:.1} s after the scale command; \
@@ -334,6 +346,7 @@ async fn many_nodes(n: usize) {
         leader_peak as f64 / 1024.0,
         requests / n as f64
     );
+    eprintln!("SCALE RESULT: API requests per NodeClaim by verb and kind: {}", by_kind.join(", "));
 
     let scale = json!({"spec": {"replicas": 0}});
     deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
@@ -360,6 +373,35 @@ async fn many_nodes(n: usize) {
     f.cleanup().await;
     standby.stop_and_check();
     leader.stop_and_check();
+}
+
+/// The controller's API requests so far, by `verb kind[/subresource]`, from the count of
+/// `client_go_request_duration_seconds`.
+async fn requests_by_kind(controller: &Controller) -> BTreeMap<String, f64> {
+    let mut by_kind = BTreeMap::new();
+    let label = |line: &str, key: &str| -> String {
+        let start = format!("{key}=\"");
+        line.split_once(&start)
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(v, _)| v.to_string())
+            .unwrap_or_default()
+    };
+    for line in controller
+        .metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("client_go_request_duration_seconds_count{"))
+    {
+        let (kind, sub) = (label(line, "kind"), label(line, "subresource"));
+        let key = format!(
+            "{} {kind}{}",
+            label(line, "verb"),
+            if sub.is_empty() { String::new() } else { format!("/{sub}") }
+        );
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        *by_kind.entry(key).or_insert(0.0) += value;
+    }
+    by_kind
 }
 
 /// A leader and a standby (leader election on, the Lease in the fixture's namespace), the leader

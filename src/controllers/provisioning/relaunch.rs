@@ -6,8 +6,10 @@
 //! counted per workload (the pod's controller, or the pod itself), since a removed pod comes back
 //! as a new pod of the same ReplicaSet, Job or StatefulSet.
 //!
-//! The rule: after [`LIMIT`] bounces of a workload within [`WINDOW`], its pending pods get no new
-//! NodeClaim for 1 minute, doubling each time it happens again, up to 30 minutes ([`BACKOFF`]); a
+//! The rule: after [`LIMIT`] bounces of a workload within [`WINDOW`], and at least one bounce
+//! in [`SHARE`] of its pods placed on new NodeClaims in that time (a large workload that a busy
+//! kube-scheduler binds slowly misses here and there; one whose pods never stay bounces nearly
+//! every time), its pending pods get no new NodeClaim for 1 minute, doubling each time it happens again, up to 30 minutes ([`BACKOFF`]); a
 //! `ProvisioningBackoff` warning on a pod says so. After each wait, one more bounce starts the next.
 //! Pods can still land on capacity that exists: only new NodeClaims are held back. Evictions
 //! (drains, consolidation), ordinary deletions, and a pending pod placed again (the kube-scheduler
@@ -16,7 +18,8 @@
 //! A pod also counts as bounced when the capacity launched for it does not take it: its NodeClaim's
 //! node has registered with a taint the pod does not tolerate that neither the NodeClaim nor
 //! Kubernetes put there (another controller taints new nodes), or the pod is still pending
-//! [`MISS_GRACE`] after that node was initialized ([`misses`]).
+//! [`MISS_GRACE`] after that node was initialized and nothing took the node ([`misses`]: a node
+//! the kube-scheduler gave another pod was taken, and the pod is placed again).
 //!
 //! Whatever makes pods bounce (DaemonSet overhead the plan did not see, preemption by
 //! higher-priority pods, a taint someone adds to new nodes), a mistake then costs a handful of
@@ -60,7 +63,8 @@ pub fn misses(pod: &Pod, node: &StateNode, now: Timestamp) -> Option<String> {
     if let Some(taint) = foreign {
         return Some(format!("node {} has taint {} the pod does not tolerate", node.name, describe(taint)));
     }
-    if !node.initialized {
+    // The kube-scheduler put another pod there: the capacity was used, the pod is placed again.
+    if !node.initialized || node.reschedulable_pods().next().is_some() {
         return None;
     }
     let initialized_at = node
@@ -76,6 +80,9 @@ pub fn misses(pod: &Pod, node: &StateNode, now: Timestamp) -> Option<String> {
 
 /// Bounces of a workload within [`WINDOW`] before its pods back off.
 pub const LIMIT: usize = 3;
+/// A workload backs off only when at least one in this many of its placements within
+/// [`WINDOW`] bounced.
+pub const SHARE: usize = 10;
 /// How far back bounces count.
 pub const WINDOW: Duration = Duration::from_secs(10 * 60);
 /// How long a workload over the limit waits, by how many times it went over it.
@@ -111,6 +118,8 @@ pub fn is_bounced(pod: &Pod) -> bool {
 #[derive(Debug, Default)]
 struct WorkloadRecord {
     bounces: Vec<Instant>,
+    /// When its pods were placed on new NodeClaims, within the window.
+    placements: Vec<Instant>,
     strikes: u32,
     until: Option<Instant>,
 }
@@ -152,6 +161,7 @@ impl Relaunches {
     pub fn placed(&mut self, uid: &str, workload: &str, claim: &str, now: Instant) {
         let placement = Placement { workload: workload.to_string(), claim: claim.to_string(), at: now };
         self.placed.insert(uid.to_string(), placement);
+        self.workloads.entry(workload.to_string()).or_default().placements.push(now);
     }
 
     /// The NodeClaim pod `uid` was last placed on, if the guard follows it.
@@ -178,6 +188,7 @@ impl Relaunches {
     pub fn verdict(&mut self, workload: &str, now: Instant) -> Verdict {
         let Some(record) = self.workloads.get_mut(workload) else { return Verdict::Place };
         record.bounces.retain(|t| now.saturating_duration_since(*t) < WINDOW);
+        record.placements.retain(|t| now.saturating_duration_since(*t) < WINDOW);
         if let Some(until) = record.until {
             if now < until {
                 return Verdict::Waiting;
@@ -188,7 +199,7 @@ impl Relaunches {
             record.bounces.drain(..drop);
             return Verdict::Place;
         }
-        if record.bounces.len() < LIMIT {
+        if record.bounces.len() < LIMIT || record.bounces.len() * SHARE < record.placements.len() {
             return Verdict::Place;
         }
         record.strikes = record.strikes.saturating_add(1);
@@ -203,7 +214,8 @@ impl Relaunches {
         self.placed.retain(|_, p| now.saturating_duration_since(p.at) < WINDOW);
         self.workloads.retain(|_, r| {
             r.bounces.retain(|t| now.saturating_duration_since(*t) < WINDOW);
-            !r.bounces.is_empty() || r.until.is_some_and(|u| now < u)
+            r.placements.retain(|t| now.saturating_duration_since(*t) < WINDOW);
+            !r.bounces.is_empty() || !r.placements.is_empty() || r.until.is_some_and(|u| now < u)
         });
     }
 
@@ -380,6 +392,33 @@ mod tests {
         assert_eq!(misses(&pod, &untainted, now), None);
         let later: Timestamp = "2026-11-24T12:01:00Z".parse().unwrap();
         assert!(misses(&pod, &untainted, later).is_some_and(|m| m.contains("still pending 60s")));
+        // Unless the kube-scheduler gave the node another pod: the capacity was used.
+        let mut taken = launched(json!([]), json!([]), just);
+        taken.pods.push(std::sync::Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": "other", "namespace": "ns", "uid": "o"},
+                "spec": {"nodeName": "c1", "containers": []}, "status": {"phase": "Running"}}))
+            .unwrap(),
+        ));
+        assert_eq!(misses(&pod, &taken, later), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_workload_with_a_few_misses_does_not_back_off() {
+        let mut r = Relaunches::default();
+        // 2,000 pods each placed on a node of its own; a busy kube-scheduler leaves a few of them
+        // pending past the grace.
+        for i in 0..2000 {
+            r.placed(&format!("pod-{i}"), "rs", &format!("claim-{i}"), Instant::now());
+        }
+        for i in 0..44 {
+            r.removed(&format!("pod-{i}"), Instant::now());
+        }
+        assert_eq!(r.verdict("rs", Instant::now()), Verdict::Place);
+        // One bounce in ten placements is a workload whose pods do not stay.
+        for i in 44..200 {
+            r.removed(&format!("pod-{i}"), Instant::now());
+        }
+        assert!(matches!(r.verdict("rs", Instant::now()), Verdict::BackOff { bounces: 200, .. }));
     }
 
     #[tokio::test(start_paused = true)]
