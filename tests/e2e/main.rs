@@ -316,7 +316,7 @@ async fn many_nodes(n: usize) {
     let start = Instant::now();
     let scale = json!({"spec": {"replicas": n}});
     deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
-    f.wait_running(n, Duration::from_secs(600), &leader).await;
+    f.wait_running(n, Duration::from_secs(600.max(n as u64 * 3 / 5)), &leader).await;
     let running = start.elapsed();
     wait_for("every NodeClaim Ready", Duration::from_secs(120), &leader, || async {
         let claims = f.claims().await;
