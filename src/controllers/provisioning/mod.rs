@@ -7,6 +7,7 @@
 //! back through its watch yet) are existing capacity, so a burst of pods never produces
 //! duplicate claims.
 
+pub mod created;
 pub mod relaunch;
 pub mod template;
 
@@ -39,9 +40,6 @@ use crate::state::{
 
 /// Name of the controller, in logs.
 pub const CONTROLLER: &str = "provisioner";
-/// How long a NodeClaim this process created counts as capacity before it shows up in the
-/// cache; far longer than a watch takes to deliver it.
-const CREATED_GRACE: Duration = Duration::from_secs(60);
 /// A pass also runs this often, so that pods left pending (no capacity, limits reached) are
 /// retried when the world changes in ways no watch reports.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -130,8 +128,8 @@ async fn next_batch(changes: &mut Subscription, idle: Duration, max: Duration) -
 struct Provisioner {
     ctx: Context,
     state: ClusterState,
-    /// Claims created by this process, until the cache has them.
-    created: Vec<(Instant, Arc<NodeClaim>)>,
+    /// Claims created by this process, until the watch reports them.
+    created: Arc<Mutex<created::Created>>,
     /// Last event sent to each pod (uid → message), to not repeat it every pass.
     told: HashMap<String, String>,
     /// Pods placed on new NodeClaims and the workloads backing off; the pod watch reports
@@ -144,12 +142,15 @@ struct Provisioner {
     _pod_watch: Registration,
     /// Reports deletions into `departures`.
     _departures_watch: Registration,
+    /// Clears `created` as the watch reports the claims.
+    _created_watch: Registration,
 }
 
 impl Provisioner {
     fn new(ctx: Context, state: ClusterState) -> Self {
         let relaunches = Arc::new(Mutex::new(relaunch::Relaunches::default()));
         let (departures, departures_watch) = departures::follow(&state);
+        let (created, created_watch) = created::follow(&state);
         let pod_watch = {
             let (relaunches, times) = (relaunches.clone(), state.pod_times.clone());
             state.on_pod(move |notice| {
@@ -174,12 +175,13 @@ impl Provisioner {
         Provisioner {
             ctx,
             state,
-            created: vec![],
+            created,
             told: HashMap::new(),
             relaunches,
             departures,
             _pod_watch: pod_watch,
             _departures_watch: departures_watch,
+            _created_watch: created_watch,
         }
     }
 
@@ -224,13 +226,17 @@ impl Provisioner {
             );
         }
 
-        // Claims this process created count as capacity until the cache has them.
-        let known: HashSet<String> =
-            snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.clone()).collect();
-        self.created.retain(|(at, c)| {
-            at.elapsed() < CREATED_GRACE && !c.metadata.name.as_ref().is_some_and(|n| known.contains(n))
-        });
-        snapshot.nodeclaims.extend(self.created.iter().map(|(_, c)| Arc::clone(c)));
+        // Claims this process created count as capacity until the watch reports them.
+        let awaited = self.created.lock().unwrap_or_else(PoisonError::into_inner).awaited(Instant::now());
+        if !awaited.is_empty() {
+            let known: HashSet<&str> =
+                snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.as_deref()).collect();
+            let awaited: Vec<Arc<NodeClaim>> = awaited
+                .into_iter()
+                .filter(|c| !c.metadata.name.as_deref().is_some_and(|n| known.contains(n)))
+                .collect();
+            snapshot.nodeclaims.extend(awaited);
+        }
         let snapshot = crate::controllers::snapshot::with_instance_types_of_pools(
             snapshot,
             self.ctx.cloud.as_ref(),
@@ -476,7 +482,13 @@ impl Provisioner {
                             self.relaunches().placed(&pod_uid(pod), &relaunch::workload(pod), &name, now);
                         }
                     }
-                    self.created.push((Instant::now(), Arc::new(claim)));
+                    // Unless the watch was quicker than this answer and the cache has it already.
+                    if self.state.nodeclaim(&name).is_none() {
+                        self.created
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .add(Arc::new(claim), Instant::now());
+                    }
                 }
                 Err(error) => tracing::error!(
                     controller = CONTROLLER,
