@@ -33,6 +33,10 @@ export RUSTC_WORKSPACE_WRAPPER
 RUSTC_WORKSPACE_WRAPPER=$(command -v clippy-driver) || die "clippy-driver not found (rustup component add clippy)"
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
+# A build from nothing (CI's clean checkout) gains nothing from incremental compilation, whose
+# bookkeeping costs it about a tenth of the crate's compile time.
+if [[ -n "${CI:-}" ]]; then export CARGO_INCREMENTAL=0; fi
+
 step "clippy and test binaries (one build)"
 cargo test --locked --all-targets --no-run
 
@@ -55,18 +59,36 @@ install_crds
 "$HACK_DIR/controller-down.sh" >&2
 
 step "Rust tests (unit, CRD drift, API server validation, leader election)"
-# Every test target but the journeys (tests/<name>.rs; tests/e2e is run next); the fault-injection
-# run (tests/chaos.rs) is `make chaos`: not here.
+# Every test target but the journeys and the AWS emulator's tests (tests/<name>.rs; tests/e2e and
+# tests/aws are run next); the fault-injection run (tests/chaos.rs) is `make chaos`: not here.
 suites=()
-for t in tests/*.rs; do suites+=(--test "$(basename "$t" .rs)"); done
+for t in tests/*.rs; do
+  [[ "$(basename "$t")" == aws.rs ]] || suites+=(--test "$(basename "$t" .rs)")
+done
 cargo test --locked --lib --bins "${suites[@]}" -- --include-ignored --skip chaos_with_
 cargo test --locked --doc
 
-step "end-to-end journeys (those sharing the kwok controller side by side)"
+step "end-to-end journeys (those sharing the kwok controller side by side), the AWS emulator's tests beside them"
 # A thread per journey: the ones that share a controller overlap, the others wait for the cluster
 # to themselves (tests/e2e/support.rs). The 500-node, 200-node consolidation and 50-node drift
-# benchmarks are `make bench`.
-cargo test --locked --test e2e -- --include-ignored --test-threads 16 --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok --skip two_thousand_nodes_with_kwok --skip standby_takes_over_at_two_thousand_nodes_with_kwok
+# benchmarks are `make bench`. The AWS emulator's tests (the emulator alone, no cluster) run
+# meanwhile; the aws journeys, which publish node images, wait for them to end.
+aws_tests_done=$REPO_ROOT/target/aws-tests.done
+aws_tests_log=$REPO_ROOT/target/aws-tests.log
+rm -f "$aws_tests_done"
+(
+  rc=0
+  cargo test --locked --test aws -- --include-ignored >"$aws_tests_log" 2>&1 || rc=$?
+  echo "$rc" >"$aws_tests_done"
+) &
+aws_tests=$!
+e2e_rc=0
+KARPENTER_RS_E2E_AFTER_AWS_TESTS=$aws_tests_done cargo test --locked --test e2e -- --include-ignored --test-threads 16 --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok --skip two_thousand_nodes_with_kwok --skip standby_takes_over_at_two_thousand_nodes_with_kwok || e2e_rc=$?
+wait "$aws_tests" || true
+log "AWS emulator's tests (tests/aws.rs):"
+cat "$aws_tests_log"
+[[ "$(cat "$aws_tests_done" 2>/dev/null)" == 0 ]] || die "the AWS emulator's tests failed (above)"
+[[ "$e2e_rc" == 0 ]] || die "the end-to-end journeys failed (above)"
 
 step "AWS emulator, Helm chart and Dockerfile tests"
 "$("$HACK_DIR/moto-up.sh" --venv)/bin/python" -m pytest -q -p no:cacheprovider tests/aws_emulator tests/chart

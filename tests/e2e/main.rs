@@ -646,6 +646,7 @@ async fn rolling_fifty_drifted_nodes_with_kwok() {
 #[tokio::test]
 #[ignore = "needs the local control plane and the AWS emulator: make test"]
 async fn getting_started_with_aws() {
+    after_the_aws_emulator_tests().await;
     let _alone = alone().await;
     let f = Fixture::new("aws").await;
     let ec2 = ec2().await;
@@ -778,6 +779,7 @@ async fn getting_started_with_aws() {
 #[tokio::test]
 #[ignore = "needs the local control plane and the AWS emulator: make test"]
 async fn no_duplicate_or_leak_across_a_crash_with_aws() {
+    after_the_aws_emulator_tests().await;
     let _alone = alone().await;
     let f = Fixture::new("crash").await;
     let ec2 = ec2().await;

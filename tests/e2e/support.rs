@@ -63,6 +63,18 @@ pub async fn alone() -> Alone {
     }
 }
 
+/// Waits, when `KARPENTER_RS_E2E_AFTER_AWS_TESTS` names a file, until that file exists: `make
+/// test` runs the AWS emulator's own tests (tests/aws.rs) beside the journeys and writes it when
+/// they end, so that the journeys which publish node images or change the emulator's catalog never
+/// act while those tests read it.
+pub async fn after_the_aws_emulator_tests() {
+    let Some(done) = std::env::var_os("KARPENTER_RS_E2E_AFTER_AWS_TESTS") else { return };
+    let done = PathBuf::from(done);
+    while !done.exists() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 struct Sharing(());
 
 impl Drop for Sharing {
