@@ -502,6 +502,14 @@ impl Rejection {
 /// Checks `command` again on a fresh snapshot (`world`): every candidate still one (and still
 /// empty for emptiness), the budgets still allow them, and a new simulation makes the same
 /// decision with the same replacement types. Returns the command to run.
+/// Drift alone: the pass run while another decision waits for its validation (whose nodes the
+/// caller puts in `in_flight`, and counts as disrupting in the snapshot).
+pub fn decide_drift(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
+    let mut pass = Pass::default();
+    pass.command = drift(world, in_flight, &mut pass);
+    pass
+}
+
 pub fn validate(
     world: &World<'_>,
     command: &Command,

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::consolidation::{Decision, Setting, World};
-use super::decide::{Method, Pass, Rejection, decide, validate};
+use super::decide::{Method, Pass, Rejection, decide, decide_drift, validate};
 use super::record::{Code, Outcome, Record};
 use crate::apis::labels::LABEL_CAPACITY_TYPE;
 use crate::apis::{NodeClaim, NodePool};
@@ -788,6 +788,38 @@ fn a_node_tainted_for_disruption_counts_against_the_budget() {
         "the budget of 1 is taken by the node being replaced: {:?}",
         candidates(&pass)
     );
+}
+
+/// While a decision waits for its validation, drift goes on beside it. The waiting decision's
+/// node (in flight, tainted as being replaced, as the controller's snapshot shows it) is neither
+/// replaced nor a place for the drifted node's pods, and it holds its slot of the budget.
+#[test]
+fn drift_beside_a_waiting_decision_leaves_its_nodes_and_their_budget_alone() {
+    let budget = |nodes: &str| json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never", "budgets": [{"nodes": nodes}]});
+    let mut c = Cluster::new(vec![pool("p", budget("2"), &["on-demand"])]);
+    // The waiting node is the longest drifted, and empty: drift alone would take it first.
+    c.node("waiting", "p", "large", "on-demand", json!({})).drifted("waiting", "2026-11-24T10:00:00Z", None);
+    c.node("old", "p", "large", "on-demand", json!({})).pod("a", "old", "3", json!({})).drifted(
+        "old",
+        "2026-11-24T11:00:00Z",
+        None,
+    );
+    let mut waiting = (*c.nodes[0]).clone();
+    waiting.spec.get_or_insert_with(Default::default).taints = Some(vec![
+        serde_json::from_value(json!({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})).unwrap(),
+    ]);
+    c.nodes[0] = Arc::new(waiting);
+    let in_flight = HashSet::from(["waiting".to_string()]);
+
+    let pass = c.run(|w| decide_drift(w, &in_flight));
+    let command = pass.command.as_ref().expect("the other drifted node is replaced");
+    assert_eq!((command.method, command.plan.candidates.clone()), (Method::Drift, vec!["old".to_string()]));
+    assert_eq!(command.plan.replacements.len(), 1, "its pod is not planned onto the waiting node");
+
+    c.pools = vec![pool("p", budget("1"), &["on-demand"])];
+    let pass = c.run(|w| decide_drift(w, &in_flight));
+    assert!(pass.command.is_none(), "the budget's one slot is the waiting node's");
+    assert!(pass.budget_constrained);
 }
 
 #[test]

@@ -75,7 +75,15 @@ struct Controller {
     /// Pods deleted from nodes going away whose successor is not seen yet; the pod watch
     /// reports deletions into it.
     departures: Arc<Mutex<Departures>>,
+    /// The decision waiting for its validation, if any.
+    awaiting: Mutex<Option<Awaiting>>,
     _pod_watch: Registration,
+}
+
+/// A decision waiting for its validation, and when that is due.
+struct Awaiting {
+    command: Command,
+    due: Instant,
 }
 
 /// Runs until `stop` turns true; the commands under way stop with it (a command cut short is
@@ -91,9 +99,9 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
         launched: Launched::default(),
         commands: Mutex::new(JoinSet::new()),
         memo: Mutex::new(None),
+        awaiting: Mutex::new(None),
     });
     let c = controller.clone();
-    let mut stop_pass = stop.clone();
     // Besides its timer, a pass follows nodes and NodeClaims going away (budget freed) and
     // NodePool edits, NodeOverlay re-evaluations (prices changed) and CapacityBuffer changes
     // (headroom kept or released), once a burst of them has settled.
@@ -108,9 +116,7 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     let wake = Coalesced { changes: controller.state.feed().subscribe(interest), settle: SETTLE };
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), wake, stop, move || {
         let c = c.clone();
-        let mut stop = stop_pass.clone();
-        stop_pass.borrow_and_update();
-        async move { Ok::<_, std::convert::Infallible>(c.pass(&mut stop).await) }
+        async move { Ok::<_, std::convert::Infallible>(c.pass().await) }
     })
     .await;
     controller.commands.lock().unwrap_or_else(PoisonError::into_inner).abort_all();
@@ -159,7 +165,7 @@ impl Controller {
         self.in_flight.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    async fn pass(self: &Arc<Self>, stop: &mut watch::Receiver<bool>) -> Next {
+    async fn pass(self: &Arc<Self>) -> Next {
         if !self.state.is_synced() {
             return Next::After(Duration::from_secs(1));
         }
@@ -167,6 +173,18 @@ impl Controller {
         {
             let mut commands = self.commands.lock().unwrap_or_else(PoisonError::into_inner);
             while commands.try_join_next().is_some() {}
+        }
+        // A decision waiting for its validation is validated once due; until then drift goes on
+        // beside it (upstream's controller waits), and nothing else is decided.
+        let awaiting = self.awaiting.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(awaiting) = awaiting {
+            if Instant::now() >= awaiting.due {
+                return self.validate(awaiting.command).await;
+            }
+            let next = self.drift_beside(&awaiting.command).await;
+            let left = awaiting.due.saturating_duration_since(Instant::now());
+            *self.awaiting.lock().unwrap_or_else(PoisonError::into_inner) = Some(awaiting);
+            return next.min(Next::After(left));
         }
         let going = self.in_flight();
         let snapshot = take_snapshot(&self.ctx, &self.state, &going).await;
@@ -226,11 +244,48 @@ impl Controller {
             return Next::After(Duration::ZERO);
         }
 
-        // Validation, on a fresh snapshot after a while.
-        tokio::select! {
-            _ = tokio::time::sleep(VALIDATION_DELAY) => {}
-            _ = crate::controllers::kit::stopped(stop) => return Next::Wait,
+        // Validated on a fresh snapshot after a while; drift may start meanwhile.
+        let due = Instant::now() + VALIDATION_DELAY;
+        *self.awaiting.lock().unwrap_or_else(PoisonError::into_inner) = Some(Awaiting { command, due });
+        Next::After(Duration::ZERO)
+    }
+
+    /// The drift pass run while `awaiting` waits for its validation. Its nodes are counted as
+    /// being replaced (tainted in the snapshot): they hold their budget, are not replaced by
+    /// drift, and no drifted node's pods are planned onto them.
+    async fn drift_beside(self: &Arc<Self>, awaiting: &Command) -> Next {
+        let mut going = self.in_flight();
+        for name in &awaiting.plan.candidates {
+            going.entry(name.clone()).or_insert(true);
         }
+        let snapshot = take_snapshot(&self.ctx, &self.state, &going).await;
+        let in_flight: HashSet<String> = going.into_keys().collect();
+        let inputs = pass_inputs(&self.ctx, snapshot, &self.launched);
+        let stand_ins = {
+            let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
+            departures.stand_ins(&inputs.nodes, &inputs.snapshot.pods, inputs.now)
+        };
+        let inputs = inputs.with_stand_ins(stand_ins);
+        let decided = tokio::task::spawn_blocking(move || {
+            let pass = decide::decide_drift(&inputs.world(), &in_flight);
+            (inputs, pass)
+        })
+        .await;
+        match decided {
+            Ok((inputs, Pass { command: Some(command), .. })) => {
+                self.start(&inputs, command).await;
+                Next::After(Duration::ZERO)
+            }
+            Ok(_) => Next::Wait,
+            Err(error) => {
+                tracing::error!(controller = CONTROLLER, error = %error, "disruption decision failed");
+                Next::Wait
+            }
+        }
+    }
+
+    /// Validates `command` on a fresh snapshot, then starts or abandons it.
+    async fn validate(self: &Arc<Self>, command: Command) -> Next {
         let going = self.in_flight();
         let fresh =
             pass_inputs(&self.ctx, take_snapshot(&self.ctx, &self.state, &going).await, &self.launched);
