@@ -41,7 +41,7 @@ use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::disruption::consolidation;
 use crate::disruption::decide::{self, Command, Inputs, Method, Pass, Rejection};
 use crate::disruption::emptiness;
-use crate::disruption::record::{Outcome, Record, Why};
+use crate::disruption::record::{Code, Outcome, Record, Why};
 use crate::metrics::observe;
 use crate::state::statenode::state_nodes;
 use crate::state::{Changes, ClusterState, Interest, Registration, Snapshot, StateNode};
@@ -56,7 +56,8 @@ pub const VALIDATION_DELAY: Duration = Duration::from_secs(15);
 /// A pass that found nothing is not repeated before the cluster changes, or this long.
 pub const MEMO: Duration = Duration::from_secs(300);
 /// The same `DisruptionBlocked` message about one node at most this often (unlike upstream, a
-/// new reason is told at once rather than hidden behind the previous one's window).
+/// new reason is told at once rather than hidden behind the previous one's window, except among
+/// the passing states of [`passing`]).
 const BLOCKED_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(2);
 /// `Unconsolidatable` about one node at most this often.
 const UNCONSOLIDATABLE_EVENT_WINDOW: SignedDuration = SignedDuration::from_mins(15);
@@ -388,11 +389,16 @@ impl Controller {
             match decision.outcome {
                 Outcome::Blocked => {
                     let message = upper_first(&why.message);
-                    self.tell(node, reasons::DISRUPTION_BLOCKED, BLOCKED_EVENT_WINDOW, &message).await;
+                    // A node's passing states (no Node yet, not initialized, nominated, going
+                    // away) are told once per window between them, as upstream's recorder
+                    // does with every reason: a new node passes through three in its first
+                    // minute. Any other reason is told at once.
+                    let key = if passing(why.code) { "passing" } else { message.as_str() };
+                    self.tell(node, reasons::DISRUPTION_BLOCKED, key, BLOCKED_EVENT_WINDOW, &message).await;
                 }
                 Outcome::Unconsolidatable if consolidation::is_reported(&why) => {
-                    self.tell(node, reasons::UNCONSOLIDATABLE, UNCONSOLIDATABLE_EVENT_WINDOW, &why.message)
-                        .await;
+                    let reason = reasons::UNCONSOLIDATABLE;
+                    self.tell(node, reason, &why.message, UNCONSOLIDATABLE_EVENT_WINDOW, &why.message).await;
                 }
                 _ => {}
             }
@@ -426,19 +432,15 @@ impl Controller {
         }
     }
 
-    /// A Normal event about the node and its NodeClaim, the same message at most once per
-    /// `window` (a new message is told at once).
-    async fn tell(&self, node: &StateNode, reason: &str, window: SignedDuration, message: &str) {
+    /// A Normal event about the node and its NodeClaim, at most once per `window` for the same
+    /// `key` (an event with another key is told at once).
+    async fn tell(&self, node: &StateNode, reason: &str, key: &str, window: SignedDuration, message: &str) {
         let events = &self.ctx.events;
         if let Some(k8s) = &node.node {
-            events
-                .deduped(k8s.as_ref(), EventType::Normal, reason, message, window, message.to_string())
-                .await;
+            events.deduped(k8s.as_ref(), EventType::Normal, reason, key, window, message.to_string()).await;
         }
         if let Some(claim) = &node.claim {
-            events
-                .deduped(claim.as_ref(), EventType::Normal, reason, message, window, message.to_string())
-                .await;
+            events.deduped(claim.as_ref(), EventType::Normal, reason, key, window, message.to_string()).await;
         }
     }
 
@@ -501,7 +503,8 @@ impl Controller {
             );
             // One node: on it and its NodeClaim; several: on their NodePool.
             if let [single] = nodes.as_slice() {
-                self.tell(single, reasons::CONSOLIDATION_APPROVED, SignedDuration::ZERO, &message).await;
+                let reason = reasons::CONSOLIDATION_APPROVED;
+                self.tell(single, reason, &message, SignedDuration::ZERO, &message).await;
             } else if let Some(pool) = inputs.pools.get(&score.nodepool) {
                 self.ctx.events.normal(pool.as_ref(), reasons::CONSOLIDATION_APPROVED, message).await;
             }
@@ -518,6 +521,12 @@ impl Controller {
         };
         self.commands.lock().unwrap_or_else(PoisonError::into_inner).spawn(run.execute());
     }
+}
+
+/// Whether a node blocked for `code` is only passing through: a new node on its way to
+/// initialized and used, or a node on its way out. Such states pass without anyone acting.
+fn passing(code: Code) -> bool {
+    matches!(code, Code::NoNode | Code::NotInitialized | Code::Nominated | Code::Deleting)
 }
 
 fn find_pod(snapshot: &Snapshot, key: &str) -> Option<Arc<Pod>> {
