@@ -437,16 +437,15 @@ impl Provisioner {
                 Some((i, template::build(new, pool)))
             })
             .collect();
-        let created: Vec<(usize, Result<NodeClaim, kube::Error>)> = futures::stream::iter(creations)
+        // Each creation is logged and followed up as soon as it is answered, not after the batch.
+        let mut created = futures::stream::iter(creations)
             .map(|(i, claim)| {
                 let api = api.clone();
                 async move { (i, api.create(&PostParams::default(), &claim).await) }
             })
-            .buffered(CREATE_CONCURRENCY)
-            .collect()
-            .await;
+            .buffered(CREATE_CONCURRENCY);
         let mut buffer_claims: Vec<String> = Vec::new();
-        for (i, result) in created {
+        while let Some((i, result)) = created.next().await {
             let Some(new) = results.new_node_claims.get(i) else { continue };
             match result {
                 Ok(claim) => {
