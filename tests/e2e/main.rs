@@ -2081,7 +2081,11 @@ async fn node_overlays_with_kwok() {
     .await;
     let o = overlays.get(&main).await.unwrap();
     assert_eq!(condition(&o, "Ready"), Some(("True".into(), "Ready".into())));
-    assert!(!f.cluster_events("NodeOverlay", &rival, "FailedValidation").await.is_empty());
+    // The event follows the status write.
+    wait_for("the rival's FailedValidation event", Duration::from_secs(15), &controller, || async {
+        !f.cluster_events("NodeOverlay", &rival, "FailedValidation").await.is_empty()
+    })
+    .await;
 
     let dp = DeleteParams::default();
     for name in [&main, &rival] {

@@ -811,6 +811,28 @@ impl Fixture {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// The last `n` lines about this journey's NodePool in the logs of the controllers this test
+    /// process started, for failure messages.
+    pub fn controller_lines(&self, n: usize) -> String {
+        let dir = repo().join("target").join("e2e-logs");
+        let mine = format!("-{}-", std::process::id());
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().is_some_and(|f| f.to_string_lossy().contains(&mine)))
+            .collect();
+        files.sort();
+        let mut lines = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            lines.extend(text.lines().filter(|l| l.contains(&self.pool)).map(str::to_string));
+        }
+        let from = lines.len().saturating_sub(n);
+        format!("--- controller log lines about {} ---\n{}", self.pool, lines[from..].join("\n"))
+    }
+
     /// Removes what the journey created; NodeClaims go through the controller, which must still
     /// be running.
     pub async fn cleanup(&self) {
@@ -822,8 +844,18 @@ impl Fixture {
         self.wait_pods_gone(Duration::from_secs(120)).await;
         self.delete_all_claims().await;
         let deadline = Instant::now() + Duration::from_secs(120);
-        while !self.claims().await.is_empty() || !self.nodes().await.is_empty() {
-            assert!(Instant::now() < deadline, "NodeClaims and Nodes of {} removed", self.pool);
+        loop {
+            let (claims, nodes) = (self.claims().await, self.nodes().await);
+            if claims.is_empty() && nodes.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "NodeClaims and Nodes of {} removed; left:\n{}\n{}",
+                self.pool,
+                describe_left(&claims, &nodes),
+                self.controller_lines(40)
+            );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let _ = Api::<NodePool>::all(self.client.clone()).delete(&self.pool, &DeleteParams::default()).await;
@@ -1235,4 +1267,38 @@ pub fn sample_sum(text: &str, series: &str) -> f64 {
         .filter(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// What is left of NodeClaims and Nodes: deletion, finalizers, taints and true conditions.
+fn describe_left(claims: &[NodeClaim], nodes: &[Node]) -> String {
+    let mut out = Vec::new();
+    for c in claims {
+        let conditions: Vec<String> = c
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .filter(|c| c.status == karpenter::apis::common::ConditionStatus::True)
+            .map(|c| c.type_.clone())
+            .collect();
+        out.push(format!(
+            "nodeclaim {}: deleting {:?}, finalizers {:?}, provider {:?}, true {:?}",
+            c.name_any(),
+            c.metadata.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+            c.finalizers(),
+            c.status.as_ref().and_then(|s| s.provider_id.clone()),
+            conditions
+        ));
+    }
+    for n in nodes {
+        let taints: Vec<String> =
+            n.spec.iter().flat_map(|s| s.taints.iter().flatten()).map(|t| t.key.clone()).collect();
+        out.push(format!(
+            "node {}: deleting {:?}, finalizers {:?}, taints {:?}",
+            n.name_any(),
+            n.metadata.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+            n.finalizers(),
+            taints
+        ));
+    }
+    out.join("\n")
 }
