@@ -39,11 +39,13 @@ pub(super) async fn ensure_finalizer(claim: &NodeClaim, state: &State) -> Result
     let patch = json!({
         "metadata": { "finalizers": finalizers, "resourceVersion": claim.resource_version() }
     });
-    state
+    let written = state
         .claims
         .patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(Error::kube("adding the termination finalizer"))
+        .map_err(Error::kube("adding the termination finalizer"))?;
+    state.wrote_over(claim);
+    Ok(written)
 }
 
 /// Takes a deleted claim one step towards letting it go.

@@ -32,11 +32,13 @@ pub(super) async fn hydrate_claim(claim: NodeClaim, state: &State) -> Result<Nod
     if !lacks(&claim, &label) {
         return Ok(claim);
     }
-    state
+    let written = state
         .claims
         .patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&label_patch(&label)))
         .await
-        .map_err(Error::kube("labelling the claim with its node class"))
+        .map_err(Error::kube("labelling the claim with its node class"))?;
+    state.wrote_over(&claim);
+    Ok(written)
 }
 
 /// Labels the claim's registered `node` with the claim's node class unless it is.

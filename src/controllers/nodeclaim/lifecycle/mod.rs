@@ -121,11 +121,71 @@ struct State {
     /// Instances launched for NodeClaims whose status does not record them yet, by NodeClaim UID:
     /// a reconcile after a failed status write finds its launch here instead of launching again.
     launched: Mutex<HashMap<String, Instance>>,
+    /// Versions of NodeClaims this controller wrote over, by NodeClaim UID (see
+    /// [`State::is_written_over`]).
+    written_over: Mutex<WrittenOver>,
+}
+
+/// Versions of NodeClaims a writer replaced, by NodeClaim UID. A reconcile of one of them (the
+/// cache not showing the write yet; the watch brings the newer version, and another reconcile,
+/// soon) would act again on what is done already (a launch found in [`State::launched`]) and fail
+/// its conditional write: about one wasted request per new claim.
+#[derive(Default)]
+struct WrittenOver(HashMap<String, Vec<String>>);
+
+impl WrittenOver {
+    /// At most this many versions are kept per NodeClaim (a reconcile writes at most four).
+    const KEPT: usize = 8;
+
+    /// Remembers that a write replaced `version` of the claim of `uid`.
+    fn add(&mut self, uid: &str, version: &str) {
+        let versions = self.0.entry(uid.to_string()).or_default();
+        if versions.len() >= Self::KEPT {
+            versions.remove(0);
+        }
+        versions.push(version.to_string());
+    }
+
+    /// Whether `version` of the claim of `uid` was written over. A version that was not means the
+    /// cache has caught up with the writes (it only moves forward): those remembered go.
+    fn holds(&mut self, uid: &str, version: &str) -> bool {
+        let Some(versions) = self.0.get(uid) else { return false };
+        if versions.iter().any(|v| v == version) {
+            return true;
+        }
+        self.0.remove(uid);
+        false
+    }
 }
 
 impl State {
     fn launched(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instance>> {
         self.launched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn written_over_map(&self) -> std::sync::MutexGuard<'_, WrittenOver> {
+        self.written_over.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Remembers that a write of this controller replaced version `base` of a claim.
+    fn wrote_over(&self, base: &NodeClaim) {
+        if let (Some(uid), Some(version)) = (&base.metadata.uid, &base.metadata.resource_version) {
+            self.written_over_map().add(uid, version);
+        }
+    }
+
+    /// Whether `claim` is a version this controller has written over (see [`WrittenOver`]).
+    fn is_written_over(&self, claim: &NodeClaim) -> bool {
+        match (&claim.metadata.uid, &claim.metadata.resource_version) {
+            (Some(uid), Some(version)) => self.written_over_map().holds(uid, version),
+            _ => false,
+        }
+    }
+
+    /// Forgets what is remembered about the claim of `uid`.
+    fn forget(&self, uid: &str) {
+        self.launched().remove(uid);
+        self.written_over_map().0.remove(uid);
     }
 }
 
@@ -141,6 +201,9 @@ impl Reconcile for Lifecycle {
         let Some(claim) = state.cluster.nodeclaim(name) else {
             return Ok(Next::Wait);
         };
+        if state.is_written_over(&claim) {
+            return Ok(Next::Wait);
+        }
         let result = reconcile_claim(&claim, state).await;
         if claim.metadata.deletion_timestamp.is_some() || claim.is_true(LAUNCHED) {
             // The launch is in the status (or no longer matters): nothing to remember.
@@ -174,6 +237,7 @@ pub(crate) async fn run_selected(
         ctx,
         cluster: cluster.clone(),
         launched: Mutex::new(HashMap::new()),
+        written_over: Mutex::new(WrittenOver::default()),
     });
     let select = Arc::new(select);
     let _claims = {
@@ -184,7 +248,7 @@ pub(crate) async fn run_selected(
             Notice::Deleted(claim) => {
                 queue.forget(&claim.name_any());
                 if let Some(uid) = claim.metadata.uid.as_deref() {
-                    state.launched().remove(uid);
+                    state.forget(uid);
                 }
             }
             Notice::Gone { name, .. } => {
@@ -194,6 +258,7 @@ pub(crate) async fn run_selected(
                 let live: std::collections::HashSet<String> =
                     cluster.nodeclaims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
                 state.launched().retain(|uid, _| live.contains(uid));
+                state.written_over_map().0.retain(|uid, _| live.contains(uid));
             }
         })
     };
@@ -411,22 +476,26 @@ async fn write(stored: &NodeClaim, claim: &NodeClaim, state: &State) -> Result<N
         let patch = json!({
             "metadata": { "labels": claim.labels(), "annotations": claim.annotations() }
         });
-        current = state
+        let written = state
             .claims
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(Error::kube("writing the nodeclaim's labels"))?;
+        state.wrote_over(&current);
+        current = written;
     }
     if claim.status != stored.status {
         let patch = json!({
             "metadata": { "resourceVersion": current.resource_version() },
             "status": claim.status,
         });
-        current = state
+        let written = state
             .claims
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(Error::kube("writing the nodeclaim's status"))?;
+        state.wrote_over(&current);
+        current = written;
     }
     Ok(current)
 }

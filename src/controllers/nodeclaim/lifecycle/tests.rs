@@ -442,3 +442,22 @@ fn long_launch_failures_are_shortened() {
     let cut = launch_failure_message(&long);
     assert!(cut.ends_with("...") && cut.len() <= 303, "{}", cut.len());
 }
+
+#[test]
+fn versions_written_over_are_held_until_the_cache_catches_up() {
+    let mut written = super::WrittenOver::default();
+    assert!(!written.holds("a", "1"), "nothing written yet");
+    // A reconcile read version 1, wrote labels (2), then the status (3).
+    written.add("a", "1");
+    written.add("a", "2");
+    assert!(written.holds("a", "2"), "the cache still shows the labels' write");
+    assert!(written.holds("a", "1"));
+    assert!(!written.holds("b", "2"), "another claim's versions are its own");
+    assert!(!written.holds("a", "3"), "the cache shows the last write");
+    assert!(!written.holds("a", "1"), "caught up: what was remembered is gone");
+    for v in 0..20 {
+        written.add("c", &v.to_string());
+    }
+    assert_eq!(written.0["c"].len(), super::WrittenOver::KEPT);
+    assert!(written.holds("c", "19") && !written.holds("c", "0"));
+}
