@@ -13,7 +13,7 @@ demo: ## Bring up the local control plane and AWS emulator, install the CRDs and
 test: ## Run every test (starts the local control plane and AWS emulator as needed)
 	@hack/test.sh
 
-bench: ## The benchmarks of docs/benchmarks.md (release build; scheduling, 1000 pods, 500 nodes)
+bench: ## The benchmarks of docs/benchmarks.md (release build; scheduling, 1000 pods, 500 to 2,000 nodes)
 	@hack/bench.sh
 
 chaos: ## The fault-injection run of docs/reliability.md (leader kills, API server restart, EC2 faults, SQS duplicates)
