@@ -166,6 +166,17 @@ impl Controller {
         self.in_flight.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// The inputs of a decision over `snapshot`: [`pass_inputs`], with stand-ins keeping the room
+    /// of pods that just left nodes going away.
+    fn decision_inputs(&self, snapshot: Snapshot) -> Inputs {
+        let inputs = pass_inputs(&self.ctx, snapshot, &self.launched);
+        let stand_ins = {
+            let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
+            departures.stand_ins(&inputs.nodes, &inputs.snapshot.pods, inputs.now)
+        };
+        inputs.with_stand_ins(stand_ins)
+    }
+
     async fn pass(self: &Arc<Self>) -> Next {
         if !self.state.is_synced() {
             return Next::After(Duration::from_secs(1));
@@ -199,12 +210,7 @@ impl Controller {
             return Next::After(IDLE);
         }
         let start = Instant::now();
-        let inputs = pass_inputs(&self.ctx, snapshot, &self.launched);
-        let stand_ins = {
-            let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
-            departures.stand_ins(&inputs.nodes, &inputs.snapshot.pods, inputs.now)
-        };
-        let inputs = inputs.with_stand_ins(stand_ins);
+        let inputs = self.decision_inputs(snapshot);
         let decided = {
             let in_flight = in_flight.clone();
             tokio::task::spawn_blocking(move || {
@@ -261,12 +267,7 @@ impl Controller {
         }
         let snapshot = take_snapshot(&self.ctx, &self.state, &going).await;
         let in_flight: HashSet<String> = going.into_keys().collect();
-        let inputs = pass_inputs(&self.ctx, snapshot, &self.launched);
-        let stand_ins = {
-            let mut departures = self.departures.lock().unwrap_or_else(PoisonError::into_inner);
-            departures.stand_ins(&inputs.nodes, &inputs.snapshot.pods, inputs.now)
-        };
-        let inputs = inputs.with_stand_ins(stand_ins);
+        let inputs = self.decision_inputs(snapshot);
         let decided = tokio::task::spawn_blocking(move || {
             let pass = decide::decide_drift(&inputs.world(), &in_flight);
             (inputs, pass)

@@ -163,21 +163,21 @@ impl State {
         self.launched.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn written_over_map(&self) -> std::sync::MutexGuard<'_, WrittenOver> {
+    fn written_over_guard(&self) -> std::sync::MutexGuard<'_, WrittenOver> {
         self.written_over.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Remembers that a write of this controller replaced version `base` of a claim.
     fn wrote_over(&self, base: &NodeClaim) {
         if let (Some(uid), Some(version)) = (&base.metadata.uid, &base.metadata.resource_version) {
-            self.written_over_map().add(uid, version);
+            self.written_over_guard().add(uid, version);
         }
     }
 
     /// Whether `claim` is a version this controller has written over (see [`WrittenOver`]).
     fn is_written_over(&self, claim: &NodeClaim) -> bool {
         match (&claim.metadata.uid, &claim.metadata.resource_version) {
-            (Some(uid), Some(version)) => self.written_over_map().holds(uid, version),
+            (Some(uid), Some(version)) => self.written_over_guard().holds(uid, version),
             _ => false,
         }
     }
@@ -185,7 +185,7 @@ impl State {
     /// Forgets what is remembered about the claim of `uid`.
     fn forget(&self, uid: &str) {
         self.launched().remove(uid);
-        self.written_over_map().0.remove(uid);
+        self.written_over_guard().0.remove(uid);
     }
 }
 
@@ -258,7 +258,7 @@ pub(crate) async fn run_selected(
                 let live: std::collections::HashSet<String> =
                     cluster.nodeclaims.state().iter().filter_map(|c| c.metadata.uid.clone()).collect();
                 state.launched().retain(|uid, _| live.contains(uid));
-                state.written_over_map().0.retain(|uid, _| live.contains(uid));
+                state.written_over_guard().0.retain(|uid, _| live.contains(uid));
             }
         })
     };
