@@ -899,11 +899,12 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
         .await
         .unwrap();
     let leaked = leaked.instances()[0].instance_id().unwrap().to_string();
-    wait_for("the leaked instance terminated", Duration::from_secs(120), &controller, || async {
+    // The log line follows the termination.
+    wait_for("the leaked instance terminated and logged", Duration::from_secs(120), &controller, || async {
         pool_instances(&ec2, &f.pool).await.iter().any(|i| i.id == leaked && i.state == "terminated")
+            && controller.log_contains("garbage collected cloudprovider instance")
     })
     .await;
-    assert!(controller.log_contains("garbage collected cloudprovider instance"), "{}", controller.log_tail());
     // Retries back off up to a minute.
     wait_for("the interruption queue found once it exists", Duration::from_secs(70), &controller, || async {
         controller.log_contains("watching interruption queue")
