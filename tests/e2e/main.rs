@@ -47,7 +47,7 @@ async fn getting_started_with_kwok() {
         "registered nodeclaim",
         "initialized nodeclaim",
     ] {
-        assert!(f.logged(&controller, message), "log has {message:?}\n{}", controller.log_tail());
+        f.wait_logged(&controller, message).await;
     }
     let metrics = controller.metrics().await;
     let created =
@@ -2494,7 +2494,7 @@ spec:
     for claim in f.claims().await {
         assert_eq!(claim.labels().get("e2e-drift").map(String::as_str), Some("v2"), "{}", claim.name_any());
     }
-    assert!(f.logged(&controller, "\"reason\":\"Drifted\""), "{}", controller.log_tail());
+    f.wait_logged(&controller, "\"reason\":\"Drifted\"").await;
     let drifted = controller
         .metric_sum_where_all(
             "karpenter_nodeclaims_disrupted_total",
@@ -2553,7 +2553,7 @@ spec: {{maxUnavailable: 0, selector: {{matchLabels: {{app: held}}}}}}
     let expired_after = applied.elapsed();
     let deleted = Instant::now();
     assert!(expired_after >= Duration::from_secs(19), "not before it expired: {expired_after:?}");
-    assert!(f.logged(&controller, "deleting expired nodeclaim"), "{}", controller.log_tail());
+    f.wait_logged(&controller, "deleting expired nodeclaim").await;
     wait_for("the expired NodeClaim gone", Duration::from_secs(60), &controller, || async {
         f.claims_api().get_opt(&name).await.unwrap().is_none()
     })
@@ -2727,7 +2727,7 @@ async fn node_repair(f: &Fixture, controller: &Controller) {
     for name in &sick[1..] {
         assert!(f.node_exists(name).await, "recovered node {name} kept");
     }
-    assert!(f.logged(controller, "deleting unhealthy node"), "{}", controller.log_tail());
+    f.wait_logged(controller, "deleting unhealthy node").await;
     let unhealthy = controller
         .metric_sum_where_all(
             "karpenter_nodeclaims_disrupted_total",
@@ -3199,7 +3199,7 @@ async fn preferences_yield_in_consolidation_with_kwok() {
     })
     .await;
     let line = format!("preferences left unmet for 1 pod: {}/web-", f.ns);
-    assert!(f.logged(&controller, &line), "the command names the pod\n{}", controller.log_tail());
+    f.wait_logged(&controller, &line).await;
     Api::<Deployment>::namespaced(f.client.clone(), &f.ns)
         .delete("web", &DeleteParams::default())
         .await
@@ -3258,7 +3258,7 @@ async fn extended_resources_learned_with_kwok() {
             "only the type that learned it"
         );
     }
-    assert!(f.logged(&controller, "learned extended resources from nodes"), "{}", controller.log_tail());
+    f.wait_logged(&controller, "learned extended resources from nodes").await;
     for name in ["base", "fuse"] {
         Api::<Deployment>::namespaced(f.client.clone(), &f.ns)
             .delete(name, &DeleteParams::default())
@@ -3490,7 +3490,7 @@ spec:
         },
     )
     .await;
-    assert!(f.logged(&controller, "disrupting node(s)"));
+    f.wait_logged(&controller, "disrupting node(s)").await;
     // The decision record says the same, with codes.
     wait_for("the held nodes in the /disruption record", Duration::from_secs(30), &controller, || async {
         let answer = controller.metrics_port_get("/disruption").await;

@@ -456,6 +456,15 @@ impl Fixture {
             .any(|l| l.contains(message) && (l.contains(&self.pool) || l.contains(&self.ns)))
     }
 
+    /// Waits (up to 15 s) for a line of `message` about this fixture's objects: a controller logs
+    /// most actions once they are answered, so the line may follow what the journey saw.
+    pub async fn wait_logged(&self, controller: &Controller, message: &str) {
+        wait_for(&format!("a log line {message:?}"), Duration::from_secs(15), controller, || async {
+            self.logged(controller, message)
+        })
+        .await;
+    }
+
     /// The label that picks this fixture's NodePool's series out of a metric family.
     pub fn pool_label(&self) -> String {
         format!("nodepool=\"{}\"", self.pool)
