@@ -84,7 +84,7 @@ impl SummaryFamily {
     }
 
     /// Writes the family in the OpenMetrics text format.
-    fn encode(&self, name: &str, help: &str, out: &mut String, now: Instant) -> std::fmt::Result {
+    fn encode<W: Write>(&self, name: &str, help: &str, out: &mut W, now: Instant) -> std::fmt::Result {
         writeln!(out, "# HELP {name} {help}")?;
         writeln!(out, "# TYPE {name} summary")?;
         let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
@@ -146,17 +146,13 @@ impl Summaries {
 }
 
 /// `/metrics`: `registry` in the OpenMetrics text format, then `summaries`, then `# EOF`.
-pub fn encode(registry: &Registry, summaries: &Summaries, out: &mut String) -> std::fmt::Result {
-    prometheus_client::encoding::text::encode(out, registry)?;
-    if out.ends_with("# EOF\n") {
-        out.truncate(out.len() - "# EOF\n".len());
-    }
+pub fn encode<W: Write>(registry: &Registry, summaries: &Summaries, out: &mut W) -> std::fmt::Result {
+    prometheus_client::encoding::text::encode_registry(out, registry)?;
     let now = Instant::now();
     for (name, help, family) in &summaries.families {
         family.encode(name, help, out, now)?;
     }
-    out.push_str("# EOF\n");
-    Ok(())
+    prometheus_client::encoding::text::encode_eof(out)
 }
 
 #[cfg(test)]
