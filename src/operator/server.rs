@@ -103,29 +103,51 @@ impl Exposition {
     /// The text, in a buffer sized from the last answer: at a few thousand nodes the per-node
     /// families make tens of MB, and a buffer grown by doubling would briefly hold three times
     /// that.
-    fn plain(&self) -> Result<String, std::fmt::Error> {
+    fn plain(&self) -> Result<String, EncodeError> {
         let last = self.last_len.load(Ordering::Relaxed);
         let mut text = String::with_capacity(last + last / 8);
-        crate::metrics::summary::encode(&self.registry, &self.summaries, &mut text)?;
+        crate::metrics::summary::encode(&self.registry, &self.summaries, &mut text)
+            .map_err(EncodeError::Format)?;
         self.last_len.store(text.len(), Ordering::Relaxed);
         Ok(text)
     }
 
     /// The text gzip-compressed as it is encoded (Prometheus asks for gzip): the whole text is
     /// never held, and the answer is a small part of its size.
-    fn gzip(&self) -> Result<Vec<u8>, std::fmt::Error> {
-        let mut out = Gzip(GzEncoder::new(Vec::new(), Compression::fast()));
-        crate::metrics::summary::encode(&self.registry, &self.summaries, &mut out)?;
-        out.0.finish().map_err(|_| std::fmt::Error)
+    fn gzip(&self) -> Result<Vec<u8>, EncodeError> {
+        let mut out = Gzip { encoder: GzEncoder::new(Vec::new(), Compression::fast()), failed: None };
+        let encoded = crate::metrics::summary::encode(&self.registry, &self.summaries, &mut out);
+        match (encoded, out.failed) {
+            (_, Some(source)) => Err(EncodeError::Compress(source)),
+            (Err(source), None) => Err(EncodeError::Format(source)),
+            (Ok(()), None) => out.encoder.finish().map_err(EncodeError::Compress),
+        }
     }
 }
 
-/// A `fmt::Write` into a gzip stream.
-struct Gzip(GzEncoder<Vec<u8>>);
+/// Why `/metrics` could not be answered.
+#[derive(Debug, thiserror::Error)]
+enum EncodeError {
+    /// A family could not be written as text.
+    #[error("writing the metrics text")]
+    Format(#[source] std::fmt::Error),
+    /// The text could not be compressed.
+    #[error("compressing the metrics text")]
+    Compress(#[source] std::io::Error),
+}
+
+/// A `fmt::Write` into a gzip stream, keeping the stream's error (`fmt::Error` carries none).
+struct Gzip {
+    encoder: GzEncoder<Vec<u8>>,
+    failed: Option<std::io::Error>,
+}
 
 impl std::fmt::Write for Gzip {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.write_all(s.as_bytes()).map_err(|_| std::fmt::Error)
+        self.encoder.write_all(s.as_bytes()).map_err(|e| {
+            self.failed = Some(e);
+            std::fmt::Error
+        })
     }
 }
 
@@ -154,7 +176,7 @@ async fn metrics(State(exposition): State<Arc<Exposition>>, headers: HeaderMap) 
             ([(header::CONTENT_TYPE, OPENMETRICS), (header::CONTENT_ENCODING, "gzip")], body).into_response()
         }
         Ok(Ok(body)) => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
-        Ok(Err(error)) => failed(format!("encoding metrics: {error}")),
+        Ok(Err(error)) => failed(crate::util::error_chain(&error)),
         Err(error) => failed(format!("encoding metrics: {error}")),
     }
 }
