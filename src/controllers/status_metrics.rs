@@ -12,11 +12,12 @@
 //! not.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use tokio::sync::watch;
 
 use crate::apis::labels::{LABEL_EC2NODECLASS, LABEL_INITIALIZED, LABEL_NODEPOOL};
@@ -24,7 +25,7 @@ use crate::apis::{Condition, EC2NodeClass, NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::EventType;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
-use crate::metrics::{Labels, StatusFamilies, StatusMetrics};
+use crate::metrics::{Labels, SharedLabels, StatusFamilies, StatusMetrics};
 use crate::state::ClusterState;
 
 /// Name of the controller, in logs.
@@ -199,6 +200,66 @@ fn finalized(before: &Object, now: &[String]) -> Vec<Transition> {
 #[derive(Debug, Default)]
 pub struct Recorder {
     seen: HashMap<String, Object>,
+    parts: Parts,
+}
+
+/// The label parts whose values repeat across objects (a condition's type, status and reason; a
+/// kind's extra labels), one shared allocation per distinct value: at 2,000 NodeClaims and 2,000
+/// Nodes the per-object series number in the tens of thousands.
+#[derive(Debug, Default)]
+struct Parts(HashMap<Labels, Arc<Labels>>);
+
+impl Parts {
+    fn get(&mut self, labels: Labels) -> Arc<Labels> {
+        Arc::clone(self.0.entry(labels.clone()).or_insert_with(|| Arc::new(labels)))
+    }
+
+    /// Forgets the parts no series holds any more.
+    fn prune(&mut self) {
+        self.0.retain(|_, part| Arc::strong_count(part) > 1);
+    }
+}
+
+/// The label parts of one object's per-object series.
+struct ObjectLabels {
+    /// `namespace` (empty: the four kinds are cluster-scoped) and `name`.
+    head: Arc<Labels>,
+    /// The kind's extra labels, last in the kind's own families.
+    extra: Arc<Labels>,
+    /// `group` and `kind`, last in the deprecated families.
+    kind: Arc<Labels>,
+}
+
+impl ObjectLabels {
+    fn new(kind: &Kind, object: &Object, parts: &mut Parts) -> Self {
+        ObjectLabels {
+            head: Arc::new(vec![("namespace", String::new()), ("name", object.name.clone())]),
+            extra: parts.get(extra(kind, object)),
+            kind: parts.get(vec![("group", kind.group.to_string()), ("kind", kind.kind.to_string())]),
+        }
+    }
+
+    /// The labels of the series of condition `c`, in the kind's own families and the deprecated.
+    fn condition(&self, c: &Seen, parts: &mut Parts) -> (SharedLabels, SharedLabels) {
+        let condition = parts.get(vec![
+            ("type", c.type_.clone()),
+            ("status", c.status.clone()),
+            ("reason", c.reason.clone()),
+        ]);
+        self.with(condition)
+    }
+
+    /// The labels of the object's termination series.
+    fn termination(&self, parts: &mut Parts) -> (SharedLabels, SharedLabels) {
+        self.with(parts.get(Vec::new()))
+    }
+
+    fn with(&self, middle: Arc<Labels>) -> (SharedLabels, SharedLabels) {
+        (
+            SharedLabels([self.head.clone(), middle.clone(), self.extra.clone()]),
+            SharedLabels([self.head.clone(), middle, self.kind.clone()]),
+        )
+    }
 }
 
 impl Recorder {
@@ -220,20 +281,25 @@ impl Recorder {
         let mut transitions = Vec::new();
         for name in gone {
             if let Some(object) = self.seen.remove(&name) {
-                forget(kind, families, deprecated, &object, now);
+                forget(kind, families, deprecated, &object, now, &mut self.parts);
                 // Its finalizers were removed for it to go.
                 transitions.extend(finalized(&object, &[]).into_iter().map(|t| (name.clone(), t)));
             }
         }
-        for object in objects {
+        for mut object in objects {
             let before = self.seen.remove(&object.name);
             transitions.extend(
-                record(kind, families, deprecated, before.as_ref(), &object, now)
+                record(kind, families, deprecated, before.as_ref(), &object, now, &mut self.parts)
                     .into_iter()
                     .map(|t| (object.name.clone(), t)),
             );
+            // Only the conditions' new messages are told.
+            for c in &mut object.conditions {
+                c.message = String::new();
+            }
             self.seen.insert(object.name.clone(), object);
         }
+        self.parts.prune();
         transitions
     }
 }
@@ -242,42 +308,8 @@ fn seconds_between(from: Option<Timestamp>, to: Timestamp) -> f64 {
     from.map_or(0.0, |from| to.duration_since(from).as_secs_f64())
 }
 
-/// The series labels of `object`'s condition `c`, per kind and deprecated.
-fn condition_labels(kind: &Kind, object: &Object, c: &Seen) -> (Labels, Labels) {
-    let mut own: Labels = vec![
-        ("namespace", String::new()),
-        ("name", object.name.clone()),
-        ("type", c.type_.clone()),
-        ("status", c.status.clone()),
-        ("reason", c.reason.clone()),
-    ];
-    own.extend(extra(kind, object));
-    let deprecated = vec![
-        ("namespace", String::new()),
-        ("name", object.name.clone()),
-        ("type", c.type_.clone()),
-        ("status", c.status.clone()),
-        ("reason", c.reason.clone()),
-        ("group", kind.group.to_string()),
-        ("kind", kind.kind.to_string()),
-    ];
-    (own, deprecated)
-}
-
 fn extra(kind: &Kind, object: &Object) -> Labels {
     kind.extra.iter().map(|(_, name)| *name).zip(object.extra.iter().cloned()).collect()
-}
-
-fn termination_labels(kind: &Kind, object: &Object) -> (Labels, Labels) {
-    let mut own: Labels = vec![("namespace", String::new()), ("name", object.name.clone())];
-    own.extend(extra(kind, object));
-    let deprecated = vec![
-        ("namespace", String::new()),
-        ("name", object.name.clone()),
-        ("group", kind.group.to_string()),
-        ("kind", kind.kind.to_string()),
-    ];
-    (own, deprecated)
 }
 
 /// Records one look at `object`, which was `before` at the previous look.
@@ -288,14 +320,16 @@ fn record(
     before: Option<&Object>,
     object: &Object,
     now: Timestamp,
+    parts: &mut Parts,
 ) -> Vec<Transition> {
     // Series of conditions that changed, or of labels that changed, go first.
     if let Some(before) = before {
+        let was = ObjectLabels::new(kind, before, parts);
         for old in &before.conditions {
             let current = object.conditions.iter().find(|c| c.type_ == old.type_);
             let changed = current.is_none_or(|c| c.status != old.status || c.reason != old.reason);
             if changed || before.extra != object.extra {
-                let (own, dep) = condition_labels(kind, before, old);
+                let (own, dep) = was.condition(old, parts);
                 families.condition_count.remove(&own);
                 families.condition_current_status_seconds.remove(&own);
                 if let Some(d) = deprecated {
@@ -305,12 +339,13 @@ fn record(
             }
         }
         if before.extra != object.extra {
-            let (own, _) = termination_labels(kind, before);
+            let (own, _) = was.termination(parts);
             families.termination_current_time_seconds.remove(&own);
         }
     }
+    let labels = ObjectLabels::new(kind, object, parts);
     for c in &object.conditions {
-        let (own, dep) = condition_labels(kind, object, c);
+        let (own, dep) = labels.condition(c, parts);
         let age = seconds_between(c.since, now);
         families.condition_count.get_or_create(&own).set(1.0);
         families.condition_current_status_seconds.get_or_create(&own).set(age);
@@ -320,7 +355,7 @@ fn record(
         }
     }
     if let Some(since) = object.deleting_since {
-        let (own, dep) = termination_labels(kind, object);
+        let (own, dep) = labels.termination(parts);
         let age = seconds_between(Some(since), now);
         families.termination_current_time_seconds.get_or_create(&own).set(age);
         if let Some(d) = deprecated {
@@ -385,9 +420,11 @@ fn forget(
     deprecated: Option<&StatusFamilies>,
     object: &Object,
     now: Timestamp,
+    parts: &mut Parts,
 ) {
+    let labels = ObjectLabels::new(kind, object, parts);
     for c in &object.conditions {
-        let (own, dep) = condition_labels(kind, object, c);
+        let (own, dep) = labels.condition(c, parts);
         families.condition_count.remove(&own);
         families.condition_current_status_seconds.remove(&own);
         if let Some(d) = deprecated {
@@ -395,7 +432,7 @@ fn forget(
             d.condition_current_status_seconds.remove(&dep);
         }
     }
-    let (own, dep) = termination_labels(kind, object);
+    let (own, dep) = labels.termination(parts);
     families.termination_current_time_seconds.remove(&own);
     if let Some(d) = deprecated {
         d.termination_current_time_seconds.remove(&dep);
@@ -423,7 +460,7 @@ struct Recorders {
 /// [`PERIOD`]. With `cluster_state` false (`DISABLE_CLUSTER_STATE_OBSERVABILITY`), only
 /// EC2NodeClasses are looked at, as upstream.
 pub async fn run(ctx: Context, state: ClusterState, cluster_state: bool, stop: watch::Receiver<bool>) {
-    let recorders = std::sync::Arc::new(tokio::sync::Mutex::new(Recorders::default()));
+    let recorders = Arc::new(tokio::sync::Mutex::new(Recorders::default()));
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), Timer, stop, || {
         let (ctx, state, recorders) = (ctx.clone(), state.clone(), recorders.clone());
         async move {
@@ -438,36 +475,26 @@ pub async fn run(ctx: Context, state: ClusterState, cluster_state: bool, stop: w
 async fn pass(ctx: &Context, state: &ClusterState, cluster_state: bool, recorders: &mut Recorders) {
     let now = Timestamp::now();
     let status = &ctx.metrics.status;
-    let classes: Vec<std::sync::Arc<EC2NodeClass>> = state.nodeclasses.state();
+    let classes: Vec<Arc<EC2NodeClass>> = state.nodeclasses.state();
     let objects =
         classes.iter().map(|c| Object::karpenter(&EC2NODECLASS, c.meta(), class_conditions(c))).collect();
     let seen = recorders.nodeclasses.look(&EC2NODECLASS, status, &status.ec2nodeclass, objects, now);
-    tell(ctx, &EC2NODECLASS, &seen, |name| {
-        classes.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))
-    })
-    .await;
+    tell(ctx, &EC2NODECLASS, &seen, &classes).await;
     if !cluster_state {
         return;
     }
-    let claims: Vec<std::sync::Arc<NodeClaim>> = state.nodeclaims.state();
+    let claims: Vec<Arc<NodeClaim>> = state.nodeclaims.state();
     let objects = claims.iter().map(|c| Object::karpenter(&NODECLAIM, c.meta(), c.conditions())).collect();
     let seen = recorders.nodeclaims.look(&NODECLAIM, status, &status.nodeclaim, objects, now);
-    tell(ctx, &NODECLAIM, &seen, |name| {
-        claims.iter().find(|c| c.name_any() == name).map(|c| c.object_ref(&()))
-    })
-    .await;
-    let pools: Vec<std::sync::Arc<NodePool>> = state.nodepools.state();
+    tell(ctx, &NODECLAIM, &seen, &claims).await;
+    let pools: Vec<Arc<NodePool>> = state.nodepools.state();
     let objects = pools.iter().map(|p| Object::karpenter(&NODEPOOL, p.meta(), pool_conditions(p))).collect();
     let seen = recorders.nodepools.look(&NODEPOOL, status, &status.nodepool, objects, now);
-    tell(ctx, &NODEPOOL, &seen, |name| {
-        pools.iter().find(|p| p.name_any() == name).map(|p| p.object_ref(&()))
-    })
-    .await;
-    let nodes: Vec<std::sync::Arc<Node>> = state.nodes.state();
+    tell(ctx, &NODEPOOL, &seen, &pools).await;
+    let nodes: Vec<Arc<Node>> = state.nodes.state();
     let objects = nodes.iter().map(|n| Object::node(n)).collect();
     let seen = recorders.nodes.look(&NODE, status, &status.node, objects, now);
-    tell(ctx, &NODE, &seen, |name| nodes.iter().find(|n| n.name_any() == name).map(|n| n.object_ref(&())))
-        .await;
+    tell(ctx, &NODE, &seen, &nodes).await;
 }
 
 fn class_conditions(class: &EC2NodeClass) -> &[Condition] {
@@ -478,16 +505,24 @@ fn pool_conditions(pool: &NodePool) -> &[Condition] {
     pool.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
 }
 
-/// Sends a Normal event about each transition to its object (named from `kind` and what was
-/// last seen of it when it is gone).
-async fn tell(
+/// Sends a Normal event about each transition to its object among `objects` (or named from
+/// `kind` and what was last seen of it, when it is gone).
+async fn tell<K: Resource<DynamicType = ()>>(
     ctx: &Context,
     kind: &Kind,
     transitions: &[(String, Transition)],
-    object: impl Fn(&str) -> Option<k8s_openapi::api::core::v1::ObjectReference>,
+    objects: &[Arc<K>],
 ) {
+    if transitions.is_empty() {
+        return;
+    }
+    let by_name: HashMap<&str, &K> =
+        objects.iter().filter_map(|o| o.meta().name.as_deref().map(|name| (name, o.as_ref()))).collect();
     for (name, t) in transitions {
-        let reference = object(name).unwrap_or_else(|| kind.reference(name, &t.uid));
+        let reference = by_name
+            .get(name.as_str())
+            .map(|o| o.object_ref(&()))
+            .unwrap_or_else(|| kind.reference(name, &t.uid));
         ctx.events.publish(reference, EventType::Normal, &t.reason, t.message.clone()).await;
     }
 }
@@ -545,6 +580,46 @@ mod tests {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
         out
+    }
+
+    #[test]
+    fn objects_share_their_repeated_label_parts_until_no_series_holds_them() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let status = &metrics.status;
+        let mut recorder = Recorder::default();
+        let named = |name: &str| Object {
+            name: name.into(),
+            ..claim(vec![seen("Launched", "True", "Launched", "2026-01-01T00:00:00Z")], None)
+        };
+        let now = at("2026-01-01T00:00:30Z");
+        recorder.look(&NODECLAIM, status, &status.nodeclaim, vec![named("c1"), named("c2")], now);
+        // One condition part (in each claim's four series), one part of the kind's extra labels
+        // (two series each) and one of group and kind (the deprecated two), each held once more
+        // by the interner.
+        let mut held: Vec<(String, usize)> = recorder
+            .parts
+            .0
+            .iter()
+            .map(|(labels, part)| {
+                (labels.first().map(|(k, _)| k.to_string()).unwrap_or_default(), Arc::strong_count(part))
+            })
+            .collect();
+        held.sort();
+        assert_eq!(
+            held,
+            vec![
+                ("group".to_string(), 5),
+                ("karpenter_k8s_aws_ec2nodeclass".to_string(), 5),
+                ("type".to_string(), 9)
+            ]
+        );
+        let out = text(&registry);
+        assert!(out.contains("operator_status_condition_count{namespace=\"\",name=\"c2\",type=\"Launched\",status=\"True\",reason=\"Launched\",group=\"karpenter.sh\",kind=\"NodeClaim\"} 1"), "{out}");
+        // Both gone: their series go, and so do the parts.
+        recorder.look(&NODECLAIM, status, &status.nodeclaim, Vec::new(), now);
+        assert!(recorder.parts.0.is_empty(), "{:?}", recorder.parts);
+        assert!(!text(&registry).contains("name=\"c1\""));
     }
 
     #[test]

@@ -46,6 +46,22 @@ impl EncodeLabelSet for NodeSeries {
 
 /// A float gauge family of per-node series.
 pub type NodeGaugeFamily = Family<NodeSeries, Gauge<f64, AtomicU64>>;
+
+/// Labels of one series of a per-object family, in three parts encoded in order, each one
+/// allocation that other series share: the object's own labels (every series of the object), and
+/// parts whose values repeat across objects (a condition's type, status and reason; a kind's
+/// extra labels), which the caller interns.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SharedLabels(pub [Arc<Labels>; 3]);
+
+impl EncodeLabelSet for SharedLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.0.iter().try_for_each(|part| part.as_slice().encode(encoder))
+    }
+}
+
+/// A float gauge family of per-object series.
+pub type ObjectGaugeFamily = Family<SharedLabels, Gauge<f64, AtomicU64>>;
 /// A counter family.
 pub type CounterFamily = Family<Labels, Counter>;
 /// A histogram family with upstream's duration buckets.
@@ -628,15 +644,15 @@ impl Metrics {
 #[derive(Debug)]
 pub struct StatusFamilies {
     /// `..._status_condition_count`: 1 per object and current (type, status, reason).
-    pub condition_count: GaugeFamily,
+    pub condition_count: ObjectGaugeFamily,
     /// `..._status_condition_current_status_seconds`: how long each condition has had its status.
-    pub condition_current_status_seconds: GaugeFamily,
+    pub condition_current_status_seconds: ObjectGaugeFamily,
     /// `..._status_condition_transitions_total`, by the new type, status and reason.
     pub condition_transitions: CounterFamily,
     /// `..._status_condition_transition_seconds`: how long a condition had its previous status.
     pub condition_transition_seconds: HistogramFamily,
     /// `..._termination_current_time_seconds`: how long an object has been terminating.
-    pub termination_current_time_seconds: GaugeFamily,
+    pub termination_current_time_seconds: ObjectGaugeFamily,
     /// `..._termination_duration_seconds`: how long an object took to terminate.
     pub termination_duration_seconds: HistogramFamily,
 }
@@ -649,12 +665,12 @@ impl StatusFamilies {
             condition_count: r.add(
                 &format!("{condition}_count"),
                 "The number of an condition for a given object, type and status. e.g. Alarm := Available=False > 0",
-                GaugeFamily::default(),
+                ObjectGaugeFamily::default(),
             ),
             condition_current_status_seconds: r.add(
                 &format!("{condition}_current_status_seconds"),
                 "The current amount of time in seconds that a status condition has been in a specific state. Alarm := P99(Updated=Unknown) > 5 minutes",
-                GaugeFamily::default(),
+                ObjectGaugeFamily::default(),
             ),
             condition_transitions: r.add(
                 &format!("{condition}_transitions"),
@@ -669,7 +685,7 @@ impl StatusFamilies {
             termination_current_time_seconds: r.add(
                 &format!("{termination}_current_time_seconds"),
                 "The current amount of time in seconds that an object has been in terminating state.",
-                GaugeFamily::default(),
+                ObjectGaugeFamily::default(),
             ),
             termination_duration_seconds: r.add(
                 &format!("{termination}_duration_seconds"),
