@@ -153,12 +153,15 @@ impl KwokCloudProvider {
             }
         })?;
         let provider_id = format!("{PROVIDER_ID_PREFIX}{claim_name}");
-        if let Some(node) = self.node(&provider_id).await? {
-            tracing::info!(node_claim = %claim_name, node = %claim_name, "found the node of a previous launch");
-            return Ok(node_instance(&node));
-        }
         if let Some(instance) = self.pending_instance(&provider_id) {
             return Ok(instance);
+        }
+        // A delayed launch creates its Node later: a previous launch (before a restart) may have
+        // made it already. An immediate one finds out from its create (below), sparing a request.
+        if !self.registration_delay.is_zero()
+            && let Some(node) = self.node(&provider_id).await?
+        {
+            return Ok(previous_launch(&claim_name, &node));
         }
 
         let (reqs, requests) = claim_requirements(node_claim, &claim_name)?;
@@ -175,7 +178,17 @@ impl KwokCloudProvider {
         let instance = node_instance(&node);
 
         if self.registration_delay.is_zero() {
-            create_node(&self.nodes(), &node).await?;
+            match self.nodes().create(&PostParams::default(), &node).await {
+                Ok(_) => {}
+                Err(e) if is_conflict(&e) => {
+                    return match self.node(&provider_id).await? {
+                        Some(node) => Ok(previous_launch(&claim_name, &node)),
+                        // A Node of that name with another provider ID (or gone since).
+                        None => Err(api_error("CreateNode", e)),
+                    };
+                }
+                Err(e) => return Err(api_error("CreateNode", e)),
+            }
             tracing::info!(node_claim = %claim_name, instance_type = %it.name, zone = %offering.zone,
                 capacity_type = %offering.capacity_type, "created kwok node");
             return Ok(instance);
@@ -471,6 +484,12 @@ pub fn node_instance(node: &Node) -> Instance {
 }
 
 /// Creates `node`; one that already exists (an earlier attempt of the same launch) is fine.
+/// The instance of a Node a previous launch of `claim_name` made.
+fn previous_launch(claim_name: &str, node: &Node) -> Instance {
+    tracing::info!(node_claim = %claim_name, node = %claim_name, "found the node of a previous launch");
+    node_instance(node)
+}
+
 async fn create_node(nodes: &Api<Node>, node: &Node) -> Result<()> {
     match nodes.create(&PostParams::default(), node).await {
         Ok(_) => Ok(()),

@@ -253,7 +253,19 @@ async fn creates_gets_lists_and_deletes_nodes() {
     // Idempotent: the second launch finds the first.
     let again = cloud.create(&claim).await.unwrap();
     assert_eq!(again.provider_id, instance.provider_id);
+    assert_eq!(again.instance_type, "m5.large");
     assert!(again.launch_time.is_some());
+    // A Node of the claim's name that another provider made is no launch of the claim's.
+    let foreign = unique("kwok-cp-test");
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": foreign},
+        "spec": {"providerID": format!("other://{foreign}")}
+    }))
+    .unwrap();
+    cloud.nodes().create(&Default::default(), &node).await.unwrap();
+    let err = cloud.create(&m5_large_claim(&foreign)).await.unwrap_err();
+    assert!(matches!(err, CloudProviderError::Api { operation: "CreateNode", .. }), "{err}");
+    cloud.nodes().delete(&foreign, &Default::default()).await.unwrap();
 
     let got = cloud.get(&instance.provider_id).await.unwrap();
     assert_eq!(got.instance_type, "m5.large");
