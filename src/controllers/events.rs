@@ -9,6 +9,7 @@
 //! dropped.
 
 use crate::util::api::is_not_found;
+use crate::util::bucket::TokenBucket;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -26,8 +27,34 @@ pub const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 
 /// The longest deduplication window in use; entries older than this are pruned.
 const MAX_DEDUPE_WINDOW: SignedDuration = SignedDuration::from_mins(15);
-/// Deduplication entries kept before old ones are pruned.
-const RECENT_PRUNE_AT: usize = 4096;
+/// Entries (deduplication or series) kept before old ones are pruned; after a prune, twice what
+/// was kept, so that a cluster with more live entries does not scan them at every event.
+const PRUNE_AT: usize = 4096;
+
+/// Entries keyed by an event's hash, pruned when they reach `prune_at`.
+#[derive(Debug)]
+struct Remembered<V> {
+    entries: HashMap<u64, V>,
+    prune_at: usize,
+}
+
+impl<V> Default for Remembered<V> {
+    fn default() -> Self {
+        Remembered { entries: HashMap::new(), prune_at: PRUNE_AT }
+    }
+}
+
+impl<V> Remembered<V> {
+    /// Inserts `value`, first dropping the entries `keep` refuses when there are many.
+    fn insert(&mut self, key: u64, value: V, keep: impl FnMut(&V) -> bool) {
+        if self.entries.len() >= self.prune_at {
+            let mut keep = keep;
+            self.entries.retain(|_, v| keep(v));
+            self.prune_at = (self.entries.len() * 2).max(PRUNE_AT);
+        }
+        self.entries.insert(key, value);
+    }
+}
 
 /// The name events are reported under.
 const CONTROLLER: &str = "karpenter";
@@ -122,9 +149,9 @@ pub mod reasons {
 pub struct Events {
     client: Option<Client>,
     instance: String,
-    series: Arc<Mutex<HashMap<u64, Series>>>,
+    series: Arc<Mutex<Remembered<Series>>>,
     /// When each deduplicated event (hash of object uid, reason and key) was last published.
-    recent: Arc<Mutex<HashMap<u64, Timestamp>>>,
+    recent: Arc<Mutex<Remembered<Timestamp>>>,
 }
 
 impl Events {
@@ -179,21 +206,54 @@ impl Events {
         K: Resource<DynamicType = ()>,
     {
         let reference = object.object_ref(&());
+        if self.first_in_window(&reference, reason, key, window) {
+            self.publish(reference, type_, reason, message).await;
+        }
+    }
+
+    /// As [`Events::deduped`] (without a key), and only when `limit` has a token: an event it
+    /// refuses is dropped and still counts as told for the window, as upstream's recorder limits
+    /// `Nominated` (its deduplication comes first).
+    pub async fn limited<K>(
+        &self,
+        (object, type_, reason): (&K, EventType, &str),
+        window: SignedDuration,
+        limit: &TokenBucket,
+        message: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let reference = object.object_ref(&());
+        if !self.first_in_window(&reference, reason, "", window) {
+            return;
+        }
+        if !limit.try_take() {
+            let name = reference.name.as_deref().unwrap_or_default();
+            tracing::debug!(reason, name, "event dropped by its rate limit");
+            return;
+        }
+        self.publish(reference, type_, reason, message).await;
+    }
+
+    /// Whether no event with `reason` (and `key`) about `reference` was told within `window`;
+    /// if none was, this one counts as told from now.
+    fn first_in_window(
+        &self,
+        reference: &ObjectReference,
+        reason: &str,
+        key: &str,
+        window: SignedDuration,
+    ) -> bool {
         let mut hasher = DefaultHasher::new();
         (reference.uid.as_deref(), reference.name.as_deref(), reason, key).hash(&mut hasher);
         let id = hasher.finish();
         let now = Timestamp::now();
-        {
-            let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if recent.get(&id).is_some_and(|last| now.duration_since(*last) < window) {
-                return;
-            }
-            if recent.len() >= RECENT_PRUNE_AT {
-                recent.retain(|_, last| now.duration_since(*last) < MAX_DEDUPE_WINDOW);
-            }
-            recent.insert(id, now);
+        let mut recent = self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recent.entries.get(&id).is_some_and(|last| now.duration_since(*last) < window) {
+            return false;
         }
-        self.publish(reference, type_, reason, message).await;
+        recent.insert(id, now, |last| now.duration_since(*last) < MAX_DEDUPE_WINDOW);
+        true
     }
 
     /// Publishes an event about the object `reference` points at.
@@ -236,8 +296,7 @@ impl Events {
     /// continues one. Series older than [`SERIES_WINDOW`] are forgotten.
     fn remember(&self, key: u64, now: Timestamp) -> Option<Series> {
         let mut all = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        all.retain(|_, s| s.last + SERIES_WINDOW > now);
-        let series = all.get_mut(&key)?;
+        let series = all.entries.get_mut(&key).filter(|s| s.last + SERIES_WINDOW > now)?;
         series.count += 1;
         series.last = now;
         Some(series.clone())
@@ -249,8 +308,9 @@ impl Events {
         let (Some(name), Some(Time(last))) = (event.metadata.name, event.last_timestamp) else {
             return Ok(());
         };
+        let now = Timestamp::now();
         let mut all = self.series.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        all.insert(key, Series { name, count: 1, last });
+        all.insert(key, Series { name, count: 1, last }, |s| s.last + SERIES_WINDOW > now);
         Ok(())
     }
 
@@ -327,12 +387,62 @@ mod tests {
         let events = Events::disabled();
         let t0 = Timestamp::UNIX_EPOCH;
         let key = series_key(&reference("a"), EventType::Normal, "Nominated", "Pod should schedule on: x");
-        events.series.lock().unwrap().insert(key, Series { name: "a.1".into(), count: 1, last: t0 });
+        events
+            .series
+            .lock()
+            .unwrap()
+            .insert(key, Series { name: "a.1".into(), count: 1, last: t0 }, |_| true);
         let again = events.remember(key, t0 + SignedDuration::from_mins(1)).unwrap();
         assert_eq!((again.name.as_str(), again.count), ("a.1", 2));
         // Six minutes after the last occurrence the series is over.
         assert!(events.remember(key, t0 + SignedDuration::from_mins(7)).is_none());
-        assert!(events.series.lock().unwrap().is_empty(), "forgotten");
+    }
+
+    #[test]
+    fn old_entries_go_when_many_are_remembered() {
+        let mut remembered = Remembered::default();
+        for key in 0..PRUNE_AT as u64 {
+            remembered.insert(key, key % 2 == 0, |_| unreachable!("no prune below the threshold"));
+        }
+        // The next insert prunes (the odd keys go), and the next prune waits for twice the rest.
+        remembered.insert(u64::MAX, true, |keep| *keep);
+        let kept = PRUNE_AT / 2;
+        assert_eq!(remembered.entries.len(), kept + 1);
+        assert_eq!(remembered.prune_at, 2 * kept);
+        // Live entries: each prune keeps them all, and the threshold doubles.
+        for key in PRUNE_AT as u64..(3 * PRUNE_AT as u64) {
+            remembered.insert(key, true, |keep| *keep);
+        }
+        assert_eq!(remembered.entries.len(), kept + 1 + 2 * PRUNE_AT);
+        assert_eq!(remembered.prune_at, 4 * PRUNE_AT);
+    }
+
+    #[tokio::test]
+    async fn a_limited_event_is_deduplicated_first_and_dropped_without_a_token() {
+        let events = Events::disabled();
+        let limit = TokenBucket::new(1, 2);
+        let pod = |name: &str| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(
+                json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")}}),
+            )
+            .unwrap()
+        };
+        let window = SignedDuration::from_mins(2);
+        let tell = |name: &str, message: &str| {
+            let (events, limit, pod, message) = (events.clone(), &limit, pod(name), message.to_string());
+            async move {
+                events
+                    .deduped_limited(&pod, EventType::Normal, "Nominated", "", window, Some(limit), message)
+                    .await;
+            }
+        };
+        tell("a", "Pod should schedule on: nodeclaim/x").await;
+        // Told within the window, whatever the message: no token taken.
+        tell("a", "Pod should schedule on: nodeclaim/y").await;
+        assert!(limit.try_take(), "one of the two tokens is left");
+        // No token for b: dropped, and still told for the window.
+        tell("b", "Pod should schedule on: nodeclaim/z").await;
+        assert_eq!(events.recent.lock().unwrap().entries.len(), 2);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! (`client_go_request_duration_seconds`), as upstream's client-go metrics do.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,6 +30,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::metrics::{Labels, Metrics};
 pub use crate::util::MAX_IN_FLIGHT;
+pub use crate::util::bucket::TokenBucket;
 
 /// Queue length of the buffer in front of kube's service stack.
 const BUFFER: usize = 1024;
@@ -184,49 +185,6 @@ pub fn ca_bundle(certificates: &[Vec<u8>]) -> Option<String> {
         pem.push_str("-----END CERTIFICATE-----\n");
     }
     Some(STANDARD.encode(pem))
-}
-
-/// A token bucket: `rate` tokens a second, holding at most `capacity`.
-#[derive(Debug)]
-pub struct TokenBucket {
-    rate: f64,
-    capacity: f64,
-    state: Mutex<(f64, Instant)>,
-}
-
-impl TokenBucket {
-    /// A full bucket; a zero `rate` never makes anyone wait.
-    pub fn new(rate: u32, capacity: u32) -> Self {
-        let capacity = f64::from(capacity.max(1));
-        TokenBucket { rate: f64::from(rate), capacity, state: Mutex::new((capacity, Instant::now())) }
-    }
-
-    /// Takes a token, reserving one ahead when the bucket is empty, and returns how long to wait
-    /// before using it.
-    pub fn reserve(&self) -> Duration {
-        self.reserve_at(Instant::now())
-    }
-
-    fn reserve_at(&self, now: Instant) -> Duration {
-        if self.rate <= 0.0 {
-            return Duration::ZERO;
-        }
-        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (tokens, last) = *state;
-        let refilled =
-            (tokens + now.saturating_duration_since(last).as_secs_f64() * self.rate).min(self.capacity);
-        let left = refilled - 1.0;
-        *state = (left, now);
-        if left >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-left / self.rate) }
-    }
-
-    /// Waits for a token.
-    pub async fn acquire(&self) {
-        let wait = self.reserve();
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
 }
 
 /// Whether a request is a watch (`?watch=true`), which may stay open for minutes.
@@ -387,34 +345,6 @@ mod tests {
         assert_eq!(base64::engine::general_purpose::STANDARD.decode(lines[1..4].concat()).unwrap(), der);
         assert_eq!(lines[4], "-----END CERTIFICATE-----");
         assert_eq!(lines[5..], ["-----BEGIN CERTIFICATE-----", "AQID", "-----END CERTIFICATE-----"]);
-    }
-
-    #[test]
-    fn the_bucket_allows_a_burst_then_the_rate() {
-        let bucket = TokenBucket::new(10, 3);
-        let t0 = bucket.state.lock().unwrap().1;
-        for _ in 0..3 {
-            assert_eq!(bucket.reserve_at(t0), Duration::ZERO);
-        }
-        // Empty: the next tokens come every 100 ms, reserved in order.
-        assert_eq!(bucket.reserve_at(t0), Duration::from_millis(100));
-        assert_eq!(bucket.reserve_at(t0), Duration::from_millis(200));
-        // 250 ms later the two reservations are paid and half a token has come back.
-        assert_eq!(bucket.reserve_at(t0 + Duration::from_millis(250)), Duration::from_millis(50));
-        // Ten seconds later it is full again, but never beyond the burst.
-        let later = t0 + Duration::from_secs(10);
-        for _ in 0..3 {
-            assert_eq!(bucket.reserve_at(later), Duration::ZERO);
-        }
-        assert_eq!(bucket.reserve_at(later), Duration::from_millis(100));
-    }
-
-    #[test]
-    fn zero_qps_means_no_limit() {
-        let bucket = TokenBucket::new(0, 0);
-        for _ in 0..1000 {
-            assert_eq!(bucket.reserve(), Duration::ZERO);
-        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! What every layer shares and that depends on nothing else in the crate: errors as text, what an
-//! API server's refusal means, Go-style durations, the API client's request limit, lists of pods
+//! API server's refusal means, Go-style durations, a token bucket, the API client's request limit, lists of pods
 //! in one line.
 
 pub mod api;
+pub mod bucket;
 pub mod duration;
 pub mod error;
 

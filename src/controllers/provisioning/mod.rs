@@ -11,13 +11,13 @@ pub mod created;
 pub mod relaunch;
 pub mod template;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::PostParams;
 use tokio::sync::watch;
@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use crate::apis::{NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::departures;
-use crate::controllers::events::reasons;
+use crate::controllers::events::{EventType, reasons};
 use crate::controllers::kit::{Next, Options, Wake, run_singleton};
 use crate::metrics::observe;
 use crate::scheduling::{SchedulingInput, SchedulingResults, schedule};
@@ -37,6 +37,7 @@ use crate::state::statenode::state_nodes;
 use crate::state::{
     BuffersPlaced, Changes, ClusterState, Interest, Notice, Registration, Snapshot, Subscription,
 };
+use crate::util::bucket::TokenBucket;
 
 /// Name of the controller, in logs.
 pub const CONTROLLER: &str = "provisioner";
@@ -45,6 +46,15 @@ pub const CONTROLLER: &str = "provisioner";
 const RESYNC: Duration = Duration::from_secs(60);
 /// Events sent at once.
 const EVENT_CONCURRENCY: usize = 32;
+/// Upstream's deduplication of a pod's `Nominated` event (its recorder's default window), whatever
+/// the NodeClaim it names: a pod that the next passes place on another claim coming up is not told
+/// again.
+const NOMINATED_WINDOW: SignedDuration = SignedDuration::from_mins(2);
+/// Upstream's limit of `Nominated` events: 5 a second, bursts of 10; the others are dropped.
+const NOMINATED_PER_SECOND: u32 = 5;
+const NOMINATED_BURST: u32 = 10;
+/// Upstream's deduplication of a pod's `FailedScheduling` event, whatever its message.
+const FAILED_SCHEDULING_WINDOW: SignedDuration = SignedDuration::from_mins(5);
 /// NodeClaims created at once.
 const CREATE_CONCURRENCY: usize = 16;
 
@@ -130,8 +140,8 @@ struct Provisioner {
     state: ClusterState,
     /// Claims created by this process, until the watch reports them.
     created: Arc<Mutex<created::Created>>,
-    /// Last event sent to each pod (uid → message), to not repeat it every pass.
-    told: HashMap<String, String>,
+    /// `Nominated` events a second (and burst), across pods, as upstream limits them.
+    nominations: Arc<TokenBucket>,
     /// Pods placed on new NodeClaims and the workloads backing off; the pod watch reports
     /// bounces into it.
     relaunches: Arc<Mutex<relaunch::Relaunches>>,
@@ -176,7 +186,7 @@ impl Provisioner {
             ctx,
             state,
             created,
-            told: HashMap::new(),
+            nominations: Arc::new(TokenBucket::new(NOMINATED_PER_SECOND, NOMINATED_BURST)),
             relaunches,
             departures,
             _pod_watch: pod_watch,
@@ -560,24 +570,18 @@ impl Provisioner {
                 ));
             }
         }
-        let events: Vec<_> = events
-            .into_iter()
-            .filter(|(pod, _, _, message)| {
-                let uid = pod_uid(pod);
-                self.told.insert(uid, message.clone()).as_ref() != Some(message)
-            })
-            .collect();
-        let live: HashSet<&str> = input.pods.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
-        self.told.retain(|uid, _| live.contains(uid.as_str()));
         let recorder = self.ctx.events.clone();
+        let nominations = Arc::clone(&self.nominations);
         futures::stream::iter(events)
             .for_each_concurrent(EVENT_CONCURRENCY, move |(pod, warning, reason, message)| {
-                let recorder = recorder.clone();
+                let (recorder, nominations) = (recorder.clone(), Arc::clone(&nominations));
                 async move {
                     if warning {
-                        recorder.warning(pod.as_ref(), reason, message).await;
+                        let window = FAILED_SCHEDULING_WINDOW;
+                        recorder.deduped(pod.as_ref(), EventType::Warning, reason, "", window, message).await;
                     } else {
-                        recorder.normal(pod.as_ref(), reason, message).await;
+                        let event = (pod.as_ref(), EventType::Normal, reason);
+                        recorder.limited(event, NOMINATED_WINDOW, &nominations, message).await;
                     }
                 }
             })
