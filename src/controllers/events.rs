@@ -431,9 +431,7 @@ mod tests {
         let tell = |name: &str, message: &str| {
             let (events, limit, pod, message) = (events.clone(), &limit, pod(name), message.to_string());
             async move {
-                events
-                    .deduped_limited(&pod, EventType::Normal, "Nominated", "", window, Some(limit), message)
-                    .await;
+                events.limited((&pod, EventType::Normal, "Nominated"), window, limit, message).await;
             }
         };
         tell("a", "Pod should schedule on: nodeclaim/x").await;
