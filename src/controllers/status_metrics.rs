@@ -211,7 +211,12 @@ struct Parts(HashMap<Labels, Arc<Labels>>);
 
 impl Parts {
     fn get(&mut self, labels: Labels) -> Arc<Labels> {
-        Arc::clone(self.0.entry(labels.clone()).or_insert_with(|| Arc::new(labels)))
+        if let Some(part) = self.0.get(&labels) {
+            return Arc::clone(part);
+        }
+        let part = Arc::new(labels.clone());
+        self.0.insert(labels, Arc::clone(&part));
+        part
     }
 
     /// Forgets the parts no series holds any more.

@@ -30,7 +30,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 
 use crate::metrics::{Labels, Metrics};
 pub use crate::util::MAX_IN_FLIGHT;
-pub use crate::util::bucket::TokenBucket;
+use crate::util::bucket::TokenBucket;
 
 /// Queue length of the buffer in front of kube's service stack.
 const BUFFER: usize = 1024;

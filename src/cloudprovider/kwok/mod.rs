@@ -178,16 +178,12 @@ impl KwokCloudProvider {
         let instance = node_instance(&node);
 
         if self.registration_delay.is_zero() {
-            match self.nodes().create(&PostParams::default(), &node).await {
-                Ok(_) => {}
-                Err(e) if is_conflict(&e) => {
-                    return match self.node(&provider_id).await? {
-                        Some(node) => Ok(previous_launch(&claim_name, &node)),
-                        // A Node of that name with another provider ID (or gone since).
-                        None => Err(api_error("CreateNode", e)),
-                    };
-                }
-                Err(e) => return Err(api_error("CreateNode", e)),
+            if let Some(conflict) = create_node(&self.nodes(), &node).await? {
+                return match self.node(&provider_id).await? {
+                    Some(node) => Ok(previous_launch(&claim_name, &node)),
+                    // A Node of that name with another provider ID (or gone since).
+                    None => Err(api_error("CreateNode", conflict)),
+                };
             }
             tracing::info!(node_claim = %claim_name, instance_type = %it.name, zone = %offering.zone,
                 capacity_type = %offering.capacity_type, "created kwok node");
@@ -201,7 +197,7 @@ impl KwokCloudProvider {
         let task = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             match create_node(&nodes, &node).await {
-                Ok(()) => tracing::info!(node = %id, "created kwok node after the registration delay"),
+                Ok(_) => tracing::info!(node = %id, "created kwok node after the registration delay"),
                 Err(e) => tracing::warn!(node = %id, error = %e, "creating kwok node failed"),
             }
             registry.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
@@ -483,17 +479,18 @@ pub fn node_instance(node: &Node) -> Instance {
     }
 }
 
-/// Creates `node`; one that already exists (an earlier attempt of the same launch) is fine.
 /// The instance of a Node a previous launch of `claim_name` made.
 fn previous_launch(claim_name: &str, node: &Node) -> Instance {
     tracing::info!(node_claim = %claim_name, node = %claim_name, "found the node of a previous launch");
     node_instance(node)
 }
 
-async fn create_node(nodes: &Api<Node>, node: &Node) -> Result<()> {
+/// Creates `node`. A Node of its name that already exists is no failure: the API server's
+/// conflict is returned, for a caller that must check whose Node it is.
+async fn create_node(nodes: &Api<Node>, node: &Node) -> Result<Option<kube::Error>> {
     match nodes.create(&PostParams::default(), node).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_conflict(&e) => Ok(()),
+        Ok(_) => Ok(None),
+        Err(e) if is_conflict(&e) => Ok(Some(e)),
         Err(e) => Err(api_error("CreateNode", e)),
     }
 }
