@@ -7,7 +7,8 @@
 #      that each need a node of their own (a leader and a standby replica run), 200 nodes left
 #      at 25 % CPU consolidating under a 10 % budget, and 50 drifted nodes replaced under a 10 %
 #      budget; then 2,000 pods that each need a node (a leader and a standby), and the same with
-#      the leader killed half way, the standby taking over.
+#      the leader killed half way, the standby taking over; then 20,000 pods of six Deployments,
+#      2,000 nodes consolidating and 1,000 drifted nodes replaced.
 # Each prints its figures; record them in docs/benchmarks.md with the date and the machine's load.
 set -euo pipefail
 
@@ -38,5 +39,10 @@ log "== 2,000 nodes, then a standby taking over half way through 2,000 (kwok)"
 cargo test --locked --test e2e -- --ignored --nocapture --test-threads 1 \
   two_thousand_nodes_with_kwok standby_takes_over_at_two_thousand_nodes_with_kwok 2>&1 |
   grep --line-buffered -E 'SCALE RESULT|^test |test result'
+
+log "== 20,000 pods, then consolidating 2,000 nodes, then rolling 1,000 drifted nodes (kwok)"
+cargo test --locked --test e2e -- --ignored --nocapture --test-threads 1 \
+  twenty_thousand_pods_with_kwok consolidating_two_thousand_nodes_with_kwok \
+  rolling_a_thousand_drifted_nodes_with_kwok 2>&1 | grep --line-buffered -E 'SCALE RESULT|^test |test result'
 
 log "benchmarks done in $(elapsed "$start")"

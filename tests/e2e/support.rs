@@ -1,6 +1,7 @@
 //! What the journeys share: the controller process, a fixture of uniquely named objects, and
 //! waiting helpers.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -399,6 +400,105 @@ pub fn is_running(pod: &Pod) -> bool {
         && pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
 }
 
+/// CPU seconds (user and system) used so far by each process of the local control plane (by
+/// binary name: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok-controller)
+/// and by the `karpenter` controllers, from `/proc`. The scale runs print the difference over a
+/// run, to show which part of the machine's two cores went where.
+pub fn cpu_seconds_by_process() -> BTreeMap<String, f64> {
+    const NAMES: [&str; 6] = [
+        "etcd",
+        "kube-apiserver",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "kwok-controller",
+        "karpenter",
+    ];
+    // Clock ticks per second: 100 on every Linux this runs on (USER_HZ).
+    const TICKS: f64 = 100.0;
+    let mut by_name = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return by_name };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else { continue };
+        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        let program = String::from_utf8_lossy(program);
+        let Some(name) = NAMES.iter().find(|n| program.rsplit('/').next() == Some(**n)) else { continue };
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else { continue };
+        // Fields after the command name in parentheses: state is field 3, utime 14, stime 15.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = fields.get(11..13).into_iter().flatten().filter_map(|f| f.parse::<f64>().ok()).sum();
+        *by_name.entry(name.to_string()).or_insert(0.0) += ticks / TICKS;
+    }
+    by_name
+}
+
+/// `after - before` of [`cpu_seconds_by_process`], as `name 12.3 s, ...`, largest first.
+pub fn cpu_seconds_used(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> String {
+    let mut used: Vec<(&String, f64)> =
+        after.iter().map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0))).collect();
+    used.sort_by(|a, b| b.1.total_cmp(&a.1));
+    used.iter().map(|(k, v)| format!("{k} {v:.0} s")).collect::<Vec<_>>().join(", ")
+}
+
+/// Objects as a watch sees them: the scale runs count pods and nodes every second without
+/// listing thousands of them from the API server each time.
+pub struct Watched<K: kube::Resource<DynamicType = ()> + Clone + 'static> {
+    store: kube::runtime::reflector::Store<K>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K> Watched<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    pub async fn start(api: Api<K>, labels: Option<&str>) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, reflector, watcher};
+        let (store, writer) = reflector::store();
+        let config = match labels {
+            Some(selector) => watcher::Config::default().labels(selector),
+            None => watcher::Config::default(),
+        };
+        let stream = reflector(writer, watcher(api, config)).default_backoff().touched_objects();
+        let task = tokio::spawn(stream.for_each(|_| std::future::ready(())));
+        store.wait_until_ready().await.unwrap();
+        Self { store, task }
+    }
+
+    pub fn objects(&self) -> Vec<Arc<K>> {
+        self.store.state()
+    }
+}
+
+/// Of `pods`, how many are not being deleted, and of those how many are Running on a node.
+pub fn live_and_running<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> (usize, usize) {
+    pods.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .fold((0, 0), |(live, running), p| (live + 1, running + usize::from(is_running(p))))
+}
+
+impl Watched<Pod> {
+    /// Pods not being deleted, and of those the ones Running on a node.
+    pub fn live_and_running(&self) -> (usize, usize) {
+        live_and_running(self.objects().iter().map(|p| p.as_ref()))
+    }
+
+    /// Waits until exactly `n` live pods exist and all of them are Running.
+    pub async fn wait_running(&self, n: usize, timeout: Duration, controller: &Controller) {
+        wait_for(&format!("{n} pods Running"), timeout, controller, || async {
+            self.live_and_running() == (n, n)
+        })
+        .await;
+    }
+}
+
+impl<K: kube::Resource<DynamicType = ()> + Clone + 'static> Drop for Watched<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The cluster the journeys run against: `CLUSTER_NAME` as exported by `hack/cluster-up.sh`.
 pub fn cluster_name() -> String {
     std::env::var("CLUSTER_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| "karpenter-demo".into())
@@ -498,6 +598,17 @@ impl Fixture {
 
     pub fn claims_api(&self) -> Api<NodeClaim> {
         Api::all(self.client.clone())
+    }
+
+    /// The namespace's pods, as a watch sees them.
+    pub async fn watch_pods(&self) -> Watched<Pod> {
+        Watched::start(Api::namespaced(self.client.clone(), &self.ns), None).await
+    }
+
+    /// The pool's Nodes, as a watch sees them.
+    pub async fn watch_nodes(&self) -> Watched<Node> {
+        Watched::start(Api::all(self.client.clone()), Some(&format!("karpenter.sh/nodepool={}", self.pool)))
+            .await
     }
 
     fn pool_selector(&self) -> ListParams {
