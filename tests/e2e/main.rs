@@ -461,9 +461,8 @@ async fn twenty_thousand_pods_with_kwok() {
     for (name, ..) in &mix {
         deployments.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    wait_for("the pods gone", Duration::from_secs(1200), &controller, || async { pods.objects().is_empty() })
-        .await;
     drop(pods);
+    f.wait_pods_gone(Duration::from_secs(1200)).await;
     f.delete_all_claims().await;
     wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(600), &controller, || async {
         f.claims().await.is_empty() && f.nodes().await.is_empty()
