@@ -106,7 +106,7 @@ rm -f "$aws_tests_done"
 ) &
 aws_tests=$!
 e2e_rc=0
-KARPENTER_RS_E2E_AFTER_AWS_TESTS=$aws_tests_done cargo test --locked --test e2e -- --include-ignored --test-threads 16 --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok --skip two_thousand_nodes_with_kwok --skip standby_takes_over_at_two_thousand_nodes_with_kwok || e2e_rc=$?
+KARPENTER_RS_E2E_AFTER_AWS_TESTS=$aws_tests_done cargo test --locked --test e2e -- --include-ignored --test-threads 16 --skip five_hundred_nodes_with_kwok --skip consolidating_two_hundred_nodes_with_kwok --skip rolling_fifty_drifted_nodes_with_kwok --skip two_thousand_nodes_with_kwok --skip standby_takes_over_at_two_thousand_nodes_with_kwok --skip twenty_thousand_pods_with_kwok --skip rolling_a_thousand_drifted_nodes_with_kwok || e2e_rc=$?
 wait "$aws_tests" || true
 log "AWS emulator's tests (tests/aws.rs):"
 cat "$aws_tests_log"
