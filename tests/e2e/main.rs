@@ -39,7 +39,7 @@ async fn getting_started_with_kwok() {
     // 1. Scale to 6: six NodeClaims, six Nodes, six pods Running on them.
     scale_to_six(&f, &controller, Duration::from_secs(120)).await;
     // The one line of a pass that names no pod or NodePool.
-    assert!(controller.log_contains("computed new nodeclaim(s) to fit pod(s)"), "{}", controller.log_tail());
+    controller.wait_logged("computed new nodeclaim(s) to fit pod(s)").await;
     for message in [
         "found provisionable pod(s)",
         "created nodeclaim",
@@ -931,11 +931,7 @@ async fn getting_started_with_aws() {
         f.claims().await.is_empty() && f.nodes().await.is_empty() && f.pods().await.is_empty()
     })
     .await;
-    assert!(
-        controller.log_contains("disrupting node(s)"),
-        "emptiness removed them\n{}",
-        controller.log_tail()
-    );
+    controller.wait_logged("disrupting node(s)").await;
     // The emulator's catalog as it was (the published release withdrawn), and the pool
     // on-demand only again, for what follows; no node is left to drift from either.
     publish_eks_release("v20251101").await;
@@ -949,7 +945,7 @@ async fn getting_started_with_aws() {
     for message in
         ["launched nodeclaim", "registered nodeclaim", "initialized nodeclaim", "deleted nodeclaim"]
     {
-        assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
+        controller.wait_logged(message).await;
     }
     assert!(
         !launch_templates_of(&ec2, &f.class).await.is_empty(),
@@ -1027,7 +1023,7 @@ async fn no_duplicate_or_leak_across_a_crash_with_aws() {
     assert!(provider_id.ends_with(&format!("/{first_instance}")), "{provider_id} is {first_instance}");
     let instances = pool_instances(&ec2, &f.pool).await;
     assert_eq!(instances.len(), 1, "no duplicate instance: {instances:?}");
-    assert!(controller.log_contains("found the instance of a previous launch"), "{}", controller.log_tail());
+    controller.wait_logged("found the instance of a previous launch").await;
     controller.stop_and_check();
 
     // 3. A second lost launch, and its claim deleted while the controller is down.
@@ -1377,7 +1373,7 @@ async fn interruptions_replace_nodes(
         "initiating delete from interruption message",
         "marking offering unavailable",
     ] {
-        assert!(controller.log_contains(message), "log has {message:?}\n{}", controller.log_tail());
+        controller.wait_logged(message).await;
     }
     let received = |t: &'static str| async move {
         controller
@@ -1428,11 +1424,7 @@ async fn interruptions_replace_nodes(
         "the replacement was Initialized before the warned node started going"
     );
     assert!(!f.cluster_events("NodeClaim", &warned_name, "SpotRebalanceRecommendation").await.is_empty());
-    assert!(
-        controller.log_contains("replacing the node before its spot interruption"),
-        "{}",
-        controller.log_tail()
-    );
+    controller.wait_logged("replacing the node before its spot interruption").await;
     assert!(f.claim_names().await.iter().any(|n| !before.contains(n)), "a replacement was launched");
 
     // (2) The instance of another node stops existing.
@@ -1472,7 +1464,7 @@ async fn interruptions_replace_nodes(
         "terminated forcefully (its termination deadline set)\n{}",
         controller.log_tail()
     );
-    assert!(controller.log_contains("detected unhealthy instance owned by cluster"));
+    controller.wait_logged("detected unhealthy instance owned by cluster").await;
     assert_eq!(
         controller
             .metric_sum_where(
@@ -1811,7 +1803,7 @@ spec:
     settle_at(0, "no static instance").await;
     let instances = pool_instances(ec2, &pool).await;
     assert_eq!(instances.len(), 2, "two launched in all: {instances:?}");
-    assert!(controller.log_contains("static.provisioning"), "{}", controller.log_tail());
+    controller.wait_logged("static.provisioning").await;
     delete_pool_and_class(f, controller, &pool, &class_name).await;
 }
 
@@ -1957,11 +1949,7 @@ spec:
         },
     )
     .await;
-    assert!(
-        controller.log_contains("initiating delete for capacity block expiration"),
-        "{}",
-        controller.log_tail()
-    );
+    controller.wait_logged("initiating delete for capacity block expiration").await;
 
     // A reservation is cancelled: EC2 runs its instance on as on-demand, and the node is
     // relabelled so (its reservation's id and type gone), on its NodeClaim and its Node.
@@ -1984,7 +1972,7 @@ spec:
         },
     )
     .await;
-    assert!(controller.log_contains("updated capacity type for nodeclaims"), "{}", controller.log_tail());
+    controller.wait_logged("updated capacity type for nodeclaims").await;
 
     // The class stops selecting the reservation: its node drifts.
     let odcr_claim = by_reservation().await[&odcr].1.clone();

@@ -225,6 +225,15 @@ impl Controller {
         self.log().contains(needle)
     }
 
+    /// Waits (up to 15 s) for a line containing `needle`: the controller logs most actions once
+    /// they are answered, so the line may follow what the journey saw.
+    pub async fn wait_logged(&self, needle: &str) {
+        wait_for(&format!("a log line {needle:?}"), Duration::from_secs(15), self, || async {
+            self.log_contains(needle)
+        })
+        .await;
+    }
+
     /// The last lines of the log, for failure messages.
     pub fn log_tail(&self) -> String {
         let log = self.log();
