@@ -499,9 +499,6 @@ impl Rejection {
     }
 }
 
-/// Checks `command` again on a fresh snapshot (`world`): every candidate still one (and still
-/// empty for emptiness), the budgets still allow them, and a new simulation makes the same
-/// decision with the same replacement types. Returns the command to run.
 /// Drift alone: the pass run while another decision waits for its validation (whose nodes the
 /// caller puts in `in_flight`, and counts as disrupting in the snapshot).
 pub fn decide_drift(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
@@ -510,53 +507,103 @@ pub fn decide_drift(world: &World<'_>, in_flight: &HashSet<String>) -> Pass {
     pass
 }
 
+/// What validation made of a command.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    /// The command to run: the one validated, or, where a part may go on without the rest, the
+    /// part still valid.
+    pub command: Command,
+    /// The candidates left out, and why.
+    pub dropped: Vec<(String, Rejection)>,
+}
+
+/// Checks `command` again on a fresh snapshot (`world`): every candidate still one (and still
+/// empty for emptiness), the budgets still allow them, and a new simulation makes the same
+/// decision with the same replacement types.
+///
+/// Emptiness keeps the candidates still valid, as upstream's does, within the budgets taken in
+/// the command's order. So do deletions by multi-node consolidation outside Balanced pools (a
+/// choice of this implementation; upstream abandons the whole command): the part still valid is
+/// simulated again on its own and goes ahead if its pods still fit on the nodes that stay. At
+/// 2,000 nodes a command of 200 is otherwise abandoned whenever one of its nodes was nominated
+/// for a pod evicted by the command before it. Any other command is all or nothing.
 pub fn validate(
     world: &World<'_>,
     command: &Command,
     in_flight: &HashSet<String>,
-) -> Result<Command, Rejection> {
+) -> Result<Validated, Rejection> {
     let mut scratch = Pass::default();
     let candidates = candidates(world, in_flight, &mut scratch);
+    let empty_only = command.method == Method::Emptiness;
+    let partial = empty_only
+        || (command.method == Method::MultiNode
+            && command.plan.decision == consolidation::Decision::Delete
+            && command.scores.is_empty());
+    let counts = budgets::pool_nodes(world.nodes);
+    let budget = budgets::budgets(world.pools.values(), &counts, command.reason(), world.now);
+    let mut remaining: BTreeMap<&str, usize> =
+        budget.iter().map(|(p, b)| (p.as_str(), b.remaining)).collect();
+    let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+    for node in candidates.iter().filter(|n| command.plan.candidates.contains(&n.name)) {
+        *wanted.entry(node.nodepool().unwrap_or_default()).or_default() += 1;
+    }
     let mut chosen: Vec<&StateNode> = Vec::new();
+    let mut dropped: Vec<(String, Rejection)> = Vec::new();
     for name in &command.plan.candidates {
-        match candidates.iter().find(|n| &n.name == name) {
-            Some(node) => chosen.push(node),
+        let problem = match candidates.iter().find(|n| &n.name == name) {
             None => {
                 let why = scratch
                     .blocked
                     .get(name)
                     .map(|b| b.message.clone())
                     .unwrap_or_else(|| "gone".to_string());
-                return Err(Rejection::Churn(format!("{name}: {why}")));
+                Rejection::Churn(format!("{name}: {why}"))
             }
+            Some(node) => {
+                let pool_name = node.nodepool().unwrap_or_default();
+                let consolidatable = world
+                    .pools
+                    .get(pool_name)
+                    .and_then(|p| emptiness::consolidatable_at(node, p))
+                    .is_some_and(|at| at <= world.now);
+                let left = remaining.entry(pool_name).or_default();
+                if !consolidatable {
+                    Rejection::Churn(format!("{}: no longer consolidatable", node.name))
+                } else if empty_only && !emptiness::is_empty(node) {
+                    Rejection::Churn(format!("{}: no longer empty", node.name))
+                } else if *left == 0 {
+                    let allowed = budget.get(pool_name).map(|b| b.remaining).unwrap_or(0);
+                    let needed = wanted.get(pool_name).copied().unwrap_or(0);
+                    Rejection::Budget(format!("nodepool {pool_name} allows {allowed} more, {needed} needed"))
+                } else {
+                    *left -= 1;
+                    chosen.push(node);
+                    continue;
+                }
+            }
+        };
+        if !partial {
+            return Err(problem);
         }
+        dropped.push((name.clone(), problem));
     }
-    let empty_only = command.method == Method::Emptiness;
-    for node in &chosen {
-        let pool = node.nodepool().and_then(|p| world.pools.get(p));
-        let consolidatable =
-            pool.and_then(|p| emptiness::consolidatable_at(node, p)).is_some_and(|at| at <= world.now);
-        if !consolidatable {
-            return Err(Rejection::Churn(format!("{}: no longer consolidatable", node.name)));
-        }
-        if empty_only && !emptiness::is_empty(node) {
-            return Err(Rejection::Churn(format!("{}: no longer empty", node.name)));
-        }
+    if chosen.is_empty() {
+        return Err(dropped
+            .into_iter()
+            .next()
+            .map(|(_, rejection)| rejection)
+            .unwrap_or_else(|| Rejection::Churn("the command has no candidate".to_string())));
     }
-    let counts = budgets::pool_nodes(world.nodes);
-    let budget = budgets::budgets(world.pools.values(), &counts, command.reason(), world.now);
-    let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
-    for node in &chosen {
-        *wanted.entry(node.nodepool().unwrap_or_default()).or_default() += 1;
-    }
-    for (pool, n) in wanted {
-        let remaining = budget.get(pool).map(|b| b.remaining).unwrap_or(0);
-        if remaining < n {
-            return Err(Rejection::Budget(format!("nodepool {pool} allows {remaining} more, {n} needed")));
-        }
-    }
+    let kept = |plan: Plan| Command { plan, ..command.clone() };
     if empty_only {
-        return Ok(command.clone());
+        let plan = if dropped.is_empty() {
+            command.plan.clone()
+        } else {
+            let price: f64 = chosen.iter().map(|c| c.price.unwrap_or(0.0)).sum();
+            let names = chosen.iter().map(|c| c.name.clone()).collect();
+            consolidation::Moves::default().plan(names, price, price)
+        };
+        return Ok(Validated { command: kept(plan), dropped });
     }
     let fresh = consolidation::evaluate(world, &chosen, command.method == Method::SingleNode)
         .map_err(|why| Rejection::Scheduling(why.message))?;
@@ -571,7 +618,8 @@ pub fn validate(
     if let Some(missing) = command.plan.replacement_types().into_iter().find(|t| !fresh_types.contains(t)) {
         return Err(Rejection::Scheduling(format!("instance type {missing} is no longer a cheaper option")));
     }
-    Ok(command.clone())
+    let plan = if dropped.is_empty() { command.plan.clone() } else { fresh };
+    Ok(Validated { command: kept(plan), dropped })
 }
 
 /// Records are made from passes.

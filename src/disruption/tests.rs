@@ -574,6 +574,63 @@ fn validation_rejects_a_command_whose_node_changed() {
     assert!(matches!(rejected, Rejection::Budget(_)), "{rejected:?}");
 }
 
+fn names(validated: &super::decide::Validated) -> (Vec<String>, Vec<String>) {
+    let dropped = validated.dropped.iter().map(|(n, r)| format!("{n}: {}", r.label())).collect();
+    (validated.command.plan.candidates.clone(), dropped)
+}
+
+#[test]
+fn emptiness_goes_ahead_with_the_nodes_still_empty_within_the_budget() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    for n in ["a", "b", "c", "d"] {
+        c.node(n, "p", "small", "on-demand", json!({}));
+    }
+    let command = c.decide().command.unwrap();
+    assert_eq!(command.method, Method::Emptiness);
+    assert_eq!(command.plan.candidates, ["a", "b", "c", "d"]);
+    // b took a pod meanwhile: the others go, b stays and is counted.
+    c.pod("late", "b", "100m", json!({}));
+    let validated = c.run(|w| validate(w, &command, &HashSet::new())).unwrap();
+    assert_eq!(names(&validated), (vec!["a".into(), "c".into(), "d".into()], vec!["b: churn".into()]));
+    assert!((validated.command.plan.savings - 0.30).abs() < 1e-9, "{}", validated.command.plan.savings);
+    // A budget of two now: the first two still valid go, in the command's order.
+    c.pools = vec![pool("p", consolidating("2"), &["on-demand"])];
+    let validated = c.run(|w| validate(w, &command, &HashSet::new())).unwrap();
+    assert_eq!(
+        names(&validated),
+        (vec!["a".into(), "c".into()], vec!["b: churn".into(), "d: budget".into()])
+    );
+}
+
+/// Deleting nodes by multi-node consolidation goes ahead with the part still valid when the
+/// pods of that part still fit on the nodes that stay; a replacement is all or nothing.
+#[test]
+fn a_multi_node_deletion_goes_ahead_without_a_node_that_changed() {
+    let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+    c.node("keeper", "p", "large", "on-demand", json!({})).pod(
+        "held",
+        "keeper",
+        "2",
+        json!({"karpenter.sh/do-not-disrupt": "true"}),
+    );
+    for n in ["n1", "n2", "n3"] {
+        c.node(n, "p", "small", "on-demand", json!({})).pod(&format!("w-{n}"), n, "500m", json!({}));
+    }
+    let command = c.decide().command.unwrap();
+    assert_eq!(command.method, Method::MultiNode);
+    assert_eq!(command.plan.decision, Decision::Delete);
+    assert_eq!(command.plan.candidates, ["n1", "n2", "n3"]);
+    // n2 took a pod that may not be disrupted, and is full.
+    c.pod("late", "n2", "1400m", json!({"karpenter.sh/do-not-disrupt": "true"}));
+    let validated = c.run(|w| validate(w, &command, &HashSet::new())).unwrap();
+    assert_eq!(names(&validated), (vec!["n1".into(), "n3".into()], vec!["n2: churn".into()]));
+    assert_eq!(validated.command.plan.decision, Decision::Delete);
+    // The keeper filled up meanwhile: what is left would need a new node, so nothing goes.
+    c.pod("more", "keeper", "1800m", json!({"karpenter.sh/do-not-disrupt": "true"}));
+    let rejected = c.run(|w| validate(w, &command, &HashSet::new())).unwrap_err();
+    assert!(matches!(rejected, Rejection::Scheduling(_)), "{rejected:?}");
+}
+
 #[test]
 fn a_node_consolidation_just_launched_is_not_consolidated_again_at_once() {
     let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);

@@ -308,8 +308,11 @@ impl Controller {
             }
         };
         match result {
-            Ok(command) => {
-                self.start(&fresh, command).await;
+            Ok(validated) => {
+                if !validated.dropped.is_empty() {
+                    self.leave_out(&validated);
+                }
+                self.start(&fresh, validated.command).await;
                 Next::After(Duration::ZERO)
             }
             Err(rejection) => {
@@ -443,6 +446,30 @@ impl Controller {
         if let Some(claim) = &node.claim {
             events.deduped(claim.as_ref(), EventType::Normal, reason, key, window, message.to_string()).await;
         }
+    }
+
+    /// Counts and logs the candidates validation left out of a command that goes ahead without
+    /// them.
+    fn leave_out(&self, validated: &decide::Validated) {
+        let command = &validated.command;
+        self.ctx
+            .metrics
+            .disruption_failed_validations
+            .get_or_create(&vec![("consolidation_type", command.method.consolidation_type().to_string())])
+            .inc_by(validated.dropped.len() as u64);
+        let detail: Vec<String> = validated
+            .dropped
+            .iter()
+            .map(|(_, rejection)| format!("{}: {}", rejection.label(), rejection.detail()))
+            .collect();
+        tracing::info!(
+            controller = CONTROLLER,
+            reason = command.reason().as_str(),
+            decision = command.plan.decision.as_str(),
+            nodes = %validated.dropped.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>().join(", "),
+            detail = %detail.join("; "),
+            "leaving nodes out of a disruption, validation failed for them"
+        );
     }
 
     async fn reject(&self, inputs: &Inputs, command: &Command, rejection: &Rejection) {
