@@ -135,7 +135,7 @@ pub struct Metrics {
     pub pods_drained: CounterFamily,
     /// `karpenter_pods_state{name, namespace, owner, node, nodepool, zone, arch, capacity_type,
     /// instance_type, phase}`.
-    pub pods_state: GaugeFamily,
+    pub pods_state: ObjectGaugeFamily,
     /// `karpenter_pods_startup_duration_seconds`: from a pod's creation to its Ready condition
     /// (a summary, as upstream's).
     pub pods_startup_duration: Arc<SummaryFamily>,
@@ -451,7 +451,7 @@ impl Metrics {
             pods_drained: CounterFamily::default(),
                 "karpenter_pods_drained",
                 "The total number of pods drained during node termination by Karpenter, labeled by reason";
-            pods_state: GaugeFamily::default(),
+            pods_state: ObjectGaugeFamily::default(),
                 "karpenter_pods_state",
                 "Pod state: one series per pod, labeled by its node, nodepool, zone, type and phase.";
             pods_bound_duration: histogram_family(),

@@ -7,6 +7,7 @@
 //! with every node, and a pass over a few pools is cheap.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -25,6 +26,7 @@ use crate::controllers::Context;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::controllers::node::metrics::metric_value;
 use crate::disruption::budgets;
+use crate::metrics::{Labels, ObjectGaugeFamily, SharedLabels};
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
 use crate::state::statenode::state_nodes;
@@ -60,21 +62,22 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
         ..Interest::default()
     };
     let changes = Coalesced { changes: state.feed().subscribe(interest), settle: COALESCE };
+    let pod_states = Mutex::new(PodStates::default());
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), changes, stop, || async {
-        reconcile(&ctx, &state).await;
+        reconcile(&ctx, &state, &pod_states).await;
         Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
     })
     .await;
 }
 
-async fn reconcile(ctx: &Context, state: &ClusterState) {
+async fn reconcile(ctx: &Context, state: &ClusterState, pod_states: &Mutex<PodStates>) {
     let snapshot = state.snapshot();
     let api: Api<NodePool> = Api::all(ctx.client.clone());
     let now = Timestamp::now();
     let nodes = state_nodes(&snapshot);
     let usage = nodepool_usage(&nodes, Counted::Launched);
     ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
-    record_pod_states(ctx, &snapshot);
+    pod_states.lock().unwrap_or_else(PoisonError::into_inner).record(&ctx.metrics.pods_state, &snapshot);
     record_budgets(ctx, &snapshot, &nodes);
     for np in &snapshot.nodepools {
         if np.metadata.deletion_timestamp.is_some() {
@@ -156,52 +159,86 @@ fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
     }
 }
 
-/// `karpenter_pods_state`: one series per pod with where it runs and its phase, rebuilt from the
-/// snapshot on every pass so that deleted pods disappear.
-fn record_pod_states(ctx: &Context, snapshot: &Snapshot) {
-    let family = &ctx.metrics.pods_state;
-    family.clear();
-    for labels in pod_state_labels(snapshot) {
-        family.get_or_create(&labels).set(1.0);
+/// `karpenter_pods_state`: one series per pod with where it runs and its phase. The series of a
+/// pod are kept between passes while its labels stay the same; a pod gone or changed has its old
+/// series removed. A series' labels are three shared parts: the pod's own (`name`, `namespace`,
+/// `owner`), its node's (one allocation per node) and its phase (one per phase).
+#[derive(Debug, Default)]
+pub struct PodStates {
+    /// The series set now, by pod (`namespace/name`).
+    series: HashMap<String, SharedLabels>,
+}
+
+impl PodStates {
+    /// Sets the series of the pods of `snapshot` in `family` and removes the others.
+    pub fn record(&mut self, family: &ObjectGaugeFamily, snapshot: &Snapshot) {
+        let unbound = Arc::new(node_part("", None));
+        let nodes: HashMap<&str, Arc<Labels>> = snapshot
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let name = n.metadata.name.as_deref()?;
+                Some((name, Arc::new(node_part(name, n.metadata.labels.as_ref()))))
+            })
+            .collect();
+        let mut phases: HashMap<&str, Arc<Labels>> = HashMap::new();
+        let mut series = HashMap::with_capacity(snapshot.pods.len());
+        for pod in &snapshot.pods {
+            let node = crate::state::pods::node_name(pod).unwrap_or_default();
+            let node = nodes.get(node).unwrap_or(&unbound);
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
+            let phase = phases.entry(phase).or_insert_with(|| Arc::new(vec![("phase", phase.to_string())]));
+            let key = crate::state::pods::key(pod);
+            let own = pod_part(pod);
+            let labels = match self.series.remove(&key) {
+                Some(before) if *before.0[0] == own && before.0[1] == *node && before.0[2] == *phase => {
+                    before
+                }
+                before => {
+                    if let Some(before) = before {
+                        family.remove(&before);
+                    }
+                    SharedLabels([Arc::new(own), Arc::clone(node), Arc::clone(phase)])
+                }
+            };
+            family.get_or_create(&labels).set(1.0);
+            series.insert(key, labels);
+        }
+        for gone in self.series.values() {
+            family.remove(gone);
+        }
+        self.series = series;
     }
 }
 
-/// The labels of `karpenter_pods_state` for every pod, as upstream names them.
-pub fn pod_state_labels(snapshot: &Snapshot) -> Vec<crate::metrics::Labels> {
-    let nodes: HashMap<&str, &BTreeMap<String, String>> = snapshot
-        .nodes
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
-        .collect();
-    let empty = BTreeMap::new();
-    snapshot
-        .pods
-        .iter()
-        .map(|pod| {
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            let labels = nodes.get(node.as_str()).copied().unwrap_or(&empty);
-            let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
-            let owner = pod
-                .metadata
-                .owner_references
-                .as_ref()
-                .and_then(|o| o.first())
-                .map(|o| format!("{}/{}", o.kind, o.name))
-                .unwrap_or_default();
-            vec![
-                ("name", pod.metadata.name.clone().unwrap_or_default()),
-                ("namespace", pod.metadata.namespace.clone().unwrap_or_default()),
-                ("owner", owner),
-                ("node", node),
-                ("nodepool", label(LABEL_NODEPOOL)),
-                ("zone", label(LABEL_TOPOLOGY_ZONE)),
-                ("arch", label(LABEL_ARCH)),
-                ("capacity_type", label(LABEL_CAPACITY_TYPE)),
-                ("instance_type", label(LABEL_INSTANCE_TYPE)),
-                ("phase", pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()),
-            ]
-        })
-        .collect()
+/// The pod's own labels of `karpenter_pods_state`.
+fn pod_part(pod: &k8s_openapi::api::core::v1::Pod) -> Labels {
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|o| o.first())
+        .map(|o| format!("{}/{}", o.kind, o.name))
+        .unwrap_or_default();
+    vec![
+        ("name", pod.metadata.name.clone().unwrap_or_default()),
+        ("namespace", pod.metadata.namespace.clone().unwrap_or_default()),
+        ("owner", owner),
+    ]
+}
+
+/// The node's labels of `karpenter_pods_state` (empty values for a pod not bound, or bound to a
+/// node not seen).
+fn node_part(node: &str, labels: Option<&BTreeMap<String, String>>) -> Labels {
+    let label = |k: &str| labels.and_then(|l| l.get(k)).cloned().unwrap_or_default();
+    vec![
+        ("node", node.to_string()),
+        ("nodepool", label(LABEL_NODEPOOL)),
+        ("zone", label(LABEL_TOPOLOGY_ZONE)),
+        ("arch", label(LABEL_ARCH)),
+        ("capacity_type", label(LABEL_CAPACITY_TYPE)),
+        ("instance_type", label(LABEL_INSTANCE_TYPE)),
+    ]
 }
 
 /// The status a pool should have.
@@ -351,24 +388,64 @@ spec:
         assert_eq!(status.nodes, 0);
     }
 
+    fn pod(name: &str, node: &str, phase: &str) -> Arc<k8s_openapi::api::core::v1::Pod> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ns",
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u"}]},
+                "spec": {"nodeName": node, "containers": []},
+                "status": {"phase": phase}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn encoded(family: &ObjectGaugeFamily) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("karpenter_pods_state", "", family.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let mut lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        lines.sort();
+        lines.join("\n")
+    }
+
     #[test]
-    fn pod_states_name_where_each_pod_runs() {
+    fn pod_states_name_where_each_pod_runs_and_follow_the_pods() {
         let mut n = (*node("n1", "general", "2")).clone();
         n.metadata.labels.as_mut().unwrap().insert(LABEL_TOPOLOGY_ZONE.into(), "us-east-1a".into());
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "namespace": "ns",
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u"}]},
-            "spec": {"nodeName": "n1", "containers": []},
-            "status": {"phase": "Running"}
-        }))
-        .unwrap();
-        let snapshot = Snapshot { nodes: vec![Arc::new(n)], pods: vec![Arc::new(pod)], ..Default::default() };
-        let labels = pod_state_labels(&snapshot);
-        let get = |k: &str| labels[0].iter().find(|(n, _)| *n == k).unwrap().1.clone();
-        assert_eq!(get("owner"), "ReplicaSet/rs");
-        assert_eq!(get("nodepool"), "general");
-        assert_eq!(get("zone"), "us-east-1a");
-        assert_eq!(get("phase"), "Running");
+        let mut snapshot = Snapshot {
+            nodes: vec![Arc::new(n)],
+            pods: vec![pod("p", "n1", "Running"), pod("q", "n1", "Running"), pod("r", "", "Pending")],
+            ..Default::default()
+        };
+        let family = ObjectGaugeFamily::default();
+        let mut states = PodStates::default();
+        states.record(&family, &snapshot);
+        let text = encoded(&family);
+        assert!(
+            text.contains(r#"karpenter_pods_state{name="p",namespace="ns",owner="ReplicaSet/rs",node="n1",nodepool="general",zone="us-east-1a",arch="",capacity_type="",instance_type="",phase="Running"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"{name="r",namespace="ns",owner="ReplicaSet/rs",node="",nodepool="",zone="",arch="",capacity_type="",instance_type="",phase="Pending"} 1"#), "{text}");
+        // The pods of a node share its labels, and the pods of a phase theirs.
+        let (p, q) = (&states.series["ns/p"], &states.series["ns/q"]);
+        assert!(Arc::ptr_eq(&p.0[1], &q.0[1]) && Arc::ptr_eq(&p.0[2], &q.0[2]));
+        // q is gone and r is bound: one series each, q's removed, p's kept as it was.
+        let kept = Arc::clone(&p.0[0]);
+        snapshot.pods = vec![pod("p", "n1", "Running"), pod("r", "n1", "Running")];
+        states.record(&family, &snapshot);
+        let text = encoded(&family);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains(r#"name="q""#) && !text.contains(r#"phase="Pending""#), "{text}");
+        assert!(
+            text.contains(r#"{name="r",namespace="ns",owner="ReplicaSet/rs",node="n1",nodepool="general""#),
+            "{text}"
+        );
+        assert!(Arc::ptr_eq(&kept, &states.series["ns/p"].0[0]));
+        snapshot.pods.clear();
+        states.record(&family, &snapshot);
+        assert_eq!(encoded(&family), "");
     }
 
     #[test]
