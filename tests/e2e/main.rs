@@ -2554,7 +2554,7 @@ spec: {{podTemplateRef: {{name: huge}}, replicas: 1}}
 /// many of its NodePool's nodes are unhealthy; a short `expireAfter` in the NodePool's template
 /// expires the claims made from it and their pods run again on new ones.
 #[tokio::test]
-#[ignore = "needs the local control plane"]
+#[ignore = "needs the local control plane: make test"]
 async fn drift_expiry_and_repair_with_kwok() {
     let f = Fixture::new("drift").await;
     let controller = Shared::kwok().await;
