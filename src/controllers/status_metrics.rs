@@ -25,7 +25,7 @@ use crate::apis::{Condition, EC2NodeClass, NodeClaim, NodePool};
 use crate::controllers::Context;
 use crate::controllers::events::EventType;
 use crate::controllers::kit::{Next, Options, Timer, run_singleton};
-use crate::metrics::{Labels, SharedLabels, StatusFamilies, StatusMetrics};
+use crate::metrics::{LabelParts, Labels, SharedLabels, StatusFamilies, StatusMetrics};
 use crate::state::ClusterState;
 
 /// Name of the controller, in logs.
@@ -200,29 +200,7 @@ fn finalized(before: &Object, now: &[String]) -> Vec<Transition> {
 #[derive(Debug, Default)]
 pub struct Recorder {
     seen: HashMap<String, Object>,
-    parts: Parts,
-}
-
-/// The label parts whose values repeat across objects (a condition's type, status and reason; a
-/// kind's extra labels), one shared allocation per distinct value: at 2,000 NodeClaims and 2,000
-/// Nodes the per-object series number in the tens of thousands.
-#[derive(Debug, Default)]
-struct Parts(HashMap<Labels, Arc<Labels>>);
-
-impl Parts {
-    fn get(&mut self, labels: Labels) -> Arc<Labels> {
-        if let Some(part) = self.0.get(&labels) {
-            return Arc::clone(part);
-        }
-        let part = Arc::new(labels.clone());
-        self.0.insert(labels, Arc::clone(&part));
-        part
-    }
-
-    /// Forgets the parts no series holds any more.
-    fn prune(&mut self) {
-        self.0.retain(|_, part| Arc::strong_count(part) > 1);
-    }
+    parts: LabelParts,
 }
 
 /// The label parts of one object's per-object series.
@@ -236,7 +214,7 @@ struct ObjectLabels {
 }
 
 impl ObjectLabels {
-    fn new(kind: &Kind, object: &Object, parts: &mut Parts) -> Self {
+    fn new(kind: &Kind, object: &Object, parts: &mut LabelParts) -> Self {
         ObjectLabels {
             head: Arc::new(vec![("namespace", String::new()), ("name", object.name.clone())]),
             extra: parts.get(extra(kind, object)),
@@ -245,7 +223,7 @@ impl ObjectLabels {
     }
 
     /// The labels of the series of condition `c`, in the kind's own families and the deprecated.
-    fn condition(&self, c: &Seen, parts: &mut Parts) -> (SharedLabels, SharedLabels) {
+    fn condition(&self, c: &Seen, parts: &mut LabelParts) -> (SharedLabels, SharedLabels) {
         let condition = parts.get(vec![
             ("type", c.type_.clone()),
             ("status", c.status.clone()),
@@ -255,7 +233,7 @@ impl ObjectLabels {
     }
 
     /// The labels of the object's termination series.
-    fn termination(&self, parts: &mut Parts) -> (SharedLabels, SharedLabels) {
+    fn termination(&self, parts: &mut LabelParts) -> (SharedLabels, SharedLabels) {
         self.with(parts.get(Vec::new()))
     }
 
@@ -325,7 +303,7 @@ fn record(
     before: Option<&Object>,
     object: &Object,
     now: Timestamp,
-    parts: &mut Parts,
+    parts: &mut LabelParts,
 ) -> Vec<Transition> {
     // Series of conditions that changed, or of labels that changed, go first.
     if let Some(before) = before {
@@ -425,7 +403,7 @@ fn forget(
     deprecated: Option<&StatusFamilies>,
     object: &Object,
     now: Timestamp,
-    parts: &mut Parts,
+    parts: &mut LabelParts,
 ) {
     let labels = ObjectLabels::new(kind, object, parts);
     for c in &object.conditions {

@@ -60,6 +60,30 @@ impl EncodeLabelSet for SharedLabels {
     }
 }
 
+/// Label parts whose values repeat across series (a condition's type, status and reason; a
+/// kind's extra labels; a node's labels), one shared allocation per distinct value: at 2,000
+/// NodeClaims and 2,000 Nodes the per-object series number in the tens of thousands, at 20,000
+/// pods `karpenter_pods_state` has one series per pod.
+#[derive(Debug, Default)]
+pub struct LabelParts(pub(crate) std::collections::HashMap<Labels, Arc<Labels>>);
+
+impl LabelParts {
+    /// The shared part with these labels.
+    pub fn get(&mut self, labels: Labels) -> Arc<Labels> {
+        if let Some(part) = self.0.get(&labels) {
+            return Arc::clone(part);
+        }
+        let part = Arc::new(labels.clone());
+        self.0.insert(labels, Arc::clone(&part));
+        part
+    }
+
+    /// Forgets the parts no series holds any more.
+    pub fn prune(&mut self) {
+        self.0.retain(|_, part| Arc::strong_count(part) > 1);
+    }
+}
+
 /// A float gauge family of per-object series.
 pub type ObjectGaugeFamily = Family<SharedLabels, Gauge<f64, AtomicU64>>;
 /// A counter family.

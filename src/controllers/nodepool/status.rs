@@ -26,7 +26,7 @@ use crate::controllers::Context;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::controllers::node::metrics::metric_value;
 use crate::disruption::budgets;
-use crate::metrics::{Labels, ObjectGaugeFamily, SharedLabels};
+use crate::metrics::{LabelParts, Labels, ObjectGaugeFamily, SharedLabels};
 use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
 use crate::state::statenode::state_nodes;
@@ -161,37 +161,42 @@ fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
 
 /// `karpenter_pods_state`: one series per pod with where it runs and its phase. The series of a
 /// pod are kept between passes while its labels stay the same; a pod gone or changed has its old
-/// series removed. A series' labels are three shared parts: the pod's own (`name`, `namespace`,
-/// `owner`), its node's (one allocation per node) and its phase (one per phase).
+/// series removed. A series' labels are three parts: the pod's own (`name`, `namespace`,
+/// `owner`), and its node's and its phase's, shared by every pod of the node or the phase.
 #[derive(Debug, Default)]
 pub struct PodStates {
     /// The series set now, by pod (`namespace/name`).
     series: HashMap<String, SharedLabels>,
+    /// The node and phase parts the series hold.
+    parts: LabelParts,
 }
 
 impl PodStates {
     /// Sets the series of the pods of `snapshot` in `family` and removes the others.
     pub fn record(&mut self, family: &ObjectGaugeFamily, snapshot: &Snapshot) {
-        let unbound = Arc::new(node_part("", None));
-        let nodes: HashMap<&str, Arc<Labels>> = snapshot
-            .nodes
-            .iter()
-            .filter_map(|n| {
-                let name = n.metadata.name.as_deref()?;
-                Some((name, Arc::new(node_part(name, n.metadata.labels.as_ref()))))
-            })
-            .collect();
+        let unbound = self.parts.get(node_part("", None));
+        let mut nodes: HashMap<&str, Arc<Labels>> = HashMap::with_capacity(snapshot.nodes.len());
+        for n in &snapshot.nodes {
+            if let Some(name) = n.metadata.name.as_deref() {
+                nodes.insert(name, self.parts.get(node_part(name, n.metadata.labels.as_ref())));
+            }
+        }
         let mut phases: HashMap<&str, Arc<Labels>> = HashMap::new();
         let mut series = HashMap::with_capacity(snapshot.pods.len());
         for pod in &snapshot.pods {
             let node = crate::state::pods::node_name(pod).unwrap_or_default();
             let node = nodes.get(node).unwrap_or(&unbound);
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
-            let phase = phases.entry(phase).or_insert_with(|| Arc::new(vec![("phase", phase.to_string())]));
+            let phase =
+                phases.entry(phase).or_insert_with(|| self.parts.get(vec![("phase", phase.to_string())]));
             let key = crate::state::pods::key(pod);
             let own = pod_part(pod);
             let labels = match self.series.remove(&key) {
-                Some(before) if *before.0[0] == own && before.0[1] == *node && before.0[2] == *phase => {
+                Some(before)
+                    if *before.0[0] == own
+                        && Arc::ptr_eq(&before.0[1], node)
+                        && Arc::ptr_eq(&before.0[2], phase) =>
+                {
                     before
                 }
                 before => {
@@ -208,6 +213,8 @@ impl PodStates {
             family.remove(gone);
         }
         self.series = series;
+        drop((nodes, phases, unbound));
+        self.parts.prune();
     }
 }
 
@@ -443,9 +450,12 @@ spec:
             "{text}"
         );
         assert!(Arc::ptr_eq(&kept, &states.series["ns/p"].0[0]));
+        // p's series, kept from the first pass, and r's, made in the second, share n1's labels.
+        assert!(Arc::ptr_eq(&states.series["ns/p"].0[1], &states.series["ns/r"].0[1]));
         snapshot.pods.clear();
         states.record(&family, &snapshot);
         assert_eq!(encoded(&family), "");
+        assert!(states.parts.0.is_empty(), "{:?}", states.parts);
     }
 
     #[test]
