@@ -24,8 +24,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
+use karpenter::apis::pod::Pod;
 use karpenter::apis::{NodeClaim, NodePool};
 use karpenter::disruption::consolidation::{self, Setting, World};
 use karpenter::disruption::decide::decide;

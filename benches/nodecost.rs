@@ -22,13 +22,14 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use karpenter::apis::ec2nodeclass::AmiFamily;
 use karpenter::apis::labels::{
     ARCH_AMD64, CAPACITY_TYPE_ON_DEMAND, LABEL_ARCH, LABEL_CAPACITY_TYPE, LABEL_INSTANCE_CPU,
 };
+use karpenter::apis::pod::{Container, Pod, PodSpec};
 use karpenter::apis::{NodeSelectorRequirementWithMinValues, Operator};
 use karpenter::cloudprovider::aws::amifamily::default_block_device_mappings;
 use karpenter::cloudprovider::aws::nodecost::{self, BurstableCpu, NodeCost};

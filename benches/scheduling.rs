@@ -40,8 +40,7 @@ use std::time::Instant;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec, ResourceRequirements,
-    TopologySpreadConstraint,
+    Affinity, PodAffinity, PodAffinityTerm, PodAntiAffinity, ResourceRequirements, TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -49,6 +48,7 @@ use karpenter::apis::labels::{
     ARCH_AMD64, CAPACITY_TYPE_ON_DEMAND, LABEL_ARCH, LABEL_CAPACITY_TYPE, LABEL_HOSTNAME,
     LABEL_INSTANCE_CATEGORY, LABEL_INSTANCE_CPU, LABEL_OS, LABEL_TOPOLOGY_ZONE,
 };
+use karpenter::apis::pod::{Container, Pod, PodSpec};
 use karpenter::apis::{NodeSelectorRequirementWithMinValues, Operator};
 use karpenter::scheduling::resources::pod_requests;
 use karpenter::scheduling::{

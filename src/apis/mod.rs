@@ -17,6 +17,7 @@ pub mod labels;
 pub mod nodeclaim;
 pub mod nodeoverlay;
 pub mod nodepool;
+pub mod pod;
 
 pub use capacitybuffer::{CapacityBuffer, CapacityBufferSpec, CapacityBufferStatus};
 pub use common::{

@@ -183,7 +183,7 @@ async fn resolve(
 pub async fn applied_placeholders(
     client: &kube::Client,
     buffer: &CapacityBuffer,
-) -> Vec<Arc<k8s_openapi::api::core::v1::Pod>> {
+) -> Vec<Arc<crate::apis::pod::Pod>> {
     let applied = buffer
         .status
         .as_ref()
@@ -253,7 +253,7 @@ pub fn outcome(
     resolved: Result<Chunk, Unresolved>,
     placement: Option<&BufferPlacement>,
     now: Timestamp,
-) -> (CapacityBufferStatus, Vec<Arc<k8s_openapi::api::core::v1::Pod>>) {
+) -> (CapacityBufferStatus, Vec<Arc<crate::apis::pod::Pod>>) {
     let mut status = buffer.status.clone().unwrap_or_default();
     let generation = buffer.metadata.generation;
     status.provisioning_strategy = buffer.spec.provisioning_strategy.clone();

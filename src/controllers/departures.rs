@@ -23,7 +23,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use crate::apis::pod::Pod;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::NodeClaim;

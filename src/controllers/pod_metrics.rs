@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::sync::watch;
 
@@ -258,7 +258,8 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use crate::apis::pod::PodStatus;
+    use k8s_openapi::api::core::v1::PodCondition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn at(secs: i64) -> Timestamp {

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::apis::NodePool;

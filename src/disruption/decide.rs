@@ -47,7 +47,7 @@ pub struct Inputs {
     pub young: HashSet<String>,
     /// Pods that left a node going away and whose successor is not seen yet: they keep the room
     /// they need, as pending pods do (see `controllers::departures`).
-    pub stand_ins: Vec<Arc<k8s_openapi::api::core::v1::Pod>>,
+    pub stand_ins: Vec<Arc<crate::apis::pod::Pod>>,
 }
 
 impl Inputs {
@@ -70,7 +70,7 @@ impl Inputs {
     }
 
     /// These inputs with `stand_ins` among the pending pods.
-    pub fn with_stand_ins(mut self, stand_ins: Vec<Arc<k8s_openapi::api::core::v1::Pod>>) -> Self {
+    pub fn with_stand_ins(mut self, stand_ins: Vec<Arc<crate::apis::pod::Pod>>) -> Self {
         self.stand_ins = stand_ins;
         self
     }

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::nodeclaim::conditions::INITIALIZED;

@@ -13,7 +13,7 @@
 //! that restarts in the middle finds and finishes it; [`next_step`] decides what to do with one.
 //! StatefulSets and other kinds are never surged.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};

@@ -1,7 +1,7 @@
 //! Which DaemonSet pods a node runs, and what they cost it: the overhead every new node, in-flight
 //! NodeClaim and not yet initialized node must keep free for them.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 
 use super::requirements::Requirements;
 use super::requirements::pod_node_requirements;

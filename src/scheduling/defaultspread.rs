@@ -21,7 +21,8 @@
 //! ones. kube-scheduler builds it from those owners' selectors and from the selectors of the
 //! Services that select the pod; a pod that only a Service selects is not spread here.
 
-use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
+use crate::apis::pod::Pod;
+use k8s_openapi::api::core::v1::TopologySpreadConstraint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Deserialize;
 
@@ -220,7 +221,7 @@ impl DefaultSpread {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodSpec;
+    use crate::apis::pod::PodSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
     fn pod(owner: Option<&str>, labels: &[(&str, &str)], own: bool) -> Pod {

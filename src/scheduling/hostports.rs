@@ -1,7 +1,7 @@
 //! Host ports: two pods on one node may not bind the same port and protocol on overlapping
 //! addresses.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 
 /// A host port a pod binds.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

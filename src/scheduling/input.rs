@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use thiserror::Error;
 
 use crate::apis::labels::{LABEL_NODEPOOL, node_class_label_key};

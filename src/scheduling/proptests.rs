@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Toleration};
+use crate::apis::pod::Pod;
+use k8s_openapi::api::core::v1::Toleration;
 use proptest::prelude::*;
 
 use crate::apis::labels::*;

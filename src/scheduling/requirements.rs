@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::Hash;
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod, PreferredSchedulingTerm};
+use crate::apis::pod::Pod;
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm};
 use thiserror::Error;
 
 use crate::apis::labels::{LABEL_HOSTNAME, WELL_KNOWN_LABELS, normalized_label};

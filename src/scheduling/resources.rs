@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use crate::apis::pod::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use thiserror::Error;
 
@@ -450,7 +450,8 @@ pub fn pod_limits(pod: &Pod) -> Resources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
+    use crate::apis::pod::PodSpec;
+    use k8s_openapi::api::core::v1::ResourceRequirements;
     use rstest::rstest;
 
     #[test]

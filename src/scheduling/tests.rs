@@ -3,10 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::apis::pod::{Container, Pod, PodSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec, PreferredSchedulingTerm,
-    ResourceRequirements, Toleration, TopologySpreadConstraint,
+    Affinity, ContainerPort, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PodAffinity, PodAffinityTerm, PodAntiAffinity, PreferredSchedulingTerm, ResourceRequirements, Toleration,
+    TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -1061,7 +1062,7 @@ fn volume_input() -> VolumeInput {
 }
 
 fn with_claim(mut p: Pod, claim: &str) -> Pod {
-    spec(&mut p).volumes.get_or_insert_with(Default::default).push(k8s_openapi::api::core::v1::Volume {
+    spec(&mut p).volumes.get_or_insert_with(Default::default).push(crate::apis::pod::Volume {
         name: claim.into(),
         persistent_volume_claim: Some(k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
             claim_name: claim.into(),

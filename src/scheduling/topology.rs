@@ -12,7 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, Toleration, TopologySpreadConstraint};
+use crate::apis::pod::Pod;
+use k8s_openapi::api::core::v1::{PodAffinityTerm, Toleration, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::apis::Taint;

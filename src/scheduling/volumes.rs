@@ -16,8 +16,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::apis::pod::{Pod, Volume};
 use k8s_openapi::api::core::v1::{
-    NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim, Pod, TopologySelectorTerm, Volume,
+    NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim, TopologySelectorTerm,
 };
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 

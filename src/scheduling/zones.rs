@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 
 use crate::apis::Operator;
 use crate::apis::labels::LABEL_TOPOLOGY_ZONE;

@@ -5,10 +5,11 @@
 //! the larger of the two when both are set; with `limits`, no more than fit in them (by the
 //! chunk's requests), or as many as fit when neither is set.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus, PodTemplateSpec};
+use crate::apis::pod::{Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{self as api, PodCondition, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::apis::CapacityBuffer;
@@ -75,7 +76,7 @@ pub fn replicas(buffer: &CapacityBuffer, requests: &Resources, scalable: Option<
 
 /// The requests of one chunk of `template`.
 pub fn chunk_requests(template: &PodTemplateSpec) -> Resources {
-    let pod = Pod { spec: template.spec.clone(), ..Pod::default() };
+    let pod = Pod { spec: template.spec.clone().map(PodSpec::from), ..Pod::default() };
     pod_requests(&pod)
 }
 
@@ -218,30 +219,14 @@ pub fn placements(pods: &[Arc<Pod>], results: &SchedulingResults) -> BTreeMap<St
     out
 }
 
-/// `spec` for a pod that will never run: no node, no volumes backed by claims (nor their
-/// mounts), the lowest priority.
-fn sanitized(mut spec: PodSpec) -> PodSpec {
+/// `spec` for a pod that will never run: no node, no volumes (those backed by claims would tie
+/// it to their zones; the rest are never read), the lowest priority.
+fn sanitized(spec: api::PodSpec) -> PodSpec {
+    let mut spec = PodSpec::from(spec);
     spec.node_name = None;
     spec.priority = Some(VIRTUAL_POD_PRIORITY);
     spec.priority_class_name = None;
-    let mut dropped = BTreeSet::new();
-    if let Some(volumes) = spec.volumes.as_mut() {
-        volumes.retain(|v| {
-            let keep = v.persistent_volume_claim.is_none() && v.ephemeral.is_none();
-            if !keep {
-                dropped.insert(v.name.clone());
-            }
-            keep
-        });
-    }
-    if !dropped.is_empty() {
-        let containers = spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten());
-        for c in containers {
-            if let Some(mounts) = c.volume_mounts.as_mut() {
-                mounts.retain(|m| !dropped.contains(&m.name));
-            }
-        }
-    }
+    spec.volumes = None;
     spec
 }
 
@@ -344,11 +329,7 @@ mod tests {
         assert_eq!(p.metadata.labels.as_ref().unwrap()["app"], "web");
         let spec = p.spec.as_ref().unwrap();
         assert_eq!((spec.node_name.as_deref(), spec.priority), (None, Some(i32::MIN)));
-        let volumes: Vec<&str> = spec.volumes.iter().flatten().map(|v| v.name.as_str()).collect();
-        assert_eq!(volumes, ["config"]);
-        let mounts: Vec<&str> =
-            spec.containers[0].volume_mounts.iter().flatten().map(|m| m.name.as_str()).collect();
-        assert_eq!(mounts, ["config"]);
+        assert!(spec.volumes.is_none());
         assert_eq!(pod_requests(p).get("cpu"), 500);
         assert!(!is_virtual(&Pod::default()));
     }

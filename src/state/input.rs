@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 
 use crate::apis::common::Operator;
 use crate::apis::labels::LABEL_CAPACITY_RESERVATION_ID;

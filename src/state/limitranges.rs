@@ -13,7 +13,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, LimitRange, Pod, ResourceRequirements};
+use crate::apis::pod::{Container, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// The defaults of one namespace: `(default limits, default requests)`.

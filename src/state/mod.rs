@@ -32,8 +32,9 @@ use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use crate::apis::pod::Pod;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::Api;
@@ -456,7 +457,7 @@ impl ClusterState {
 
         let (pods, pods_f) = watches::cache(
             "pods",
-            Source::Typed(Api::all(client.clone()), watches::trim_pod),
+            watches::pods(client.clone()),
             follow_pods(&index, &feed, subscribers.pods.clone()),
         );
         let (nodes, nodes_f) = watches::cache(

@@ -2,7 +2,7 @@
 //! DaemonSet or a Node, reschedulable elsewhere, critical. The one place these questions are
 //! answered.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::apis::labels::{
@@ -166,7 +166,8 @@ pub fn is_evictable(pod: &Pod, now: Timestamp) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus, Toleration};
+    use crate::apis::pod::{PodSpec, PodStatus};
+    use k8s_openapi::api::core::v1::{PodCondition, Toleration};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
     use rstest::rstest;
 

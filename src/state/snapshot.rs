@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use crate::apis::pod::{Pod, PodSpec};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
@@ -144,7 +145,7 @@ pub fn daemonset_pods(snapshot: &Snapshot) -> Vec<Pod> {
             let mut meta = template.metadata.unwrap_or_default();
             meta.namespace = ds.metadata.namespace.clone();
             meta.name = ds.metadata.name.clone();
-            let mut pod = Pod { metadata: meta, spec: template.spec, status: None };
+            let mut pod = Pod { metadata: meta, spec: template.spec.map(PodSpec::from), status: None };
             limitranges::apply(&mut pod, &defaults);
             Some(pod)
         })

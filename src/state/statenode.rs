@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use crate::apis::pod::Pod;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::apis::labels::{

@@ -6,8 +6,9 @@
 use std::fmt::Debug;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{self as api, Node};
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, ObjectMeta};
 use kube::runtime::WatchStreamExt;
@@ -16,6 +17,8 @@ use kube::runtime::watcher::{self, Config, Event};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+
+use crate::apis::pod::Pod;
 
 /// Drops what no decision reads, before an object is cached: managed fields and the
 /// `kubectl.kubernetes.io/last-applied-configuration` annotation.
@@ -27,36 +30,33 @@ pub fn trim<K: Resource>(obj: &mut K) {
     }
 }
 
-/// Drops the parts of a pod that neither scheduling nor draining reads: container environments,
-/// commands, probes, mounts and security contexts; ephemeral (debug) containers; volumes other
-/// than persistent volume claims and generic ephemeral volumes; container statuses and
-/// addresses. Kept: metadata, every scheduling field of the spec, container names, resources,
-/// ports and restart policies, and the pod's phase, start time and conditions.
-pub fn trim_pod(pod: &mut Pod) {
-    trim(pod);
-    if let Some(spec) = pod.spec.as_mut() {
-        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
-            *c = k8s_openapi::api::core::v1::Container {
-                name: std::mem::take(&mut c.name),
-                resources: c.resources.take(),
-                resize_policy: c.resize_policy.take(),
-                ports: c.ports.take(),
-                restart_policy: c.restart_policy.take(),
-                ..Default::default()
-            };
-        }
-        spec.ephemeral_containers = None;
-        if let Some(volumes) = spec.volumes.as_mut() {
-            volumes.retain(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some());
-        }
-    }
-    if let Some(status) = pod.status.as_mut() {
-        status.container_statuses = None;
-        status.init_container_statuses = None;
-        status.ephemeral_container_statuses = None;
-        status.resource_claim_statuses = None;
-        status.host_ips = None;
-        status.pod_ips = None;
+/// The pod as the cache holds it: managed fields and the last applied configuration dropped
+/// ([`trim`]), then made into the compact [`Pod`] (its spec's scheduling fields, container names,
+/// resources, ports and restart policies, claim volumes; its phase, start time and conditions).
+pub fn cached_pod(mut pod: api::Pod) -> Pod {
+    trim(&mut pod);
+    Pod::from(pod)
+}
+
+/// The watch of every pod, made into the compact [`Pod`] one event at a time.
+pub fn pods(client: Client) -> Source<Pod> {
+    let api: Api<api::Pod> = Api::all(client);
+    Source::Converted(
+        watcher::watcher(api, Config::default())
+            .default_backoff()
+            .map_ok(|ev| map_event(ev, cached_pod))
+            .boxed(),
+    )
+}
+
+/// `ev` with its object made into a `K` by `f`.
+fn map_event<A, K>(ev: Event<A>, f: fn(A) -> K) -> Event<K> {
+    match ev {
+        Event::Apply(o) => Event::Apply(f(o)),
+        Event::Delete(o) => Event::Delete(f(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(f(o)),
+        Event::InitDone => Event::InitDone,
     }
 }
 
@@ -114,6 +114,8 @@ pub enum Source<K> {
     Typed(Api<K>, fn(&mut K)),
     /// A custom resource of every namespace, converted one object at a time: see [`lenient`].
     Lenient(Client),
+    /// A watch whose objects are already made into what the cache holds (see [`pods`]).
+    Converted(BoxStream<'static, watcher::Result<Event<K>>>),
 }
 
 /// The cache of one kind, and the future that keeps it current (spawn or join it; it runs until
@@ -141,8 +143,9 @@ where
 {
     let (store, writer) = reflector::store();
     let events = match source {
-        Source::Typed(api, modify) => typed(api, modify).left_stream(),
-        Source::Lenient(client) => lenient(client, store.clone()).right_stream(),
+        Source::Typed(api, modify) => typed(api, modify).boxed(),
+        Source::Lenient(client) => lenient(client, store.clone()).boxed(),
+        Source::Converted(events) => events,
     };
     (store, drive(kind, reflector::reflector(writer, events), on_event, on_error))
 }
@@ -319,8 +322,8 @@ mod tests {
     }
 
     #[test]
-    fn a_trimmed_pod_keeps_what_scheduling_and_draining_read() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
+    fn a_cached_pod_keeps_what_scheduling_and_draining_read() {
+        let full: api::Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "labels": {"app": "web"},
                 "annotations": {"karpenter.sh/do-not-disrupt": "true",
                     "kubectl.kubernetes.io/last-applied-configuration": "{}"},
@@ -356,13 +359,13 @@ mod tests {
                 "podIPs": [{"ip": "10.0.0.1"}]}
         }))
         .unwrap();
-        let requests = pod_requests(&pod);
-        let mut trimmed = pod.clone();
-        trim_pod(&mut trimmed);
+        let trimmed = cached_pod(full.clone());
 
         // What decisions read is untouched.
-        assert_eq!(pod_requests(&trimmed), requests);
-        let (spec, full) = (trimmed.spec.as_ref().unwrap(), pod.spec.as_ref().unwrap());
+        let requests = pod_requests(&trimmed);
+        assert_eq!((requests.get("cpu"), requests.get("memory")), (1110, 1 << 30));
+        let pod = &full;
+        let (spec, full) = (trimmed.spec.as_ref().unwrap(), full.spec.as_ref().unwrap());
         assert_eq!(spec.node_selector, full.node_selector);
         assert_eq!(spec.affinity, full.affinity);
         assert_eq!(spec.tolerations, full.tolerations);
@@ -383,11 +386,15 @@ mod tests {
         assert!(pods::is_provisionable(&trimmed));
 
         // The rest is gone.
-        let c = &spec.containers[0];
-        assert!(c.env.is_none() && c.command.is_none() && c.args.is_none() && c.image.is_none());
-        assert!(c.volume_mounts.is_none() && c.liveness_probe.is_none());
-        assert!(spec.ephemeral_containers.is_none());
-        assert!(status.container_statuses.is_none() && status.pod_ips.is_none());
+        let written = serde_json::to_value(&trimmed).unwrap();
+        let c = &written["spec"]["containers"][0];
+        for gone in ["env", "command", "args", "image", "volumeMounts", "livenessProbe"] {
+            assert!(c.get(gone).is_none(), "{gone}");
+        }
+        assert!(written["spec"].get("ephemeralContainers").is_none());
+        assert!(
+            written["status"].get("containerStatuses").is_none() && written["status"].get("podIPs").is_none()
+        );
         assert!(trimmed.metadata.managed_fields.is_none());
         assert!(
             !trimmed

@@ -12,7 +12,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 

@@ -15,8 +15,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use crate::apis::pod::{Pod, PodStatus};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 

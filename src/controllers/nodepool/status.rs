@@ -219,7 +219,7 @@ impl PodStates {
 }
 
 /// The pod's own labels of `karpenter_pods_state`.
-fn pod_part(pod: &k8s_openapi::api::core::v1::Pod) -> Labels {
+fn pod_part(pod: &crate::apis::pod::Pod) -> Labels {
     let owner = pod
         .metadata
         .owner_references
@@ -395,7 +395,7 @@ spec:
         assert_eq!(status.nodes, 0);
     }
 
-    fn pod(name: &str, node: &str, phase: &str) -> Arc<k8s_openapi::api::core::v1::Pod> {
+    fn pod(name: &str, node: &str, phase: &str) -> Arc<crate::apis::pod::Pod> {
         Arc::new(
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": name, "namespace": "ns",

@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::apis::pod::Pod;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::PostParams;

@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::time::Instant;
 

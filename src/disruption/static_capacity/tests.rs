@@ -51,7 +51,7 @@ fn node(name: &str, replaced: bool) -> Arc<k8s_openapi::api::core::v1::Node> {
     )
 }
 
-fn pod(name: &str, on: &str, daemonset: bool, do_not_disrupt: bool) -> Arc<k8s_openapi::api::core::v1::Pod> {
+fn pod(name: &str, on: &str, daemonset: bool, do_not_disrupt: bool) -> Arc<crate::apis::pod::Pod> {
     let owners = if daemonset {
         json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "u", "controller": true}])
     } else {
@@ -72,7 +72,7 @@ fn now() -> Timestamp {
 fn nodes(
     claims: Vec<Arc<crate::apis::NodeClaim>>,
     nodes: Vec<Arc<k8s_openapi::api::core::v1::Node>>,
-    pods: Vec<Arc<k8s_openapi::api::core::v1::Pod>>,
+    pods: Vec<Arc<crate::apis::pod::Pod>>,
 ) -> Vec<StateNode> {
     state_nodes(&Snapshot { nodeclaims: claims, nodes, pods, ..Snapshot::default() })
 }

@@ -6,11 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::apis::pod::{Pod, PodSpec};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodTemplateSpec,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, PodTemplateSpec};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::de::DeserializeOwned;
@@ -318,7 +317,7 @@ pub fn pod_from_template(
         controller: Some(true),
         block_owner_deletion: Some(true),
     }]);
-    Pod { metadata, spec: template.spec.clone(), status: None }
+    Pod { metadata, spec: template.spec.clone().map(PodSpec::from), status: None }
 }
 
 /// Adds `count` pods `<name>-<i>` built from `template`, controlled by a `controller`.

@@ -8,7 +8,7 @@
 use std::borrow::Borrow;
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -241,9 +241,8 @@ mod tests {
         ANNOTATION_MIRROR_POD, PRIORITY_CLASS_SYSTEM_CLUSTER_CRITICAL, PRIORITY_CLASS_SYSTEM_NODE_CRITICAL,
         TAINT_DISRUPTED,
     };
-    use k8s_openapi::api::core::v1::{
-        PersistentVolumeClaimVolumeSource, PodSpec, PodStatus, Toleration, Volume,
-    };
+    use crate::apis::pod::{PodSpec, PodStatus, Volume};
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Toleration};
     use k8s_openapi::api::storage::v1::{VolumeAttachmentSource, VolumeAttachmentSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
     use rstest::rstest;

@@ -34,8 +34,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::apis::pod::Pod;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Api, ResourceExt};
@@ -579,7 +580,7 @@ enum Eviction {
 /// `karpenter_pods_drained_total{reason}`.
 async fn evict(ctx: &Context, node: &str, pod: &Pod, reason: &str) -> Eviction {
     let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = EvictParams {
         delete_options: Some(DeleteParams {
             preconditions: uid_precondition(pod.uid()),

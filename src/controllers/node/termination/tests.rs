@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use k8s_openapi::api::core::v1::{
-    Container, Event, Namespace, NodeSpec, PodSpec, Taint as K8sTaint, Toleration,
+    Container, Event, Namespace, NodeSpec, Pod, PodSpec, Taint as K8sTaint, Toleration,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::apis::pod::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Drained, Step, Termination, Terminator, WAIT_CAP, drain};
