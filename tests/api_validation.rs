@@ -567,7 +567,7 @@ async fn nodeclaim_spec_is_immutable() {
     let _ = api.delete(name, &DeleteParams::default()).await;
     let created = api.create(&PostParams::default(), &claim).await.expect("create NodeClaim");
     let mut changed = created.clone();
-    changed.spec.requirements[0].values = vec!["m5.xlarge".into()];
+    changed.spec.requirements[0].values = ["m5.xlarge"].into();
     let result = api.replace(name, &PostParams::default(), &changed).await;
     api.delete(name, &DeleteParams::default()).await.expect("clean up");
     match result {

@@ -691,7 +691,9 @@ async fn reserved_claims_launch_into_their_reservation_until_it_is_exhausted() {
     // A claim that also allows on-demand falls back to it; on-demand launches never take a
     // reservation's instances.
     let mut fallback = node_claim("reserved-3", &["m5.large"], "reserved");
-    fallback.spec.requirements[1].values.push(CAPACITY_TYPE_ON_DEMAND.to_string());
+    let mut capacity_types = fallback.spec.requirements[1].values.to_vec();
+    capacity_types.push(CAPACITY_TYPE_ON_DEMAND.to_string());
+    fallback.spec.requirements[1].values = capacity_types.into();
     let launched = p.create(&fallback).await.unwrap();
     assert_eq!(launched.capacity_type, "on-demand");
     assert!(!launched.labels.contains_key(LABEL_CAPACITY_RESERVATION_ID));

@@ -8,6 +8,8 @@ use kube::KubeSchema;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::values::Values;
+
 /// The resource-quantity grammar of Kubernetes, as a JSON-schema pattern.
 pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
 
@@ -120,10 +122,10 @@ pub struct NodeSelectorRequirementWithMinValues {
     /// How the key relates to the values.
     pub operator: Operator,
     /// The values the operator applies to.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "<[String]>::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     #[schemars(inner(length(max = 63), regex(pattern = LABEL_VALUE_PATTERN)))]
-    pub values: Vec<String>,
+    pub values: Values,
     /// The minimum number of distinct values of this key the launch must be able to choose from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 50))]

@@ -18,6 +18,7 @@ pub mod nodeclaim;
 pub mod nodeoverlay;
 pub mod nodepool;
 pub mod pod;
+pub mod values;
 
 pub use capacitybuffer::{CapacityBuffer, CapacityBufferSpec, CapacityBufferStatus};
 pub use common::{

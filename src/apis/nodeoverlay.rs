@@ -93,7 +93,7 @@ impl OverlayRequirement {
         NodeSelectorRequirementWithMinValues {
             key: self.key.clone(),
             operator: self.operator,
-            values: self.values.clone(),
+            values: self.values.clone().into(),
             min_values: None,
         }
     }

@@ -108,7 +108,7 @@ fn build_pool(i: usize, s: &PoolSpec, types: &[Arc<InstanceType>]) -> NodePoolIn
         reqs.push(NodeSelectorRequirementWithMinValues {
             key: LABEL_ARCH.into(),
             operator: Operator::In,
-            values: vec![if arm { ARCH_ARM64 } else { ARCH_AMD64 }.into()],
+            values: [if arm { ARCH_ARM64 } else { ARCH_AMD64 }].into(),
             min_values: None,
         });
     }
@@ -116,7 +116,7 @@ fn build_pool(i: usize, s: &PoolSpec, types: &[Arc<InstanceType>]) -> NodePoolIn
         reqs.push(NodeSelectorRequirementWithMinValues {
             key: LABEL_CAPACITY_TYPE.into(),
             operator: Operator::In,
-            values: vec!["spot".into()],
+            values: ["spot"].into(),
             min_values: None,
         });
     }

@@ -351,7 +351,7 @@ impl Requirement {
         let mk = |operator, values: Vec<String>| NodeSelectorRequirementWithMinValues {
             key: key.to_string(),
             operator,
-            values,
+            values: values.into(),
             min_values,
         };
         let mut out = Vec::new();
@@ -798,7 +798,7 @@ mod tests {
         let r = Requirements::from_nodepool(&[NodeSelectorRequirementWithMinValues {
             key: "karpenter.k8s.aws/instance-family".into(),
             operator: Operator::In,
-            values: vec!["m5".into(), "c5".into()],
+            values: ["m5", "c5"].into(),
             min_values: Some(2),
         }])
         .unwrap();

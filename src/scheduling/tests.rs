@@ -618,7 +618,7 @@ fn min_values(#[case] policy: MinValuesPolicy, #[case] min: i32, #[case] schedul
         .with_requirements(&[NodeSelectorRequirementWithMinValues {
             key: LABEL_INSTANCE_CPU.into(),
             operator: Operator::Exists,
-            values: vec![],
+            values: Default::default(),
             min_values: Some(min),
         }])
         .unwrap();

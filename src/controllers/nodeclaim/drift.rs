@@ -445,7 +445,7 @@ mod tests {
         assert!(current_hash_scheme(&claim), "upstream's v3 hash is compared");
         assert_eq!(claim.annotations().get(ANNOTATION_NODEPOOL_HASH), Some(&pool.hash()));
         assert_eq!(static_drift(&claim, &pool), None);
-        pool.spec.template.spec.requirements[0].values = vec!["c".into()];
+        pool.spec.template.spec.requirements[0].values = ["c"].into();
         assert_eq!(static_drift(&claim, &pool), Some(REQUIREMENTS_DRIFTED), "m is no longer allowed");
         // A change of the template is drift, as upstream sees it.
         pool.spec.template.spec.expire_after = "24h".into();
@@ -476,7 +476,7 @@ mod tests {
             {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2b", "us-west-2c"]}]))
         .unwrap();
         assert_eq!(static_drift(&launched, &p), None);
-        launched.spec.requirements[0].values = vec!["us-west-2c".into()];
+        launched.spec.requirements[0].values = ["us-west-2c"].into();
         assert_eq!(static_drift(&launched, &p), Some(REQUIREMENTS_DRIFTED));
         // A requirement that only excludes values is met by a node without the label.
         let mut excluding = pool("a", &["us-west-2a"]);
