@@ -15,6 +15,7 @@ pub mod hash;
 pub mod hashstructure;
 pub mod labels;
 pub mod nodeclaim;
+pub mod nodelabels;
 pub mod nodeoverlay;
 pub mod nodepool;
 pub mod pod;

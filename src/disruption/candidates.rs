@@ -214,7 +214,6 @@ fn is_ready(pod: &Pod) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     use serde_json::json;
@@ -255,7 +254,7 @@ mod tests {
             name: "n".into(),
             node: Some(Arc::new(k8s_node)),
             claim: Some(Arc::new(claim)),
-            labels: BTreeMap::from([(LABEL_NODEPOOL.to_string(), "default".to_string())]),
+            labels: [(LABEL_NODEPOOL.to_string(), "default".to_string())].into(),
             managed: true,
             initialized: true,
             pods,
@@ -295,7 +294,7 @@ mod tests {
         n.node = None;
         assert_eq!(blocked(&n, &[]).as_deref(), Some("Nodeclaim does not have an associated node"));
         let mut orphan = node(vec![]);
-        orphan.labels.insert(LABEL_NODEPOOL.into(), "gone".into());
+        orphan.labels.to_mut().insert(LABEL_NODEPOOL.into(), "gone".into());
         assert_eq!(blocked(&orphan, &[]).as_deref(), Some("NodePool not found (NodePool=gone)"));
     }
 

@@ -10,6 +10,7 @@ use crate::apis::pod::Pod;
 use thiserror::Error;
 
 use crate::apis::labels::{LABEL_NODEPOOL, node_class_label_key};
+use crate::apis::nodelabels::NodeLabels;
 use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 
 use super::defaultspread::DefaultSpread;
@@ -277,7 +278,7 @@ pub struct ExistingNode {
     /// Node name (or NodeClaim name while the node has not registered).
     pub name: String,
     /// Labels (for in-flight claims, the labels the node will have).
-    pub labels: BTreeMap<String, String>,
+    pub labels: NodeLabels,
     /// Taints.
     pub taints: Vec<Taint>,
     /// Startup taints of its NodePool, ignored until the node is initialized.

@@ -462,7 +462,7 @@ fn a_copy_of_a_scheduled_node_is_seen_as_edited() {
         schedule(&SchedulingInput { existing_nodes: vec![Arc::clone(&n)], ..input(pods.clone(), vec![]) });
     assert_eq!(r.errors.len(), 1, "n1 has no tier label");
     let mut web = (*n).clone();
-    web.labels.insert("tier".into(), "web".into());
+    web.labels.to_mut().insert("tier".into(), "web".into());
     let r = schedule(&SchedulingInput { existing_nodes: shared(vec![web]), ..input(pods, vec![]) });
     assert!(r.errors.is_empty(), "{}", error_of(&r));
     assert_eq!(r.existing_placements.len(), 1);
@@ -926,7 +926,7 @@ fn left_out_node(name: &str, cpu: i64, how: LeftOut) -> ExistingNode {
     let mut n = existing_node(name, cpu);
     match how {
         LeftOut::Selector => {
-            n.labels.insert("team".into(), "other".into());
+            n.labels.to_mut().insert("team".into(), "other".into());
         }
         LeftOut::Taint => n.taints = vec![Taint::new("dedicated", TaintEffect::NoSchedule)],
     }
@@ -1000,7 +1000,7 @@ fn spread_minimum_skips_domains_of_left_out_nodes(
     let mut nodes = vec![left_out_node("n1", 8, how), existing_node("n2", 8), existing_node("n3", 8)];
     if let LeftOut::Selector = how {
         for n in &mut nodes[1..] {
-            n.labels.insert("team".into(), "mine".into());
+            n.labels.to_mut().insert("team".into(), "mine".into());
         }
     }
     let pods = pods_n(3, |p| policy_spread_pod(p, LABEL_HOSTNAME, how, affinity, taints));
@@ -1075,7 +1075,7 @@ fn with_claim(mut p: Pod, claim: &str) -> Pod {
 
 fn existing_in_zone(name: &str, zone: &str) -> ExistingNode {
     let mut n = existing_node(name, 8);
-    n.labels.insert(LABEL_TOPOLOGY_ZONE.into(), zone.into());
+    n.labels.to_mut().insert(LABEL_TOPOLOGY_ZONE.into(), zone.into());
     n
 }
 

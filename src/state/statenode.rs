@@ -17,6 +17,7 @@ use crate::apis::labels::{
     LABEL_CAPACITY_TYPE, LABEL_INITIALIZED, LABEL_INSTANCE_TYPE, LABEL_NODEPOOL, LABEL_TOPOLOGY_ZONE,
 };
 use crate::apis::nodeclaim::conditions::{INITIALIZED, INSTANCE_TERMINATING, LAUNCHED};
+use crate::apis::nodelabels::NodeLabels;
 use crate::apis::{NodeClaim, Operator, Taint};
 use crate::scheduling::resources::{pod_limits, pod_requests};
 use crate::scheduling::{Requirements, Resources};
@@ -37,7 +38,7 @@ pub struct StateNode {
     pub provider_id: Option<String>,
     /// The Node's labels; before registration, the NodeClaim's labels and its single-valued
     /// requirements (what the Node will carry).
-    pub labels: BTreeMap<String, String>,
+    pub labels: NodeLabels,
     /// Taints: the Node's, or the NodeClaim's before registration.
     pub taints: Vec<Taint>,
     /// The NodeClaim's startup taints (ignored until the node is initialized).
@@ -270,7 +271,7 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
             joined.insert(n);
         }
         let claim = matched.cloned();
-        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let labels = NodeLabels::from(Arc::clone(node));
         let managed = claim.is_some() || labels.contains_key(LABEL_NODEPOOL);
         let initialized = !managed
             || (labels.get(LABEL_INITIALIZED).is_some_and(|v| v == "true")
@@ -363,7 +364,7 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
             managed: true,
             initialized: false,
             last_pod_event_time: last_pod_event_time(claim),
-            labels,
+            labels: labels.into(),
             claim: Some(Arc::clone(claim)),
         });
     }
