@@ -2,8 +2,8 @@
 # The benchmarks of docs/benchmarks.md, with the release build:
 #   1. the scheduling simulation (criterion, `cargo bench --bench scheduling`) and consolidation
 #      decisions over 500 and 2000 nodes (`cargo bench --bench disruption`), and the full cost of
-#      plans (`cargo bench --bench nodecost`), and the bytes the cache holds per pod (`cargo bench
-#      --bench pod_memory`);
+#      plans (`cargo bench --bench nodecost`), and the bytes held per cached pod and NodeClaim and
+#      per node view (`cargo bench --bench memory`);
 #   2. on the local control plane with the kwok provider: 1000 pods of two Deployments, 500 pods
 #      that each need a node of their own (a leader and a standby replica run), 200 nodes left
 #      at 25 % CPU consolidating under a 10 % budget, and 50 drifted nodes replaced under a 10 %
@@ -24,8 +24,8 @@ log "== consolidation decisions (cargo bench --bench disruption)"
 cargo bench --locked --bench disruption
 log "== full cost of plans (cargo bench --bench nodecost)"
 cargo bench --locked --bench nodecost
-log "== bytes per cached pod (cargo bench --bench pod_memory)"
-cargo bench --locked --bench pod_memory
+log "== bytes per cached pod and NodeClaim, per node view (cargo bench --bench memory)"
+cargo bench --locked --bench memory
 
 log "== release binary, local control plane"
 cargo build --locked --release --bin karpenter
