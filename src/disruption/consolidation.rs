@@ -145,7 +145,7 @@ pub struct Plan {
 impl Plan {
     /// The instance types of the (first) replacement.
     pub fn replacement_types(&self) -> Vec<String> {
-        self.replacements.first().map(|r| r.instance_type_names.clone()).unwrap_or_default()
+        self.replacements.first().map(|r| r.instance_type_names.to_vec()).unwrap_or_default()
     }
 }
 
@@ -226,7 +226,9 @@ fn allows(claim: &NewNodeClaim, capacity_type: &str) -> bool {
 pub(crate) fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>) {
     claim.instance_type_names = types.iter().map(|t| t.name.clone()).collect();
     claim.requirements.remove(LABEL_INSTANCE_TYPE);
-    claim.requirements.add(LABEL_INSTANCE_TYPE, Requirement::in_values(claim.instance_type_names.clone()));
+    claim
+        .requirements
+        .add(LABEL_INSTANCE_TYPE, Requirement::in_values(claim.instance_type_names.iter().cloned()));
     claim.instance_type_options = types;
 }
 

@@ -11,6 +11,7 @@ use thiserror::Error;
 
 use crate::apis::labels::{LABEL_NODEPOOL, node_class_label_key};
 use crate::apis::nodelabels::NodeLabels;
+use crate::apis::values::Values;
 use crate::apis::{NodePool, NodeSelectorRequirementWithMinValues, Taint};
 
 use super::defaultspread::DefaultSpread;
@@ -197,7 +198,7 @@ impl NodePoolInput {
         NewNodeClaim {
             nodepool: self.name.clone(),
             requirements: self.requirements.clone(),
-            instance_type_names: Vec::new(),
+            instance_type_names: Values::default(),
             labels,
             taints: self.taints.clone(),
             startup_taints: self.startup_taints.clone(),
@@ -381,8 +382,9 @@ pub struct NewNodeClaim {
     pub nodepool: String,
     /// Requirements, including `node.kubernetes.io/instance-type In [...]` cheapest first.
     pub requirements: Requirements,
-    /// Instance type names of that requirement, cheapest first.
-    pub instance_type_names: Vec<String>,
+    /// Instance type names of that requirement, cheapest first (shared by the claims of a run
+    /// that list the same).
+    pub instance_type_names: Values,
     /// Labels of the node (template labels and single-valued requirements).
     pub labels: BTreeMap<String, String>,
     /// Taints.

@@ -25,6 +25,7 @@ use crate::apis::labels::{
     CAPACITY_TYPE_RESERVED, LABEL_CAPACITY_RESERVATION_ID, LABEL_CAPACITY_TYPE, LABEL_HOSTNAME,
     LABEL_TOPOLOGY_ZONE,
 };
+use crate::apis::values::Values;
 
 pub use super::input::{
     ExistingNode, ExistingPlacement, FEWER_NODES_MARGIN, MinValuesPolicy, NewNodeClaim, NodePoolInput,
@@ -823,6 +824,7 @@ impl<'a> Scheduler<'a> {
                 });
             }
         }
+        let mut type_lists: HashMap<Vec<usize>, (Values, Requirement)> = HashMap::new();
         for claim in &self.claims {
             let pool = &self.pools[claim.pool];
             let mut reqs = claim.reqs.clone();
@@ -869,8 +871,17 @@ impl<'a> Scheduler<'a> {
                     n += 1;
                 }
             }
-            let names: Vec<String> = options.iter().take(n).map(|it| it.name.clone()).collect();
-            reqs.add(crate::apis::labels::LABEL_INSTANCE_TYPE, Requirement::in_values(names.iter().cloned()));
+            // Claims that may launch as the same types share one list of their names.
+            let key: Vec<usize> = options.iter().take(n).map(|it| Arc::as_ptr(it) as usize).collect();
+            let (names, type_req) = type_lists
+                .entry(key)
+                .or_insert_with(|| {
+                    let names: Values = options.iter().take(n).map(|it| it.name.clone()).collect();
+                    let req = Requirement::in_values(names.iter().cloned());
+                    (names, req)
+                })
+                .clone();
+            reqs.add(crate::apis::labels::LABEL_INSTANCE_TYPE, type_req);
             let mut labels = pool.input.labels.clone();
             labels.extend(reqs.single_valued_labels());
             out.new_node_claims.push(NewNodeClaim {

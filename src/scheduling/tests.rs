@@ -1247,7 +1247,7 @@ fn exotic_types_only_when_needed(#[case] p: Pod, #[case] packing: Packing, #[cas
         packing,
     ));
     assert!(r.errors.is_empty(), "{}", error_of(&r));
-    assert_eq!(r.new_node_claims[0].instance_type_names, want);
+    assert_eq!(*r.new_node_claims[0].instance_type_names, *want);
 }
 
 /// Upstream's expiration regression: five pods that request nothing on a catalog whose cheapest

@@ -3,11 +3,13 @@
 //! A [`ValueSet`] is what a [`Requirement`](super::Requirement) lists: most hold a single value
 //! (an instance type's `kubernetes.io/arch`, its size, its memory), a few hold a handful (zones,
 //! capacity types), so the set is a sorted slice with the empty set and a single value stored
-//! without an allocation of their own.
+//! without an allocation of their own. A larger set is shared by its copies: the NodeClaims of a
+//! pass mostly list the same hundreds of instance types.
 
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 /// A sorted set of label values without duplicates; iteration is in sorted order.
 #[derive(Clone, Default)]
@@ -18,8 +20,8 @@ enum Repr {
     #[default]
     Empty,
     One(Box<str>),
-    /// At least two values, sorted and distinct.
-    Many(Box<[Box<str>]>),
+    /// At least two values, sorted and distinct; shared by the set's copies.
+    Many(Arc<[Box<str>]>),
 }
 
 impl ValueSet {
@@ -41,7 +43,7 @@ impl ValueSet {
         match values.len() {
             0 => ValueSet(Repr::Empty),
             1 => ValueSet(values.pop().map_or(Repr::Empty, Repr::One)),
-            _ => ValueSet(Repr::Many(values.into_boxed_slice())),
+            _ => ValueSet(Repr::Many(values.into())),
         }
     }
 
@@ -116,8 +118,8 @@ struct Keep {
     right: bool,
 }
 
-fn merge(a: &ValueSet, b: &ValueSet, keep: Keep) -> ValueSet {
-    let (a, b) = (a.as_slice(), b.as_slice());
+fn merge(left: &ValueSet, right: &ValueSet, keep: Keep) -> ValueSet {
+    let (a, b) = (left.as_slice(), right.as_slice());
     let mut out = Vec::new();
     let (mut i, mut j) = (0, 0);
     while let (Some(x), Some(y)) = (a.get(i), b.get(j)) {
@@ -148,6 +150,15 @@ fn merge(a: &ValueSet, b: &ValueSet, keep: Keep) -> ValueSet {
     }
     if keep.right {
         out.extend(b.iter().skip(j).cloned());
+    }
+    // A result equal to an operand is that operand, shared rather than a copy of it. Union,
+    // intersection and difference each give a set within `left` or holding all of it, so the same
+    // size means the same set; union and intersection likewise for `right`.
+    if out.len() == a.len() {
+        return left.clone();
+    }
+    if keep.both && out.len() == b.len() {
+        return right.clone();
     }
     ValueSet::from_sorted(out)
 }
@@ -236,5 +247,21 @@ mod tests {
             assert_eq!(kept, set(&a.iter().copied().filter(|v| *v != "a").collect::<Vec<_>>()));
         }
         assert_eq!(format!("{:?}", set(&["b", "a"])), format!("{:?}", btree(&["b", "a"])));
+    }
+
+    #[test]
+    fn copies_and_results_equal_to_an_operand_share_its_values() {
+        let shared = |a: &ValueSet, b: &ValueSet| std::ptr::eq(a.as_slice(), b.as_slice());
+        let types = set(&["c5.large", "m5.large", "m5.xlarge", "r5.large"]);
+        assert!(shared(&types, &types.clone()));
+        let wider = set(&["c5.large", "m5.large", "m5.xlarge", "r5.large", "t3.large"]);
+        assert!(shared(&types.intersection(&wider), &types), "nothing left out: the same set");
+        assert!(shared(&wider.intersection(&types), &types));
+        assert!(shared(&types.union(&set(&["m5.large", "r5.large"])), &types));
+        assert!(shared(&types.difference(&set(&["t3.large", "x1.large"])), &types));
+        let narrower = types.intersection(&set(&["m5.large", "r5.large", "z"]));
+        assert_eq!(narrower, set(&["m5.large", "r5.large"]));
+        assert!(!shared(&narrower, &types));
+        assert!(types.difference(&types).is_empty(), "a difference the size of `right` is not `right`");
     }
 }

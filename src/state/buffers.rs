@@ -287,7 +287,7 @@ mod tests {
             new_node_claims: vec![NewNodeClaim {
                 nodepool: "default".into(),
                 requirements: Default::default(),
-                instance_type_names: Vec::new(),
+                instance_type_names: Default::default(),
                 labels: Default::default(),
                 taints: Vec::new(),
                 startup_taints: Vec::new(),

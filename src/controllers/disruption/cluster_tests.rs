@@ -47,7 +47,7 @@ fn replacement(pool: &str) -> NewNodeClaim {
     NewNodeClaim {
         nodepool: pool.to_string(),
         requirements,
-        instance_type_names: vec!["m5.large".into()],
+        instance_type_names: ["m5.large"].into(),
         labels: Default::default(),
         taints: vec![],
         startup_taints: vec![],

@@ -119,7 +119,7 @@ spec:
         let new = NewNodeClaim {
             nodepool: "general".into(),
             requirements: reqs,
-            instance_type_names: vec!["m5.large".into(), "m5.xlarge".into()],
+            instance_type_names: ["m5.large", "m5.xlarge"].into(),
             labels: [("karpenter.sh/capacity-type".to_string(), "on-demand".to_string())].into(),
             taints: np.spec.template.spec.taints.clone(),
             startup_taints: vec![],

@@ -121,7 +121,7 @@ pub fn claim_report(claim: &NewNodeClaim) -> NodeClaimReport {
     NodeClaimReport {
         node_pool: claim.nodepool.clone(),
         instance_type,
-        instance_type_options: claim.instance_type_names.clone(),
+        instance_type_options: claim.instance_type_names.to_vec(),
         zone,
         capacity_type,
         price_per_hour: round_price(price),
