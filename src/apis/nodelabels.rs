@@ -9,15 +9,16 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use k8s_openapi::api::core::v1::Node;
 
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+/// The empty map, shared: a view of a Node holds no map of its own.
+static NO_LABELS: LazyLock<Arc<BTreeMap<String, String>>> = LazyLock::new(Arc::default);
 
 /// A node's labels: the cached Node's map, or a map of its own; cloning either is a reference
 /// count. Read it as a `BTreeMap`; [`NodeLabels::to_mut`] makes a copy of its own to edit.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct NodeLabels {
     /// The Node whose labels these are, while they are not edited.
     node: Option<Arc<Node>>,
@@ -32,6 +33,12 @@ impl NodeLabels {
             self.own = Arc::new(node.metadata.labels.clone().unwrap_or_default());
         }
         Arc::make_mut(&mut self.own)
+    }
+}
+
+impl Default for NodeLabels {
+    fn default() -> Self {
+        NodeLabels { node: None, own: Arc::clone(&NO_LABELS) }
     }
 }
 
@@ -67,7 +74,7 @@ impl<'a> IntoIterator for &'a NodeLabels {
 
 impl From<Arc<Node>> for NodeLabels {
     fn from(node: Arc<Node>) -> Self {
-        NodeLabels { node: Some(node), own: Arc::default() }
+        NodeLabels { node: Some(node), own: Arc::clone(&NO_LABELS) }
     }
 }
 

@@ -21,15 +21,10 @@ const INTERN_FROM: usize = 8;
 
 /// The values of a requirement: a list of strings shared between copies (cloning is a reference
 /// count), read and written as a JSON array. Read it as a slice; build a new one to change it.
-#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Values(Arc<[String]>);
 
 impl Values {
-    /// The values as a `Vec`, to edit.
-    pub fn to_vec(&self) -> Vec<String> {
-        self.0.to_vec()
-    }
-
     /// Whether two lists are the same allocation (interned lists with the same values are).
     pub fn ptr_eq(a: &Values, b: &Values) -> bool {
         Arc::ptr_eq(&a.0, &b.0)
@@ -43,12 +38,6 @@ impl Deref for Values {
     }
 }
 
-impl AsRef<[String]> for Values {
-    fn as_ref(&self) -> &[String] {
-        &self.0
-    }
-}
-
 impl fmt::Debug for Values {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.0.iter()).finish()
@@ -58,12 +47,6 @@ impl fmt::Debug for Values {
 impl From<Vec<String>> for Values {
     fn from(values: Vec<String>) -> Self {
         Values(intern(values))
-    }
-}
-
-impl From<Vec<&str>> for Values {
-    fn from(values: Vec<&str>) -> Self {
-        values.into_iter().map(str::to_string).collect()
     }
 }
 
@@ -164,16 +147,17 @@ mod tests {
     }
 
     #[test]
-    fn long_lists_with_the_same_values_share_one_copy() {
-        let json = serde_json::to_string(&names("shared-type-", 600)).unwrap();
-        let a: Values = serde_json::from_str(&json).unwrap();
-        let b: Values = serde_json::from_str(&json).unwrap();
+    fn long_lists_with_the_same_values_share_one_copy() -> Result<(), serde_json::Error> {
+        let json = serde_json::to_string(&names("shared-type-", 600))?;
+        let a: Values = serde_json::from_str(&json)?;
+        let b: Values = serde_json::from_str(&json)?;
         assert!(Values::ptr_eq(&a, &b), "read twice, held once");
         assert_eq!(a.len(), 600);
-        assert_eq!(serde_json::to_string(&a).unwrap(), json, "written as read");
+        assert_eq!(serde_json::to_string(&a)?, json, "written as read");
         let other: Values = names("other-type-", 600).into();
         assert!(!Values::ptr_eq(&a, &other));
         assert_ne!(a, other);
+        Ok(())
     }
 
     #[test]
@@ -192,6 +176,6 @@ mod tests {
         }
         let interner = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
         assert!(interner.lists.len() < 200, "{} lists held", interner.lists.len());
-        assert!(interner.lists.contains(kept.as_ref()), "a list still held stays");
+        assert!(interner.lists.contains(&kept[..]), "a list still held stays");
     }
 }
