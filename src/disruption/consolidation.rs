@@ -229,7 +229,7 @@ pub(crate) fn set_types(claim: &mut NewNodeClaim, types: Vec<Arc<InstanceType>>)
     claim
         .requirements
         .add(LABEL_INSTANCE_TYPE, Requirement::in_values(claim.instance_type_names.iter().cloned()));
-    claim.instance_type_options = types;
+    claim.instance_type_options = types.into();
 }
 
 /// Simulates the cluster without `candidates`: the one NodeClaim their pods need (`None` if none)

@@ -205,7 +205,7 @@ impl NodePoolInput {
             requests: Resources::default(),
             daemonset_requests: Resources::default(),
             pods: Vec::new(),
-            instance_type_options: Vec::new(),
+            instance_type_options: Arc::from([]),
             min_values_relaxed: false,
         }
     }
@@ -397,8 +397,9 @@ pub struct NewNodeClaim {
     pub daemonset_requests: Resources,
     /// The pods it will run.
     pub pods: Vec<PodRef>,
-    /// Every instance type that can hold the pods, cheapest first.
-    pub instance_type_options: Vec<Arc<InstanceType>>,
+    /// Every instance type that can hold the pods, cheapest first (shared by the claims of a
+    /// run that may launch as the same types).
+    pub instance_type_options: Arc<[Arc<InstanceType>]>,
     /// Whether `minValues` had to be relaxed.
     pub min_values_relaxed: bool,
 }

@@ -278,13 +278,13 @@ proptest! {
                 prop_assert!(exotic == 0 || exotic == c.instance_type_options.len(), "{:?}", c.instance_type_names);
             }
             // Requests (pods plus DaemonSet overhead) fit every option, the cheapest included.
-            for it in &c.instance_type_options {
+            for it in c.instance_type_options.iter() {
                 prop_assert!(c.requests.fits(it.allocatable()), "{} does not fit {}", c.requests, it.name);
             }
             let summed = c.pods.iter().fold(c.daemonset_requests.clone(), |acc, p| acc.add(&pod_requests_of(&pods[p.index])));
             prop_assert_eq!(&summed, &c.requests);
             // Every possible launch (option x compatible offering) satisfies every pod.
-            for it in &c.instance_type_options {
+            for it in c.instance_type_options.iter() {
                 let offerings: Vec<&Offering> = it.compatible_offerings(&c.requirements).collect();
                 prop_assert!(!offerings.is_empty());
                 for o in offerings {

@@ -824,7 +824,9 @@ impl<'a> Scheduler<'a> {
                 });
             }
         }
-        let mut type_lists: HashMap<Vec<usize>, (Values, Requirement)> = HashMap::new();
+        // Claims that may launch as the same types share one list of them, one of their names
+        // and one requirement: keyed by the types' addresses, then how many the names take.
+        let mut type_lists: HashMap<Vec<usize>, TypeList> = HashMap::new();
         for claim in &self.claims {
             let pool = &self.pools[claim.pool];
             let mut reqs = claim.reqs.clone();
@@ -871,14 +873,14 @@ impl<'a> Scheduler<'a> {
                     n += 1;
                 }
             }
-            // Claims that may launch as the same types share one list of their names.
-            let key: Vec<usize> = options.iter().take(n).map(|it| Arc::as_ptr(it) as usize).collect();
-            let (names, type_req) = type_lists
+            let mut key: Vec<usize> = options.iter().map(|it| Arc::as_ptr(it) as usize).collect();
+            key.push(n);
+            let TypeList { options, names, requirement: type_req } = type_lists
                 .entry(key)
                 .or_insert_with(|| {
                     let names: Values = options.iter().take(n).map(|it| it.name.clone()).collect();
-                    let req = Requirement::in_values(names.iter().cloned());
-                    (names, req)
+                    let requirement = Requirement::in_values(names.iter().cloned());
+                    TypeList { options: Arc::from(options.as_slice()), names, requirement }
                 })
                 .clone();
             reqs.add(crate::apis::labels::LABEL_INSTANCE_TYPE, type_req);
@@ -908,6 +910,14 @@ impl<'a> Scheduler<'a> {
         out.preferences_broken = self.preferences_broken.iter().map(|p| self.pods[*p].r.clone()).collect();
         out
     }
+}
+
+/// The instance types a run's NewNodeClaims may launch as, shared by the claims that list the same.
+#[derive(Clone)]
+struct TypeList {
+    options: Arc<[Arc<InstanceType>]>,
+    names: Values,
+    requirement: Requirement,
 }
 
 /// A pod offered to a claim: its requirements at this step of its relaxation, and whether a

@@ -364,6 +364,13 @@ fn self_anti_affinity_forces_one_pod_per_node() {
     assert!(r.errors.is_empty(), "{}", error_of(&r));
     assert_eq!(r.new_node_claims.len(), 5);
     assert!(r.new_node_claims.iter().all(|c| c.pods.len() == 1));
+    // The claims may launch as the same types: they share one list of them.
+    let first = &r.new_node_claims[0];
+    assert!(!first.instance_type_options.is_empty());
+    for c in &r.new_node_claims[1..] {
+        assert!(Arc::ptr_eq(&c.instance_type_options, &first.instance_type_options));
+        assert_eq!(c.instance_type_names, first.instance_type_names);
+    }
 }
 
 #[test]

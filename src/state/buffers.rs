@@ -294,7 +294,7 @@ mod tests {
                 requests: Resources::default(),
                 daemonset_requests: Resources::default(),
                 pods: vec![r(3)],
-                instance_type_options: Vec::new(),
+                instance_type_options: Arc::from([]),
                 min_values_relaxed: false,
             }],
             errors: vec![PodError {

@@ -54,7 +54,7 @@ fn replacement(pool: &str) -> NewNodeClaim {
         requests: Default::default(),
         daemonset_requests: Default::default(),
         pods: vec![],
-        instance_type_options: vec![],
+        instance_type_options: Arc::from([]),
         min_values_relaxed: false,
     }
 }

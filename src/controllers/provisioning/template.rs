@@ -126,7 +126,7 @@ spec:
             requests: Resources::from_pairs([("cpu", 1500), ("pods", 2)]),
             daemonset_requests: Resources::default(),
             pods: vec![],
-            instance_type_options: Vec::<Arc<_>>::new(),
+            instance_type_options: Arc::from([]),
             min_values_relaxed: true,
         };
         let claim = build(&new, &np);
@@ -167,7 +167,8 @@ spec:
         );
         let marks = crate::scheduling::OverlayMarks { price: vec!["discount".into()], capacity: vec![] };
         let overlaid = plain.overlaid(vec![], &Default::default(), marks);
-        let new = NewNodeClaim { instance_type_options: vec![Arc::new(plain), Arc::new(overlaid)], ..new };
+        let new =
+            NewNodeClaim { instance_type_options: Arc::from([Arc::new(plain), Arc::new(overlaid)]), ..new };
         let ann = build(&new, &np).metadata.annotations.unwrap();
         assert_eq!(ann[ANNOTATION_PRICE_OVERLAY_APPLIED], "true");
         assert!(!ann.contains_key(ANNOTATION_CAPACITY_OVERLAY_APPLIED));
