@@ -21,6 +21,8 @@ WORKDIR /src
 # rebuilt only when Cargo.toml or Cargo.lock change. Every [[bench]] target
 # Cargo.toml declares gets a stub too, read from the manifest itself.
 COPY Cargo.toml Cargo.lock ./
+# Build settings (the allocator's configuration).
+COPY .cargo ./.cargo
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \

@@ -37,13 +37,14 @@ export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 # bookkeeping costs it about a tenth of the crate's compile time. Nor need it configure and
 # compile jemalloc's C sources again (about 100 s of a core): the library the tests' build made
 # is kept with the cached tools, by tikv-jemalloc-sys's version, and linked from there (the
-# crate's JEMALLOC_OVERRIDE). Only in CI: a local build would rebuild it whenever a build without
-# the variable came between.
+# crate's JEMALLOC_OVERRIDE), and by the configuration .cargo/config.toml builds into it. Only in
+# CI: a local build would rebuild it whenever a build without the variable came between.
 jemalloc_cached=
 if [[ -n "${CI:-}" ]]; then
   export CARGO_INCREMENTAL=0
   jemalloc_version=$(awk '/^name = "tikv-jemalloc-sys"$/ {getline; gsub(/"/, "", $3); print $3}' Cargo.lock)
-  jemalloc_cached=$KARPENTER_RS_HOME/jemalloc/$jemalloc_version-$(rustc -vV | sed -n 's/^host: //p')-debug/libjemalloc_pic.a
+  jemalloc_conf=$(sed -n 's/^JEMALLOC_SYS_WITH_MALLOC_CONF *= *"\(.*\)"/\1/p' .cargo/config.toml | tr -c 'a-z0-9\n' '_')
+  jemalloc_cached=$KARPENTER_RS_HOME/jemalloc/$jemalloc_version-$(rustc -vV | sed -n 's/^host: //p')-debug-${jemalloc_conf:-default}/libjemalloc_pic.a
   if [[ -n "$jemalloc_version" && -f "$jemalloc_cached" ]]; then
     export JEMALLOC_OVERRIDE=$jemalloc_cached
   fi

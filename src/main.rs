@@ -395,3 +395,16 @@ fn write_crds(output_dir: Option<PathBuf>) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// The build configures the allocator with one arena (`.cargo/config.toml`), unless the run
+    /// overrides it.
+    #[test]
+    fn the_allocator_has_one_arena() -> Result<(), tikv_jemalloc_ctl::Error> {
+        if std::env::var_os("_RJEM_MALLOC_CONF").is_none() {
+            assert_eq!(tikv_jemalloc_ctl::opt::narenas::read()?, 1);
+        }
+        Ok(())
+    }
+}

@@ -78,7 +78,10 @@ def test_builder_builds_the_release_binary_with_a_dependency_layer_first() -> No
     # A dependency-only layer comes before the sources are copied.
     copies = [args for keyword, args in stages()[0] if keyword == "COPY"]
     assert copies[0].split()[:-1] == ["Cargo.toml", "Cargo.lock"], copies
-    assert copies[1].startswith("src"), copies
+    # The build settings (the allocator's configuration) come with the manifests, so that the
+    # dependency layer builds jemalloc as `cargo build` does outside the image.
+    assert copies[1].split() == [".cargo", "./.cargo"], copies
+    assert copies[2].startswith("src"), copies
     # CI runs exactly these instructions: hack/docker-build-stage.sh holds no build command.
     script = (REPO_ROOT / "hack" / "docker-build-stage.sh").read_text()
     assert "cargo build" not in script
@@ -178,4 +181,4 @@ def test_dockerignore_lets_in_only_the_build_inputs() -> None:
         if line.strip() and not line.startswith("#")
     ]
     assert lines[0] == "*", "the build context starts from nothing"
-    assert set(lines[1:]) == {"!Cargo.toml", "!Cargo.lock", "!src/", "!benches/"}
+    assert set(lines[1:]) == {"!Cargo.toml", "!Cargo.lock", "!.cargo/", "!src/", "!benches/"}
