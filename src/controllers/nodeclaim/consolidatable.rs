@@ -16,11 +16,12 @@ use kube::ResourceExt;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::{Written, write_status};
-use crate::apis::NodeClaim;
+use super::{Written, merge_status, write_status};
 use crate::apis::common::{ConditionUpdate, is_true, remove_condition, set_condition};
 use crate::apis::labels::LABEL_NODEPOOL;
+use crate::apis::nodeclaim::NodeClaimStatus;
 use crate::apis::nodeclaim::conditions::CONSOLIDATABLE;
+use crate::apis::{Condition, NodeClaim};
 use crate::controllers::Context;
 use crate::controllers::kit::{Coalesced, Next, Options, run_singleton};
 use crate::disruption::emptiness::claim_consolidatable_at;
@@ -66,6 +67,31 @@ pub fn consolidatable(at: Option<Timestamp>, now: Timestamp) -> (bool, Option<Ti
         Some(at) => (false, Some(at)),
         None => (false, None),
     }
+}
+
+/// What a status write must find unchanged on the claim.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// The version that was read: the write replaces the conditions whole.
+    Version,
+    /// Nothing: the write sets `lastPodEventTime` alone, which no other writer sets, so a write
+    /// of another controller meanwhile (the lifecycle's, as pods land on a node that has just
+    /// initialized) does not refuse it, as upstream's writes of it are not refused.
+    Nothing,
+}
+
+/// The status fields to write, from the conditions the claim had (`before`) to `status`, and what
+/// the write must find unchanged.
+pub fn status_write(before: &[Condition], status: &NodeClaimStatus) -> (serde_json::Value, Guard) {
+    let mut written = json!({});
+    if let Some(t) = &status.last_pod_event_time {
+        written["lastPodEventTime"] = json!(t);
+    }
+    if status.conditions.as_slice() == before {
+        return (written, Guard::Nothing);
+    }
+    written["conditions"] = json!(status.conditions);
+    (written, Guard::Version)
 }
 
 async fn pass(ctx: &Context, state: &ClusterState, pending: &Mutex<HashMap<String, Timestamp>>) -> Next {
@@ -125,11 +151,12 @@ async fn pass(ctx: &Context, state: &ClusterState, pending: &Mutex<HashMap<Strin
         if !changed {
             continue;
         }
-        let mut written = json!({ "conditions": status.conditions });
-        if let Some(t) = &status.last_pod_event_time {
-            written["lastPodEventTime"] = json!(t);
-        }
-        match write_status(&ctx.client, &claim, written).await {
+        let before = claim.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let result = match status_write(before, &status) {
+            (written, Guard::Version) => write_status(&ctx.client, &claim, written).await,
+            (written, Guard::Nothing) => merge_status(&ctx.client, &claim, written).await,
+        };
+        match result {
             Ok(Written::Done) => {}
             // Gone or changed meanwhile: the watch brings the new version and another pass.
             Ok(Written::Gone | Written::Changed) => {
@@ -160,6 +187,27 @@ mod tests {
             "status": {"lastPodEventTime": last}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_pod_event_alone_is_written_whatever_the_version_and_conditions_only_on_it() {
+        let now = "2026-11-24T12:00:00Z".parse::<Timestamp>().unwrap();
+        let mut status = claim(Some("2026-11-24T12:00:00Z")).status.unwrap();
+        let before = status.conditions.clone();
+        let (written, guard) = status_write(&before, &status);
+        assert_eq!(guard, Guard::Nothing);
+        assert_eq!(written, json!({"lastPodEventTime": "2026-11-24T12:00:00Z"}));
+        set_condition(
+            &mut status.conditions,
+            CONSOLIDATABLE,
+            ConditionUpdate::true_(CONSOLIDATABLE),
+            None,
+            now,
+        );
+        let (written, guard) = status_write(&before, &status);
+        assert_eq!(guard, Guard::Version);
+        assert_eq!(written["lastPodEventTime"], "2026-11-24T12:00:00Z");
+        assert_eq!(written["conditions"][0]["type"], CONSOLIDATABLE);
     }
 
     #[test]

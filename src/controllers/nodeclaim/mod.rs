@@ -4,8 +4,10 @@
 //!
 //! This module also holds the writes every controller makes to a NodeClaim it did not just read
 //! from the API server: deleting this very claim ([`delete`]), its termination deadline, and its
-//! status ([`write_status`], [`write_conditions`]). Each carries what it was computed from (the
-//! uid or the resourceVersion), so a claim gone or changed meanwhile is told apart from a failure.
+//! status ([`write_status`], [`write_conditions`], [`merge_status`]). Each carries what it was
+//! computed from (the uid or the resourceVersion), so a claim gone or changed meanwhile is told
+//! apart from a failure; [`merge_status`] alone writes whatever the version, the fields that no
+//! other writer sets.
 //! Conditions are read and computed with [`crate::apis::common`]'s helpers and
 //! [`NodeClaim::condition`].
 
@@ -84,7 +86,30 @@ pub async fn write_status(
     claim: &NodeClaim,
     status: serde_json::Value,
 ) -> Result<Written, kube::Error> {
-    let patch = json!({"metadata": {"resourceVersion": claim.resource_version()}, "status": status});
+    patch_status(client, claim, json!({"resourceVersion": claim.resource_version()}), status).await
+}
+
+/// Merges `status` fields that no writer replaces whole (scalars such as `lastPodEventTime`,
+/// never the conditions) into the status of the claim of `claim`'s name, whatever its version: a
+/// write of another controller since `claim` was read does not refuse it, as it would
+/// [`write_status`], and neither write undoes the other. (The API server takes no uid
+/// precondition on a status write: a claim made again under the same name meanwhile gets it too.)
+pub async fn merge_status(
+    client: &Client,
+    claim: &NodeClaim,
+    status: serde_json::Value,
+) -> Result<Written, kube::Error> {
+    patch_status(client, claim, json!({}), status).await
+}
+
+/// A merge patch of `status` on `claim`, with `guard` (metadata fields the claim must still have).
+async fn patch_status(
+    client: &Client,
+    claim: &NodeClaim,
+    guard: serde_json::Value,
+    status: serde_json::Value,
+) -> Result<Written, kube::Error> {
+    let patch = json!({"metadata": guard, "status": status});
     let api = Api::<NodeClaim>::all(client.clone());
     match api.patch_status(&claim.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => Ok(Written::Done),
