@@ -347,6 +347,18 @@ async fn many_nodes(n: usize) {
             since_start(initialized.and_then(|c| c.last_transition_time.parse().ok()))
         })
         .fold(f64::NAN, f64::max);
+    // When the kube-scheduler first found each pod unschedulable (its first FailedScheduling
+    // event): the provisioner acts on no pod before that.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(f.client.clone(), &f.ns);
+    let mut first_failed: BTreeMap<String, k8s_openapi::jiff::Timestamp> = BTreeMap::new();
+    for e in events.list(&ListParams::default().fields("reason=FailedScheduling")).await.unwrap().items {
+        let at = e.event_time.map(|t| t.0).or(e.first_timestamp.map(|t| t.0));
+        if let (Some(pod), Some(at)) = (e.involved_object.name, at) {
+            let first = first_failed.entry(pod).or_insert(at);
+            *first = (*first).min(at);
+        }
+    }
+    let last_unschedulable = first_failed.values().map(|t| since_start(Some(*t))).fold(f64::NAN, f64::max);
     let claims = claims.len();
     assert_eq!(claims, n, "exactly one NodeClaim per pod\n{}", leader.log_tail());
     let requests = leader.metric_sum("rest_client_requests_total").await - requests_before;
@@ -376,8 +388,10 @@ async fn many_nodes(n: usize) {
         requests / n as f64 - cloud
     );
     eprintln!(
-        "SCALE RESULT: last NodeClaim created {last_created:.0} s and last initialized {last_initialized:.0} s \
+        "SCALE RESULT: {} pods found unschedulable by the kube-scheduler, the last first at {last_unschedulable:.0} s; \
+         last NodeClaim created {last_created:.0} s and last initialized {last_initialized:.0} s \
          after the scale command; all pods Running at {:.0} s",
+        first_failed.len(),
         running.as_secs_f64()
     );
     eprintln!("SCALE RESULT: API requests per NodeClaim by verb and kind: {}", by_kind.join(", "));
