@@ -71,7 +71,7 @@ pub fn consolidatable(at: Option<Timestamp>, now: Timestamp) -> (bool, Option<Ti
 
 /// What a status write must find unchanged on the claim.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Guard {
+enum Guard {
     /// The version that was read: the write replaces the conditions whole.
     Version,
     /// Nothing: the write sets `lastPodEventTime` alone, which no other writer sets, so a write
@@ -82,7 +82,7 @@ pub enum Guard {
 
 /// The status fields to write, from the conditions the claim had (`before`) to `status`, and what
 /// the write must find unchanged.
-pub fn status_write(before: &[Condition], status: &NodeClaimStatus) -> (serde_json::Value, Guard) {
+fn status_write(before: &[Condition], status: &NodeClaimStatus) -> (serde_json::Value, Guard) {
     let mut written = json!({});
     if let Some(t) = &status.last_pod_event_time {
         written["lastPodEventTime"] = json!(t);
@@ -190,9 +190,10 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_event_alone_is_written_whatever_the_version_and_conditions_only_on_it() {
-        let now = "2026-11-24T12:00:00Z".parse::<Timestamp>().unwrap();
-        let mut status = claim(Some("2026-11-24T12:00:00Z")).status.unwrap();
+    fn a_pod_event_alone_is_written_whatever_the_version_and_conditions_only_on_it()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let now = "2026-11-24T12:00:00Z".parse::<Timestamp>()?;
+        let mut status = claim(Some("2026-11-24T12:00:00Z")).status.ok_or("the claim has a status")?;
         let before = status.conditions.clone();
         let (written, guard) = status_write(&before, &status);
         assert_eq!(guard, Guard::Nothing);
@@ -208,6 +209,7 @@ mod tests {
         assert_eq!(guard, Guard::Version);
         assert_eq!(written["lastPodEventTime"], "2026-11-24T12:00:00Z");
         assert_eq!(written["conditions"][0]["type"], CONSOLIDATABLE);
+        Ok(())
     }
 
     #[test]
