@@ -393,6 +393,14 @@ where
     }
 }
 
+/// Seconds from `started` to the latest of `times` (NaN when there is none).
+pub fn latest_after(
+    started: k8s_openapi::jiff::Timestamp,
+    times: impl IntoIterator<Item = Option<k8s_openapi::jiff::Timestamp>>,
+) -> f64 {
+    times.into_iter().flatten().map(|t| t.duration_since(started).as_secs_f64()).fold(f64::NAN, f64::max)
+}
+
 /// The status of condition `type_` of a NodeClaim.
 pub fn condition(claim: &NodeClaim, type_: &str) -> Option<String> {
     claim
