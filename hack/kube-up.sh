@@ -108,6 +108,25 @@ componentsPatches:
     value: "200"
   - key: kube-api-burst
     value: "400"
+---
+# kwok plays every Node's kubelet. A real cluster has one kubelet per Node,
+# each marking its Node Ready and renewing its lease on its own; kwok's
+# default of 4 of each at once falls behind at a thousand Nodes on a loaded
+# control plane (Nodes stay NotReady for minutes and the node lifecycle
+# controller marks them unreachable), which is kwok's limit, not the
+# autoscaler's. kwokctl writes every option of this document, so the others
+# are kwok's own defaults, spelled out.
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  enableDebuggingHandlers: true
+  enableProfilingHandler: true
+  enableContentionProfiling: false
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+  nodePlayStageParallelism: 32
+  nodeLeaseParallelism: 32
+  podPlayStageParallelism: 16
 EOF
 }
 
