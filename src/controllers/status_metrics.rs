@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use tokio::sync::watch;
@@ -458,26 +458,63 @@ pub async fn run(ctx: Context, state: ClusterState, cluster_state: bool, stop: w
 async fn pass(ctx: &Context, state: &ClusterState, cluster_state: bool, recorders: &mut Recorders) {
     let now = Timestamp::now();
     let status = &ctx.metrics.status;
-    let classes: Vec<Arc<EC2NodeClass>> = state.nodeclasses.state();
-    let objects =
-        classes.iter().map(|c| Object::karpenter(&EC2NODECLASS, c.meta(), class_conditions(c))).collect();
-    let seen = recorders.nodeclasses.look(&EC2NODECLASS, status, &status.ec2nodeclass, objects, now);
-    tell(ctx, &EC2NODECLASS, &seen, &classes).await;
+    let classes = state.nodeclasses.state();
+    let object = |c: &EC2NodeClass| Object::karpenter(&EC2NODECLASS, c.meta(), class_conditions(c));
+    let events = look_at(
+        &mut recorders.nodeclasses,
+        &EC2NODECLASS,
+        status,
+        &status.ec2nodeclass,
+        classes,
+        object,
+        now,
+    );
+    publish(ctx, events).await;
     if !cluster_state {
         return;
     }
-    let claims: Vec<Arc<NodeClaim>> = state.nodeclaims.state();
-    let objects = claims.iter().map(|c| Object::karpenter(&NODECLAIM, c.meta(), c.conditions())).collect();
-    let seen = recorders.nodeclaims.look(&NODECLAIM, status, &status.nodeclaim, objects, now);
-    tell(ctx, &NODECLAIM, &seen, &claims).await;
-    let pools: Vec<Arc<NodePool>> = state.nodepools.state();
-    let objects = pools.iter().map(|p| Object::karpenter(&NODEPOOL, p.meta(), pool_conditions(p))).collect();
-    let seen = recorders.nodepools.look(&NODEPOOL, status, &status.nodepool, objects, now);
-    tell(ctx, &NODEPOOL, &seen, &pools).await;
-    let nodes: Vec<Arc<Node>> = state.nodes.state();
-    let objects = nodes.iter().map(|n| Object::node(n)).collect();
-    let seen = recorders.nodes.look(&NODE, status, &status.node, objects, now);
-    tell(ctx, &NODE, &seen, &nodes).await;
+    let object = |c: &NodeClaim| Object::karpenter(&NODECLAIM, c.meta(), c.conditions());
+    let events = look_at(
+        &mut recorders.nodeclaims,
+        &NODECLAIM,
+        status,
+        &status.nodeclaim,
+        state.nodeclaims.state(),
+        object,
+        now,
+    );
+    publish(ctx, events).await;
+    let object = |p: &NodePool| Object::karpenter(&NODEPOOL, p.meta(), pool_conditions(p));
+    let events = look_at(
+        &mut recorders.nodepools,
+        &NODEPOOL,
+        status,
+        &status.nodepool,
+        state.nodepools.state(),
+        object,
+        now,
+    );
+    publish(ctx, events).await;
+    let events =
+        look_at(&mut recorders.nodes, &NODE, status, &status.node, state.nodes.state(), Object::node, now);
+    publish(ctx, events).await;
+}
+
+/// Looks at `objects` of `kind` (each seen as `object` sees it) with `recorder`; returns the events
+/// of the transitions seen. The objects are let go before the events are sent: a pass with many
+/// transitions spends a while sending, and objects held meanwhile would keep the versions the
+/// watches replaced them with alive beside them.
+fn look_at<K: Resource<DynamicType = ()>>(
+    recorder: &mut Recorder,
+    kind: &Kind,
+    metrics: &StatusMetrics,
+    families: &StatusFamilies,
+    objects: Vec<Arc<K>>,
+    object: impl Fn(&K) -> Object,
+    now: Timestamp,
+) -> Vec<(ObjectReference, Transition)> {
+    let seen = recorder.look(kind, metrics, families, objects.iter().map(|o| object(o)).collect(), now);
+    references(kind, seen, &objects)
 }
 
 fn class_conditions(class: &EC2NodeClass) -> &[Condition] {
@@ -488,32 +525,41 @@ fn pool_conditions(pool: &NodePool) -> &[Condition] {
     pool.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
 }
 
-/// Sends a Normal event about each transition to its object among `objects` (or named from
-/// `kind` and what was last seen of it, when it is gone).
-async fn tell<K: Resource<DynamicType = ()>>(
-    ctx: &Context,
+/// The Normal event about each transition: a reference to its object among `objects` (or one
+/// named from `kind` and what was last seen of it, when it is gone) and the transition.
+fn references<K: Resource<DynamicType = ()>>(
     kind: &Kind,
-    transitions: &[(String, Transition)],
+    transitions: Vec<(String, Transition)>,
     objects: &[Arc<K>],
-) {
+) -> Vec<(ObjectReference, Transition)> {
     if transitions.is_empty() {
-        return;
+        return Vec::new();
     }
     let by_name: HashMap<&str, &K> =
         objects.iter().filter_map(|o| o.meta().name.as_deref().map(|name| (name, o.as_ref()))).collect();
-    for (name, t) in transitions {
-        let reference = by_name
-            .get(name.as_str())
-            .map(|o| o.object_ref(&()))
-            .unwrap_or_else(|| kind.reference(name, &t.uid));
-        ctx.events.publish(reference, EventType::Normal, &t.reason, t.message.clone()).await;
+    transitions
+        .into_iter()
+        .map(|(name, t)| {
+            let reference = by_name
+                .get(name.as_str())
+                .map(|o| o.object_ref(&()))
+                .unwrap_or_else(|| kind.reference(&name, &t.uid));
+            (reference, t)
+        })
+        .collect()
+}
+
+/// Sends `events`, in order.
+async fn publish(ctx: &Context, events: Vec<(ObjectReference, Transition)>) {
+    for (reference, t) in events {
+        ctx.events.publish(reference, EventType::Normal, &t.reason, t.message).await;
     }
 }
 
 impl Kind {
     /// A reference to the object `name` of this kind with `uid`.
-    fn reference(&self, name: &str, uid: &str) -> k8s_openapi::api::core::v1::ObjectReference {
-        k8s_openapi::api::core::v1::ObjectReference {
+    fn reference(&self, name: &str, uid: &str) -> ObjectReference {
+        ObjectReference {
             api_version: Some(if self.group.is_empty() {
                 "v1".to_string()
             } else {
