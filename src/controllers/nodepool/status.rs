@@ -71,45 +71,56 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
 }
 
 async fn reconcile(ctx: &Context, state: &ClusterState, pod_states: &Mutex<PodStates>) {
-    let snapshot = state.snapshot();
+    // The writes are worked out first and the snapshot let go before any is sent: a snapshot held
+    // across requests keeps the versions its objects were replaced by meanwhile alive too.
+    let writes = {
+        let snapshot = state.snapshot();
+        let now = Timestamp::now();
+        let nodes = state_nodes(&snapshot);
+        let usage = nodepool_usage(&nodes, Counted::Launched);
+        ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
+        pod_states.lock().unwrap_or_else(PoisonError::into_inner).record(&ctx.metrics.pods_state, &snapshot);
+        record_budgets(ctx, &snapshot, &nodes);
+        let mut writes = Vec::new();
+        for np in &snapshot.nodepools {
+            if np.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let name = np.metadata.name.clone().unwrap_or_default();
+            let class_ready = ctx
+                .cloud
+                .node_class_readiness(&np.spec.template.spec.node_class_ref, snapshot.node_class_of(np))
+                .map_err(|problem| problem.to_string());
+            let status = desired_status(np, usage.get(&name), class_ready, now);
+            record_metrics(ctx, np, &status);
+            let status =
+                (np.status.as_ref() != Some(&status)).then(|| serde_json::json!({ "status": status }));
+            let hash = np.hash();
+            let annotations = np.metadata.annotations.as_ref();
+            let hash = (annotations.and_then(|a| a.get(ANNOTATION_NODEPOOL_HASH)) != Some(&hash)
+                || annotations.and_then(|a| a.get(ANNOTATION_NODEPOOL_HASH_VERSION)).map(String::as_str)
+                    != Some(NODEPOOL_HASH_VERSION))
+            .then(|| {
+                serde_json::json!({ "metadata": { "annotations": {
+                    ANNOTATION_NODEPOOL_HASH: hash,
+                    ANNOTATION_NODEPOOL_HASH_VERSION: NODEPOOL_HASH_VERSION,
+                }}})
+            });
+            writes.push((name, status, hash));
+        }
+        writes
+    };
     let api: Api<NodePool> = Api::all(ctx.client.clone());
-    let now = Timestamp::now();
-    let nodes = state_nodes(&snapshot);
-    let usage = nodepool_usage(&nodes, Counted::Launched);
-    ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
-    pod_states.lock().unwrap_or_else(PoisonError::into_inner).record(&ctx.metrics.pods_state, &snapshot);
-    record_budgets(ctx, &snapshot, &nodes);
-    for np in &snapshot.nodepools {
-        if np.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let name = np.metadata.name.clone().unwrap_or_default();
-        let class_ready = ctx
-            .cloud
-            .node_class_readiness(&np.spec.template.spec.node_class_ref, snapshot.node_class_of(np))
-            .map_err(|problem| problem.to_string());
-        let status = desired_status(np, usage.get(&name), class_ready, now);
-        record_metrics(ctx, np, &status);
-        if np.status.as_ref() != Some(&status) {
-            let patch = serde_json::json!({ "status": status });
-            if let Err(error) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
-            {
-                tracing::warn!(controller = CONTROLLER, NodePool = %name, error = %error, "updating nodepool status");
-            }
-        }
-        let hash = np.hash();
-        let annotations = np.metadata.annotations.as_ref();
-        if annotations.and_then(|a| a.get(ANNOTATION_NODEPOOL_HASH)) != Some(&hash)
-            || annotations.and_then(|a| a.get(ANNOTATION_NODEPOOL_HASH_VERSION)).map(String::as_str)
-                != Some(NODEPOOL_HASH_VERSION)
+    for (name, status, hash) in writes {
+        if let Some(patch) = status
+            && let Err(error) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
         {
-            let patch = serde_json::json!({ "metadata": { "annotations": {
-                ANNOTATION_NODEPOOL_HASH: hash,
-                ANNOTATION_NODEPOOL_HASH_VERSION: NODEPOOL_HASH_VERSION,
-            }}});
-            if let Err(error) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                tracing::warn!(controller = "nodepool.hash", NodePool = %name, error = %error, "updating nodepool hash");
-            }
+            tracing::warn!(controller = CONTROLLER, NodePool = %name, error = %error, "updating nodepool status");
+        }
+        if let Some(patch) = hash
+            && let Err(error) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
+        {
+            tracing::warn!(controller = "nodepool.hash", NodePool = %name, error = %error, "updating nodepool hash");
         }
     }
 }
