@@ -13,7 +13,6 @@
 //! or empty cache can never make every instance look leaked.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -291,11 +290,11 @@ pub enum RoundError {
 
 /// One round: lists the instances, then the NodeClaims (in that order, so that a claim created
 /// while the instances are listed is seen), collects the leaked instances and deletes the Nodes
-/// among `nodes` that they backed. Returns how many instances were collected.
+/// the cluster state has for them. Returns how many instances were collected.
 pub async fn round(
     client: &Client,
     cloud: &dyn CloudProvider,
-    nodes: &[Arc<Node>],
+    state: &ClusterState,
     grace: Duration,
 ) -> Result<usize, RoundError> {
     let instances = cloud.list().await.map_err(RoundError::Instances)?;
@@ -305,10 +304,7 @@ pub async fn round(
     collect_claims(client, cloud, &claims, &instances, now, grace).await;
     let api: Api<Node> = Api::all(client.clone());
     for instance in &collected {
-        let backed = nodes.iter().filter(|n| {
-            n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(instance.provider_id.as_str())
-        });
-        for node in backed {
+        for node in state.nodes_with_provider_id(&instance.provider_id) {
             match api.delete(&node.name_any(), &DeleteParams::default()).await {
                 Ok(_) => {
                     tracing::info!(Node = %node.name_any(), "provider-id" = %instance.provider_id, "garbage collected node");
@@ -331,8 +327,7 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
     let rounds = std::sync::atomic::AtomicU32::new(0);
     let options = Options::new(CONTROLLER).backoff(Backoff::new(FAST_INTERVAL, INTERVAL));
     run_singleton(options, Some(ctx.metrics.clone()), Timer, stop, || async {
-        let nodes = state.nodes.state();
-        round(&ctx.client, ctx.cloud.as_ref(), &nodes, GRACE).await?;
+        round(&ctx.client, ctx.cloud.as_ref(), &state, GRACE).await?;
         let done = rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         Ok::<_, RoundError>(Next::After(if done <= FAST_ROUNDS { FAST_INTERVAL } else { INTERVAL }))
     })
