@@ -309,7 +309,26 @@ impl Provisioner {
                 "computed new nodeclaim(s) to fit pod(s)"
             );
         }
-        self.apply(&snapshot, &input, pending_count, results).await;
+        // The snapshot and the rest of the input are let go before the NodeClaims are created and
+        // the pods told: held across those requests, they would keep every object they name alive
+        // beside the newer versions the watches bring meanwhile.
+        let decided = Decided {
+            nodepools: crate::state::input::nodepools_by_name(&snapshot),
+            claims: snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.clone()).collect(),
+            uninitialized: input
+                .existing_nodes
+                .iter()
+                .filter(|n| !n.initialized)
+                .map(|n| n.name.clone())
+                .collect(),
+            // The rest of the input goes with the block.
+            pods: {
+                let input = input;
+                input.pods
+            },
+        };
+        drop((nodes, snapshot));
+        self.apply(decided, pending_count, results).await;
         observe(&self.ctx.metrics.provisioner_scheduling_duration, vec![], start.elapsed());
     }
 
@@ -420,14 +439,8 @@ impl Provisioner {
         kept
     }
 
-    async fn apply(
-        &mut self,
-        snapshot: &Snapshot,
-        input: &SchedulingInput,
-        pending_count: usize,
-        results: SchedulingResults,
-    ) {
-        let nodepools: BTreeMap<String, Arc<NodePool>> = crate::state::input::nodepools_by_name(snapshot);
+    async fn apply(&mut self, decided: Decided, pending_count: usize, results: SchedulingResults) {
+        let Decided { nodepools, claims, uninitialized, pods } = decided;
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
         let window = nomination_window(self.ctx.settings.batch_max_duration);
         let mut nominations: Vec<(usize, String)> = Vec::new();
@@ -460,7 +473,7 @@ impl Provisioner {
             match result {
                 Ok(claim) => {
                     let name = claim.metadata.name.clone().unwrap_or_default();
-                    if new.pods.iter().any(|p| input.pods.get(p.index).is_some_and(|pod| is_virtual(pod))) {
+                    if new.pods.iter().any(|p| pods.get(p.index).is_some_and(|pod| is_virtual(pod))) {
                         buffer_claims.push(name.clone());
                     }
                     tracing::info!(
@@ -486,7 +499,7 @@ impl Provisioner {
                     for p in &new.pods {
                         nominations.push((p.index, format!("nodeclaim/{name}")));
                         if p.index < pending_count
-                            && let Some(pod) = input.pods.get(p.index)
+                            && let Some(pod) = pods.get(p.index)
                         {
                             self.relaunches().placed(&pod_uid(pod), &relaunch::workload(pod), &name, now);
                         }
@@ -510,19 +523,15 @@ impl Provisioner {
 
         // Where the CapacityBuffers' placeholders went: emptiness leaves those nodes, and the
         // buffers' status says whether they fit on existing capacity.
-        let mut placed = BuffersPlaced::new(buffers::placements(&input.pods, &results));
+        let mut placed = BuffersPlaced::new(buffers::placements(&pods, &results));
         placed.hosts.extend(buffer_claims);
         self.state.set_buffers_placed(placed);
 
         // Pods placed on existing capacity: the node is nominated (not to be disrupted while
         // they come), and pods headed for capacity still coming up are told where they go.
-        let claims: HashSet<&str> =
-            snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.as_deref()).collect();
-        let uninitialized: HashSet<&str> =
-            input.existing_nodes.iter().filter(|n| !n.initialized).map(|n| n.name.as_str()).collect();
         for placement in &results.existing_placements {
             // A node that only a CapacityBuffer's placeholders would use is not held for them.
-            if placement.pods.iter().all(|p| input.pods.get(p.index).is_some_and(|pod| is_virtual(pod))) {
+            if placement.pods.iter().all(|p| pods.get(p.index).is_some_and(|pod| is_virtual(pod))) {
                 continue;
             }
             self.state.marks.nominate(&placement.node, window);
@@ -539,7 +548,7 @@ impl Provisioner {
         let mut events: Vec<(Arc<Pod>, bool, &'static str, String)> = Vec::new();
         for (index, target) in nominations {
             if index < pending_count
-                && let Some(pod) = input.pods.get(index)
+                && let Some(pod) = pods.get(index)
             {
                 events.push((
                     Arc::clone(pod),
@@ -550,7 +559,7 @@ impl Provisioner {
             }
         }
         for error in &results.errors {
-            let Some(pod) = input.pods.get(error.pod.index) else { continue };
+            let Some(pod) = pods.get(error.pod.index) else { continue };
             if is_virtual(pod) {
                 tracing::debug!(controller = CONTROLLER, Pod = %error.pod, error = %error, "no room for a capacity buffer's placeholder");
                 continue;
@@ -587,6 +596,18 @@ impl Provisioner {
             })
             .await;
     }
+}
+
+/// What creating a pass's NodeClaims and telling its pods needs of the pass's snapshot and input.
+struct Decided {
+    /// The NodePools decided with, by name.
+    nodepools: BTreeMap<String, Arc<NodePool>>,
+    /// The NodeClaims the snapshot had.
+    claims: HashSet<String>,
+    /// The existing nodes not initialized yet.
+    uninitialized: HashSet<String>,
+    /// The input's pods: the pending ones first, then the others placed.
+    pods: Vec<Arc<Pod>>,
 }
 
 /// What a provisioning pass could not do, as upstream's scheduler metrics count it.
