@@ -23,7 +23,7 @@
 //! Series of nodes and NodePools that went away go with the next pass; the others are updated in
 //! place, so that a scrape never finds a family half rebuilt.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -118,8 +118,12 @@ fn by_type(r: &Resources) -> Vec<(String, f64)> {
     r.iter().map(|(k, v)| (resource_type(k), metric_value(k, v))).collect()
 }
 
-/// The readings of `nodes` at `now` (pure).
-pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
+/// The labels of the per-node series last published, by node name.
+pub type KnownLabels = HashMap<String, Arc<Labels>>;
+
+/// The readings of `nodes` at `now` (pure). A node whose labels are those `known` has for it
+/// gets that allocation again, as its series already hold it, instead of another copy.
+pub fn readings(nodes: &[StateNode], now: Timestamp, known: &KnownLabels) -> Readings {
     let mut out = Readings::default();
     let mut used = Resources::default();
     let mut allocatable = Resources::default();
@@ -144,13 +148,17 @@ pub fn readings(nodes: &[StateNode], now: Timestamp) -> Readings {
         let mut labels: Labels =
             vec![("node_name", node.name.clone()), ("phase", phase), ("managed", node.managed.to_string())];
         labels.extend(metric_labels().iter().map(|(key, name)| (*name, label(key))));
+        let labels = match known.get(&node.name) {
+            Some(same) if **same == labels => same.clone(),
+            _ => Arc::new(labels),
+        };
         let lifetime = object
             .metadata
             .creation_timestamp
             .as_ref()
             .map(|t| now.duration_since(t.0).as_secs_f64().max(0.0));
         out.nodes.push(NodeReading {
-            labels: Arc::new(labels),
+            labels,
             allocatable: by_type(&node.allocatable),
             pod_requests: by_type(&node.pod_requests),
             daemon_requests: by_type(&node.daemonset_requests),
@@ -181,6 +189,15 @@ pub struct Published {
     /// NodeClaims counted in `karpenter_nodepools_cost_tracker_errors_total` while their cost is
     /// unknown.
     uncosted: HashSet<String>,
+    /// The labels of each node's series.
+    labels: KnownLabels,
+}
+
+impl Published {
+    /// The labels of the per-node series, by node name.
+    pub fn labels(&self) -> &KnownLabels {
+        &self.labels
+    }
 }
 
 /// One pass over some gauge families: sets series, then retires those of the pass before that
@@ -259,6 +276,14 @@ pub fn record(m: &crate::metrics::Metrics, readings: &Readings, published: &mut 
         }
     }
     pass.retire(&mut published.nodes);
+    published.labels = readings
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let name = n.labels.iter().find(|(k, _)| *k == "node_name")?.1.clone();
+            Some((name, n.labels.clone()))
+        })
+        .collect();
 
     let mut pass = Pass::new(vec![&m.cluster_utilization_percent, &m.nodepools_cost_total]);
     for (resource, percent) in &readings.utilization {
@@ -292,12 +317,12 @@ pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>)
                 CONTROLLER,
             )
             .await;
-            let mut readings = readings(&state_nodes(&snapshot), Timestamp::now());
+            let mut published = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut readings = readings(&state_nodes(&snapshot), Timestamp::now(), published.labels());
             // The nodes of a NodePool whose types this pass did not resolve (a new one the
             // overlays have not been evaluated for yet, or one being deleted) are priced from
             // another pool's types, if at all: that is no error of the cost tracker.
             readings.uncosted.retain(|(_, pool)| snapshot.pool_types.contains_key(pool));
-            let mut published = published.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             record(&ctx.metrics, &readings, &mut published);
         }
         Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
@@ -319,7 +344,7 @@ mod tests {
             .pod("w", "a", "1", json!({}))
             .node("b", "p", "small", "on-demand", json!({}))
             .pod("v", "b", "1", json!({}));
-        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap());
+        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), &KnownLabels::new());
         assert_eq!(r.nodes.len(), 2);
         let a = &r.nodes[0];
         assert!(a.labels.contains(&("node_name", "a".to_string())));
@@ -344,7 +369,7 @@ mod tests {
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         // No instance type has the offering of "b" (a capacity type the catalog lacks).
         c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "large", "reserved", json!({}));
-        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap());
+        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), &KnownLabels::new());
         assert_eq!(r.uncosted.len(), 1, "{:?}", r.uncosted);
         assert_eq!(r.uncosted[0], ("b".to_string(), "p".to_string()));
         let errors =
@@ -363,7 +388,7 @@ mod tests {
         let ctx_metrics = crate::metrics::Metrics::unregistered();
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
-        let both = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap());
+        let both = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), &KnownLabels::new());
         let mut only_a = both.clone();
         only_a.nodes.retain(|n| n.labels.contains(&("node_name", "a".to_string())));
         let mut published = Published::default();
@@ -386,6 +411,33 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_reuses_the_published_labels_of_a_node_that_kept_them() {
+        let m = crate::metrics::Metrics::unregistered();
+        let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
+        c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
+        let mut published = Published::default();
+        let first = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), published.labels());
+        record(&m, &first, &mut published);
+        assert_eq!(published.labels().len(), 2);
+        // "b" changes zone: it gets labels of its own; "a" shares the published ones.
+        c.in_zone("b", "z2");
+        let second = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), published.labels());
+        let of = |r: &Readings, name: &str| {
+            r.nodes
+                .iter()
+                .find(|n| n.labels.contains(&("node_name", name.to_string())))
+                .map(|n| n.labels.clone())
+        };
+        let (a1, a2) = (of(&first, "a").unwrap(), of(&second, "a").unwrap());
+        let (b1, b2) = (of(&first, "b").unwrap(), of(&second, "b").unwrap());
+        assert!(Arc::ptr_eq(&a1, &a2), "a's labels are shared");
+        assert!(!Arc::ptr_eq(&b1, &b2) && b1 != b2, "b's changed: {b2:?}");
+        assert!(b2.contains(&("zone", "z2".to_string())));
+        record(&m, &second, &mut published);
+        assert!(Arc::ptr_eq(&published.labels()["b"], &b2), "the newly published labels are kept");
+    }
+
+    #[test]
     fn limits_are_published_beside_requests() {
         let object = serde_json::from_value(
             json!({"metadata": {"name": "n", "creationTimestamp": "2026-11-24T11:00:00Z"}}),
@@ -399,7 +451,7 @@ mod tests {
             daemonset_limits: Resources::from_pairs([("cpu", 500)]),
             ..StateNode::default()
         };
-        let r = readings(&[node], NOW.parse().unwrap());
+        let r = readings(&[node], NOW.parse().unwrap(), &KnownLabels::new());
         let n = &r.nodes[0];
         assert_eq!(n.pod_limits, [("cpu".to_string(), 2.5), ("memory".to_string(), (1u64 << 30) as f64)]);
         assert_eq!(n.daemon_limits, [("cpu".to_string(), 0.5)]);
