@@ -115,11 +115,16 @@ async fn pass(ctx: &Context, state: &ClusterState, pending: &Mutex<HashMap<Strin
     }
     let now = Timestamp::now();
     let mut next = PERIOD;
-    for claim in state.nodeclaims.state() {
+    // One claim at a time, each as the cache has it when its turn comes: a pass writes to many
+    // claims one after the other, and holding them all meanwhile would keep alive the versions
+    // the watch replaced them with.
+    let names: Vec<String> =
+        state.nodeclaims.state().iter().filter_map(|c| c.metadata.name.clone()).collect();
+    for name in names {
+        let Some(claim) = state.nodeclaim(&name) else { continue };
         if claim.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let name = claim.name_any();
         let mut status = claim.status.clone().unwrap_or_default();
         let mut changed = false;
         if let Some(at) = events.get(&name).and_then(|at| pod_event_update(&claim, *at)) {
@@ -127,8 +132,10 @@ async fn pass(ctx: &Context, state: &ClusterState, pending: &Mutex<HashMap<Strin
             changed = true;
         }
         let pool = claim.labels().get(LABEL_NODEPOOL).and_then(|p| state.nodepool(p));
-        let with_status = NodeClaim { status: Some(status.clone()), ..(*claim).clone() };
-        let at = pool.as_deref().and_then(|p| claim_consolidatable_at(&with_status, p));
+        // The claim as it will be, copied only when this pass changes it.
+        let with_status = changed.then(|| NodeClaim { status: Some(status.clone()), ..(*claim).clone() });
+        let at =
+            pool.as_deref().and_then(|p| claim_consolidatable_at(with_status.as_ref().unwrap_or(&claim), p));
         let (want, recheck) = consolidatable(at, now);
         if let Some(recheck) = recheck {
             let wait = Duration::try_from(recheck.duration_since(now)).unwrap_or_default();
