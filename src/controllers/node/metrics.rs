@@ -411,30 +411,32 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_reuses_the_published_labels_of_a_node_that_kept_them() {
+    fn a_pass_reuses_the_published_labels_of_a_node_that_kept_them() -> Result<(), Box<dyn std::error::Error>>
+    {
         let m = crate::metrics::Metrics::unregistered();
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
         let mut published = Published::default();
-        let first = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), published.labels());
+        let first = readings(&state_nodes(&c.snapshot()), NOW.parse()?, published.labels());
         record(&m, &first, &mut published);
         assert_eq!(published.labels().len(), 2);
         // "b" changes zone: it gets labels of its own; "a" shares the published ones.
         c.in_zone("b", "z2");
-        let second = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), published.labels());
+        let second = readings(&state_nodes(&c.snapshot()), NOW.parse()?, published.labels());
         let of = |r: &Readings, name: &str| {
             r.nodes
                 .iter()
                 .find(|n| n.labels.contains(&("node_name", name.to_string())))
                 .map(|n| n.labels.clone())
         };
-        let (a1, a2) = (of(&first, "a").unwrap(), of(&second, "a").unwrap());
-        let (b1, b2) = (of(&first, "b").unwrap(), of(&second, "b").unwrap());
+        let (a1, a2) = (of(&first, "a").ok_or("a first")?, of(&second, "a").ok_or("a then")?);
+        let (b1, b2) = (of(&first, "b").ok_or("b first")?, of(&second, "b").ok_or("b then")?);
         assert!(Arc::ptr_eq(&a1, &a2), "a's labels are shared");
         assert!(!Arc::ptr_eq(&b1, &b2) && b1 != b2, "b's changed: {b2:?}");
         assert!(b2.contains(&("zone", "z2".to_string())));
         record(&m, &second, &mut published);
         assert!(Arc::ptr_eq(&published.labels()["b"], &b2), "the newly published labels are kept");
+        Ok(())
     }
 
     #[test]
