@@ -500,10 +500,11 @@ async fn pass(ctx: &Context, state: &ClusterState, cluster_state: bool, recorder
     publish(ctx, events).await;
 }
 
-/// Looks at `objects` of `kind` (each seen as `object` sees it) with `recorder`; returns the events
-/// of the transitions seen. The objects are let go before the events are sent: a pass with many
-/// transitions spends a while sending, and objects held meanwhile would keep the versions the
-/// watches replaced them with alive beside them.
+/// Looks at `objects` of `kind` (each seen as `object` sees it) with `recorder`; returns the
+/// Normal event about each transition seen: a reference to its object (or one named from `kind`
+/// and what was last seen of it, when it is gone) and the transition. The objects are let go
+/// before the events are sent: a pass with many transitions spends a while sending, and objects
+/// held meanwhile would keep the versions the watches replaced them with alive beside them.
 fn look_at<K: Resource<DynamicType = ()>>(
     recorder: &mut Recorder,
     kind: &Kind,
@@ -514,31 +515,12 @@ fn look_at<K: Resource<DynamicType = ()>>(
     now: Timestamp,
 ) -> Vec<(ObjectReference, Transition)> {
     let seen = recorder.look(kind, metrics, families, objects.iter().map(|o| object(o)).collect(), now);
-    references(kind, seen, &objects)
-}
-
-fn class_conditions(class: &EC2NodeClass) -> &[Condition] {
-    class.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
-}
-
-fn pool_conditions(pool: &NodePool) -> &[Condition] {
-    pool.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
-}
-
-/// The Normal event about each transition: a reference to its object among `objects` (or one
-/// named from `kind` and what was last seen of it, when it is gone) and the transition.
-fn references<K: Resource<DynamicType = ()>>(
-    kind: &Kind,
-    transitions: Vec<(String, Transition)>,
-    objects: &[Arc<K>],
-) -> Vec<(ObjectReference, Transition)> {
-    if transitions.is_empty() {
+    if seen.is_empty() {
         return Vec::new();
     }
     let by_name: HashMap<&str, &K> =
         objects.iter().filter_map(|o| o.meta().name.as_deref().map(|name| (name, o.as_ref()))).collect();
-    transitions
-        .into_iter()
+    seen.into_iter()
         .map(|(name, t)| {
             let reference = by_name
                 .get(name.as_str())
@@ -547,6 +529,14 @@ fn references<K: Resource<DynamicType = ()>>(
             (reference, t)
         })
         .collect()
+}
+
+fn class_conditions(class: &EC2NodeClass) -> &[Condition] {
+    class.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
+}
+
+fn pool_conditions(pool: &NodePool) -> &[Condition] {
+    pool.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default()
 }
 
 /// Sends `events`, in order.

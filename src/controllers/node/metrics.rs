@@ -338,13 +338,13 @@ mod tests {
     use crate::disruption::tests::{Cluster, NOW, consolidating, pool};
 
     #[test]
-    fn nodes_utilisation_and_cost_are_read_off_the_state() {
+    fn nodes_utilisation_and_cost_are_read_off_the_state() -> Result<(), Box<dyn std::error::Error>> {
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         c.node("a", "p", "large", "on-demand", json!({}))
             .pod("w", "a", "1", json!({}))
             .node("b", "p", "small", "on-demand", json!({}))
             .pod("v", "b", "1", json!({}));
-        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), &KnownLabels::new());
+        let r = readings(&state_nodes(&c.snapshot()), NOW.parse()?, &KnownLabels::new());
         assert_eq!(r.nodes.len(), 2);
         let a = &r.nodes[0];
         assert!(a.labels.contains(&("node_name", "a".to_string())));
@@ -361,15 +361,16 @@ mod tests {
         // 2 of 6 vCPU requested.
         assert!((r.utilization["cpu"] - 100.0 / 3.0).abs() < 1e-9, "{:?}", r.utilization);
         assert!((r.nodepool_cost["p"] - 0.50).abs() < 1e-9, "{:?}", r.nodepool_cost);
+        Ok(())
     }
 
     #[test]
-    fn a_claim_without_a_price_is_one_cost_tracking_error() {
+    fn a_claim_without_a_price_is_one_cost_tracking_error() -> Result<(), Box<dyn std::error::Error>> {
         let m = crate::metrics::Metrics::unregistered();
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         // No instance type has the offering of "b" (a capacity type the catalog lacks).
         c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "large", "reserved", json!({}));
-        let r = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), &KnownLabels::new());
+        let r = readings(&state_nodes(&c.snapshot()), NOW.parse()?, &KnownLabels::new());
         assert_eq!(r.uncosted.len(), 1, "{:?}", r.uncosted);
         assert_eq!(r.uncosted[0], ("b".to_string(), "p".to_string()));
         let errors =
@@ -381,14 +382,15 @@ mod tests {
         record(&m, &Readings::default(), &mut published);
         record(&m, &r, &mut published);
         assert_eq!(errors(), 2, "and again when it comes back");
+        Ok(())
     }
 
     #[test]
-    fn series_of_nodes_gone_are_removed_and_the_rest_kept() {
+    fn series_of_nodes_gone_are_removed_and_the_rest_kept() -> Result<(), Box<dyn std::error::Error>> {
         let ctx_metrics = crate::metrics::Metrics::unregistered();
         let mut c = Cluster::new(vec![pool("p", consolidating("100%"), &["on-demand"])]);
         c.node("a", "p", "large", "on-demand", json!({})).node("b", "p", "small", "on-demand", json!({}));
-        let both = readings(&state_nodes(&c.snapshot()), NOW.parse().unwrap(), &KnownLabels::new());
+        let both = readings(&state_nodes(&c.snapshot()), NOW.parse()?, &KnownLabels::new());
         let mut only_a = both.clone();
         only_a.nodes.retain(|n| n.labels.contains(&("node_name", "a".to_string())));
         let mut published = Published::default();
@@ -408,6 +410,7 @@ mod tests {
         record(&ctx_metrics, &only_a, &mut published);
         assert!(!ctx_metrics.nodes_price_per_hour.remove(&labels_of("b")), "b's series gone");
         assert!(ctx_metrics.nodes_price_per_hour.remove(&labels_of("a")), "a's series kept");
+        Ok(())
     }
 
     #[test]
@@ -440,7 +443,7 @@ mod tests {
     }
 
     #[test]
-    fn limits_are_published_beside_requests() {
+    fn limits_are_published_beside_requests() -> Result<(), Box<dyn std::error::Error>> {
         let object = serde_json::from_value(
             json!({"metadata": {"name": "n", "creationTimestamp": "2026-11-24T11:00:00Z"}}),
         )
@@ -453,7 +456,7 @@ mod tests {
             daemonset_limits: Resources::from_pairs([("cpu", 500)]),
             ..StateNode::default()
         };
-        let r = readings(&[node], NOW.parse().unwrap(), &KnownLabels::new());
+        let r = readings(&[node], NOW.parse()?, &KnownLabels::new());
         let n = &r.nodes[0];
         assert_eq!(n.pod_limits, [("cpu".to_string(), 2.5), ("memory".to_string(), (1u64 << 30) as f64)]);
         assert_eq!(n.daemon_limits, [("cpu".to_string(), 0.5)]);
@@ -468,6 +471,7 @@ mod tests {
         record(&m, &Readings::default(), &mut published);
         assert!(m.nodes_total_pod_limits.get(&cpu).is_none(), "gone with the node");
         assert!(m.nodes_total_daemon_limits.get(&cpu).is_none());
+        Ok(())
     }
 
     #[test]

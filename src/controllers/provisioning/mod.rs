@@ -312,21 +312,7 @@ impl Provisioner {
         // The snapshot and the rest of the input are let go before the NodeClaims are created and
         // the pods told: held across those requests, they would keep every object they name alive
         // beside the newer versions the watches bring meanwhile.
-        let decided = Decided {
-            nodepools: crate::state::input::nodepools_by_name(&snapshot),
-            claims: snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.clone()).collect(),
-            uninitialized: input
-                .existing_nodes
-                .iter()
-                .filter(|n| !n.initialized)
-                .map(|n| n.name.clone())
-                .collect(),
-            // The rest of the input goes with the block.
-            pods: {
-                let input = input;
-                input.pods
-            },
-        };
+        let decided = Decided::new(&snapshot, input);
         drop((nodes, snapshot));
         self.apply(decided, pending_count, results).await;
         observe(&self.ctx.metrics.provisioner_scheduling_duration, vec![], start.elapsed());
@@ -608,6 +594,23 @@ struct Decided {
     uninitialized: HashSet<String>,
     /// The input's pods: the pending ones first, then the others placed.
     pods: Vec<Arc<Pod>>,
+}
+
+impl Decided {
+    /// What a pass over `snapshot` with `input` hands on; the rest of the input goes here.
+    fn new(snapshot: &Snapshot, input: SchedulingInput) -> Self {
+        Decided {
+            nodepools: crate::state::input::nodepools_by_name(snapshot),
+            claims: snapshot.nodeclaims.iter().filter_map(|c| c.metadata.name.clone()).collect(),
+            uninitialized: input
+                .existing_nodes
+                .iter()
+                .filter(|n| !n.initialized)
+                .map(|n| n.name.clone())
+                .collect(),
+            pods: input.pods,
+        }
+    }
 }
 
 /// What a provisioning pass could not do, as upstream's scheduler metrics count it.
