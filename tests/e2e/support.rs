@@ -288,6 +288,30 @@ impl Controller {
             .sum()
     }
 
+    /// Of the histogram `family` (summed over its label sets): how many observations it has, how
+    /// many of them were at most `within`, and the smallest bucket bound that holds them all.
+    pub async fn histogram_within(&self, family: &str, within: f64) -> (f64, f64, f64) {
+        let prefix = format!("{family}_bucket{{");
+        let mut buckets: BTreeMap<u64, f64> = BTreeMap::new();
+        for line in self.metrics().await.lines().filter(|l| l.starts_with(&prefix)) {
+            let le = line.split_once("le=\"").and_then(|(_, rest)| rest.split_once('"')).map(|(v, _)| v);
+            let bound = match le {
+                Some("+Inf") => f64::INFINITY,
+                Some(v) => v.parse().unwrap_or(f64::NAN),
+                None => continue,
+            };
+            let count = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            *buckets.entry(bound.to_bits()).or_insert(0.0) += count;
+        }
+        let mut cumulative: Vec<(f64, f64)> =
+            buckets.into_iter().map(|(b, c)| (f64::from_bits(b), c)).collect();
+        cumulative.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total = cumulative.last().map_or(0.0, |b| b.1);
+        let held = cumulative.iter().filter(|b| b.0 <= within).map(|b| b.1).fold(0.0, f64::max);
+        let all = cumulative.iter().find(|b| b.1 >= total).map_or(f64::NAN, |b| b.0);
+        (total, held, all)
+    }
+
     /// The text of `/metrics`, asked for gzip-compressed as Prometheus asks (so the controller never
     /// holds the whole text, which at 2,000 nodes would add tens of MiB to the peak measured).
     pub async fn metrics(&self) -> String {
@@ -942,6 +966,21 @@ impl Fixture {
             .delete("inflate", &DeleteParams::default())
             .await
             .unwrap();
+    }
+
+    /// When the kube-scheduler first found each pod of the namespace unschedulable (its first
+    /// `FailedScheduling` event), by pod name: the provisioner acts on no pod before that.
+    pub async fn first_failed_scheduling(&self) -> BTreeMap<String, k8s_openapi::jiff::Timestamp> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        let mut first_failed: BTreeMap<String, k8s_openapi::jiff::Timestamp> = BTreeMap::new();
+        for e in events.list(&ListParams::default().fields("reason=FailedScheduling")).await.unwrap().items {
+            let at = e.event_time.map(|t| t.0).or(e.first_timestamp.map(|t| t.0));
+            if let (Some(pod), Some(at)) = (e.involved_object.name, at) {
+                let first = first_failed.entry(pod).or_insert(at);
+                *first = (*first).min(at);
+            }
+        }
+        first_failed
     }
 
     /// Waits until the namespace has no pods left.
