@@ -1,14 +1,14 @@
 //! NodePool status: the resources and node count of each pool (what `kubectl get nodepools`
 //! shows), the conditions NodeClassReady, ValidationSucceeded and Ready, the
-//! `karpenter.sh/nodepool-hash` annotation, and the `karpenter_nodepools_usage` / `_limit`
-//! metrics.
+//! `karpenter.sh/nodepool-hash` annotation, the `karpenter_nodepools_usage` / `_limit` metrics,
+//! and `karpenter_pods_state`.
 //!
 //! It runs on a short period over the cluster state rather than per event: the numbers change
 //! with every node, and a pass over a few pools is cheap.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -31,7 +31,7 @@ use crate::scheduling::resources::{NODES, parse_quantity_for};
 use crate::scheduling::{Requirements, Resources};
 use crate::state::statenode::state_nodes;
 use crate::state::usage::{Counted, nodepool_usage};
-use crate::state::{ClusterState, Interest, Snapshot};
+use crate::state::{Changes, ClusterState, Interest, Snapshot};
 
 /// How often the statuses are recomputed when nothing changes.
 const PERIOD: Duration = Duration::from_secs(60);
@@ -48,38 +48,61 @@ pub const READY: &str = "Ready";
 /// Name of the controller, in logs and metrics.
 pub const CONTROLLER: &str = "nodepool.status";
 
-/// Runs until `stop` turns true: a pass at start, after every change of Nodes, NodeClaims,
-/// NodePools or node classes (a burst of changes makes one pass), and every [`PERIOD`].
-pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
-    let interest = Interest {
+/// What the statuses are worked out from: Nodes, NodeClaims, NodePools and node classes (pods
+/// wake the controller only for `karpenter_pods_state`).
+fn status_inputs() -> Interest {
+    Interest {
         nodes: true,
         node_deletions: true,
         nodeclaims: true,
         nodeclaim_deletions: true,
         nodepools: true,
         nodeclasses: true,
-        pods: true,
         ..Interest::default()
-    };
+    }
+}
+
+/// What the passes keep: the pod series, and the feed's counters when the statuses were last
+/// worked out and written without a failure.
+#[derive(Default)]
+struct Passes {
+    pod_states: PodStates,
+    statuses: Option<(Changes, Instant)>,
+}
+
+/// Runs until `stop` turns true: a pass at start, after every change of Nodes, NodeClaims,
+/// NodePools, node classes or pods (a burst of changes makes one pass), and every [`PERIOD`]. A
+/// pass that follows changes of pods alone records `karpenter_pods_state` and leaves the
+/// statuses, which do not depend on pods: at twenty thousand pods starting, the pods change
+/// all the time.
+pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let interest = Interest { pods: true, ..status_inputs() };
     let changes = Coalesced { changes: state.feed().subscribe(interest), settle: COALESCE };
-    let pod_states = Mutex::new(PodStates::default());
+    let passes = Mutex::new(Passes::default());
     run_singleton(Options::new(CONTROLLER), Some(ctx.metrics.clone()), changes, stop, || async {
-        reconcile(&ctx, &state, &pod_states).await;
+        reconcile(&ctx, &state, &passes).await;
         Ok::<_, std::convert::Infallible>(Next::After(PERIOD))
     })
     .await;
 }
 
-async fn reconcile(ctx: &Context, state: &ClusterState, pod_states: &Mutex<PodStates>) {
+async fn reconcile(ctx: &Context, state: &ClusterState, passes: &Mutex<Passes>) {
+    // Read before the snapshot: a change made after it is seen by the next pass.
+    let counters = state.feed().current();
     // The writes are worked out first and the snapshot let go before any is sent: a snapshot held
     // across requests keeps the versions its objects were replaced by meanwhile alive too.
     let writes = {
         let snapshot = state.snapshot();
+        let mut passes = passes.lock().unwrap_or_else(PoisonError::into_inner);
+        passes.pod_states.record(&ctx.metrics.pods_state, &snapshot);
+        if !statuses_due(passes.statuses, &counters) {
+            return;
+        }
+        drop(passes);
         let now = Timestamp::now();
         let nodes = state_nodes(&snapshot);
         let usage = nodepool_usage(&nodes, Counted::Launched);
         ctx.metrics.cluster_state_node_count.get_or_create(&vec![]).set(snapshot.nodes.len() as f64);
-        pod_states.lock().unwrap_or_else(PoisonError::into_inner).record(&ctx.metrics.pods_state, &snapshot);
         record_budgets(ctx, &snapshot, &nodes);
         let mut writes = Vec::new();
         for np in &snapshot.nodepools {
@@ -111,18 +134,31 @@ async fn reconcile(ctx: &Context, state: &ClusterState, pod_states: &Mutex<PodSt
         writes
     };
     let api: Api<NodePool> = Api::all(ctx.client.clone());
+    let mut failed = false;
     for (name, status, hash) in writes {
         if let Some(patch) = status
             && let Err(error) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
         {
+            failed = true;
             tracing::warn!(controller = CONTROLLER, NodePool = %name, error = %error, "updating nodepool status");
         }
         if let Some(patch) = hash
             && let Err(error) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
         {
+            failed = true;
             tracing::warn!(controller = "nodepool.hash", NodePool = %name, error = %error, "updating nodepool hash");
         }
     }
+    // A failed write is tried again at the next pass, whatever wakes it.
+    passes.lock().unwrap_or_else(PoisonError::into_inner).statuses =
+        (!failed).then(|| (counters, Instant::now()));
+}
+
+/// Whether a pass at the feed's `counters` works out the statuses: always when the last statuses
+/// (`last`, the counters then and when) failed or are older than [`PERIOD`], else when a status
+/// input changed since.
+fn statuses_due(last: Option<(Changes, Instant)>, counters: &Changes) -> bool {
+    last.is_none_or(|(seen, at)| status_inputs().differs(&seen, counters) || at.elapsed() >= PERIOD)
 }
 
 /// `karpenter_nodepools_allowed_disruptions` and `karpenter_nodepools_nodes_consuming_budgets`, by
@@ -174,58 +210,120 @@ fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
 /// pod are kept between passes while its labels stay the same; a pod gone or changed has its old
 /// series removed. A series' labels are three parts: the pod's own (`name`, `namespace`,
 /// `owner`), and its node's and its phase's, shared by every pod of the node or the phase.
+///
+/// A pass looks again only at what changed: a pod (or Node) whose resource version is the one
+/// its series (or node part) was made from keeps them without their labels being built, so that
+/// at twenty thousand pods a pass costs a lookup per pod.
 #[derive(Debug, Default)]
 pub struct PodStates {
-    /// The series set now, by pod (`namespace/name`).
-    series: HashMap<String, SharedLabels>,
+    /// The series set now, by namespace and then name (looked up without building a key).
+    series: HashMap<String, HashMap<String, PodSeries>>,
+    /// The label part of each Node, by name.
+    nodes: HashMap<String, Versioned>,
     /// The node and phase parts the series hold.
     parts: LabelParts,
+    /// The number of the current pass: an entry not marked with it was not seen in the pass.
+    pass: u64,
+}
+
+/// The series of one pod.
+#[derive(Debug)]
+struct PodSeries {
+    labels: SharedLabels,
+    /// The resource version of the pod the labels were made from.
+    version: String,
+    /// The last pass that saw the pod.
+    pass: u64,
+}
+
+/// The label part of one Node.
+#[derive(Debug)]
+struct Versioned {
+    part: Arc<Labels>,
+    /// The resource version of the Node the part was made from.
+    version: String,
+    /// The last pass that saw the Node.
+    pass: u64,
 }
 
 impl PodStates {
     /// Sets the series of the pods of `snapshot` in `family` and removes the others.
     pub fn record(&mut self, family: &ObjectGaugeFamily, snapshot: &Snapshot) {
-        let unbound = self.parts.get(node_part("", None));
-        let mut nodes: HashMap<&str, Arc<Labels>> = HashMap::with_capacity(snapshot.nodes.len());
+        self.pass += 1;
+        let pass = self.pass;
+        let PodStates { series, nodes, parts, .. } = self;
         for n in &snapshot.nodes {
-            if let Some(name) = n.metadata.name.as_deref() {
-                nodes.insert(name, self.parts.get(node_part(name, n.metadata.labels.as_ref())));
+            let Some(name) = n.metadata.name.as_deref() else { continue };
+            let version = n.metadata.resource_version.as_deref().unwrap_or_default();
+            match nodes.get_mut(name) {
+                Some(known) if !version.is_empty() && known.version == version => known.pass = pass,
+                known => {
+                    let part = parts.get(node_part(name, n.metadata.labels.as_ref()));
+                    let fresh = Versioned { part, version: version.to_string(), pass };
+                    match known {
+                        Some(known) => *known = fresh,
+                        None => {
+                            nodes.insert(name.to_string(), fresh);
+                        }
+                    }
+                }
             }
         }
-        let mut phases: HashMap<&str, Arc<Labels>> = HashMap::new();
-        let mut series = HashMap::with_capacity(snapshot.pods.len());
+        nodes.retain(|_, n| n.pass == pass);
+        let unbound = parts.get(node_part("", None));
         for pod in &snapshot.pods {
             let node = crate::state::pods::node_name(pod).unwrap_or_default();
-            let node = nodes.get(node).unwrap_or(&unbound);
+            let node = nodes.get(node).map_or(&unbound, |n| &n.part);
+            let version = pod.metadata.resource_version.as_deref().unwrap_or_default();
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            let mut known = series.get_mut(namespace).and_then(|pods| pods.get_mut(name));
+            if let Some(same) = known.as_deref_mut()
+                && !version.is_empty()
+                && same.version == version
+                && Arc::ptr_eq(&same.labels.0[1], node)
+            {
+                same.pass = pass;
+                continue;
+            }
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
-            let phase =
-                phases.entry(phase).or_insert_with(|| self.parts.get(vec![("phase", phase.to_string())]));
-            let key = crate::state::pods::key(pod);
+            let phase = parts.get(vec![("phase", phase.to_string())]);
             let own = pod_part(pod);
-            let labels = match self.series.remove(&key) {
-                Some(before)
-                    if *before.0[0] == own
-                        && Arc::ptr_eq(&before.0[1], node)
-                        && Arc::ptr_eq(&before.0[2], phase) =>
-                {
-                    before
-                }
-                before => {
-                    if let Some(before) = before {
-                        family.remove(&before);
+            match known {
+                Some(known) => {
+                    let before = &known.labels;
+                    if *before.0[0] != own
+                        || !Arc::ptr_eq(&before.0[1], node)
+                        || !Arc::ptr_eq(&before.0[2], &phase)
+                    {
+                        family.remove(before);
+                        let own = if *before.0[0] == own { Arc::clone(&before.0[0]) } else { Arc::new(own) };
+                        known.labels = SharedLabels([own, Arc::clone(node), phase]);
+                        family.get_or_create(&known.labels).set(1.0);
                     }
-                    SharedLabels([Arc::new(own), Arc::clone(node), Arc::clone(phase)])
+                    known.version = version.to_string();
+                    known.pass = pass;
                 }
-            };
-            family.get_or_create(&labels).set(1.0);
-            series.insert(key, labels);
+                None => {
+                    let labels = SharedLabels([Arc::new(own), Arc::clone(node), phase]);
+                    family.get_or_create(&labels).set(1.0);
+                    let entry = PodSeries { labels, version: version.to_string(), pass };
+                    series.entry(namespace.to_string()).or_default().insert(name.to_string(), entry);
+                }
+            }
         }
-        for gone in self.series.values() {
-            family.remove(gone);
-        }
-        self.series = series;
-        drop((nodes, phases, unbound));
-        self.parts.prune();
+        series.retain(|_, pods| {
+            pods.retain(|_, p| {
+                let seen = p.pass == pass;
+                if !seen {
+                    family.remove(&p.labels);
+                }
+                seen
+            });
+            !pods.is_empty()
+        });
+        drop(unbound);
+        parts.prune();
     }
 }
 
@@ -447,7 +545,7 @@ spec:
         );
         assert!(text.contains(r#"{name="r",namespace="ns",owner="ReplicaSet/rs",node="",nodepool="",zone="",arch="",capacity_type="",instance_type="",phase="Pending"} 1"#), "{text}");
         // The pods of a node share its labels, and the pods of a phase theirs.
-        let (p, q) = (&states.series["ns/p"], &states.series["ns/q"]);
+        let (p, q) = (&states.series["ns"]["p"].labels, &states.series["ns"]["q"].labels);
         assert!(Arc::ptr_eq(&p.0[1], &q.0[1]) && Arc::ptr_eq(&p.0[2], &q.0[2]));
         // q is gone and r is bound: one series each, q's removed, p's kept as it was.
         let kept = Arc::clone(&p.0[0]);
@@ -460,13 +558,82 @@ spec:
             text.contains(r#"{name="r",namespace="ns",owner="ReplicaSet/rs",node="n1",nodepool="general""#),
             "{text}"
         );
-        assert!(Arc::ptr_eq(&kept, &states.series["ns/p"].0[0]));
+        assert!(Arc::ptr_eq(&kept, &states.series["ns"]["p"].labels.0[0]));
         // p's series, kept from the first pass, and r's, made in the second, share n1's labels.
-        assert!(Arc::ptr_eq(&states.series["ns/p"].0[1], &states.series["ns/r"].0[1]));
+        assert!(Arc::ptr_eq(&states.series["ns"]["p"].labels.0[1], &states.series["ns"]["r"].labels.0[1]));
+        // With no pods left only n1's part is kept, for the pods it may get.
         snapshot.pods.clear();
         states.record(&family, &snapshot);
         assert_eq!(encoded(&family), "");
-        assert!(states.parts.0.is_empty(), "{:?}", states.parts);
+        assert_eq!(states.parts.0.len(), 1, "{:?}", states.parts);
+    }
+
+    #[test]
+    fn pod_states_look_again_only_at_pods_and_nodes_of_a_new_version()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let versioned = |pod: Arc<crate::apis::pod::Pod>, version: &str| {
+            let mut pod = (*pod).clone();
+            pod.metadata.resource_version = Some(version.to_string());
+            Arc::new(pod)
+        };
+        let zoned = |zone: &str, version: &str| {
+            let mut n = (*node("n1", "general", "2")).clone();
+            n.metadata.labels.get_or_insert_default().insert(LABEL_TOPOLOGY_ZONE.into(), zone.into());
+            n.metadata.resource_version = Some(version.to_string());
+            Arc::new(n)
+        };
+        let mut snapshot = Snapshot {
+            nodes: vec![zoned("us-east-1a", "1")],
+            pods: vec![versioned(pod("p", "n1", "Running"), "1")],
+            ..Default::default()
+        };
+        let family = ObjectGaugeFamily::default();
+        let mut states = PodStates::default();
+        states.record(&family, &snapshot);
+        // The same version of the pod is not read again, whatever it says.
+        snapshot.pods = vec![versioned(pod("p", "n1", "Succeeded"), "1")];
+        states.record(&family, &snapshot);
+        assert!(encoded(&family).contains(r#"phase="Running""#), "{}", encoded(&family));
+        // A new version of the pod is.
+        snapshot.pods = vec![versioned(pod("p", "n1", "Succeeded"), "2")];
+        states.record(&family, &snapshot);
+        let text = encoded(&family);
+        assert!(text.contains(r#"phase="Succeeded""#) && text.lines().count() == 1, "{text}");
+        // A new version of its Node with other labels moves the series of its unchanged pods.
+        snapshot.nodes = vec![zoned("us-east-1b", "2")];
+        states.record(&family, &snapshot);
+        let text = encoded(&family);
+        assert!(text.contains(r#"zone="us-east-1b""#) && text.lines().count() == 1, "{text}");
+        let p = states.series.get("ns").and_then(|pods| pods.get("p")).ok_or("p's series")?;
+        assert_eq!(p.version, "2");
+        // A Node gone takes its part with it once no series holds it.
+        snapshot.nodes.clear();
+        snapshot.pods.clear();
+        states.record(&family, &snapshot);
+        assert!(states.nodes.is_empty() && states.series.is_empty() && states.parts.0.is_empty());
+        assert_eq!(encoded(&family), "");
+        Ok(())
+    }
+
+    #[test]
+    fn statuses_are_worked_out_again_when_their_inputs_change_not_for_pods_alone() {
+        let seen = Changes::default();
+        let mut pods = seen;
+        pods.pods += 10;
+        pods.provisionable_pods += 3;
+        let just_now = Some((seen, Instant::now()));
+        assert!(statuses_due(None, &seen), "the first pass, or after a failed write");
+        assert!(!statuses_due(just_now, &seen));
+        assert!(!statuses_due(just_now, &pods));
+        let mut node = pods;
+        node.nodes += 1;
+        assert!(statuses_due(just_now, &node));
+        let mut claim = pods;
+        claim.nodeclaim_deletions += 1;
+        assert!(statuses_due(just_now, &claim));
+        if let Some(long_ago) = Instant::now().checked_sub(PERIOD) {
+            assert!(statuses_due(Some((seen, long_ago)), &pods), "refreshed every period");
+        }
     }
 
     #[test]
