@@ -374,6 +374,15 @@ pub fn state_nodes(snapshot: &Snapshot) -> Vec<StateNode> {
     out
 }
 
+/// Whether a node or NodeClaim of `snapshot` may be going away, without building the node
+/// views: `false` means no [`StateNode`] of [`state_nodes`] is marked for deletion (`true` may
+/// still find none), the cheap check before the views are built to ask which.
+pub fn any_marked_for_deletion(snapshot: &Snapshot) -> bool {
+    !snapshot.marked_for_deletion.is_empty()
+        || snapshot.nodes.iter().any(|n| n.metadata.deletion_timestamp.is_some())
+        || snapshot.nodeclaims.iter().any(|c| claim_deleting(c, snapshot))
+}
+
 fn claim_deleting(claim: &NodeClaim, snapshot: &Snapshot) -> bool {
     claim.metadata.deletion_timestamp.is_some()
         || claim.is_true(INSTANCE_TERMINATING)
@@ -560,6 +569,29 @@ mod tests {
         };
         let going: Vec<bool> = state_nodes(&snapshot).iter().map(|n| n.marked_for_deletion).collect();
         assert_eq!(going, [true, true, true, false]);
+        assert!(any_marked_for_deletion(&snapshot));
+    }
+
+    #[test]
+    fn the_cheap_check_finds_every_kind_of_going_and_nothing_else() {
+        let mut claims = vec![claim("c1", Some("kwok://n1"), &["Launched"]), claim("c2", None, &[])];
+        let nodes = vec![node("n1", "kwok://n1", json!({"karpenter.sh/nodepool": "default"}))];
+        let mut snapshot =
+            Snapshot { nodeclaims: claims.clone(), nodes: nodes.clone(), ..Default::default() };
+        assert!(!any_marked_for_deletion(&snapshot));
+        assert!(!state_nodes(&snapshot).iter().any(|n| n.marked_for_deletion));
+        let mut marked = snapshot.clone();
+        marked.marked_for_deletion.insert("c2".to_string());
+        let terminating = claim("c2", None, &["InstanceTerminating"]);
+        claims[1] = terminating;
+        let terminating = Snapshot { nodeclaims: claims, ..snapshot.clone() };
+        let mut deleted = (*nodes[0]).clone();
+        deleted.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        snapshot.nodes = vec![Arc::new(deleted)];
+        for going in [marked, terminating, snapshot] {
+            assert!(any_marked_for_deletion(&going));
+            assert!(state_nodes(&going).iter().any(|n| n.marked_for_deletion));
+        }
     }
 
     #[test]

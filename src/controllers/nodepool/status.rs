@@ -35,8 +35,9 @@ use crate::state::{Changes, ClusterState, Interest, Snapshot};
 
 /// How often the statuses are recomputed when nothing changes.
 const PERIOD: Duration = Duration::from_secs(60);
-/// Changes within this time of each other are handled in one pass.
-const COALESCE: Duration = Duration::from_millis(500);
+/// Changes within this time of each other are handled in one pass (Nodes report their status
+/// all the time: at a thousand Nodes a shorter wait would mean a pass every half second).
+const COALESCE: Duration = Duration::from_secs(2);
 
 /// Condition: the pool's node class exists and is ready.
 pub const NODE_CLASS_READY: &str = "NodeClassReady";

@@ -201,7 +201,11 @@ impl Provisioner {
         if !pending.is_empty() || !stand_ins.is_empty() {
             return true;
         }
-        state_nodes(snapshot).iter().any(|n| n.marked_for_deletion && n.reschedulable_pods().next().is_some())
+        // Building every node view costs a pass over every pod: only when something is going.
+        crate::state::statenode::any_marked_for_deletion(snapshot)
+            && state_nodes(snapshot)
+                .iter()
+                .any(|n| n.marked_for_deletion && n.reschedulable_pods().next().is_some())
     }
 
     async fn reconcile(&mut self) {
