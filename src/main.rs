@@ -362,7 +362,12 @@ fn controller(settings: &Settings) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-    match runtime.block_on(operator::run::run(settings.clone())) {
+    let outcome = runtime.block_on(operator::run::run(settings.clone()));
+    // Every controller has stopped and the lease is released: work still on a blocking thread
+    // (a decision over the whole cluster, an encoding of the metrics) has nothing left to apply,
+    // and the process does not wait for it beyond a moment.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = %error_chain(&error), "controller stopped");
