@@ -476,11 +476,10 @@ async fn twenty_thousand_pods_with_kwok() {
         started,
         pods.objects().iter().map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0)),
     );
-    let claims = f.claims().await.len();
-    let last_claim = latest_after(
-        started,
-        f.claims().await.iter().map(|c| c.metadata.creation_timestamp.as_ref().map(|t| t.0)),
-    );
+    let claims = f.claims().await;
+    let last_claim =
+        latest_after(started, claims.iter().map(|c| c.metadata.creation_timestamp.as_ref().map(|t| t.0)));
+    let claims = claims.len();
     let first_failed = f.first_failed_scheduling().await;
     let last_unschedulable = latest_after(started, first_failed.values().map(|t| Some(*t)));
     // From the controller seeing a pod unschedulable to its first decision about the pod (a new

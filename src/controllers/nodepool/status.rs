@@ -218,32 +218,21 @@ fn record_metrics(ctx: &Context, np: &NodePool, status: &NodePoolStatus) {
 #[derive(Debug, Default)]
 pub struct PodStates {
     /// The series set now, by namespace and then name (looked up without building a key).
-    series: HashMap<String, HashMap<String, PodSeries>>,
+    series: HashMap<String, HashMap<String, Seen<SharedLabels>>>,
     /// The label part of each Node, by name.
-    nodes: HashMap<String, Versioned>,
+    nodes: HashMap<String, Seen<Arc<Labels>>>,
     /// The node and phase parts the series hold.
     parts: LabelParts,
     /// The number of the current pass: an entry not marked with it was not seen in the pass.
     pass: u64,
 }
 
-/// The series of one pod.
+/// What a pass made of one pod (its series' labels) or one Node (its label part), with the
+/// resource version of the object it was made from and the last pass that saw the object.
 #[derive(Debug)]
-struct PodSeries {
-    labels: SharedLabels,
-    /// The resource version of the pod the labels were made from.
+struct Seen<T> {
+    value: T,
     version: String,
-    /// The last pass that saw the pod.
-    pass: u64,
-}
-
-/// The label part of one Node.
-#[derive(Debug)]
-struct Versioned {
-    part: Arc<Labels>,
-    /// The resource version of the Node the part was made from.
-    version: String,
-    /// The last pass that saw the Node.
     pass: u64,
 }
 
@@ -260,7 +249,7 @@ impl PodStates {
                 Some(known) if !version.is_empty() && known.version == version => known.pass = pass,
                 known => {
                     let part = parts.get(node_part(name, n.metadata.labels.as_ref()));
-                    let fresh = Versioned { part, version: version.to_string(), pass };
+                    let fresh = Seen { value: part, version: version.to_string(), pass };
                     match known {
                         Some(known) => *known = fresh,
                         None => {
@@ -274,7 +263,7 @@ impl PodStates {
         let unbound = parts.get(node_part("", None));
         for pod in &snapshot.pods {
             let node = crate::state::pods::node_name(pod).unwrap_or_default();
-            let node = nodes.get(node).map_or(&unbound, |n| &n.part);
+            let node = nodes.get(node).map_or(&unbound, |n| &n.value);
             let version = pod.metadata.resource_version.as_deref().unwrap_or_default();
             let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
             let name = pod.metadata.name.as_deref().unwrap_or_default();
@@ -282,7 +271,7 @@ impl PodStates {
             if let Some(same) = known.as_deref_mut()
                 && !version.is_empty()
                 && same.version == version
-                && Arc::ptr_eq(&same.labels.0[1], node)
+                && Arc::ptr_eq(&same.value.0[1], node)
             {
                 same.pass = pass;
                 continue;
@@ -292,15 +281,15 @@ impl PodStates {
             let own = pod_part(pod);
             match known {
                 Some(known) => {
-                    let before = &known.labels;
+                    let before = &known.value;
                     if *before.0[0] != own
                         || !Arc::ptr_eq(&before.0[1], node)
                         || !Arc::ptr_eq(&before.0[2], &phase)
                     {
                         family.remove(before);
                         let own = if *before.0[0] == own { Arc::clone(&before.0[0]) } else { Arc::new(own) };
-                        known.labels = SharedLabels([own, Arc::clone(node), phase]);
-                        family.get_or_create(&known.labels).set(1.0);
+                        known.value = SharedLabels([own, Arc::clone(node), phase]);
+                        family.get_or_create(&known.value).set(1.0);
                     }
                     known.version = version.to_string();
                     known.pass = pass;
@@ -308,7 +297,7 @@ impl PodStates {
                 None => {
                     let labels = SharedLabels([Arc::new(own), Arc::clone(node), phase]);
                     family.get_or_create(&labels).set(1.0);
-                    let entry = PodSeries { labels, version: version.to_string(), pass };
+                    let entry = Seen { value: labels, version: version.to_string(), pass };
                     series.entry(namespace.to_string()).or_default().insert(name.to_string(), entry);
                 }
             }
@@ -317,7 +306,7 @@ impl PodStates {
             pods.retain(|_, p| {
                 let seen = p.pass == pass;
                 if !seen {
-                    family.remove(&p.labels);
+                    family.remove(&p.value);
                 }
                 seen
             });
@@ -546,7 +535,7 @@ spec:
         );
         assert!(text.contains(r#"{name="r",namespace="ns",owner="ReplicaSet/rs",node="",nodepool="",zone="",arch="",capacity_type="",instance_type="",phase="Pending"} 1"#), "{text}");
         // The pods of a node share its labels, and the pods of a phase theirs.
-        let (p, q) = (&states.series["ns"]["p"].labels, &states.series["ns"]["q"].labels);
+        let (p, q) = (&states.series["ns"]["p"].value, &states.series["ns"]["q"].value);
         assert!(Arc::ptr_eq(&p.0[1], &q.0[1]) && Arc::ptr_eq(&p.0[2], &q.0[2]));
         // q is gone and r is bound: one series each, q's removed, p's kept as it was.
         let kept = Arc::clone(&p.0[0]);
@@ -559,9 +548,9 @@ spec:
             text.contains(r#"{name="r",namespace="ns",owner="ReplicaSet/rs",node="n1",nodepool="general""#),
             "{text}"
         );
-        assert!(Arc::ptr_eq(&kept, &states.series["ns"]["p"].labels.0[0]));
+        assert!(Arc::ptr_eq(&kept, &states.series["ns"]["p"].value.0[0]));
         // p's series, kept from the first pass, and r's, made in the second, share n1's labels.
-        assert!(Arc::ptr_eq(&states.series["ns"]["p"].labels.0[1], &states.series["ns"]["r"].labels.0[1]));
+        assert!(Arc::ptr_eq(&states.series["ns"]["p"].value.0[1], &states.series["ns"]["r"].value.0[1]));
         // With no pods left only n1's part is kept, for the pods it may get.
         snapshot.pods.clear();
         states.record(&family, &snapshot);
