@@ -15,8 +15,8 @@
 //! - was neither finished nor a DaemonSet or mirror pod,
 //!
 //! is placed again, as an unbound copy, until a pod of the same controller created after it is
-//! seen (each successor answers for one departure), or for at most [`TTL`] (a workload scaled
-//! down during the drain has no successor). A pod deleted from a node that was staying (a
+//! seen (each successor answers for one departure; one created in the same second must be
+//! unbound), or for at most [`TTL`] (a workload scaled down during the drain has no successor). A pod deleted from a node that was staying (a
 //! workload scaled down, a pod deleted by hand) is no departure, even if its node goes away a
 //! moment later: its room is not needed again.
 
@@ -184,9 +184,17 @@ impl Departures {
         for (since, uid) in order {
             let Some(owner) = self.gone.get(&uid).map(|d| d.owner.clone()) else { continue };
             let Some(pool) = candidates.get_mut(owner.as_str()) else { continue };
-            let created_after =
-                |p: &&Pod| p.metadata.creation_timestamp.as_ref().is_some_and(|c| c.0 > since);
-            if let Some(at) = pool.iter().position(created_after) {
+            // Creation times are whole seconds: a pod created in the same second as the departed
+            // one answers for it only while it has no node, as a successor does (a sibling made
+            // with it and running elsewhere does not), so that a pod replaced within the second
+            // it was created in is not placed twice, its successor and a stand-in.
+            let answers = |p: &&Pod| {
+                p.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .is_some_and(|c| c.0 > since || (c.0 == since && pods::node_name(p).is_none()))
+            };
+            if let Some(at) = pool.iter().position(answers) {
                 let successor = pool.swap_remove(at);
                 if let Some(s) = successor.metadata.uid.clone() {
                     self.successors.insert(s);
@@ -467,5 +475,23 @@ mod tests {
             .map(|p| p.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(names, ["p2"], "gx answers for g");
+    }
+
+    #[test]
+    fn a_pod_replaced_within_the_second_it_was_created_in_is_answered_by_its_unbound_successor() {
+        const SECOND: &str = "2026-01-01T00:10:00Z";
+        let mut departures = Departures::default();
+        // p1 was created, interrupted and evicted within one second; its successor shows in the
+        // same second, pending. A sibling made with p1 runs on a node that stays.
+        departures.deleted(&evicted(pod("p1", Some("a"), Some("rs-1"), SECOND), SECOND), true, at(SECOND));
+        let sibling = pod("sibling", Some("b"), Some("rs-1"), SECOND);
+        let nodes = || vec![node("a", "small", 11, true), node("b", "small", 11, false)];
+        let s = snapshot(nodes(), vec![sibling.clone()]);
+        let now = at("2026-01-01T00:10:00.5Z");
+        let stand_ins = departures.stand_ins(&state_nodes(&s), &s.pods, now);
+        assert_eq!(stand_ins.len(), 1, "a running sibling made in the same second answers for none");
+        let s = snapshot(nodes(), vec![sibling, pod("p1x", None, Some("rs-1"), SECOND)]);
+        assert!(departures.stand_ins(&state_nodes(&s), &s.pods, now).is_empty(), "p1x answers for p1");
+        assert!(departures.is_empty());
     }
 }
