@@ -2,7 +2,8 @@
 //!
 //! - **Caches**: one watch per kind ([`watches`]), shared by every controller, objects trimmed of
 //!   what no decision reads; a Karpenter custom resource that does not parse is logged with its
-//!   name and skipped.
+//!   name and skipped. A Node update that only renews heartbeats is cached and wakes nobody
+//!   ([`renewals`]).
 //! - **Indexes** ([`index`]): Node ↔ NodeClaim by provider ID, pods by node, kept current by the
 //!   watches.
 //! - **Marks** ([`marks`]): nominations and deletion decisions this process made.
@@ -22,6 +23,7 @@ pub mod marks;
 pub mod nodeclass;
 pub mod pods;
 pub mod podtimes;
+pub mod renewals;
 pub mod snapshot;
 pub mod statenode;
 pub mod usage;
@@ -415,10 +417,12 @@ fn bump_joined(kind: Joined, deleted: bool) -> impl FnOnce(&mut Changes) {
 }
 
 /// What the watch of Nodes or NodeClaims does with each event: keep the provider-ID index, the
-/// feed and the subscribers current.
+/// feed and the subscribers current. An update that only renews (as `fingerprint` tells, see
+/// [`renewals`]) is cached and told to nobody.
 fn follow_joined<K: Resource + 'static>(
     kind: Joined,
     provider_id: fn(&K) -> Option<String>,
+    fingerprint: renewals::Fingerprint<K>,
     index: &Arc<index::Index>,
     feed: &Arc<Feed>,
     subscribers: Arc<Subscribers<K>>,
@@ -426,7 +430,11 @@ fn follow_joined<K: Resource + 'static>(
     let (index, feed) = (index.clone(), feed.clone());
     let mut follower = Follower::new(subscribers);
     let mut relist = Relist::default();
+    let mut renewals = renewals::Renewals::new(fingerprint);
     move |ev: &Event<K>| {
+        if renewals.only_renews(ev) {
+            return;
+        }
         let name = |o: &K| o.meta().name.clone().unwrap_or_default();
         match ev {
             Event::Apply(o) => index.set(kind, &name(o), provider_id(o).as_deref()),
@@ -463,7 +471,14 @@ impl ClusterState {
         let (nodes, nodes_f) = watches::cache(
             "nodes",
             Source::Typed(Api::all(client.clone()), watches::trim_node),
-            follow_joined(Joined::Nodes, node_provider_id, &index, &feed, subscribers.nodes.clone()),
+            follow_joined(
+                Joined::Nodes,
+                node_provider_id,
+                renewals::node_fingerprint,
+                &index,
+                &feed,
+                subscribers.nodes.clone(),
+            ),
         );
         let (nodeclaims, nodeclaims_f) = watches::cache(
             "nodeclaims",
@@ -471,6 +486,7 @@ impl ClusterState {
             follow_joined(
                 Joined::NodeClaims,
                 claim_provider_id,
+                renewals::every_update,
                 &index,
                 &feed,
                 subscribers.nodeclaims.clone(),
