@@ -303,8 +303,9 @@ async fn a_thousand_pods_with_kwok() {
 /// docs/benchmarks.md are printed: time from the scale command to all pods Running, the leader's
 /// peak RSS, the standby's RSS (at the start and at the end), API requests per NodeClaim, and when
 /// the kube-scheduler last found a pod unschedulable and the last NodeClaim was created and
-/// initialized (the provisioner's part of the time lies between the first two).
-async fn many_nodes(n: usize) {
+/// initialized (the provisioner's part of the time lies between the first two). With `floor`, also
+/// the time the control plane alone needs to run the same pods again on the Nodes already there.
+async fn many_nodes(n: usize, floor: bool) {
     let _alone = alone().await;
     let f = Fixture::new(&format!("nodes{n}")).await;
     let (leader, standby) = leader_and_standby(&f).await;
@@ -384,8 +385,32 @@ async fn many_nodes(n: usize) {
     eprintln!("SCALE RESULT: API requests per NodeClaim by verb and kind: {}", by_kind.join(", "));
     eprintln!("SCALE RESULT: CPU seconds until all Running (both controllers together): {cpu_used}");
 
-    let scale = json!({"spec": {"replicas": 0}});
-    deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
+    let scale_to = |replicas: usize| {
+        let deployments = deployments.clone();
+        async move {
+            let scale = json!({"spec": {"replicas": replicas}});
+            deployments.patch("spread", &PatchParams::default(), &Patch::Merge(scale)).await.unwrap();
+        }
+    };
+    if floor {
+        // The control plane's own part: the same pods again on the Nodes already there (kept by
+        // turning consolidation off), so that no pod waits on the controller.
+        f.patch_pool(json!({"spec": {"disruption": {"consolidateAfter": "Never"}}})).await;
+        scale_to(0).await;
+        f.wait_pods_gone(Duration::from_secs(300)).await;
+        let cpu_before = cpu_seconds_by_process();
+        let start = Instant::now();
+        scale_to(n).await;
+        f.wait_running(n, Duration::from_secs(600.max(n as u64 * 3 / 5)), &leader).await;
+        eprintln!(
+            "SCALE RESULT: the same pods again on the {claims} Nodes already there: all Running {:.1} s after the \
+             scale command, {} NodeClaims made meanwhile; CPU seconds: {}",
+            start.elapsed().as_secs_f64(),
+            f.claims().await.len().saturating_sub(claims),
+            cpu_seconds_used(&cpu_before, &cpu_seconds_by_process())
+        );
+    }
+    scale_to(0).await;
     f.wait_pods_gone(Duration::from_secs(300)).await;
     f.delete_all_claims().await;
     wait_for("every NodeClaim and Node of the pool gone", Duration::from_secs(600), &leader, || async {
@@ -605,21 +630,21 @@ async fn apply_spread_pool(f: &Fixture) {
 #[tokio::test]
 #[ignore = "needs the local control plane: make test"]
 async fn a_hundred_nodes_with_kwok() {
-    many_nodes(100).await;
+    many_nodes(100, false).await;
 }
 
 /// [`many_nodes`] at 500 nodes: a benchmark (`make bench`), not part of `make test`.
 #[tokio::test]
 #[ignore = "benchmark: make bench"]
 async fn five_hundred_nodes_with_kwok() {
-    many_nodes(500).await;
+    many_nodes(500, false).await;
 }
 
 /// [`many_nodes`] at 2,000 nodes: a benchmark (`make bench`), not part of `make test`.
 #[tokio::test]
 #[ignore = "benchmark: make bench"]
 async fn two_thousand_nodes_with_kwok() {
-    many_nodes(2000).await;
+    many_nodes(2000, true).await;
 }
 
 /// Standby takeover at scale (a benchmark, `make bench`): 2,000 pods that each need a node of
