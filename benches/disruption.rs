@@ -16,6 +16,12 @@
 //! $/h before and after, and the per-resource lower bound (every pod's CPU at the cheapest
 //! price per vCPU).
 //!
+//! Then a scale-up under way (`during-scale-up/<n>`): `n` nodes of the 2-vCPU type each running
+//! one 100m pod of a Deployment whose pods keep apart by host name (required anti-affinity), and
+//! `n / 2` more of its pods pending. Each single-node simulation places the pending pods too (as
+//! upstream's does), trying them on every other node: timed over the first 20 candidates (each
+//! finds no move), median of 3, per candidate.
+//!
 //! `cargo bench --bench disruption` (sizes: `DISRUPTION_BENCH_NODES=500,2000`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -97,6 +103,64 @@ fn cluster(n: usize) -> Snapshot {
         .with_instance_types(BTreeMap::from([("p".to_string(), catalog())]))
 }
 
+/// A pod of the Deployment `spread` (100m, required anti-affinity by host name on its own
+/// pods), bound to `node` or pending.
+fn spread_pod(name: &str, node: Option<&str>) -> Arc<Pod> {
+    let anti = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "spread"}}}]}});
+    let status = match node {
+        Some(_) => {
+            json!({"phase": "Running", "startTime": "2026-11-24T11:00:00Z", "conditions": [{"type": "Ready", "status": "True"}]})
+        }
+        None => {
+            json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]})
+        }
+    };
+    obj(json!({"metadata": {"name": name, "namespace": "ns", "uid": name, "labels": {"app": "spread"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "spread", "uid": "spread", "controller": true}]},
+        "spec": {"nodeName": node, "affinity": anti,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]},
+        "status": status}))
+}
+
+/// `n` 2-vCPU nodes, each running one pod of `spread`, and `n / 2` more of its pods pending.
+fn scaling_up(n: usize) -> (Snapshot, Vec<Arc<Pod>>) {
+    let mut snapshot = cluster(n);
+    let it = "m.2x";
+    let resources = json!({"cpu": "2", "memory": "8Gi", "pods": "110"});
+    let mut nodes = Vec::with_capacity(n);
+    let mut claims = Vec::with_capacity(n);
+    for (node, claim) in snapshot.nodes.iter().zip(&snapshot.nodeclaims) {
+        let mut node = (**node).clone();
+        node.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("node.kubernetes.io/instance-type".into(), it.into());
+        node.status = Some(
+            serde_json::from_value(json!({"allocatable": resources, "capacity": resources,
+            "conditions": [{"type": "Ready", "status": "True"}]}))
+            .unwrap(),
+        );
+        let mut claim = (**claim).clone();
+        claim
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("node.kubernetes.io/instance-type".into(), it.into());
+        nodes.push(Arc::new(node));
+        claims.push(Arc::new(claim));
+    }
+    let mut pods: Vec<Arc<Pod>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| spread_pod(&format!("spread-{i:05}"), n.metadata.name.as_deref()))
+        .collect();
+    let pending: Vec<Arc<Pod>> = (0..n / 2).map(|i| spread_pod(&format!("pending-{i:05}"), None)).collect();
+    pods.extend(pending.iter().cloned());
+    (snapshot.nodes, snapshot.nodeclaims, snapshot.pods) = (nodes, claims, pods);
+    (snapshot, pending)
+}
+
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort();
     times[times.len() / 2]
@@ -113,7 +177,7 @@ fn main() {
         "| nodes | pods | pass (multi-node) | plan | $/h before | after | lower bound | single-node sweep | per candidate |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for n in sizes {
+    for &n in &sizes {
         let snapshot = cluster(n);
         let nodes = state_nodes(&snapshot);
         let pools = nodepools_by_name(&snapshot);
@@ -168,5 +232,40 @@ fn main() {
             sweep.as_secs_f64(),
             sweep.as_secs_f64() * 1000.0 / n as f64,
         );
+    }
+    println!();
+    println!("| nodes | pending pods | candidates simulated | moves found | per candidate |");
+    println!("| --- | --- | --- | --- | --- |");
+    for &n in &sizes {
+        let (snapshot, pending) = scaling_up(n);
+        let nodes = state_nodes(&snapshot);
+        let pools = nodepools_by_name(&snapshot);
+        let mut candidates: Vec<&karpenter::state::StateNode> = nodes.iter().collect();
+        consolidation::sort_candidates(&mut candidates);
+        candidates.truncate(20);
+        let mut times = Vec::new();
+        let mut moves = 0;
+        for _ in 0..3 {
+            let start = Instant::now();
+            let world = World::new(
+                &snapshot,
+                Setting {
+                    nodes: &nodes,
+                    pending: pending.clone(),
+                    options: SchedulerOptions::default(),
+                    spot_to_spot: false,
+                    pools: &pools,
+                    now,
+                    young: HashSet::new(),
+                },
+            );
+            moves = candidates
+                .iter()
+                .filter(|c| black_box(consolidation::evaluate(&world, std::slice::from_ref(c), true)).is_ok())
+                .count();
+            times.push(start.elapsed());
+        }
+        let per = median(times).as_secs_f64() * 1000.0 / candidates.len() as f64;
+        println!("| {n} | {} | {} | {moves} | {per:.1} ms |", pending.len(), candidates.len());
     }
 }
