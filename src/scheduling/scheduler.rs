@@ -587,6 +587,7 @@ impl<'a> Scheduler<'a> {
         if !slot.used.fits_with(&pod.requests, &slot.node.allocatable)
             || !tolerates_all(&slot.taints, pod.tolerations)
             || first_conflict(&slot.ports, &pod.ports).is_some()
+            || !self.topo.host_allows(&pod.topo, reqs, slot.host_id, state.soft, state.pod_pref)
             || !slot.reqs.is_compatible(reqs, false)
             || slot.attach_limits.is_some_and(|l| exceeded_limit(l, &slot.attached, &pod.volumes).is_some())
         {

@@ -544,6 +544,39 @@ fn inverse_anti_affinity_of_existing_pods() {
 }
 
 #[test]
+fn host_keyed_affinities_on_existing_nodes() {
+    // n1 and n2 hold a web pod (web pods keep apart by host), n3 a db pod, n4 nothing.
+    let holding = |name: &str, p: Pod| {
+        let mut n = existing_node(name, 8);
+        n.pods = shared(vec![p]);
+        n
+    };
+    let web = |name: &str| with_anti_affinity(pod(name, "1", "1Gi"), LABEL_HOSTNAME, "web");
+    let nodes = vec![
+        holding("n1", web("w1")),
+        holding("n2", web("w2")),
+        holding("n3", with_label(pod("db", "1", "1Gi"), "group", "db")),
+        existing_node("n4", 8),
+    ];
+    let mut near_db = with_affinity(pod("near-db", "1", "1Gi"), LABEL_HOSTNAME, "db");
+    near_db.metadata.labels.get_or_insert_with(Default::default).insert("group".into(), "near".into());
+    let pods = vec![web("w3"), web("w4"), near_db];
+    let r =
+        schedule(&SchedulingInput { existing_nodes: shared(nodes), ..input(pods, vec![pool("default")]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert!(r.new_node_claims.is_empty());
+    let on = |index: usize| {
+        r.existing_placements
+            .iter()
+            .find(|pl| pl.pods.iter().any(|p| p.index == index))
+            .map(|pl| pl.node.as_str())
+    };
+    let (w3, w4) = (on(0), on(1));
+    assert!(matches!(w3, Some("n3" | "n4")) && matches!(w4, Some("n3" | "n4")) && w3 != w4, "{w3:?} {w4:?}");
+    assert_eq!(on(2), Some("n3"), "next to the db pod");
+}
+
+#[test]
 fn inverse_anti_affinity_within_the_batch() {
     let guard = with_anti_affinity(pod("guard", "2", "1Gi"), LABEL_HOSTNAME, "web");
     let mut guard = guard;

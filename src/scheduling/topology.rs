@@ -579,6 +579,74 @@ impl Topology {
         if eligible < min_domains || min == i32::MAX { 0 } else { min }
     }
 
+    /// The group `gid` of the pod's own and the kind it is enforced as, unless `requirements_for`
+    /// with `soft` and `relaxed_prefs` leaves it out (a `ScheduleAnyway` spread when not `soft`,
+    /// a preference relaxed).
+    fn enforced(
+        &self,
+        pod: &PodTopology,
+        gid: u32,
+        soft: bool,
+        relaxed_prefs: usize,
+    ) -> Option<(&Group, GroupKind)> {
+        let g = self.groups.get(gid as usize)?;
+        if let GroupKind::Spread { hard: false, .. } = g.kind
+            && !soft
+        {
+            return None;
+        }
+        if g.kind.is_preferred() && pod.preferred.get(..relaxed_prefs).is_some_and(|r| r.contains(&gid)) {
+            return None;
+        }
+        Some((g, g.kind.enforced()))
+    }
+
+    /// Whether the host name `host` passes `g` (keyed by host name), enforced as `kind`, for a
+    /// pod that the group counts (`self_sel`) or not.
+    fn host_ok(
+        &self,
+        g: &Group,
+        kind: GroupKind,
+        self_sel: bool,
+        pod_reqs: &Requirements,
+        host: u32,
+    ) -> bool {
+        match kind {
+            GroupKind::Spread { max_skew, min_domains, .. } => {
+                g.count(host) + i32::from(self_sel) - self.global_min(g, min_domains, pod_reqs) <= max_skew
+            }
+            GroupKind::Affinity => g.count(host) > 0 || (self_sel && g.total == 0),
+            _ => g.count(host) == 0,
+        }
+    }
+
+    /// Whether the host name `host` passes the pod's own pod (anti-)affinity and other pods'
+    /// anti-affinity keyed by host name, as [`Topology::requirements_for`] checks them with the
+    /// same arguments: `false` means that call rejects any slot of that host. A check of a few
+    /// counts, made before the costlier ones when a pod is tried on an existing node (in a
+    /// cluster whose pods keep apart by host, most nodes are ruled out by it). Spreads are left
+    /// to that call: they need the smallest count over every host.
+    pub fn host_allows(
+        &self,
+        pod: &PodTopology,
+        pod_reqs: &Requirements,
+        host: u32,
+        soft: bool,
+        relaxed_prefs: usize,
+    ) -> bool {
+        let own = pod.owned.iter().all(|&gid| match self.enforced(pod, gid, soft, relaxed_prefs) {
+            Some((g, kind)) if g.key == LABEL_HOSTNAME && !matches!(kind, GroupKind::Spread { .. }) => {
+                self.host_ok(g, kind, pod.selected_by.binary_search(&gid).is_ok(), pod_reqs, host)
+            }
+            _ => true,
+        });
+        own && pod.inverse.iter().all(|&gid| {
+            self.groups
+                .get(gid as usize)
+                .is_none_or(|g| g.owner_total == 0 || g.key != LABEL_HOSTNAME || g.owners(host) == 0)
+        })
+    }
+
     /// Checks the pod's topology constraints on a slot and returns the requirements they add
     /// (the chosen domains), or which constraint the slot would violate. `soft` enforces
     /// `ScheduleAnyway` spreads as well; the first `relaxed_prefs` of the pod's preferred pod
@@ -593,16 +661,7 @@ impl Topology {
     ) -> Result<Vec<(String, Requirement)>, TopologyReject> {
         let mut out = Vec::new();
         for &gid in &pod.owned {
-            let Some(g) = self.groups.get(gid as usize) else { continue };
-            if let GroupKind::Spread { hard: false, .. } = g.kind
-                && !soft
-            {
-                continue;
-            }
-            if g.kind.is_preferred() && pod.preferred.get(..relaxed_prefs).is_some_and(|r| r.contains(&gid)) {
-                continue;
-            }
-            let kind = g.kind.enforced();
+            let Some((g, kind)) = self.enforced(pod, gid, soft, relaxed_prefs) else { continue };
             let self_sel = pod.selected_by.binary_search(&gid).is_ok();
             let add = i32::from(self_sel);
             // Zones filtered by what fits depend on the pod's size: not a lasting verdict.
@@ -615,15 +674,7 @@ impl Topology {
             let reject = TopologyReject { group: gid, inverse: false, permanent };
             if g.key == LABEL_HOSTNAME {
                 // The slot is one host name: a plain check, nothing to narrow.
-                let d = slot.hostname;
-                let ok = match kind {
-                    GroupKind::Spread { max_skew, min_domains, .. } => {
-                        g.count(d) + add - self.global_min(g, min_domains, pod_reqs) <= max_skew
-                    }
-                    GroupKind::Affinity => g.count(d) > 0 || (self_sel && g.total == 0),
-                    _ => g.count(d) == 0,
-                };
-                if !ok {
+                if !self.host_ok(g, kind, self_sel, pod_reqs, slot.hostname) {
                     return Err(reject);
                 }
                 continue;
