@@ -593,7 +593,9 @@ impl<'a> Scheduler<'a> {
         {
             return Err(());
         }
-        if !pod.topo.is_empty() {
+        // A pod other pods' constraints count (selected by them) is counted where it lands, as on
+        // a new claim, even when it has no constraint of its own.
+        if !pod.topo.is_empty() || !pod.topo.selected_by.is_empty() {
             let view = SlotView {
                 hostname: slot.host_id,
                 labels: Some(&slot.node.labels),
@@ -601,7 +603,11 @@ impl<'a> Scheduler<'a> {
                 taints: &slot.taints,
                 zones: None,
             };
-            self.topo.requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref).map_err(|_| ())?;
+            if !pod.topo.is_empty() {
+                self.topo
+                    .requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref)
+                    .map_err(|_| ())?;
+            }
             self.topo.record(&pod.topo, &view);
         }
         let slot = &mut self.nodes[n];

@@ -576,6 +576,26 @@ fn host_keyed_affinities_on_existing_nodes() {
     assert_eq!(on(2), Some("n3"), "next to the db pod");
 }
 
+#[rstest]
+#[case::followed_first(true)]
+#[case::follower_first(false)]
+fn a_pod_placed_on_an_existing_node_counts_for_the_affinity_of_others_in_the_batch(#[case] db_first: bool) {
+    // The db pod has no constraint of its own; the near pod must share its host. With an empty
+    // existing node, both land there, in either order of the input.
+    let mut near = with_affinity(pod("near", "1", "1Gi"), LABEL_HOSTNAME, "db");
+    near.metadata.labels.get_or_insert_with(Default::default).insert("group".into(), "near".into());
+    let db = with_label(pod("db", "2", "1Gi"), "group", "db");
+    let pods = if db_first { vec![db, near] } else { vec![near, db] };
+    let r = schedule(&SchedulingInput {
+        existing_nodes: shared(vec![existing_node("n1", 8)]),
+        ..input(pods, vec![pool("default")])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert!(r.new_node_claims.is_empty());
+    assert_eq!(r.existing_placements.len(), 1);
+    assert_eq!(r.existing_placements[0].pods.len(), 2, "both on n1");
+}
+
 #[test]
 fn inverse_anti_affinity_within_the_batch() {
     let guard = with_anti_affinity(pod("guard", "2", "1Gi"), LABEL_HOSTNAME, "web");
