@@ -65,7 +65,23 @@ fn catalog() -> Vec<Arc<InstanceType>> {
         .collect()
 }
 
+/// `n` nodes of the `m.{NODE_CPU}x` type, each running four 500m pods of one Deployment.
 fn cluster(n: usize) -> Snapshot {
+    cluster_of(n, NODE_CPU, |i, node| {
+        (0..PODS_PER_NODE)
+            .map(|p| {
+                let pod = format!("web-{i:05}-{p}");
+                obj(json!({"metadata": {"name": pod, "namespace": "ns", "uid": pod, "labels": {"app": "web"},
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "web", "controller": true}]},
+                    "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]},
+                    "status": {"phase": "Running", "startTime": "2026-11-24T11:00:00Z", "conditions": [{"type": "Ready", "status": "True"}]}}))
+            })
+            .collect()
+    })
+}
+
+/// `n` initialized nodes of the `m.{cpu}x` type in one NodePool, node `i` running `pods(i, name)`.
+fn cluster_of(n: usize, cpu: i64, pods_of: impl Fn(usize, &str) -> Vec<Arc<Pod>>) -> Snapshot {
     let pool: Arc<NodePool> = obj(
         json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"},
         "spec": {"template": {"spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "c"},
@@ -75,14 +91,13 @@ fn cluster(n: usize) -> Snapshot {
     let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(n);
     let mut claims: Vec<Arc<NodeClaim>> = Vec::with_capacity(n);
     let mut pods: Vec<Arc<Pod>> = Vec::with_capacity(n * PODS_PER_NODE);
-    let it = format!("m.{NODE_CPU}x");
+    let it = format!("m.{cpu}x");
     for i in 0..n {
         let name = format!("node-{i:05}");
         let labels = json!({"karpenter.sh/nodepool": "p", "karpenter.sh/initialized": "true",
             "node.kubernetes.io/instance-type": it, "karpenter.sh/capacity-type": "on-demand",
             "topology.kubernetes.io/zone": "z1", "kubernetes.io/hostname": name});
-        let resources =
-            json!({"cpu": format!("{NODE_CPU}"), "memory": format!("{}Gi", NODE_CPU * 4), "pods": "110"});
+        let resources = json!({"cpu": format!("{cpu}"), "memory": format!("{}Gi", cpu * 4), "pods": "110"});
         nodes.push(obj(json!({"metadata": {"name": name, "labels": labels},
             "spec": {"providerID": format!("kwok://{name}")},
             "status": {"allocatable": resources, "capacity": resources, "conditions": [{"type": "Ready", "status": "True"}]}})));
@@ -91,13 +106,7 @@ fn cluster(n: usize) -> Snapshot {
             "status": {"providerID": format!("kwok://{name}"), "nodeName": name,
                 "conditions": [{"type": "Initialized", "status": "True", "reason": "Initialized", "message": "",
                     "lastTransitionTime": "2026-11-24T11:00:00Z"}]}})));
-        for p in 0..PODS_PER_NODE {
-            let pod = format!("web-{i:05}-{p}");
-            pods.push(obj(json!({"metadata": {"name": pod, "namespace": "ns", "uid": pod, "labels": {"app": "web"},
-                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "web", "controller": true}]},
-                "spec": {"nodeName": name, "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]},
-                "status": {"phase": "Running", "startTime": "2026-11-24T11:00:00Z", "conditions": [{"type": "Ready", "status": "True"}]}})));
-        }
+        pods.extend(pods_of(i, &name));
     }
     Snapshot { nodes, nodeclaims: claims, pods, nodepools: vec![pool], ..Default::default() }
         .with_instance_types(BTreeMap::from([("p".to_string(), catalog())]))
@@ -125,39 +134,9 @@ fn spread_pod(name: &str, node: Option<&str>) -> Arc<Pod> {
 
 /// `n` 2-vCPU nodes, each running one pod of `spread`, and `n / 2` more of its pods pending.
 fn scaling_up(n: usize) -> (Snapshot, Vec<Arc<Pod>>) {
-    let mut snapshot = cluster(n);
-    let it = "m.2x";
-    let resources = json!({"cpu": "2", "memory": "8Gi", "pods": "110"});
-    let mut nodes = Vec::with_capacity(n);
-    let mut claims = Vec::with_capacity(n);
-    for (node, claim) in snapshot.nodes.iter().zip(&snapshot.nodeclaims) {
-        let mut node = (**node).clone();
-        node.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert("node.kubernetes.io/instance-type".into(), it.into());
-        node.status = Some(
-            serde_json::from_value(json!({"allocatable": resources, "capacity": resources,
-            "conditions": [{"type": "Ready", "status": "True"}]}))
-            .unwrap(),
-        );
-        let mut claim = (**claim).clone();
-        claim
-            .metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert("node.kubernetes.io/instance-type".into(), it.into());
-        nodes.push(Arc::new(node));
-        claims.push(Arc::new(claim));
-    }
-    let mut pods: Vec<Arc<Pod>> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| spread_pod(&format!("spread-{i:05}"), n.metadata.name.as_deref()))
-        .collect();
+    let mut snapshot = cluster_of(n, 2, |i, node| vec![spread_pod(&format!("spread-{i:05}"), Some(node))]);
     let pending: Vec<Arc<Pod>> = (0..n / 2).map(|i| spread_pod(&format!("pending-{i:05}"), None)).collect();
-    pods.extend(pending.iter().cloned());
-    (snapshot.nodes, snapshot.nodeclaims, snapshot.pods) = (nodes, claims, pods);
+    snapshot.pods.extend(pending.iter().cloned());
     (snapshot, pending)
 }
 

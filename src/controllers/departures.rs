@@ -16,9 +16,9 @@
 //!
 //! is placed again, as an unbound copy, until a pod of the same controller created after it is
 //! seen (each successor answers for one departure; one created in the same second must be
-//! unbound), or for at most [`TTL`] (a workload scaled down during the drain has no successor). A pod deleted from a node that was staying (a
-//! workload scaled down, a pod deleted by hand) is no departure, even if its node goes away a
-//! moment later: its room is not needed again.
+//! unbound), or for at most [`TTL`] (a workload scaled down during the drain has no successor).
+//! A pod deleted from a node that was staying (a workload scaled down, a pod deleted by hand) is
+//! no departure, even if its node goes away a moment later: its room is not needed again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
