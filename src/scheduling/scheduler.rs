@@ -40,7 +40,7 @@ use super::requirements::{Requirement, Requirements, keys_compatible, pod_node_r
 use super::reservations::Book;
 use super::resources::{Resources, format_quantity, pod_requests};
 use super::taints::{check_tolerated, is_ephemeral, tolerates_all};
-use super::topology::{DomainSource, PodTopology, SlotView, Topology};
+use super::topology::{DomainSource, HostCheck, PodTopology, SlotView, Topology};
 use super::volumes::{Attachments, and_terms, exceeded_limit};
 
 /// Why a pod with Dynamic Resource Allocation claims gets no capacity (upstream's words).
@@ -209,8 +209,10 @@ struct Scheduler<'a> {
     claims: Vec<Claim>,
     topo: Topology,
     offer_idx: OfferingIndex,
-    /// Per pod class: bit set of the claims that reject the class for good.
-    rejected: Vec<Vec<u64>>,
+    /// Per pod class: the existing nodes that reject the class for good.
+    nodes_rejected: Rejections,
+    /// Per pod class: the claims that reject the class for good.
+    rejected: Rejections,
     /// Per pool (in `pools` order): prices and exotic flags of its instance types.
     costs: Vec<PoolCosts>,
     /// Instances left in the capacity reservations.
@@ -224,6 +226,36 @@ struct Scheduler<'a> {
 
 /// Why a claim rejected a pod: the reason (empty unless asked for) and whether it is for good.
 type Reject = (String, bool);
+
+/// Per pod class, a bit set of the slots (existing nodes, or claims) that reject the class for
+/// good: the pods of a class share everything such a verdict rests on, so the next pod of the
+/// class skips those slots, a word of the set at a time.
+struct Rejections(Vec<Vec<u64>>);
+
+impl Rejections {
+    fn new(classes: usize) -> Self {
+        Rejections(vec![Vec::new(); classes])
+    }
+
+    /// `None` when slot `i` may still take a pod of `class`; otherwise the next slot to try (past
+    /// the whole word when every slot of it rejects the class).
+    fn skip(&self, class: usize, i: usize) -> Option<usize> {
+        let word = self.0.get(class)?.get(i / 64).copied().unwrap_or(0);
+        if word == u64::MAX {
+            return Some((i / 64 + 1) * 64);
+        }
+        ((word >> (i % 64)) & 1 == 1).then_some(i + 1)
+    }
+
+    /// Records that slot `i` rejects `class` for good.
+    fn set(&mut self, class: usize, i: usize) {
+        let Some(set) = self.0.get_mut(class) else { return };
+        if set.len() <= i / 64 {
+            set.resize(i / 64 + 1, 0);
+        }
+        set[i / 64] |= 1 << (i % 64);
+    }
+}
 
 impl<'a> Scheduler<'a> {
     fn new(input: &'a SchedulingInput) -> Self {
@@ -414,7 +446,7 @@ impl<'a> Scheduler<'a> {
             }
         }
 
-        let rejected = vec![Vec::new(); classes.len()];
+        let (nodes_rejected, rejected) = (Rejections::new(classes.len()), Rejections::new(classes.len()));
         let costs = pools.iter().map(|p| PoolCosts::new(p.input, &p.ds_overhead)).collect();
         let book = Book::new(&input.nodepools, &input.reservations_held, !input.options.reserved_fallback);
         Scheduler {
@@ -425,6 +457,7 @@ impl<'a> Scheduler<'a> {
             claims: vec![],
             topo,
             offer_idx,
+            nodes_rejected,
             rejected,
             costs,
             book,
@@ -506,10 +539,21 @@ impl<'a> Scheduler<'a> {
     fn try_place(&mut self, p: usize, reqs: &Requirements, state: Relax) -> Result<(), PodError> {
         // The start of the relaxation: what the pods of one class share.
         let initial = state == self.pods[p].first_state(self.input.options.preference_policy);
-        for n in 0..self.nodes.len() {
-            if self.try_node(n, p, reqs, state).is_ok() {
-                return Ok(());
+        // Pods of one class remember the nodes and claims that reject the class for good, and
+        // skip them.
+        let class = self.pods[p].class;
+        let mut n = 0;
+        while n < self.nodes.len() {
+            if initial && let Some(next) = self.nodes_rejected.skip(class, n) {
+                n = next;
+                continue;
             }
+            match self.try_node(n, p, reqs, state) {
+                Ok(()) => return Ok(()),
+                Err(true) if initial => self.nodes_rejected.set(class, n),
+                Err(_) => {}
+            }
+            n += 1;
         }
         if self.input.options.preferences_yield_to_existing {
             let pod = &self.pods[p];
@@ -529,31 +573,15 @@ impl<'a> Scheduler<'a> {
                 }
             }
         }
-        // Pods of one class remember the claims that reject the class for good, and skip them
-        // (a word of the bit set at a time).
-        let class = self.pods[p].class;
         let mut c = 0;
         while c < self.claims.len() {
-            if initial {
-                let word = self.rejected[class].get(c / 64).copied().unwrap_or(0);
-                if word == u64::MAX {
-                    c = (c / 64 + 1) * 64;
-                    continue;
-                }
-                if (word >> (c % 64)) & 1 == 1 {
-                    c += 1;
-                    continue;
-                }
+            if initial && let Some(next) = self.rejected.skip(class, c) {
+                c = next;
+                continue;
             }
             match self.try_claim(c, p, reqs, state, false) {
                 Ok(()) => return Ok(()),
-                Err((_, true)) if initial => {
-                    let set = &mut self.rejected[class];
-                    if set.len() <= c / 64 {
-                        set.resize(c / 64 + 1, 0);
-                    }
-                    set[c / 64] |= 1 << (c % 64);
-                }
+                Err((_, true)) if initial => self.rejected.set(class, c),
                 Err(_) => {}
             }
             c += 1;
@@ -580,18 +608,32 @@ impl<'a> Scheduler<'a> {
         Err(PodError { pod: self.pods[p].r.clone(), nodepools: reasons, reason, reserved: false })
     }
 
-    fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, state: Relax) -> Result<(), ()> {
+    /// Places pod `p` on existing node `n`, or says whether the node rejects the pod's class for
+    /// good (`Err(true)`: its taints, host ports, labels or the pods there keep the class away
+    /// whatever is placed meanwhile) or only for now (`Err(false)`: room, volume attachments, a
+    /// pod affinity not met yet).
+    fn try_node(&mut self, n: usize, p: usize, reqs: &Requirements, state: Relax) -> Result<(), bool> {
         let pod = &self.pods[p];
         let slot = &self.nodes[n];
-        // Reasons for existing nodes are not reported: fail fast without building them.
-        if !slot.used.fits_with(&pod.requests, &slot.node.allocatable)
-            || !tolerates_all(&slot.taints, pod.tolerations)
-            || first_conflict(&slot.ports, &pod.ports).is_some()
-            || !self.topo.host_allows(&pod.topo, reqs, slot.host_id, state.soft, state.pod_pref)
-            || !slot.reqs.is_compatible(reqs, false)
-            || slot.attach_limits.is_some_and(|l| exceeded_limit(l, &slot.attached, &pod.volumes).is_some())
+        // Reasons for existing nodes are not reported: fail fast without building them, with the
+        // cheap checks first (the labels last: room rules out a full node before them).
+        if !tolerates_all(&slot.taints, pod.tolerations) || first_conflict(&slot.ports, &pod.ports).is_some()
         {
-            return Err(());
+            return Err(true);
+        }
+        match self.topo.host_allows(&pod.topo, reqs, slot.host_id, state.soft, state.pod_pref) {
+            HostCheck::Passes => {}
+            HostCheck::NotYet => return Err(false),
+            HostCheck::Never => return Err(true),
+        }
+        if !slot.used.fits_with(&pod.requests, &slot.node.allocatable) {
+            return Err(false);
+        }
+        if !slot.reqs.is_compatible(reqs, false) {
+            return Err(true);
+        }
+        if slot.attach_limits.is_some_and(|l| exceeded_limit(l, &slot.attached, &pod.volumes).is_some()) {
+            return Err(false);
         }
         // A pod other pods' constraints count (selected by them) is counted where it lands, as on
         // a new claim, even when it has no constraint of its own.
@@ -606,7 +648,7 @@ impl<'a> Scheduler<'a> {
             if !pod.topo.is_empty() {
                 self.topo
                     .requirements_for(&pod.topo, reqs, &view, state.soft, state.pod_pref)
-                    .map_err(|_| ())?;
+                    .map_err(|reject| reject.permanent)?;
             }
             self.topo.record(&pod.topo, &view);
         }

@@ -597,6 +597,71 @@ fn a_pod_placed_on_an_existing_node_counts_for_the_affinity_of_others_in_the_bat
 }
 
 #[test]
+fn a_node_too_full_for_one_pod_of_a_class_is_tried_for_the_next() {
+    // Both pods have the same constraints; the larger one, placed first, does not fit n1 and gets a
+    // claim; the smaller one still goes to n1.
+    let r = schedule(&SchedulingInput {
+        existing_nodes: shared(vec![existing_node("n1", 2)]),
+        ..input(vec![pod("big", "3", "1Gi"), pod("small", "1", "1Gi")], vec![pool("default")])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert_eq!(r.new_node_claims.len(), 1);
+    assert_eq!(r.existing_placements.len(), 1);
+    assert_eq!(r.existing_placements[0].pods.len(), 1);
+    assert_eq!(r.existing_placements[0].pods[0].index, 1, "the small pod on n1");
+}
+
+#[test]
+fn a_node_waiting_for_the_pod_an_affinity_needs_is_tried_again() {
+    // Two pods that must share a host with a db pod are tried before it (they are larger): n1 has
+    // none yet, so neither can go anywhere. Once the db pod lands on n1, the retry puts both there.
+    let near = |name: &str| {
+        let mut p = with_affinity(pod(name, "2", "1Gi"), LABEL_HOSTNAME, "db");
+        p.metadata.labels.get_or_insert_with(Default::default).insert("group".into(), "near".into());
+        p
+    };
+    let db = with_label(pod("db", "1", "1Gi"), "group", "db");
+    let r = schedule(&SchedulingInput {
+        existing_nodes: shared(vec![existing_node("n1", 8)]),
+        ..input(vec![near("near-1"), near("near-2"), db], vec![pool("default")])
+    });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    assert!(r.new_node_claims.is_empty());
+    assert_eq!(r.existing_placements.len(), 1);
+    assert_eq!(r.existing_placements[0].pods.len(), 3, "all on n1");
+}
+
+#[test]
+fn nodes_that_keep_a_class_away_are_skipped_and_the_rest_still_taken() {
+    // 130 nodes (more than two words of the bit set): every other one holds a web pod, web pods
+    // keep apart by host. The pending web pods take the empty nodes, one each, then new claims.
+    let nodes: Vec<ExistingNode> = (0..130)
+        .map(|i| {
+            let mut n = existing_node(&format!("n{i:03}"), 4);
+            if i % 2 == 0 {
+                n.pods = shared(vec![with_anti_affinity(
+                    pod(&format!("old{i}"), "1", "1Gi"),
+                    LABEL_HOSTNAME,
+                    "web",
+                )]);
+            }
+            n
+        })
+        .collect();
+    let pods = (0..70)
+        .map(|i| with_anti_affinity(pod(&format!("w{i}"), "1", "1Gi"), LABEL_HOSTNAME, "web"))
+        .collect();
+    let r =
+        schedule(&SchedulingInput { existing_nodes: shared(nodes), ..input(pods, vec![pool("default")]) });
+    assert!(r.errors.is_empty(), "{}", error_of(&r));
+    let used: Vec<&str> = r.existing_placements.iter().map(|pl| pl.node.as_str()).collect();
+    assert_eq!(used.len(), 65, "every empty node once");
+    assert!(r.existing_placements.iter().all(|pl| pl.pods.len() == 1));
+    assert!(used.iter().all(|n| n[1..].parse::<usize>().is_ok_and(|i| i % 2 == 1)), "{used:?}");
+    assert_eq!(r.new_node_claims.len(), 5);
+}
+
+#[test]
 fn inverse_anti_affinity_within_the_batch() {
     let guard = with_anti_affinity(pod("guard", "2", "1Gi"), LABEL_HOSTNAME, "web");
     let mut guard = guard;

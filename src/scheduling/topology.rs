@@ -295,6 +295,18 @@ pub struct TopologyReject {
     pub permanent: bool,
 }
 
+/// What [`Topology::host_allows`] says of a host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostCheck {
+    /// The pod's host-keyed affinities pass there.
+    Passes,
+    /// A required pod affinity finds no pod there yet (one placed later may satisfy it).
+    NotYet,
+    /// Anti-affinity, its own or another pod's, keeps the pod away for the rest of the
+    /// simulation (counts only grow).
+    Never,
+}
+
 /// Where a slot (existing node or new claim) is, as far as topology goes.
 pub struct SlotView<'a> {
     /// Interned host name of the slot.
@@ -622,10 +634,10 @@ impl Topology {
 
     /// Whether the host name `host` passes the pod's own pod (anti-)affinity and other pods'
     /// anti-affinity keyed by host name, as [`Topology::requirements_for`] checks them with the
-    /// same arguments: `false` means that call rejects any slot of that host. A check of a few
-    /// counts, made before the costlier ones when a pod is tried on an existing node (in a
-    /// cluster whose pods keep apart by host, most nodes are ruled out by it). Spreads are left
-    /// to that call: they need the smallest count over every host.
+    /// same arguments: anything but [`HostCheck::Passes`] means that call rejects any slot of that
+    /// host. A check of a few counts, made before the costlier ones when a pod is tried on an
+    /// existing node (in a cluster whose pods keep apart by host, most nodes are ruled out by it).
+    /// Spreads are left to that call: they need the smallest count over every host.
     pub fn host_allows(
         &self,
         pod: &PodTopology,
@@ -633,18 +645,28 @@ impl Topology {
         host: u32,
         soft: bool,
         relaxed_prefs: usize,
-    ) -> bool {
-        let own = pod.owned.iter().all(|&gid| match self.enforced(pod, gid, soft, relaxed_prefs) {
-            Some((g, kind)) if g.key == LABEL_HOSTNAME && !matches!(kind, GroupKind::Spread { .. }) => {
-                self.host_ok(g, kind, pod.selected_by.binary_search(&gid).is_ok(), pod_reqs, host)
+    ) -> HostCheck {
+        let mut check = HostCheck::Passes;
+        for &gid in &pod.owned {
+            let Some((g, kind)) = self.enforced(pod, gid, soft, relaxed_prefs) else { continue };
+            if g.key != LABEL_HOSTNAME || matches!(kind, GroupKind::Spread { .. }) {
+                continue;
             }
-            _ => true,
-        });
-        own && pod.inverse.iter().all(|&gid| {
+            if !self.host_ok(g, kind, pod.selected_by.binary_search(&gid).is_ok(), pod_reqs, host) {
+                // Counts only grow: a pod kept away stays kept away; one waiting for company may
+                // get it.
+                match kind {
+                    GroupKind::Affinity => check = HostCheck::NotYet,
+                    _ => return HostCheck::Never,
+                }
+            }
+        }
+        let kept_away = pod.inverse.iter().any(|&gid| {
             self.groups
                 .get(gid as usize)
-                .is_none_or(|g| g.owner_total == 0 || g.key != LABEL_HOSTNAME || g.owners(host) == 0)
-        })
+                .is_some_and(|g| g.owner_total > 0 && g.key == LABEL_HOSTNAME && g.owners(host) > 0)
+        });
+        if kept_away { HostCheck::Never } else { check }
     }
 
     /// Checks the pod's topology constraints on a slot and returns the requirements they add
