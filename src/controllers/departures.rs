@@ -16,7 +16,8 @@
 //!
 //! is placed again, as an unbound copy, until a pod of the same controller created after it is
 //! seen (each successor answers for one departure; one created in the same second must be
-//! unbound), or for at most [`TTL`] (a workload scaled down during the drain has no successor).
+//! unbound; one on a node going away must have been created once the pod's deletion was asked
+//! for), or for at most [`TTL`] (a workload scaled down during the drain has no successor).
 //! A pod deleted from a node that was staying (a workload scaled down, a pod deleted by hand) is
 //! no departure, even if its node goes away a moment later: its room is not needed again.
 
@@ -54,6 +55,10 @@ struct Departure {
     since: Timestamp,
     /// When the watch reported it deleted.
     noted: Timestamp,
+    /// When its deletion was asked for, as far as the deleted object tells (its deletion timestamp
+    /// less its grace period), at most `noted`: a pod of the same controller created since is its
+    /// successor even where it sits on a node going away itself (see [`Departures::stand_ins`]).
+    deletion_asked: Timestamp,
 }
 
 /// The departed pods not answered by a successor yet, and the successors already taken.
@@ -134,12 +139,20 @@ impl Departures {
             return;
         }
         let since = pod.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0).min(now);
+        let grace = SignedDuration::from_secs(pod.metadata.deletion_grace_period_seconds.unwrap_or(0));
+        let deletion_asked = pod
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .and_then(|t| t.0.checked_sub(grace).ok())
+            .map_or(now, |asked| asked.min(now));
         self.gone.entry(uid.to_string()).or_insert_with(|| Departure {
             pod: Arc::new(pod.clone()),
             owner: owner.to_string(),
             node: node.to_string(),
             since,
             noted: now,
+            deletion_asked,
         });
     }
 
@@ -169,33 +182,41 @@ impl Departures {
         let going: HashSet<&str> =
             nodes.iter().filter(|n| n.marked_for_deletion).map(|n| n.name.as_str()).collect();
         let owners: HashSet<&str> = self.gone.values().map(|d| d.owner.as_str()).collect();
-        let mut candidates: HashMap<&str, Vec<&Pod>> = HashMap::new();
+        let mut candidates: HashMap<&str, Vec<(&Pod, bool)>> = HashMap::new();
         for pod in pods {
             let Some(owner) = controller_uid(pod).filter(|o| owners.contains(o)) else { continue };
             let on_going = pods::node_name(pod).is_some_and(|n| going.contains(n));
             let taken = pod.metadata.uid.as_ref().is_none_or(|uid| self.successors.contains(uid));
-            if pods::is_active(pod) && !on_going && !taken {
-                candidates.entry(owner).or_default().push(pod);
+            if pods::is_active(pod) && !taken {
+                candidates.entry(owner).or_default().push((pod, on_going));
             }
         }
         let mut order: Vec<(Timestamp, String)> =
             self.gone.iter().map(|(uid, d)| (d.since, uid.clone())).collect();
         order.sort();
         for (since, uid) in order {
-            let Some(owner) = self.gone.get(&uid).map(|d| d.owner.clone()) else { continue };
+            let Some((owner, asked)) = self.gone.get(&uid).map(|d| (d.owner.clone(), d.deletion_asked))
+            else {
+                continue;
+            };
             let Some(pool) = candidates.get_mut(owner.as_str()) else { continue };
             // Creation times are whole seconds: a pod created in the same second as the departed
             // one answers for it only while it has no node, as a successor does (a sibling made
             // with it and running elsewhere does not), so that a pod replaced within the second
-            // it was created in is not placed twice, its successor and a stand-in.
-            let answers = |p: &&Pod| {
-                p.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .is_some_and(|c| c.0 > since || (c.0 == since && pods::node_name(p).is_none()))
+            // it was created in is not placed twice, its successor and a stand-in. A pod on a node
+            // going away answers only if it was created once the departed pod's deletion was asked
+            // for: then it is the successor, landed before its own node started going (it is
+            // placed as that node's pod; a stand-in beside it would place the one pod twice);
+            // otherwise it is a sibling still to be evicted, whose place is counted already.
+            let asked_second = asked.as_second();
+            let answers = |(p, on_going): &(&Pod, bool)| {
+                p.metadata.creation_timestamp.as_ref().is_some_and(|c| match on_going {
+                    true => c.0.as_second() >= asked_second,
+                    false => c.0 > since || (c.0 == since && pods::node_name(p).is_none()),
+                })
             };
             if let Some(at) = pool.iter().position(answers) {
-                let successor = pool.swap_remove(at);
+                let (successor, _) = pool.swap_remove(at);
                 if let Some(s) = successor.metadata.uid.clone() {
                     self.successors.insert(s);
                 }
@@ -475,6 +496,34 @@ mod tests {
             .map(|p| p.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(names, ["p2"], "gx answers for g");
+    }
+
+    #[test]
+    fn a_successor_on_a_node_that_went_away_since_answers_and_an_older_sibling_there_does_not() {
+        let mut departures = Departures::default();
+        // p1 was evicted from `a` at 00:10:00; its successor landed on `b` at once. Before any
+        // pass looked, `b` started going away too (its own drift, say): the successor is one of
+        // b's pods to place now, and a stand-in beside it would place p1 twice.
+        departures.deleted(
+            &evicted(pod("p1", Some("a"), Some("rs-1"), CREATED), "2026-01-01T00:10:00Z"),
+            true,
+            at("2026-01-01T00:10:00Z"),
+        );
+        // A sibling created after p1 but before the eviction, on `c`, also going away: it is
+        // still to be evicted, no successor.
+        let sibling = pod("sibling", Some("c"), Some("rs-1"), "2026-01-01T00:05:00Z");
+        let nodes = || vec![node("b", "small", 11, true), node("c", "small", 11, true)];
+        let now = at("2026-01-01T00:10:03Z");
+        let s = snapshot(nodes(), vec![sibling.clone()]);
+        assert_eq!(
+            departures.stand_ins(&state_nodes(&s), &s.pods, now).len(),
+            1,
+            "the sibling answers for none"
+        );
+        let successor = pod("p1x", Some("b"), Some("rs-1"), "2026-01-01T00:10:00Z");
+        let s = snapshot(nodes(), vec![sibling, successor]);
+        assert!(departures.stand_ins(&state_nodes(&s), &s.pods, now).is_empty(), "p1x answers for p1");
+        assert!(departures.is_empty());
     }
 
     #[test]
