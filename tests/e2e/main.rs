@@ -1432,7 +1432,7 @@ async fn interruptions_replace_nodes(
     assert!(moved < Duration::from_secs(60), "well within the two-minute warning: {moved:?}");
     let replacements: Vec<NodeClaim> =
         f.claims().await.into_iter().filter(|c| !before.contains(&c.name_any())).collect();
-    assert_eq!(replacements.len(), 1, "one replacement");
+    assert_eq!(replacements.len(), 1, "one replacement\n{}", controller.log_lines_with(NODECLAIM_HISTORY));
     let replacement = &replacements[0];
     // Spot is still the cheapest capacity, so the replacement is spot too: but not of the
     // interrupted offering, marked unavailable (without the mark it would be the same one again,
@@ -1714,6 +1714,18 @@ async fn set_ami_alias(f: &Fixture, alias: &str) {
         .unwrap();
 }
 
+/// The log messages that tell why NodeClaims came and went, for a failure that counts them.
+const NODECLAIM_HISTORY: &[&str] = &[
+    "\"found provisionable pod(s)\"",
+    "\"computed new nodeclaim(s) to fit pod(s)\"",
+    "\"created nodeclaim\"",
+    "\"disrupting node(s)\"",
+    "\"disruption command failed, undoing it\"",
+    "\"placing the pods of nodes going away\"",
+    "\"evicted pod\"",
+    "\"deleted nodeclaim\"",
+];
+
 /// Waits for the class to resolve only images whose names `accept` takes, then for every node of
 /// the pool to be replaced by an instance of one of them, the pods running again and every
 /// instance of the old images terminated. Returns the Drifted reasons the old claims showed.
@@ -1797,7 +1809,7 @@ async fn roll_to_images(
     assert!(most_going <= 3, "the nodes: 3 budget held: {most_going} claims deleting at once");
     let instances = pool_instances(ec2, &f.pool).await;
     let live: Vec<&Ec2Instance> = instances.iter().filter(|i| i.is_live()).collect();
-    assert_eq!(live.len(), 6, "{instances:?}");
+    assert_eq!(live.len(), 6, "{instances:?}\n{}", controller.log_lines_with(NODECLAIM_HISTORY));
     assert!(live.iter().all(|i| wanted.contains(&i.image_id)), "the new instances run {what}: {live:?}");
     assert!(
         instances.iter().filter(|i| old_images.contains(&i.image_id)).all(|i| !i.is_live()),

@@ -242,6 +242,18 @@ impl Controller {
         format!("--- controller log ({}) ---\n{}", self.log.display(), lines[from..].join("\n"))
     }
 
+    /// The lines of the log that contain any of `needles`, for a failure's message: how NodeClaims
+    /// came and went, say, where the last 40 lines show only the end.
+    pub fn log_lines_with(&self, needles: &[&str]) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().filter(|l| needles.iter().any(|n| l.contains(n))).collect();
+        format!(
+            "--- controller log ({}), lines with {needles:?} ---\n{}",
+            self.log.display(),
+            lines.join("\n")
+        )
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
