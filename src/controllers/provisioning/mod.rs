@@ -2,7 +2,9 @@
 //! rest and tells each pod what was decided for it.
 //!
 //! A batch opens with the first provisionable pod and closes after `BATCH_IDLE_DURATION` without
-//! a new one, or at `BATCH_MAX_DURATION`. Each pass works on a snapshot of the cluster state in
+//! a new one, or at `BATCH_MAX_DURATION`. Pods that came while a pass ran have waited since that
+//! pass began, at most, and the batch they open closes `BATCH_MAX_DURATION` after that: no pod
+//! waits for more than one batch window and the pass that decides it. Each pass works on a snapshot of the cluster state in
 //! which nodes, in-flight NodeClaims (and the ones this process created but has not seen come
 //! back through its watch yet) are existing capacity, so a burst of pods never produces
 //! duplicate claims.
@@ -79,17 +81,21 @@ fn interest() -> Interest {
 /// Runs the provisioner until `stop` turns true: a pass at start (pods already pending), after
 /// each batch, and every [`RESYNC`].
 pub async fn run(ctx: Context, state: ClusterState, stop: watch::Receiver<bool>) {
+    let pass_began = Arc::new(Mutex::new(None));
     let batches = Batches {
         changes: state.feed().subscribe(interest()),
         idle: ctx.settings.batch_idle_duration,
         max: ctx.settings.batch_max_duration,
         metrics: ctx.metrics.clone(),
+        pass_began: pass_began.clone(),
     };
     let metrics = ctx.metrics.clone();
     let provisioner = Arc::new(tokio::sync::Mutex::new(Provisioner::new(ctx, state)));
     run_singleton(Options::new(CONTROLLER), Some(metrics), batches, stop, || {
         let provisioner = provisioner.clone();
+        let pass_began = pass_began.clone();
         async move {
+            *pass_began.lock().unwrap_or_else(PoisonError::into_inner) = Some(tokio::time::Instant::now());
             provisioner.lock().await.reconcile().await;
             Ok::<_, std::convert::Infallible>(Next::After(RESYNC))
         }
@@ -104,22 +110,37 @@ struct Batches {
     idle: Duration,
     max: Duration,
     metrics: Arc<crate::metrics::Metrics>,
+    /// When the last pass began.
+    pass_began: Arc<Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl Wake for Batches {
     async fn changed(&mut self) {
-        let window = next_batch(&mut self.changes, self.idle, self.max).await;
+        // Changes that came while the last pass ran have waited since it began, at most.
+        let waiting_since = match self.changes.has_changed() {
+            true => *self.pass_began.lock().unwrap_or_else(PoisonError::into_inner),
+            false => None,
+        };
+        let window = next_batch(&mut self.changes, self.idle, self.max, waiting_since).await;
         observe(&self.metrics.provisioner_batch_window_duration, vec![], window);
     }
 }
 
 /// Waits for a batch and returns how long it stayed open. Any change the provisioner follows
 /// opens a batch; only new provisionable pods keep it open, for at most `max` (NodeClaim updates
-/// come in bursts while nodes launch and would otherwise delay the pass).
-async fn next_batch(changes: &mut Subscription, idle: Duration, max: Duration) -> Duration {
+/// come in bursts while nodes launch and would otherwise delay the pass). The batch counts as
+/// open since `waiting_since` when changes have waited since then (they came while a pass ran),
+/// so that it closes `max` after the first of them at the latest.
+async fn next_batch(
+    changes: &mut Subscription,
+    idle: Duration,
+    max: Duration,
+    waiting_since: Option<tokio::time::Instant>,
+) -> Duration {
     let mut seen: Changes = changes.next().await;
-    let start = tokio::time::Instant::now();
-    let mut last = start;
+    let now = tokio::time::Instant::now();
+    let start = waiting_since.map_or(now, |t| t.min(now));
+    let mut last = now;
     loop {
         let deadline = (last + idle).min(start + max);
         tokio::select! {
@@ -720,7 +741,7 @@ mod tests {
                 f.bump(|c| c.provisionable_pods += 1);
             }
         });
-        let window = next_batch(&mut sub, Duration::from_millis(100), Duration::from_secs(30)).await;
+        let window = next_batch(&mut sub, Duration::from_millis(100), Duration::from_secs(30), None).await;
         // Three more pods kept it open past the first idle window; then it closed for being idle,
         // long before the maximum.
         assert!(window >= Duration::from_millis(250) && window < Duration::from_secs(30), "{window:?}");
@@ -739,9 +760,70 @@ mod tests {
                 f.bump(|c| c.provisionable_pods += 1);
             }
         });
-        let window = next_batch(&mut sub, Duration::from_millis(100), Duration::from_secs(1)).await;
+        let window = next_batch(&mut sub, Duration::from_millis(100), Duration::from_secs(1), None).await;
         // Pods kept coming faster than the idle window: only the maximum closed it.
         assert!(window >= Duration::from_secs(1), "{window:?}");
+        sender.abort();
+    }
+
+    /// Pods arriving every 30 ms, the first at once.
+    fn busy_pass(feed: &Arc<Feed>) -> tokio::task::JoinHandle<()> {
+        let f = feed.clone();
+        tokio::spawn(async move {
+            loop {
+                f.bump(|c| c.provisionable_pods += 1);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        })
+    }
+
+    /// The provisioner's batches with a 100 ms idle window and a 1 s maximum.
+    fn batches(feed: &Feed, pass_began: Option<tokio::time::Instant>) -> Batches {
+        let mut registry = prometheus_client::registry::Registry::default();
+        Batches {
+            changes: feed.subscribe(interest()),
+            idle: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            metrics: Arc::new(crate::metrics::Metrics::new(&mut registry)),
+            pass_began: Arc::new(Mutex::new(pass_began)),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pods_that_came_during_a_pass_wait_one_window_from_its_start() {
+        let feed = Arc::new(Feed::default());
+        let mut batches = batches(&feed, Some(tokio::time::Instant::now()));
+        let sender = busy_pass(&feed);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let entered = tokio::time::Instant::now();
+        batches.changed().await;
+        // The pods have waited since the pass began: the batch closes 1 s after that.
+        let waited = entered.elapsed();
+        assert!(waited >= Duration::from_millis(200) && waited < Duration::from_millis(230), "{waited:?}");
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_opened_after_a_pass_counts_from_its_first_pod() {
+        let feed = Arc::new(Feed::default());
+        // The last pass began 800 ms ago, and nothing came while it ran.
+        let mut batches = batches(&feed, Some(tokio::time::Instant::now()));
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let sender = {
+            let f = feed.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                loop {
+                    f.bump(|c| c.provisionable_pods += 1);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                }
+            })
+        };
+        let entered = tokio::time::Instant::now();
+        batches.changed().await;
+        // Opened by the first pod 50 ms later, kept open by the others for the whole second.
+        let waited = entered.elapsed();
+        assert!(waited >= Duration::from_millis(1050) && waited < Duration::from_millis(1100), "{waited:?}");
         sender.abort();
     }
 
@@ -757,7 +839,7 @@ mod tests {
                 f.bump(|c| c.nodeclaims += 1);
             }
         });
-        let window = next_batch(&mut sub, Duration::from_millis(200), Duration::from_secs(10)).await;
+        let window = next_batch(&mut sub, Duration::from_millis(200), Duration::from_secs(10), None).await;
         assert!(window < Duration::from_secs(10), "{window:?}");
         sender.abort();
     }
