@@ -983,16 +983,30 @@ impl Fixture {
     /// When the kube-scheduler first found each pod of the namespace unschedulable (its first
     /// `FailedScheduling` event), by pod name: the provisioner acts on no pod before that.
     pub async fn first_failed_scheduling(&self) -> BTreeMap<String, k8s_openapi::jiff::Timestamp> {
+        self.first_pod_events("FailedScheduling").await
+    }
+
+    /// The pods of the namespace the control plane deleted for a `NoExecute` taint of their Node
+    /// (`TaintManagerEviction` events), by name. The kube-controller-manager can still see a
+    /// new Node's `karpenter.sh/unregistered` taint when the kube-scheduler, which saw it
+    /// removed, binds a pod there; the pod's successor then needs room while it terminates.
+    pub async fn taint_evictions(&self) -> BTreeMap<String, k8s_openapi::jiff::Timestamp> {
+        self.first_pod_events("TaintManagerEviction").await
+    }
+
+    /// When each pod of the namespace first had an event of `reason`, by pod name.
+    async fn first_pod_events(&self, reason: &str) -> BTreeMap<String, k8s_openapi::jiff::Timestamp> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
-        let mut first_failed: BTreeMap<String, k8s_openapi::jiff::Timestamp> = BTreeMap::new();
-        for e in events.list(&ListParams::default().fields("reason=FailedScheduling")).await.unwrap().items {
+        let mut first: BTreeMap<String, k8s_openapi::jiff::Timestamp> = BTreeMap::new();
+        let params = ListParams::default().fields(&format!("reason={reason}"));
+        for e in events.list(&params).await.unwrap().items {
             let at = e.event_time.map(|t| t.0).or(e.first_timestamp.map(|t| t.0));
             if let (Some(pod), Some(at)) = (e.involved_object.name, at) {
-                let first = first_failed.entry(pod).or_insert(at);
-                *first = (*first).min(at);
+                let earliest = first.entry(pod).or_insert(at);
+                *earliest = (*earliest).min(at);
             }
         }
-        first_failed
+        first
     }
 
     /// Waits until the namespace has no pods left.
