@@ -4,10 +4,11 @@
 //! A batch opens with the first provisionable pod and closes after `BATCH_IDLE_DURATION` without
 //! a new one, or at `BATCH_MAX_DURATION`. Pods that came while a pass ran have waited since that
 //! pass began, at most, and the batch they open closes `BATCH_MAX_DURATION` after that: no pod
-//! waits for more than one batch window and the pass that decides it. Each pass works on a snapshot of the cluster state in
-//! which nodes, in-flight NodeClaims (and the ones this process created but has not seen come
-//! back through its watch yet) are existing capacity, so a burst of pods never produces
-//! duplicate claims.
+//! waits for more than one batch window and the pass that decides it.
+//!
+//! Each pass works on a snapshot of the cluster state in which nodes, in-flight NodeClaims (and
+//! the ones this process created but has not seen come back through its watch yet) are existing
+//! capacity, so a burst of pods never produces duplicate claims.
 
 pub mod created;
 pub mod relaunch;
