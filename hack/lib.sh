@@ -47,6 +47,23 @@ elapsed() {
   awk -v a="$1" -v b="$(now_s)" 'BEGIN { printf "%.1fs", b - a }'
 }
 
+# record_scale_results COMMAND OUTPUT [DOC] appends the `SCALE RESULT` lines of a scale run's
+# OUTPUT to the "Runs recorded by make bench" section at the end of DOC (docs/benchmarks.md),
+# under the date, the commit, the machine and COMMAND. A run that printed none appends nothing.
+record_scale_results() {
+  local command=$1 output=$2 doc=${3:-$REPO_ROOT/docs/benchmarks.md}
+  local results commit
+  results=$(sed -nE 's/^(test [A-Za-z0-9_]+ \.\.\. )?(SCALE RESULT: .*)$/- \2/p' "$output")
+  [ -n "$results" ] || return 0
+  commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo "an unknown commit")
+  git -C "$REPO_ROOT" diff --quiet HEAD -- src tests hack 2>/dev/null || commit="$commit with local changes"
+  {
+    printf '\n### %s, %s, %s cores, %s GiB\n\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$commit" \
+      "$(nproc)" "$(awk '/^MemTotal:/ { printf "%.0f", $2 / 1048576 }' /proc/meminfo)"
+    printf '```sh\n%s\n```\n\n%s\n' "$command" "$results"
+  } >>"$doc"
+}
+
 # krs_go_env sets up a self-contained Go environment under $KRS_HOME/go:
 # module cache, build cache and GOPATH are private to this project so that
 # removing $KRS_HOME removes everything the scripts downloaded or built.
