@@ -771,10 +771,11 @@ mod tests {
         sender.abort();
     }
 
-    /// Pods arriving every 30 ms, the first at once.
-    fn busy_pass(feed: &Arc<Feed>) -> tokio::task::JoinHandle<()> {
+    /// Pods arriving every 30 ms, the first after `first`.
+    fn pods_arriving(feed: &Arc<Feed>, first: Duration) -> tokio::task::JoinHandle<()> {
         let f = feed.clone();
         tokio::spawn(async move {
+            tokio::time::sleep(first).await;
             loop {
                 f.bump(|c| c.provisionable_pods += 1);
                 tokio::time::sleep(Duration::from_millis(30)).await;
@@ -798,7 +799,7 @@ mod tests {
     async fn pods_that_came_during_a_pass_wait_one_window_from_its_start() {
         let feed = Arc::new(Feed::default());
         let mut batches = batches(&feed, Some(tokio::time::Instant::now()));
-        let sender = busy_pass(&feed);
+        let sender = pods_arriving(&feed, Duration::ZERO);
         tokio::time::sleep(Duration::from_millis(800)).await;
         let entered = tokio::time::Instant::now();
         batches.changed().await;
@@ -814,16 +815,7 @@ mod tests {
         // The last pass began 800 ms ago, and nothing came while it ran.
         let mut batches = batches(&feed, Some(tokio::time::Instant::now()));
         tokio::time::sleep(Duration::from_millis(800)).await;
-        let sender = {
-            let f = feed.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                loop {
-                    f.bump(|c| c.provisionable_pods += 1);
-                    tokio::time::sleep(Duration::from_millis(30)).await;
-                }
-            })
-        };
+        let sender = pods_arriving(&feed, Duration::from_millis(50));
         let entered = tokio::time::Instant::now();
         batches.changed().await;
         // Opened by the first pod 50 ms later, kept open by the others for the whole second.
